@@ -1,0 +1,219 @@
+"""The `ragline` command: validate, index, search, eval, run, quickstart."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from flows.compile import DEFAULT_FILE, load_project
+from flows.spec import SpecValidationError
+
+SAMPLE_QUESTION = "How does ragline keep the index up to date when documents change?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except SpecValidationError as exc:
+        for error in exc.errors:
+            print(error, file=sys.stderr)
+        print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        return 2
+    except (KeyError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a stage failure: one clear line, the traceback only with -v
+        if getattr(args, "verbose", False):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ragline", description="Declarative RAG pipelines on Prefect.")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        p.add_argument("-f", "--file", default=DEFAULT_FILE, help="pipelines file (default: pipelines.yaml)")
+        p.add_argument("-v", "--verbose", action="store_true", help="full tracebacks")
+        return p
+
+    p = command("validate", _validate, "Check a pipelines file and print every error.")
+    p.add_argument("path", nargs="?", help="pipelines file (same as --file)")
+
+    p = command("index", _index, "Run an ingestion pipeline (incremental).")
+    p.add_argument("paths", nargs="*", help="folders, files or globs to index instead of the pipeline's own")
+    p.add_argument("-p", "--pipeline", default="index")
+    _orchestration_flags(p, default=True)
+
+    p = command("search", _search, "Search the index and print ranked passages.")
+    p.add_argument("question")
+    p.add_argument("-p", "--pipeline", default="search")
+    p.add_argument("-k", "--top", type=int, default=5, help="passages to print")
+    p.add_argument("--where", type=json.loads, help='metadata filter, e.g. \'{"format": "markdown"}\'')
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _orchestration_flags(p, default=False)
+
+    p = command("eval", _eval, "Evaluate a query pipeline on a BEIR-format dataset.")
+    p.add_argument("--dataset", required=True, help="folder with corpus.jsonl, queries.jsonl, qrels/")
+    p.add_argument("-p", "--pipeline", default="search")
+    p.add_argument("--index-pipeline", default="index")
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _orchestration_flags(p, default=False)
+
+    p = command("run", _run, "Run any pipeline with JSON inputs.")
+    p.add_argument("pipeline")
+    p.add_argument("--input", type=json.loads, default={}, help='e.g. \'{"query": {"text": "..."}}\'')
+    p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON", help="override a step parameter")
+    _orchestration_flags(p, default=True)
+
+    p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample) and search it.")
+    p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
+    p.add_argument("question", nargs="?", default=SAMPLE_QUESTION)
+    return parser
+
+
+def _orchestration_flags(p: argparse.ArgumentParser, default: bool) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--prefect", dest="orchestrate", action="store_true", help="run as a Prefect flow")
+    group.add_argument("--no-prefect", dest="orchestrate", action="store_false", help="run in-process, no flow run")
+    p.set_defaults(orchestrate=default)
+
+
+# ----------------------------------------------------------------------------- commands
+def _validate(args) -> int:
+    from flows.compile import validate_file
+
+    path = args.path or args.file
+    errors = validate_file(path)
+    for error in errors:
+        print(error, file=sys.stderr)
+    if errors:
+        print(f"{path}: {len(errors)} error(s)", file=sys.stderr)
+        return 1
+    project = load_project(path)
+    print(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})")
+    return 0
+
+
+def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
+    from flows import engine
+    from flows.progress import IngestProgress
+
+    project = load_project(args.file)
+    pipeline = project.pipeline(pipeline_name)
+    if paths:
+        load_step = next(s.id for s in pipeline.steps if s.stage.name == "load")
+        pipeline = pipeline.with_overrides({load_step: {"paths": [str(Path(p).resolve()) for p in paths]}})
+    progress = IngestProgress(f"indexing ({pipeline_name})")
+    try:
+        report = engine.run(pipeline, orchestrate=orchestrate, progress=progress)
+    finally:
+        progress.close()
+    for failure in report.failures:
+        print(f"skipped {failure.source_id}: {failure.reason} (step {failure.stage})", file=sys.stderr)
+    print(f"{pipeline_name}: {report.summary()} in {report.seconds:.1f} s")
+    return project, report
+
+
+def _index(args) -> int:
+    index_paths(args, args.paths, args.pipeline, args.orchestrate)
+    return 0
+
+
+def _search(args) -> int:
+    from flows import engine
+
+    project = load_project(args.file)
+    query: dict[str, Any] = {"text": args.question, "filters": args.where}
+    passages = engine.run(project.pipeline(args.pipeline), {"query": query}, orchestrate=args.orchestrate)
+    _print_passages(passages[: args.top], args.json)
+    return 0
+
+
+def _print_passages(passages, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([p.model_dump(mode="json") for p in passages], indent=2))
+        return
+    if not passages:
+        print("no passages found")
+    for rank, p in enumerate(passages, start=1):
+        source = p.metadata.get("source", p.source_id)
+        print(f"{rank}. [{p.score:.4f}] {p.title or p.source_id}\n   {source}")
+        snippet = " ".join(p.text.split())
+        print(f"   {snippet[:300]}{'…' if len(snippet) > 300 else ''}\n")
+
+
+def _eval(args) -> int:
+    from flows.evaluate import METRICS, evaluate, load_beir
+    from flows.progress import IngestProgress
+
+    project = load_project(args.file)
+    dataset = load_beir(args.dataset, args.split)
+    progress = IngestProgress(f"indexing {dataset.name}", enabled=not args.json)
+    try:
+        result = evaluate(project, dataset, args.pipeline, args.index_pipeline, orchestrate=args.orchestrate,
+                          progress=progress, limit=args.limit)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{dataset.name} ({args.split}, {result['queries']} queries), pipeline '{args.pipeline}'")
+    for metric in METRICS:
+        print(f"  {metric:<11} {result[metric]:.4f}")
+    print(f"  index: {result['index_summary']} in {result['index_seconds']} s; "
+          f"query: {result['query_ms_mean']} ms mean")
+    return 0
+
+
+def _run(args) -> int:
+    from flows import engine
+
+    project = load_project(args.file)
+    overrides: dict[str, dict[str, Any]] = {}
+    for item in args.set:
+        target, _, value = item.partition("=")
+        step, _, param = target.partition(".")
+        if not (step and param and value):
+            raise ValueError(f"--set {item!r}: expected STEP.PARAM=JSON")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        overrides.setdefault(step, {})[param] = parsed
+    pipeline = project.pipeline(args.pipeline).with_overrides(overrides)
+    result = engine.run(pipeline, args.input, orchestrate=args.orchestrate)
+    print(json.dumps(_jsonable(result), indent=2))
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _quickstart(args) -> int:
+    from flows import engine
+
+    project, _ = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
+    print(f"\nsearch: {args.question}\n")
+    passages = engine.run(project.pipeline("search"), {"query": args.question}, orchestrate=True)
+    _print_passages(passages[:5], as_json=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

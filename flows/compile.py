@@ -1,0 +1,333 @@
+"""Compile pipelines.yaml into executable pipelines: semantic validation, DAG and wiring.
+
+Wiring rule (Haystack-like, checked before anything runs): a step's data input ``x`` is fed
+by the nearest upstream steps that produce ``x``; several producers at the same distance fan
+in (their lists are concatenated); with no producer, ``x`` must be an input of the pipeline
+(``query`` for query pipelines). A step without ``after`` follows the step above it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from flows import registry
+from flows.prompts import PromptLibrary, library
+from flows.registry import Stage
+from flows.spec import LocatedYaml, PipelinesFile, PipelineSpec, SpecError, SpecValidationError, StepSpec, \
+    locate, parse_file, suggest
+
+PIPELINE_INPUTS: dict[str, dict[str, Any]] = {
+    "query": {"query": "Query"},
+    "ingestion": {},
+}
+DEFAULT_FILE = "pipelines.yaml"
+
+
+@dataclass
+class CompiledStep:
+    spec: StepSpec
+    stage: Stage
+    params: BaseModel
+    resources: dict[str, str]  # role -> resource name
+    upstream: list[str]
+    wiring: dict[str, list[str]]  # input -> producer step ids; [] means a pipeline input
+    prompt: str | None
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+
+@dataclass
+class CompiledPipeline:
+    name: str
+    spec: PipelineSpec
+    steps: list[CompiledStep]  # topological order
+    project: "Project"
+    output: str = ""
+
+    def step(self, step_id: str) -> CompiledStep:
+        return next(s for s in self.steps if s.id == step_id)
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> "CompiledPipeline":
+        """A copy whose steps' params are updated (e.g. the CLI's folder for `load`), re-validated."""
+        steps = []
+        for s in self.steps:
+            if s.id in overrides:
+                merged = {**s.params.model_dump(exclude_unset=True), **overrides[s.id]}
+                try:
+                    params = s.stage.params.model_validate(merged)
+                except ValidationError as exc:
+                    raise SpecValidationError([SpecError(str(self.project.path), None, _pydantic_message(e),
+                                                         self.name, s.id, "with." + ".".join(map(str, e["loc"])))
+                                               for e in exc.errors()]) from exc
+                s = CompiledStep(s.spec, s.stage, params, s.resources, s.upstream, s.wiring, s.prompt)
+            steps.append(s)
+        unknown = set(overrides) - {s.id for s in self.steps}
+        if unknown:
+            raise KeyError(f"pipeline {self.name!r} has no step {sorted(unknown)}")
+        return CompiledPipeline(self.name, self.spec, steps, self.project, self.output)
+
+    def fingerprint(self, steps: list[CompiledStep]) -> str:
+        """Hash of the settings that shape indexed content: params, prompts and resources of ``steps``."""
+        parts = []
+        for s in steps:
+            resources = {role: _resource_fingerprint(self.project.spec.resources[name])
+                         for role, name in sorted(s.resources.items())}
+            prompt = self.project.prompts.source(s.prompt) if s.prompt else None
+            parts.append([s.id, s.stage.name, s.params.model_dump(mode="json"), resources, prompt])
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _resource_fingerprint(spec: Any) -> Any:
+    fields = getattr(spec, "fingerprint_fields", None)
+    return fields() if fields else spec.model_dump(mode="json")
+
+
+@dataclass
+class Project:
+    """A validated pipelines file and everything compiled from it."""
+
+    path: Path
+    spec: PipelinesFile
+    pipelines: dict[str, CompiledPipeline] = field(default_factory=dict)
+    data_dir: Path | None = None  # where relative resource paths point; default: beside the file
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def prompts(self) -> PromptLibrary:
+        return library(str((self.base_dir / self.spec.settings.prompts_dir).resolve()))
+
+    def pipeline(self, name: str) -> CompiledPipeline:
+        if name not in self.pipelines:
+            raise KeyError(f"no pipeline {name!r} in {self.path}{suggest(name, list(self.pipelines))}; "
+                           f"available: {', '.join(self.pipelines)}")
+        return self.pipelines[name]
+
+    def resource(self, name: str) -> Any:
+        from flows.resources import get_resource
+
+        return get_resource(self.spec.resources[name], self.data_dir or self.base_dir)
+
+
+# ----------------------------------------------------------------------------- validation
+class _Checker:
+    """Collects every semantic error of one file."""
+
+    def __init__(self, spec: PipelinesFile, doc: LocatedYaml, path: Path):
+        self.spec, self.doc, self.path = spec, doc, path
+        self.errors: list[SpecError] = []
+        self.prompts = library(str((path.parent / spec.settings.prompts_dir).resolve()))
+
+    def error(self, loc: tuple[Any, ...], message: str) -> None:
+        self.errors.append(locate(self.doc, loc, message))
+
+    def pipeline(self, name: str, pipe: PipelineSpec, project: Project) -> CompiledPipeline | None:
+        base = ("pipelines", name)
+        ids = [s.id for s in pipe.steps]
+        for i, s in enumerate(pipe.steps):
+            if s.id in ids[:i]:
+                self.error(base + ("steps", i, "id"), f"duplicate step id '{s.id}'")
+        compiled: dict[str, CompiledStep] = {}
+        for i, step in enumerate(pipe.steps):
+            loc = base + ("steps", i)
+            stage = self._stage(loc, step, pipe.kind)
+            if stage is None:
+                continue
+            params = self._params(loc, step, stage)
+            resources = self._resources(loc, step, stage)
+            prompt = self._prompt(loc, step, stage)
+            upstream = self._upstream(loc, step, ids, i)
+            if params is not None and resources is not None:
+                compiled[step.id] = CompiledStep(step, stage, params, resources, upstream, {}, prompt)
+        if len(compiled) != len(pipe.steps) or any(e.pipeline == name for e in self.errors):
+            return None
+        order = self._topological(base, pipe, compiled)
+        if order is None:
+            return None
+        self._wire(base, pipe, compiled, order)
+        output = pipe.output or order[-1]
+        if output not in compiled:
+            self.error(base + ("output",), f"unknown step '{output}'{suggest(output, ids)}")
+        self._ingestion_shape(base, pipe, compiled)
+        return CompiledPipeline(name, pipe, [compiled[i] for i in order], project, output)
+
+    def _stage(self, loc, step: StepSpec, kind: str) -> Stage | None:
+        try:
+            stage = registry.get_stage(step.task, self.spec.settings.allow_modules)
+        except (PermissionError, ImportError) as exc:
+            self.error(loc + ("task",), str(exc))
+            return None
+        if stage is None:
+            self.error(loc + ("task",), f"unknown task '{step.task}'{suggest(step.task, registry.stage_names())}")
+            return None
+        if stage.kind not in ("any", kind):
+            self.error(loc + ("task",), f"task '{step.task}' is a {stage.kind} stage, not usable in a {kind} pipeline")
+        return stage
+
+    def _params(self, loc, step: StepSpec, stage: Stage) -> BaseModel | None:
+        try:
+            return stage.params.model_validate(step.with_)
+        except ValidationError as exc:
+            for err in exc.errors():
+                self.error(loc + ("with",) + tuple(err["loc"]), _pydantic_message(err))
+            return None
+
+    def _resources(self, loc, step: StepSpec, stage: Stage) -> dict[str, str] | None:
+        declared = self.spec.resources
+        bound: dict[str, str] = {}
+        ok = True
+        pairs = list(step.uses.items()) if isinstance(step.uses, dict) else [(None, n) for n in step.uses]
+        for index, (role, name) in enumerate(pairs):
+            where = loc + ("uses", role if role is not None else index)
+            if name not in declared:
+                if name not in self.spec._invalid_resources:  # its own errors are reported already
+                    self.error(where, f"unknown resource '{name}'{suggest(name, list(declared))}")
+                ok = False
+                continue
+            rtype = declared[name].type
+            role = role or next((r for r, types in stage.uses.items() if rtype in types and r not in bound), None)
+            if role is None or role not in stage.uses:
+                needs = ", ".join(f"{r}: {'/'.join(t)}" for r, t in stage.uses.items()) or "none"
+                self.error(where, f"resource '{name}' ({rtype}) fits no role of task '{step.task}' (it uses {needs})")
+                ok = False
+            elif rtype not in stage.uses[role]:
+                self.error(where, f"resource '{name}' is a {rtype}; role '{role}' needs {'/'.join(stage.uses[role])}")
+                ok = False
+            else:
+                bound[role] = name
+        for role, types in stage.uses.items():
+            if role in bound:
+                continue
+            candidates = [n for n, r in declared.items() if r.type in types]
+            if len(candidates) == 1:
+                bound[role] = candidates[0]
+            elif not candidates and self.spec._invalid_resources:
+                ok = False  # probably the invalid resource, whose own error is reported
+            else:
+                problem = "no resource" if not candidates else f"several resources ({', '.join(candidates)})"
+                self.error(loc + ("uses",), f"task '{step.task}' needs a {'/'.join(types)} resource for "
+                                            f"'{role}' and the file has {problem}: name one in `uses`")
+                ok = False
+        return bound if ok else None
+
+    def _prompt(self, loc, step: StepSpec, stage: Stage) -> str | None:
+        if step.prompt and stage.prompt is None:
+            self.error(loc + ("prompt",), f"task '{step.task}' takes no prompt")
+            return None
+        name = step.prompt or stage.prompt
+        if name:
+            problem = self.prompts.check(name)
+            if problem:
+                self.error(loc + ("prompt",), problem + suggest(name, self.prompts.names()))
+        return name
+
+    def _upstream(self, loc, step: StepSpec, ids: list[str], index: int) -> list[str]:
+        if step.after is None:
+            return [ids[index - 1]] if index > 0 else []
+        for j, dep in enumerate(step.after):
+            if dep == step.id:
+                self.error(loc + ("after", j), f"step '{step.id}' cannot run after itself")
+            elif dep not in ids:
+                self.error(loc + ("after", j), f"unknown step '{dep}'{suggest(dep, ids)}")
+        return list(dict.fromkeys(step.after))
+
+    def _topological(self, base, pipe: PipelineSpec, compiled: dict[str, CompiledStep]) -> list[str] | None:
+        indegree = {sid: len(s.upstream) for sid, s in compiled.items()}
+        order = [sid for sid in compiled if indegree[sid] == 0]
+        for sid in order:
+            for other in compiled.values():
+                if sid in other.upstream:
+                    indegree[other.id] -= 1
+                    if indegree[other.id] == 0:
+                        order.append(other.id)
+        if len(order) < len(compiled):
+            cyclic = [s for s in compiled if s not in order]
+            first = next(i for i, s in enumerate(pipe.steps) if s.id == cyclic[0])
+            self.error(base + ("steps", first, "after"), f"cycle between steps {', '.join(cyclic)}")
+            return None
+        return order
+
+    def _wire(self, base, pipe: PipelineSpec, compiled: dict[str, CompiledStep], order: list[str]) -> None:
+        pipeline_inputs = PIPELINE_INPUTS[pipe.kind]
+        for sid in order:
+            step = compiled[sid]
+            index = next(i for i, s in enumerate(pipe.steps) if s.id == sid)
+            for port, annotation in step.stage.inputs.items():
+                producers = _nearest_producers(compiled, sid, port)
+                if len(producers) > 1 and typing.get_origin(annotation) is not list:
+                    self.error(base + ("steps", index, "after"),
+                               f"input '{port}' has several producers ({', '.join(producers)}); "
+                               f"only list inputs can fan in")
+                if not producers and port not in pipeline_inputs and port not in step.stage.optional_inputs:
+                    self.error(base + ("steps", index, "task"),
+                               f"input '{port}' of task '{step.stage.name}' has no upstream step producing it "
+                               f"and is not an input of a {pipe.kind} pipeline")
+                step.wiring[port] = producers
+
+    def _ingestion_shape(self, base, pipe: PipelineSpec, compiled: dict[str, CompiledStep]) -> None:
+        if pipe.kind != "ingestion":
+            return
+        sinks = [s for s in compiled.values() if s.stage.plan is not None]
+        if len(sinks) > 1:
+            self.error(base + ("steps",), f"an ingestion pipeline has one index sink; found {', '.join(s.id for s in sinks)}")
+        if not any(not s.stage.inputs and s.stage.produces == "documents" for s in compiled.values()):
+            self.error(base + ("steps",), "an ingestion pipeline needs a source step (e.g. task 'load')")
+
+
+def _nearest_producers(compiled: dict[str, CompiledStep], sid: str, port: str) -> list[str]:
+    frontier, seen = list(compiled[sid].upstream), set()
+    while frontier:
+        found = [u for u in frontier if compiled[u].stage.produces == port]
+        if found:
+            return found
+        seen.update(frontier)
+        frontier = list(dict.fromkeys(p for u in frontier for p in compiled[u].upstream if p not in seen))
+    return []
+
+
+def _pydantic_message(err: dict[str, Any]) -> str:
+    if err["type"] == "extra_forbidden":
+        return f"unknown parameter '{err['loc'][-1]}'"
+    return f"{err['msg']} (got {err.get('input')!r})"
+
+
+# ----------------------------------------------------------------------------- entry points
+def validate_file(path: str | Path = DEFAULT_FILE) -> list[SpecError]:
+    """Every error in the file, in file order; an empty list means it compiles."""
+    try:
+        load_project(path)
+    except SpecValidationError as exc:
+        return exc.errors
+    return []
+
+
+def load_project(path: str | Path = DEFAULT_FILE) -> Project:
+    """Parse, validate and compile a pipelines file, or raise SpecValidationError with all errors."""
+    path = Path(path).resolve()
+    spec, doc, errors = parse_file(path)
+    if spec is None or doc is None:
+        raise SpecValidationError(errors)
+    checker = _Checker(spec, doc, path)
+    checker.errors.extend(errors)
+    project = Project(path, spec)
+    for name, pipe in spec.pipelines.items():
+        compiled = checker.pipeline(name, pipe, project)
+        if compiled is not None:
+            project.pipelines[name] = compiled
+    if checker.errors:
+        raise SpecValidationError(sorted(checker.errors, key=lambda e: (e.line or 0, e.message)))
+    return project

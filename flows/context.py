@@ -1,0 +1,44 @@
+"""What the engine hands a stage besides its inputs: identity, failures, prompts, progress."""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from flows.contracts import Failure
+
+
+@dataclass
+class StepContext:
+    """Per-step run context. Stages ask for it by declaring a ``ctx`` parameter."""
+
+    pipeline: str
+    step_id: str
+    fingerprint: str = ""
+    base_dir: str = "."
+    prompt_name: str | None = None
+    render_prompt: Callable[..., str] | None = None
+    on_progress: Callable[[str, int], None] | None = None
+    failures: list[Failure] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def logger(self) -> logging.Logger:
+        return logging.getLogger(f"ragline.{self.pipeline}.{self.step_id}")
+
+    def fail(self, source_id: str, reason: str) -> None:
+        """Report a document that is skipped; the run goes on."""
+        self.logger.warning("skipped %s: %s", source_id, reason)
+        with self._lock:
+            self.failures.append(Failure(source_id=source_id, stage=self.step_id, reason=reason))
+
+    def progress(self, unit: str, count: int = 1) -> None:
+        if self.on_progress is not None:
+            self.on_progress(unit, count)
+
+    def prompt(self, **variables: Any) -> str:
+        """Render this step's prompt template (StrictUndefined: a missing variable is an error)."""
+        if self.render_prompt is None or self.prompt_name is None:
+            raise RuntimeError(f"step {self.step_id!r} has no prompt template")
+        return self.render_prompt(self.prompt_name, **variables)

@@ -1,0 +1,109 @@
+"""Retrieval evaluation on BEIR-format datasets with pytrec_eval (trec_eval's own measures)."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flows import engine
+from flows.compile import Project
+from flows.contracts import Passage
+
+METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@10", "p@10")
+
+
+@dataclass
+class BeirDataset:
+    name: str
+    corpus: Path
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def load_beir(folder: str | Path, split: str = "test") -> BeirDataset:
+    """corpus.jsonl, queries.jsonl and qrels/<split>.tsv; only queries with judgements are kept."""
+    folder = Path(folder)
+    for needed in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
+        if not (folder / needed).is_file():
+            raise FileNotFoundError(f"{folder / needed}: missing (a BEIR dataset needs corpus.jsonl, "
+                                    f"queries.jsonl and qrels/{split}.tsv)")
+    qrels: dict[str, dict[str, int]] = {}
+    with open(folder / "qrels" / f"{split}.tsv", newline="", encoding="utf-8") as handle:
+        for line_no, row in enumerate(csv.reader(handle, delimiter="\t"), start=1):
+            if line_no == 1 and row and not row[-1].strip().lstrip("-").isdigit():
+                continue  # header
+            if len(row) < 3:
+                raise ValueError(f"{folder}/qrels/{split}.tsv:{line_no}: expected query-id, corpus-id, score")
+            qrels.setdefault(row[0], {})[row[1]] = int(row[2])
+    queries: dict[str, str] = {}
+    with open(folder / "queries.jsonl", encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if line.strip():
+                record = json.loads(line)
+                if str(record["_id"]) in qrels:
+                    queries[str(record["_id"])] = record["text"]
+    return BeirDataset(folder.name, folder / "corpus.jsonl", queries, qrels)
+
+
+def document_id(passage: Passage) -> str:
+    """BEIR doc ids are the JSONL record ids the loader keeps as ``doc_id``."""
+    return str(passage.metadata.get("doc_id") or passage.source_id)
+
+
+def to_run(passages: list[Passage], depth: int = 100) -> dict[str, float]:
+    """Document scores that keep the pipeline's order (a document ranks at its best chunk)."""
+    run: dict[str, float] = {}
+    for passage in passages:
+        doc = document_id(passage)
+        if doc not in run:
+            run[doc] = float(depth - len(run))
+            if len(run) == depth:
+                break
+    return run
+
+
+def score(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """Mean nDCG@10, Recall@100, MRR@10, MAP@10 and P@10 over the judged queries."""
+    import pytrec_eval
+
+    full = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100", "map_cut.10", "P.10"})
+    top10 = {q: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:10]) for q, docs in run.items()}
+    mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"})
+    per_query = full.evaluate(run)
+    per_query_mrr = mrr.evaluate(top10)
+    names = {"ndcg@10": "ndcg_cut_10", "recall@100": "recall_100", "map@10": "map_cut_10", "p@10": "P_10"}
+    n = len(qrels)  # queries that retrieved nothing count as zero
+    result = {m: sum(v[key] for v in per_query.values()) / n for m, key in names.items()}
+    result["mrr@10"] = sum(v["recip_rank"] for v in per_query_mrr.values()) / n
+    return {m: round(result[m], 5) for m in METRICS}
+
+
+def eval_workspace(project: Project, dataset: BeirDataset, index_pipeline: str) -> Path:
+    """A private index per dataset and ingestion settings, so evaluation never touches the user's index."""
+    key = hashlib.sha256(f"{dataset.corpus.resolve()}|{project.path}|{index_pipeline}".encode()).hexdigest()[:10]
+    return project.base_dir / ".ragline" / "eval" / f"{dataset.name}-{key}"
+
+
+def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", index_pipeline: str = "index",
+             orchestrate: bool = False, progress: Any = None, limit: int | None = None) -> dict[str, Any]:
+    """Index the corpus (incrementally) in a private workspace, run every query, score the run."""
+    project.data_dir = eval_workspace(project, dataset, index_pipeline)
+    indexer = project.pipeline(index_pipeline)
+    load_step = next(s.id for s in indexer.steps if s.stage.name == "load")
+    started = time.perf_counter()
+    report = engine.run(indexer.with_overrides({load_step: {"paths": [str(dataset.corpus.resolve())]}}),
+                        orchestrate=orchestrate, progress=progress)
+    indexed = time.perf_counter() - started
+    query_pipeline = project.pipeline(pipeline)
+    queries = list(dataset.queries.items())[:limit]
+    started = time.perf_counter()
+    run = {qid: to_run(engine.run(query_pipeline, {"query": text}, orchestrate=False)) for qid, text in queries}
+    searched = time.perf_counter() - started
+    qrels = {q: dataset.qrels[q] for q, _ in queries}
+    return {"dataset": dataset.name, "pipeline": pipeline, "queries": len(queries), **score(run, qrels),
+            "index_seconds": round(indexed, 2), "index_summary": report.summary(),
+            "query_ms_mean": round(1000 * searched / max(1, len(queries)), 2)}

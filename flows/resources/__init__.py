@@ -1,0 +1,51 @@
+"""Resources: heavy shared objects (models, stores) configured in pipelines.yaml.
+
+Each is created once per process (keyed by its configuration) and shared by every stage
+that ``uses`` it; construction is cheap and the heavy part loads on first use.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+from pydantic import Field
+
+from flows.resources.bm25 import BM25Index, BM25Spec
+from flows.resources.chroma import ChromaSpec, ChromaStore
+from flows.resources.embedder import Embedder, EmbedderSpec
+from flows.resources.state import IndexState, StateSpec
+
+_FACTORIES: dict[str, Any] = {
+    "sentence_transformer": Embedder,
+    "chroma": ChromaStore,
+    "bm25": BM25Index,
+    "index_state": IndexState,
+}
+_SPECS: list[Any] = [EmbedderSpec, ChromaSpec, BM25Spec, StateSpec]
+
+ResourceSpec = Annotated[Union[tuple(_SPECS)], Field(discriminator="type")]  # type: ignore[valid-type]
+RESOURCE_TYPES = tuple(_FACTORIES)
+
+_cache: dict[tuple[str, str, str], Any] = {}
+_lock = threading.Lock()
+
+
+def get_resource(spec: Any, base_dir: Path) -> Any:
+    """The process-wide instance for this configuration (created on first request)."""
+    key = (spec.type, spec.model_dump_json(), str(base_dir.resolve()))
+    with _lock:
+        if key not in _cache:
+            factory = _FACTORIES[spec.type]
+            _cache[key] = factory(spec) if spec.type == "sentence_transformer" else factory(spec, base_dir)
+        return _cache[key]
+
+
+def clear_cache() -> None:
+    """Forget every resource (tests use it to simulate a new process)."""
+    with _lock:
+        for res in _cache.values():
+            close = getattr(res, "close", None)
+            if close:
+                close()
+        _cache.clear()

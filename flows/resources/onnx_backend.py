@@ -1,0 +1,223 @@
+"""ONNX Runtime backend for the embedder, in fp32 or dynamically quantised int8.
+
+Why not sentence-transformers' own ``backend="onnx"``: it goes through optimum-onnx, and every
+release of that pins transformers<4.58 while we run transformers 5 (installing it downgrades the
+whole Hugging Face stack). So the transformer is exported here with ``torch.onnx`` and quantised
+with ``onnxruntime.quantization`` (the same settings as optimum's AutoQuantizationConfig), and the
+torch transformer inside a normal SentenceTransformer is swapped for an ONNX Runtime session. The
+tokenizer, pooling and normalisation stay sentence-transformers' own modules, so the result is used
+exactly like the torch model.
+
+Exports go to ``$RAGLINE_CACHE_DIR/onnx/<key>/`` (default ``~/.cache/ragline``), never next to
+the model: packaged models live in site-packages, which is not ours to write at run time.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+EXPORT_FORMAT = 1  # bump when the export or quantisation recipe changes, to invalidate old caches
+ONNX_PIP = 'pip install "onnxruntime>=1.31" "onnx>=1.23"'
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def load_onnx_model(path: str, quantized: bool, device: str = "cpu"):
+    """A SentenceTransformer for ``path`` whose transformer runs in ONNX Runtime.
+
+    Exports (and for ``quantized``, int8-quantises) once into the cache, then reuses the files.
+    """
+    _require("onnxruntime")
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(path, device="cpu")  # torch weights are only read for the export
+    onnx_file = _ensure_fp32(model, path)
+    if quantized:
+        onnx_file = _ensure_int8(onnx_file, path)
+    _swap_in_session(model, onnx_file, device)
+    return model
+
+
+def _require(package: str) -> None:
+    """Fail with the install command rather than a bare ModuleNotFoundError deep in an export."""
+    if importlib.util.find_spec(package) is None:
+        raise RuntimeError(f"The ONNX embedder backend needs the '{package}' package, which is not installed. "
+                           f"Install it with: {ONNX_PIP}")
+
+
+def cache_root() -> Path:
+    """Folder holding the ONNX exports; RAGLINE_CACHE_DIR overrides ~/.cache/ragline."""
+    base = os.environ.get("RAGLINE_CACHE_DIR") or Path.home() / ".cache" / "ragline"
+    return Path(base).expanduser() / "onnx"
+
+
+def quantization_config() -> str:
+    """optimum's name for the int8 recipe that suits this CPU: VNNI does u8*s8 dot products in one instruction."""
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        return "arm64"
+    flags = _cpu_flags()
+    if "avx512_vnni" in flags:
+        return "avx512_vnni"
+    if "avx512f" in flags and "avx512bw" in flags:
+        return "avx512"
+    return "avx2"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def cache_dir(path: str, variant: str) -> Path:
+    """Cache folder keyed by the model's location, its files' sizes and times, and the variant.
+
+    The file stats make a reinstalled or retrained model at the same path re-export instead of
+    serving stale vectors; stat-ing is cheap where hashing 90 MB of weights on every load is not.
+    """
+    source = Path(path)
+    parts = [str(EXPORT_FORMAT), variant, str(source.resolve()) if source.exists() else path]
+    if source.is_dir():
+        parts += [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(source.iterdir()) if f.is_file()]
+    return cache_root() / hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _ensure_fp32(model, path: str) -> Path:
+    final = cache_dir(path, "fp32")
+    _build_once(final, lambda tmp: _export(model, tmp / "model.onnx"), {"source": path, "variant": "fp32"})
+    return final / "model.onnx"
+
+
+def _ensure_int8(fp32_file: Path, path: str) -> Path:
+    config = quantization_config()
+    name = f"model_qint8_{config}.onnx"
+    final = cache_dir(path, f"qint8_{config}")
+    _build_once(final, lambda tmp: _quantize(fp32_file, tmp / name, config),
+                {"source": path, "variant": f"qint8_{config}"})
+    return final / name
+
+
+def _build_once(final: Path, build: Callable[[Path], None], meta: dict) -> None:
+    """Build into a private temp folder, then rename it into place.
+
+    The rename is atomic, so a folder that exists is complete. A process that loses a race finds
+    the winner's folder already there (rename onto a non-empty folder fails) and drops its own.
+    """
+    if final.is_dir():
+        return
+    _require("onnx")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    try:
+        build(tmp)
+        (tmp / "ragline_onnx.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _ExportWrapper(torch.nn.Module):
+    """Positional inputs and a precomputed 4D additive mask, so the export traces no data-dependent branch.
+
+    transformers 5 builds the attention mask with Python-level shortcuts (e.g. skipping it when
+    nothing is padded) that the tracer would freeze into the graph; a 4D mask is used as given.
+    """
+
+    def __init__(self, model, names: list[str]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *tensors):
+        inputs = dict(zip(self.names, tensors))
+        mask = inputs["attention_mask"][:, None, None, :].to(torch.float32)
+        inputs["attention_mask"] = (1.0 - mask) * torch.finfo(torch.float32).min
+        return self.model(**inputs, return_dict=True).last_hidden_state
+
+
+def _export(model, target: Path) -> None:
+    """Export the model's transformer with dynamic batch and sequence axes.
+
+    Uses the TorchScript exporter: the default dynamo one needs the onnxscript package too. The
+    torch transformer is discarded after this, so it does not matter that tracing touches it.
+    """
+    hf_model = model[0].model.eval()
+    hf_model.set_attn_implementation("eager")  # plain matmul+softmax exports cleanly with an additive mask
+    sample = model.tokenizer(["a short sentence", "a somewhat longer sentence, to get some padding"],
+                             padding=True, return_tensors="pt")
+    names = [name for name in MODEL_INPUTS if name in sample]
+    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_ExportWrapper(hf_model, names), tuple(sample[n] for n in names), str(target),
+                          dynamo=False, opset_version=17, input_names=names,
+                          output_names=["last_hidden_state"], dynamic_axes=axes)
+
+
+def _quantize(source: Path, target: Path, config: str) -> None:
+    """Dynamic (calibration-free) int8 quantisation with optimum's AutoQuantizationConfig settings."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    weight_type = QuantType.QUInt8 if config == "avx2" else QuantType.QInt8
+    quantize_dynamic(source, target, per_channel=True, reduce_range=False, weight_type=weight_type,
+                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+
+
+class OrtTransformer(torch.nn.Module):
+    """Stands in for the Hugging Face model inside sentence-transformers' Transformer module."""
+
+    def __init__(self, session, config, device: torch.device):
+        super().__init__()
+        self.session, self.config, self.device = session, config, device
+        self.input_names = [i.name for i in session.get_inputs()]
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **_ignored):
+        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        if given.get("token_type_ids") is None and input_ids is not None:
+            given["token_type_ids"] = torch.zeros_like(input_ids)
+        feeds = {name: given[name].cpu().numpy() for name in self.input_names}
+        (hidden,) = self.session.run(["last_hidden_state"], feeds)
+        return {"last_hidden_state": torch.from_numpy(hidden).to(self.device)}
+
+
+def _swap_in_session(model, onnx_file: Path, device: str) -> None:
+    transformer = model[0]
+    config = transformer.model.config
+    transformer.model = OrtTransformer(_session(onnx_file, device), config, torch.device("cpu"))
+    transformer.backend = "onnx"
+
+
+def _session(onnx_file: Path, device: str):
+    """An ORT session sized like torch (OMP_NUM_THREADS), not spinning when OMP_WAIT_POLICY=PASSIVE.
+
+    ONNX Runtime ignores the OpenMP variables, so on shared CPUs it would otherwise take every core
+    and busy-wait between batches.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(f"device={device!r} needs onnxruntime-gpu; this onnxruntime has only "
+                               f"{ort.get_available_providers()}")
+        providers.insert(0, "CUDAExecutionProvider")
+    return ort.InferenceSession(str(onnx_file), options, providers=providers)

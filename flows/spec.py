@@ -1,0 +1,258 @@
+"""pipelines.yaml: parsing with line numbers, pydantic models, and whole-file validation.
+
+Every problem becomes a ``SpecError`` naming file, line, pipeline, step and field, and all of
+them are collected before anything runs (``validate_file``), so a user fixes a file in one pass.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
+
+from flows.resources import ResourceSpec
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """One problem in a pipelines file, located as precisely as the YAML allows."""
+
+    file: str
+    line: int | None
+    message: str
+    pipeline: str | None = None
+    step: str | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = [f"{self.file}:{self.line}" if self.line else self.file]
+        if self.pipeline:
+            where.append(f"pipeline '{self.pipeline}'")
+        if self.step:
+            where.append(f"step '{self.step}'")
+        if self.field:
+            where.append(f"field '{self.field}'")
+        return ", ".join(where) + f": {self.message}"
+
+
+class SpecValidationError(Exception):
+    """Raised with every error found in a pipelines file."""
+
+    def __init__(self, errors: list[SpecError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+def suggest(name: str, choices: list[str]) -> str:
+    """' (did you mean 'x'?)' for the nearest valid name, or ''."""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# ----------------------------------------------------------------------------- models
+class ScheduleSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str | None = Field(None, description="cron expression, e.g. '0 * * * *'")
+    interval_seconds: float | None = Field(None, gt=0, description="run every N seconds")
+    timezone: str = Field("UTC", description="IANA time zone of the cron expression")
+
+
+class StepSpec(BaseModel):
+    """One step: a registered task with its parameters, resources, prompt and dependencies."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    task: str = Field(min_length=1)
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    uses: list[str] | dict[str, str] = Field(default_factory=list,
+                                             description="resources by name, or {role: resource}")
+    after: list[str] | None = Field(None, description="ids of the steps this one waits for")
+    prompt: str | None = Field(None, description="prompt template name in prompts/ (without .j2)")
+    retries: int = Field(0, ge=0, le=20)
+    retry_delay_seconds: float = Field(1.0, ge=0)
+    timeout_seconds: float | None = Field(None, gt=0)
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class PipelineSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["ingestion", "query"]
+    description: str = ""
+    schedule: ScheduleSpec | None = None
+    batch_size: int = Field(256, ge=1, le=100_000, description="documents per ingestion batch")
+    output: str | None = Field(None, description="step whose output is the result (default: last)")
+    steps: list[StepSpec] = Field(min_length=1)
+
+
+class ProjectSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompts_dir: str = Field("prompts", description="folder of Jinja2 templates, relative to this file")
+    allow_modules: list[str] = Field(default_factory=list, description="modules user stages may come from")
+
+
+class PipelinesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = 1
+    settings: ProjectSettings = Field(default_factory=ProjectSettings)
+    resources: dict[str, ResourceSpec] = Field(default_factory=dict)
+    pipelines: dict[str, PipelineSpec] = Field(default_factory=dict)
+    _invalid_resources: set[str] = PrivateAttr(default_factory=set)  # defined, but with errors
+
+
+# ----------------------------------------------------------------------------- YAML with lines
+class LocatedYaml:
+    """A parsed YAML document plus the line of every mapping key and sequence item."""
+
+    def __init__(self, text: str, file: str):
+        self.file = file
+        self.lines: dict[Loc, int] = {}
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        self.data = self._build(node, ()) if node is not None else None
+
+    def _build(self, node: yaml.Node, loc: Loc) -> Any:
+        self.lines.setdefault(loc, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = yaml.SafeLoader(key_node.value).construct_object(key_node) \
+                    if not isinstance(key_node, yaml.ScalarNode) else key_node.value
+                if key in out:
+                    raise yaml.MarkedYAMLError(problem=f"duplicate key '{key}'", problem_mark=key_node.start_mark)
+                self.lines[loc + (key,)] = key_node.start_mark.line + 1
+                out[key] = self._build(value_node, loc + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._build(item, loc + (i,)) for i, item in enumerate(node.value)]
+        return yaml.SafeLoader("").construct_object(node, deep=True)
+
+    def line(self, loc: Loc) -> int | None:
+        """Line of the deepest known prefix of ``loc``."""
+        for end in range(len(loc), -1, -1):
+            if loc[:end] in self.lines:
+                return self.lines[loc[:end]]
+        return None
+
+
+def _read_yaml(path: Path) -> tuple[LocatedYaml | None, list[SpecError]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [SpecError(str(path), None, f"cannot read file: {exc}")]
+    try:
+        doc = LocatedYaml(text, str(path))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        message = f"invalid YAML: {exc.problem or exc}"
+        if exc.context_mark is not None and exc.context_mark.line + 1 != line:
+            message += f" ({exc.context} started at line {exc.context_mark.line + 1})"
+        return None, [SpecError(str(path), line, message)]
+    except yaml.YAMLError as exc:
+        return None, [SpecError(str(path), None, f"invalid YAML: {exc}")]
+    if not isinstance(doc.data, dict):
+        return None, [SpecError(str(path), 1, "the file must be a mapping with 'resources' and 'pipelines'")]
+    return doc, []
+
+
+def _locate(doc: LocatedYaml, loc: Loc, message: str) -> SpecError:
+    """Turn a location inside the file into an error naming pipeline, step and field."""
+    pipeline = step = None
+    field = ".".join(str(p) for p in loc[1:]) if loc else None
+    data: Any = doc.data
+    if len(loc) >= 2 and loc[0] == "pipelines":
+        pipeline = str(loc[1])
+        field = ".".join(str(p) for p in loc[2:]) or None
+        if len(loc) >= 4 and loc[2] == "steps" and isinstance(loc[3], int):
+            steps = (data.get("pipelines", {}).get(pipeline) or {}).get("steps") or []
+            item = steps[loc[3]] if loc[3] < len(steps) else None
+            step = str(item.get("id")) if isinstance(item, dict) and item.get("id") else f"#{loc[3] + 1}"
+            field = ".".join(str(p) for p in loc[4:]) or None
+    elif len(loc) >= 2 and loc[0] == "resources":
+        field = "resources." + ".".join(str(p) for p in loc[1:])
+    return SpecError(doc.file, doc.line(loc), message, pipeline, step, field)
+
+
+def _structure_errors(doc: LocatedYaml, exc: ValidationError, prefix: Loc = ()) -> list[SpecError]:
+    errors = []
+    for err in exc.errors():
+        loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+        loc = tuple("with" if p == "with_" else p for p in loc)
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = f"unknown field '{loc[-1]}'"
+        elif err["type"] == "union_tag_invalid":
+            message = f"unknown resource type '{err['ctx']['tag']}'; valid types: {err['ctx']['expected_tags']}"
+        errors.append(_locate(doc, loc, message))
+    return errors
+
+
+_UNION_TAGS: set[str] = set()  # filled by flows.resources with its discriminator tags
+
+
+def parse_file(path: str | Path) -> tuple[PipelinesFile | None, LocatedYaml | None, list[SpecError]]:
+    """Parse and structurally validate each resource and pipeline on its own, so one bad entry
+    does not hide the errors of the others; semantic checks are in ``flows.compile``."""
+    from flows.resources import RESOURCE_TYPES
+
+    _UNION_TAGS.update(RESOURCE_TYPES)
+    path = Path(path)
+    doc, errors = _read_yaml(path)
+    if doc is None:
+        return None, None, errors
+    data = doc.data
+    parts: dict[str, Any] = {}
+    for key in ("version", "settings"):
+        if key in data:
+            parts[key] = data[key]
+    unknown = [k for k in data if k not in ("version", "settings", "resources", "pipelines")]
+    errors += [_locate(doc, (k,), f"unknown top-level field '{k}'") for k in unknown]
+    parts["resources"] = _valid_entries(doc, data, "resources", errors)
+    parts["pipelines"] = _valid_entries(doc, data, "pipelines", errors)
+    try:
+        spec = PipelinesFile.model_validate(parts)
+    except ValidationError as exc:
+        return None, doc, errors + _structure_errors(doc, exc)
+    spec._invalid_resources = set(data.get("resources") or {}) - set(spec.resources)
+    if not data.get("pipelines"):
+        errors.append(_locate(doc, ("pipelines",), "the file defines no pipelines"))
+    return spec, doc, errors
+
+
+def _valid_entries(doc: LocatedYaml, data: dict[str, Any], key: str, errors: list[SpecError]) -> dict[str, Any]:
+    """The entries of a mapping section that validate; the errors of the others are collected."""
+    section = data.get(key)
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        errors.append(_locate(doc, (key,), f"'{key}' must be a mapping of names to definitions"))
+        return {}
+    adapter = _entry_adapter(key)
+    valid = {}
+    for name, entry in section.items():
+        try:
+            valid[name] = adapter.validate_python(entry)
+        except ValidationError as exc:
+            errors.extend(_structure_errors(doc, exc, prefix=(key, name)))
+    return valid
+
+
+def _entry_adapter(key: str) -> TypeAdapter:
+    return TypeAdapter(ResourceSpec if key == "resources" else PipelineSpec)
+
+
+def locate(doc: LocatedYaml, loc: Loc, message: str) -> SpecError:
+    return _locate(doc, loc, message)

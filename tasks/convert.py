@@ -1,0 +1,145 @@
+"""The ``convert`` stage: HTML to clean text with its headings, and tidy whitespace in every format.
+
+``content_hash`` is left as ``load`` computed it from the raw content: it is the change-detection
+key, and must not move when only the conversion changes.
+"""
+from __future__ import annotations
+
+import re
+
+import lxml.html
+import trafilatura
+from lxml import etree
+from pydantic import BaseModel, Field
+
+from flows.context import StepContext
+from flows.contracts import Document
+from flows.registry import stage
+
+# Below trafilatura's own MIN_EXTRACTED_SIZE it falls back to a raw dump of the page that keeps
+# navigation and loses headings; for such short pages the plain fallback below does better...
+SHORT_PAGE_CHARS = 250
+# ...unless the page itself is long: then the short pick is main text amid boilerplate.
+FALLBACK_MAX_CHARS = 1000
+
+DROP_TAGS = ("head", "script", "style", "noscript", "template", "svg", "nav", "header", "footer", "aside")
+HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
+BLOCK_TAGS = ("p", "div", "section", "article", "main", "li", "ul", "ol", "dl", "dt", "dd", "table", "tr",
+              "caption", "blockquote", "pre", "figure", "figcaption", "address", "details", "summary",
+              "br", "hr")
+VERTICAL_SPACE = re.compile(r"\r\n?|[\v\f\x85\u2028\u2029]")
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")  # C0/C1 controls; \t and \n are kept
+BLANK_RUNS = re.compile(r"\n{3,}")
+SPACE_RUNS = re.compile(r"[^\S\n]+")
+# a backslash escape of ASCII punctuation, or a code span / fenced block (where backslashes are literal)
+MARKDOWN_ESCAPE = re.compile(r"(`+).*?\1|\\([!-/:-@\[-`{-~])", re.S)
+BREAK = "\ue000"  # private-use marker for block boundaries in the fallback; source newlines are spaces
+
+
+class Params(BaseModel):
+    """How HTML is turned into text and how whitespace is tidied."""
+
+    model_config = {"extra": "forbid"}
+
+    keep_headings: bool = Field(True, description="keep HTML headings as markdown '#' lines")
+    include_tables: bool = Field(True, description="keep the text of HTML tables")
+    favor_recall: bool = Field(True, description="let trafilatura keep more text when unsure")
+    normalize_whitespace: bool = Field(True, description="collapse space runs and blank lines, strip control "
+                                                         "characters, in every format")
+    min_chars: int = Field(1, ge=1, le=1_000_000,
+                           description="documents with fewer characters after conversion are reported and dropped")
+
+
+@stage("convert", params=Params, produces="documents", kind="ingestion")
+def convert(documents: list[Document], params: Params, ctx: StepContext) -> list[Document]:
+    """Turn HTML into clean text and tidy whitespace, dropping documents left without text."""
+    converted: list[Document] = []
+    for document in documents:
+        text, title = _html_to_text(document.text, params) if document.format == "html" else (document.text, "")
+        if params.normalize_whitespace:
+            text = tidy_whitespace(text)
+        size = len(text.strip())
+        if size < params.min_chars:
+            reason = (f"only {size} characters after conversion, min_chars is {params.min_chars}"
+                      if size else "no text after conversion")
+            ctx.fail(document.source_id, reason)
+            continue
+        converted.append(document.model_copy(update={
+            "text": text, "title": document.title or title, "metadata": dict(document.metadata)}))
+        ctx.progress("documents", 1)
+    return converted
+
+
+def tidy_whitespace(text: str) -> str:
+    """Collapse space runs and blank-line runs, drop control characters.
+
+    Leading indentation is kept: markdown lists and code blocks depend on it.
+    """
+    text = CONTROL_CHARS.sub("", VERTICAL_SPACE.sub("\n", text))
+    lines = []
+    for line in text.split("\n"):
+        body = line.lstrip(" \t")
+        lines.append((line[:len(line) - len(body)] + SPACE_RUNS.sub(" ", body)).rstrip())
+    return BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip()
+
+
+def _html_to_text(raw: str, params: Params) -> tuple[str, str]:
+    """(text, <title>): trafilatura's main content, or the plain fallback for short pages."""
+    tree = _parse(raw)
+    title = " ".join((tree.findtext(".//title") or "").split()) if tree is not None else ""
+    main = _main_content(raw, params)
+    if len(main) < SHORT_PAGE_CHARS:
+        plain = _plain_text(tree, params)
+        if plain and (not main or len(plain) <= FALLBACK_MAX_CHARS):
+            return plain, title
+    return main, title
+
+
+def _main_content(raw: str, params: Params) -> str:
+    """Main text without scripts, navigation, footers and boilerplate; headings as '#' lines."""
+    try:
+        text = trafilatura.extract(
+            raw, output_format="markdown" if params.keep_headings else "txt",
+            include_tables=params.include_tables, favor_recall=params.favor_recall,
+            include_comments=False, include_links=False, include_images=False, deduplicate=False)
+    except Exception:  # malformed markup can surface lxml errors: the plain fallback takes over
+        return ""
+    text = (text or "").strip()
+    return _unescape_markdown(text) if params.keep_headings else text
+
+
+def _unescape_markdown(text: str) -> str:
+    """Undo trafilatura's markdown escapes ('snake\\_case'): keyword search wants words as written.
+    Code spans and fenced blocks are left alone, since backslashes are literal there."""
+    return MARKDOWN_ESCAPE.sub(lambda match: match.group(2) or match.group(0), text)
+
+
+def _parse(raw: str) -> lxml.html.HtmlElement | None:
+    """An lxml tree, or None for markup with nothing in it. Parsed from bytes with an explicit
+    encoding, since lxml refuses str input that carries an XML encoding declaration."""
+    parser = lxml.html.HTMLParser(encoding="utf-8")  # per call: lxml parsers are not thread-safe
+    try:
+        return lxml.html.document_fromstring(raw.encode("utf-8", "replace"), parser=parser)
+    except (etree.ParserError, ValueError):
+        return None
+
+
+def _plain_text(tree: lxml.html.HtmlElement | None, params: Params) -> str:
+    """Visible text minus page furniture, one line per block, headings kept as '#' lines."""
+    if tree is None:
+        return ""
+    drop = DROP_TAGS if params.include_tables else DROP_TAGS + ("table",)
+    for element in list(tree.iter(*drop)):
+        element.drop_tree()
+    for heading in list(tree.iter(*HEADINGS)):
+        text = " ".join(heading.text_content().split())
+        marker = "#" * int(heading.tag[1]) + " " if text and params.keep_headings else ""
+        heading.clear(keep_tail=True)
+        heading.text = f"{BREAK}{marker}{text}{BREAK}"
+    for element in tree.iter(*BLOCK_TAGS):
+        element.text = BREAK + (element.text or "")
+        element.tail = BREAK + (element.tail or "")
+    for cell in tree.iter("td", "th"):
+        cell.tail = " " + (cell.tail or "")
+    lines = (" ".join(line.split()) for line in tree.text_content().split(BREAK))
+    return BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip()

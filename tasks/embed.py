@@ -1,0 +1,15 @@
+"""Embedding of chunks with the shared sentence-transformers model (loaded once per process)."""
+from __future__ import annotations
+
+from flows.context import StepContext
+from flows.contracts import Chunk
+from flows.registry import stage
+from flows.resources.embedder import Embedder
+
+
+@stage("embed", produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion")
+def embed(chunks: list[Chunk], ctx: StepContext, embedder: Embedder) -> list[Chunk]:
+    """Attach a vector to every chunk; one batched encode call per batch of documents."""
+    vectors = embedder.encode_documents([c.text for c in chunks])
+    ctx.progress("embedded", len(chunks))
+    return [c.model_copy(update={"embedding": v.tolist()}) for c, v in zip(chunks, vectors)]

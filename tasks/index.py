@@ -1,0 +1,136 @@
+"""The ingestion sink: writes chunks to Chroma and the state record, keeps BM25 in step.
+
+Crash safety comes from the order of writes. For each batch: read the old chunk ids, forget
+the sources in the state (commit), delete stale vectors, upsert the new ones, record the
+sources with their new chunks (commit). A crash anywhere leaves the state naming only
+complete sources; the next run re-indexes the rest and, because the run was marked dirty,
+``reconcile`` deletes vectors the state does not name. BM25 is rebuilt from the state
+whenever its published generation differs from the state's.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows import failpoints
+from flows.context import StepContext
+from flows.contracts import Chunk, Document, IndexReport
+from flows.engine import IngestPlan
+from flows.registry import stage
+from flows.resources.bm25 import BM25Index
+from flows.resources.chroma import ChromaStore
+from flows.resources.state import IndexState
+
+DIRTY = "dirty"
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    delete_missing: bool = Field(True, description="remove sources this pipeline no longer loads from every index")
+    reconcile: Literal["auto", "always"] = Field(
+        "auto", description="auto: check the stores against the state after an interrupted run; always: every run")
+
+
+USES = {"store": ("chroma",), "sparse": ("bm25",), "state": ("index_state",)}
+
+
+@stage("index", params=Params, produces="report", uses=USES, kind="ingestion")
+def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, store: ChromaStore,
+          state: IndexState) -> IndexReport:
+    """Replace the chunks of this batch's documents in Chroma and the state record."""
+    source_ids = [d.source_id for d in documents]
+    known = state.sources()
+    old_ids = state.chunk_ids(source_ids)
+    new_ids = {c.chunk_id for c in chunks}
+    _ensure_dimension(store, state, chunks, ctx)
+    state.forget(source_ids)
+    failpoints.hit("index.after_forget")
+    store.delete(sorted(old_ids - new_ids))
+    failpoints.hit("index.after_delete")
+    store.upsert([c for c in chunks if c.embedding is not None])
+    failpoints.hit("index.after_upsert")
+    state.record(ctx.pipeline, ctx.fingerprint, documents, chunks)
+    failpoints.hit("index.after_record")
+    added = sum(1 for s in source_ids if s not in known)
+    return IndexReport(added=added, updated=len(source_ids) - added, chunks_written=len(chunks),
+                       chunks_deleted=len(old_ids - new_ids))
+
+
+@index.on_plan
+def plan(documents: list[Document], failed_sources: list[str], params: Params, ctx: StepContext,
+         store: ChromaStore, state: IndexState) -> IngestPlan:
+    """Decide what changed since the last run, after repairing an interrupted one."""
+    if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
+        reconcile(store, state, ctx)
+    state.set_meta(DIRTY, "1")
+    indexed = state.sources(origin=ctx.pipeline)
+    everything = state.sources()
+    plan = IngestPlan(to_index=[])
+    seen: set[str] = set()
+    for doc in documents:
+        seen.add(doc.source_id)
+        previous = everything.get(doc.source_id)
+        if previous == (doc.content_hash, ctx.fingerprint):
+            plan.unchanged += 1
+            continue
+        plan.to_index.append(doc)
+        (plan.updated if previous else plan.new).add(doc.source_id)
+    if params.delete_missing:
+        keep = seen | set(failed_sources)  # an unreadable file keeps what was indexed from it
+        plan.removed = sorted(s for s in indexed if s not in keep)
+    return plan
+
+
+@index.on_finalize
+def finalize(plan: IngestPlan, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
+             state: IndexState) -> IndexReport:
+    """Delete removed sources everywhere, republish BM25 if the state moved, mark the run clean."""
+    removed_ids = state.chunk_ids(plan.removed)
+    state.forget(plan.removed)
+    failpoints.hit("finalize.after_forget")
+    store.delete(sorted(removed_ids))
+    failpoints.hit("finalize.after_delete")
+    publish_sparse(sparse, state)
+    failpoints.hit("finalize.after_publish")
+    state.set_meta(DIRTY, "0")
+    return IndexReport(deleted=len(plan.removed), chunks_deleted=len(removed_ids))
+
+
+def publish_sparse(sparse: BM25Index, state: IndexState) -> None:
+    """Rebuild BM25 from the state unless the published version already matches it."""
+    settings = sparse.spec.model_dump_json(exclude={"path"})
+    published = sparse.published_version()
+    generation = state.generation
+    if published and published["generation"] == generation and published["settings"] == settings:
+        return
+    sparse.build(((cid, text, meta) for cid, text, meta in state.chunk_rows()), generation, settings)
+
+
+def reconcile(store: ChromaStore, state: IndexState, ctx: StepContext) -> None:
+    """Make Chroma hold exactly the chunks the state names (after a crash, or on request)."""
+    stored = store.all_ids()
+    expected = state.chunk_ids()
+    extra = stored - expected
+    if extra:
+        ctx.logger.warning("removing %d vectors left by an interrupted run", len(extra))
+        store.delete(sorted(extra))
+    missing = expected - stored
+    if missing:
+        sources = {meta["source_id"] for meta in state.chunks_by_id(sorted(missing)).values()}
+        ctx.logger.warning("re-indexing %d sources whose vectors are missing", len(sources))
+        state.forget(sources)
+
+
+def _ensure_dimension(store: ChromaStore, state: IndexState, chunks: list[Chunk], ctx: StepContext) -> None:
+    """A new embedding model (new dimension) makes every stored vector stale: start the collection over."""
+    new = next((len(c.embedding) for c in chunks if c.embedding is not None), None)
+    if new is None:
+        return
+    current = state.get_meta("dimension")
+    if current is not None and int(current) != new:
+        ctx.logger.warning("embedding dimension changed %s -> %d: rebuilding the collection", current, new)
+        state.forget(list(state.sources()))  # the wiped collection held every source
+        store.reset()
+    state.set_meta("dimension", str(new))

@@ -1,0 +1,289 @@
+"""The ``load`` stage: read text, markdown, HTML, PDF and BEIR-style JSONL files into Documents.
+
+One bad file never stops a run: it is reported with ``ctx.fail`` and skipped, so a corpus of
+thousands of files still indexes when a few are broken.
+"""
+from __future__ import annotations
+
+import codecs
+import fnmatch
+import glob
+import html
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Iterator
+
+from pydantic import BaseModel, Field, StringConstraints, field_validator
+from pypdf import PdfReader
+
+from flows.context import StepContext
+from flows.contracts import Document, Metadata, content_hash
+from flows.registry import stage
+
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown",
+           ".txt": "text", ".pdf": "pdf", ".jsonl": "jsonl"}
+SNIFF_BYTES = 8192
+GLOB_CHARS = frozenset("*?[")
+JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+MD_HEADING = re.compile(r"^#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+HTML_TITLE = re.compile(r"<title\b[^>]*>(.*?)</title>", re.I | re.S)
+HTML_H1 = re.compile(r"<h1\b[^>]*>(.*?)</h1>", re.I | re.S)
+HTML_TAG = re.compile(r"<[^>]+>")
+
+
+class Params(BaseModel):
+    """Where the source files are and how to read them."""
+
+    model_config = {"extra": "forbid"}
+
+    paths: list[NonEmpty] = Field(..., min_length=1,
+                                  description="folders (walked recursively), files or glob patterns")
+    include: list[NonEmpty] = Field(
+        ["*.html", "*.htm", "*.md", "*.markdown", "*.txt", "*.pdf", "*.jsonl"], min_length=1,
+        description="file-name patterns taken from folders and globs (files named directly are always read)")
+    exclude: list[NonEmpty] = Field(
+        [], description="patterns of paths to skip, matched against the file name and the end of the path, "
+                        "e.g. '**/.git/**', 'drafts/*'")
+    max_bytes: int = Field(50_000_000, ge=1, le=2_000_000_000,
+                           description="larger files are reported as failures and skipped")
+    encoding: NonEmpty = Field("utf-8", description="text encoding of non-PDF files")
+    jsonl_id_field: NonEmpty = Field("_id", description="JSONL record field holding the document id")
+    jsonl_text_fields: list[NonEmpty] = Field(["text"], min_length=1,
+                                              description="JSONL record fields joined into the document text")
+    jsonl_title_field: NonEmpty = Field("title", description="JSONL record field holding the title")
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        try:  # an unknown or non-text codec fails at compile time, not mid-run
+            "".encode(value)
+        except LookupError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+@stage("load", params=Params, produces="documents", kind="ingestion")
+def load(params: Params, ctx: StepContext) -> list[Document]:
+    """Read source files into Documents, reporting and skipping the ones that cannot be read."""
+    documents: list[Document] = []
+    for path in _discover(params, ctx):
+        for document in _load_file(path, params, ctx):
+            documents.append(document)
+            ctx.progress("documents", 1)
+    return sorted(documents, key=lambda d: d.source_id)
+
+
+# --- finding files -------------------------------------------------------------------------
+
+def _discover(params: Params, ctx: StepContext) -> list[str]:
+    """Expand ``paths`` into sorted, unique absolute posix paths (a file hit by two globs loads once)."""
+    found: set[str] = set()
+    for given in params.paths:
+        expanded = os.path.join(ctx.base_dir, os.path.expanduser(given))  # relative to pipelines.yaml
+        if GLOB_CHARS & set(expanded):
+            matches = glob.glob(expanded, recursive=True)
+            if not matches:
+                ctx.fail(given, "no files match this pattern")
+            for match in matches:
+                found.update(_files_under(match, params, named=False))
+        elif os.path.exists(expanded):
+            found.update(_files_under(expanded, params, named=True))
+        else:
+            ctx.fail(given, "no such file or directory")
+    return sorted(found)
+
+
+def _files_under(path: str, params: Params, named: bool) -> Iterator[str]:
+    """Files at or below ``path``; a file the user named directly skips the ``include`` filter."""
+    root = Path(os.path.abspath(path)).as_posix()
+    if not os.path.isdir(root):
+        if (named or _matches(root, params.include)) and not _matches(root, params.exclude):
+            yield root
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        # prune excluded folders (.git, node_modules) instead of walking and filtering them
+        dirnames[:] = sorted(d for d in dirnames if not _matches(Path(dirpath, d).as_posix() + "/", params.exclude))
+        for name in sorted(filenames):
+            full = Path(dirpath, name).as_posix()
+            if _matches(full, params.include) and not _matches(full, params.exclude):
+                yield full
+
+
+def _matches(path: str, patterns: list[str]) -> bool:
+    """A pattern matches the name, the whole path, or its end after a '/' (so 'drafts/*' skips every
+    drafts folder). Case-insensitive: '*.pdf' takes REPORT.PDF. Folders come with a trailing '/',
+    so '**/.git/**' prunes the folder itself."""
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower()
+    path = path.lower()
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(path, "*/" + p)
+               for p in map(str.lower, patterns))
+
+
+# --- reading one file ----------------------------------------------------------------------
+
+def _load_file(path: str, params: Params, ctx: StepContext) -> list[Document]:
+    """All Documents of one file (one, or one per JSONL record); [] when it was reported as failed."""
+    fmt = FORMATS.get(Path(path).suffix.lower(), "text")
+    data_mtime = _read(path, params.max_bytes, ctx)
+    if data_mtime is None:
+        return []
+    data, mtime = data_mtime
+    if fmt == "pdf":
+        document = _pdf_document(path, data, mtime, ctx)
+        return [document] if document else []
+    text = _decode(path, data, params.encoding, ctx)
+    if text is None:
+        return []
+    if not text.strip():
+        ctx.fail(path, "empty document")
+        return []
+    if fmt == "jsonl":
+        return _jsonl_documents(path, text, mtime, params, ctx)
+    title = _markdown_title(text) if fmt == "markdown" else _html_title(text) if fmt == "html" else ""
+    return [_document(path, fmt, text, title or Path(path).stem, mtime)]
+
+
+def _read(path: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float] | None:
+    """The file's bytes and mtime; size is checked first so a huge file is never read into memory."""
+    try:
+        info = os.stat(path)
+        if info.st_size > max_bytes:
+            ctx.fail(path, f"file is {info.st_size} bytes, over the max_bytes limit of {max_bytes}")
+            return None
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        ctx.fail(path, f"cannot read file: {exc.strerror or exc}")
+        return None
+    if not data:
+        ctx.fail(path, "empty document")
+        return None
+    return data, info.st_mtime
+
+
+def _decode(path: str, data: bytes, encoding: str, ctx: StepContext) -> str | None:
+    """Bytes to text; None (reported) for binary or undecodable content."""
+    wide = codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))  # NULs are normal there
+    if not wide and b"\x00" in data[:SNIFF_BYTES]:
+        ctx.fail(path, "binary content, not text")
+        return None
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        ctx.fail(path, f"not valid {encoding}: cannot decode byte 0x{data[exc.start]:02x} at offset {exc.start}")
+        return None
+    return text.removeprefix("\ufeff")
+
+
+def _document(path: str, fmt: str, text: str, title: str, mtime: float) -> Document:
+    return Document(source_id=path, path=path, format=fmt, title=title, modified=mtime,
+                    content_hash=content_hash(text), text=text,
+                    metadata={"source": path, "format": fmt, "modified": mtime, "file_name": Path(path).name})
+
+
+def _markdown_title(text: str) -> str:
+    """The first '# ' heading outside fenced code (a '# comment' in a shell block is no title)."""
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (match := MD_HEADING.match(line)):
+            return match.group(1).strip()
+    return ""
+
+
+def _html_title(raw: str) -> str:
+    """<title>, else the first <h1>: cheap regexes, since ``convert`` does the real HTML parsing."""
+    for pattern in (HTML_TITLE, HTML_H1):
+        if match := pattern.search(raw):
+            title = " ".join(html.unescape(HTML_TAG.sub(" ", match.group(1))).split())
+            if title:
+                return title
+    return ""
+
+
+# --- PDF -----------------------------------------------------------------------------------
+
+def _pdf_document(path: str, data: bytes, mtime: float, ctx: StepContext) -> Document | None:
+    """Text of a PDF page by page; scanned, encrypted or broken PDFs are reported, not raised."""
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):  # an empty user password still opens many
+            ctx.fail(path, "encrypted PDF: a password is needed to read it")
+            return None
+        pages = [(page.extract_text() or "").strip() for page in reader.pages]
+        title = str((reader.metadata.title if reader.metadata else None) or "").strip()
+    except Exception as exc:  # pypdf raises many exception types on malformed files
+        ctx.fail(path, f"unreadable PDF: {type(exc).__name__}: {exc}")
+        return None
+    text = "\n\n".join(page for page in pages if page)
+    if not text:
+        ctx.fail(path, "PDF has no extractable text (scanned images?)")
+        return None
+    return _document(path, "pdf", text, title or Path(path).stem, mtime)
+
+
+# --- JSONL ---------------------------------------------------------------------------------
+
+def _jsonl_documents(path: str, text: str, mtime: float, params: Params, ctx: StepContext) -> list[Document]:
+    """One Document per BEIR-style record; a bad line is reported as 'path:line' and the rest load."""
+    documents: list[Document] = []
+    first_seen: dict[str, int] = {}
+    # split on "\n" only: str.splitlines would also split on U+2028 inside JSON strings
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            record_id, record = _parse_record(line, params)
+            if record_id in first_seen:
+                raise ValueError(f"duplicate record id {record_id!r}, first seen on line {first_seen[record_id]}")
+            documents.append(_record_document(path, record_id, record, mtime, params))
+        except ValueError as exc:
+            ctx.fail(where, str(exc))
+            continue
+        first_seen[record_id] = line_no
+    return documents
+
+
+def _parse_record(line: str, params: Params) -> tuple[str, dict[str, Any]]:
+    """The id and object of one line; ValueError says what is wrong with it."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"record is a JSON {JSON_TYPES.get(type(record), 'value')}, not an object")
+    record_id = record.get(params.jsonl_id_field)
+    if isinstance(record_id, bool) or not isinstance(record_id, (str, int)) or not str(record_id).strip():
+        raise ValueError(f"missing id: field {params.jsonl_id_field!r} must be a non-empty string or integer")
+    return str(record_id), record
+
+
+def _record_document(path: str, record_id: str, record: dict[str, Any], mtime: float,
+                     params: Params) -> Document:
+    parts = [record.get(field) for field in params.jsonl_text_fields]
+    text = "\n\n".join(part for part in parts if isinstance(part, str) and part.strip())
+    if not text:
+        raise ValueError(f"empty document: no text in {', '.join(params.jsonl_text_fields)}")
+    title = record.get(params.jsonl_title_field)
+    base: Metadata = {"source": path, "format": "jsonl", "doc_id": record_id, "modified": mtime,
+                      "file_name": Path(path).name}
+    # canonical JSON: any change to the record (text, title, metadata) re-indexes it, key order does not
+    canonical = json.dumps(record, sort_keys=True, ensure_ascii=False)
+    return Document(source_id=f"{path}#{record_id}", path=path, format="jsonl",
+                    title=title.strip() if isinstance(title, str) else "", modified=mtime,
+                    content_hash=content_hash(canonical), text=text,
+                    metadata={**_scalar_metadata(record.get("metadata")), **base})
+
+
+def _scalar_metadata(extra: Any) -> Metadata:
+    """Flat scalar values of a record's 'metadata' object (vector stores accept nothing nested)."""
+    if not isinstance(extra, dict):
+        return {}
+    return {str(k): v for k, v in extra.items() if isinstance(v, (str, int, float, bool))}

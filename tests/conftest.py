@@ -1,0 +1,87 @@
+"""Shared fixtures: real SciFact data from ../shared/data, project folders, a shared embedder."""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import flows  # noqa: F401 - offline defaults before any heavy import
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("RAGLINE_DATA_DIR", REPO.parent / "shared" / "data"))
+SCIFACT = DATA / "scifact"
+
+BASE_RESOURCES = """
+resources:
+  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
+  store:    {type: chroma, path: idx/chroma, collection: test}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+"""
+
+INDEX_AND_SEARCH = BASE_RESOURCES + """
+pipelines:
+  index:
+    kind: ingestion
+    batch_size: {batch_size}
+    steps:
+      - {{id: load,    task: load, with: {{paths: [docs]}}}}
+      - {{id: convert, task: convert}}
+      - {{id: chunk,   task: chunk, with: {{size: {chunk_size}, overlap: 8}}}}
+      - {{id: embed,   task: embed}}
+      - {{id: write,   task: index}}
+  search:
+    kind: query
+    steps:
+      - {{id: dense,  task: retrieve_dense, with: {{k: 20}}}}
+      - {{id: sparse, task: retrieve_sparse, with: {{k: 20}}, after: []}}
+      - {{id: fuse,   task: fuse, after: [dense, sparse], with: {{top_k: 20}}}}
+"""
+
+
+def scifact_records(n: int, offset: int = 0) -> list[dict]:
+    """The first n SciFact corpus records (read from shared data, never copied into the repo)."""
+    if not SCIFACT.exists():
+        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    out = []
+    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as handle:
+        for i, line in enumerate(handle):
+            if i >= offset + n:
+                break
+            if i >= offset:
+                out.append(json.loads(line))
+    return out
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def make_project(tmp_path):
+    """Write a pipelines.yaml (and optional prompts) into tmp_path; returns its path."""
+
+    def make(yaml_text: str, prompts: dict[str, str] | None = None, name: str = "pipelines.yaml") -> Path:
+        (tmp_path / "prompts").mkdir(exist_ok=True)
+        for prompt, body in (prompts or {}).items():
+            (tmp_path / "prompts" / f"{prompt}.j2").write_text(body)
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(yaml_text))
+        return path
+
+    return make
+
+
+@pytest.fixture
+def index_project(make_project):
+    """A project with the standard index/search pipelines over tmp_path/docs."""
+
+    def make(batch_size: int = 256, chunk_size: int = 128) -> Path:
+        return make_project(INDEX_AND_SEARCH.format(batch_size=batch_size, chunk_size=chunk_size))
+
+    return make

@@ -1,0 +1,273 @@
+"""Unit tests for the ``load`` stage: formats, JSONL records, discovery, and per-file failures."""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from pypdf import PdfReader, PdfWriter
+
+from flows.context import StepContext
+from flows.contracts import content_hash
+from tasks.load import Params, load
+
+
+def make_pdf(pages: list[str], title: str | None = None) -> bytes:
+    """A minimal valid PDF, one Helvetica text line per page, built by hand (no PDF writer needed)."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>", "",
+               "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    kids = []
+    for text in pages:
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode("latin-1") if text else b""
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream.decode('latin-1')}\nendstream")
+        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+                       f"/Resources << /Font << /F1 3 0 R >> >> /Contents {len(objects)} 0 R >>")
+        kids.append(f"{len(objects)} 0 R")
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
+    if title is not None:
+        objects.append(f"<< /Title ({title}) >>")
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
+    info = f" /Info {len(objects)} 0 R" if title is not None else ""
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{info} >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return bytes(out)
+
+
+def run(paths: list[str | Path], **options) -> tuple[list, StepContext]:
+    ctx = StepContext(pipeline="t", step_id="load")
+    documents = load.fn(params=Params(paths=[str(p) for p in paths], **options), ctx=ctx)
+    return documents, ctx
+
+
+def failures(ctx: StepContext) -> dict[str, str]:
+    return {f.source_id: f.reason for f in ctx.failures}
+
+
+def posix(path: Path) -> str:
+    return path.resolve().as_posix()
+
+
+def test_stage_contract():
+    assert (load.name, load.produces, load.kind) == ("load", "documents", "ingestion")
+    assert load.inputs == {}
+    with pytest.raises(ValidationError):
+        Params(paths=["x"], unknown=1)
+    with pytest.raises(ValidationError):
+        Params(paths=["x"], encoding="no-such-codec")
+    with pytest.raises(ValidationError):
+        Params(paths=["x"], encoding="base64")  # a codec, but not a text encoding
+    with pytest.raises(ValidationError):
+        Params(paths=[])
+
+
+def test_text_markdown_and_html_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("Plain notes.\nSecond line.\n")
+    (tmp_path / "guide.md").write_text("```sh\n# not a title\n```\nintro\n\n# Install Guide #\n\nSteps.\n")
+    (tmp_path / "page.html").write_text("<html><head><title> Home &amp; Away </title></head>"
+                                        "<body><h1>Other</h1><p>Body</p></body></html>")
+    (tmp_path / "noheading.md").write_text("just text\n")
+    (tmp_path / "h1only.htm").write_text("<body><h1 class='x'>Big <b>Heading</b></h1></body>")
+
+    documents, ctx = run([tmp_path])
+
+    assert ctx.failures == []
+    by_name = {Path(d.path).name: d for d in documents}
+    notes = by_name["notes.txt"]
+    assert notes.source_id == notes.path == posix(tmp_path / "notes.txt")
+    assert (notes.format, notes.title, notes.text) == ("text", "notes", "Plain notes.\nSecond line.\n")
+    assert notes.content_hash == content_hash("Plain notes.\nSecond line.\n")
+    assert notes.modified == os.stat(tmp_path / "notes.txt").st_mtime
+    assert notes.metadata == {"source": notes.path, "format": "text", "modified": notes.modified,
+                              "file_name": "notes.txt"}
+    assert (by_name["guide.md"].format, by_name["guide.md"].title) == ("markdown", "Install Guide")
+    assert by_name["noheading.md"].title == "noheading"
+    page = by_name["page.html"]
+    assert (page.format, page.title) == ("html", "Home & Away")
+    assert page.text.startswith("<html><head><title>")  # raw HTML: convert does the extraction
+    assert by_name["h1only.htm"].title == "Big Heading"
+
+
+def test_pdf_text_and_title(tmp_path):
+    (tmp_path / "report.pdf").write_bytes(make_pdf(["First page text", "", "Third page text"], title="Annual Report"))
+    (tmp_path / "untitled.pdf").write_bytes(make_pdf(["Only page"]))
+
+    documents, ctx = run([tmp_path])
+
+    assert ctx.failures == []
+    report, untitled = documents
+    assert (report.format, report.title) == ("pdf", "Annual Report")
+    assert report.text == "First page text\n\nThird page text"
+    assert report.content_hash == content_hash(report.text)
+    assert report.metadata["format"] == "pdf"
+    assert (untitled.title, untitled.text) == ("untitled", "Only page")
+
+
+def test_bad_pdfs_are_reported_and_skipped(tmp_path):
+    (tmp_path / "garbage.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
+    (tmp_path / "blank.pdf").write_bytes(make_pdf([""]))
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(make_pdf(["secret text"]))))
+    writer.encrypt(user_password="pw", algorithm="RC4-128")
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    (tmp_path / "locked.pdf").write_bytes(buffer.getvalue())
+    (tmp_path / "good.pdf").write_bytes(make_pdf(["fine"]))
+
+    documents, ctx = run([tmp_path])
+
+    assert [d.text for d in documents] == ["fine"]
+    reasons = failures(ctx)
+    assert reasons[posix(tmp_path / "garbage.pdf")].startswith("unreadable PDF")
+    assert "no extractable text" in reasons[posix(tmp_path / "blank.pdf")]
+    assert "password" in reasons[posix(tmp_path / "locked.pdf")]
+
+
+def test_jsonl_records_and_bad_lines(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    lines = [
+        json.dumps({"_id": "d1", "title": "One", "text": "first text", "abstract": "more",
+                    "metadata": {"year": 2020, "lang": "en", "tags": ["a"], "source": "spoof", "ok": True}}),
+        "",
+        "{not json",
+        json.dumps(["a", "list"]),
+        json.dumps({"text": "no id"}),
+        json.dumps({"_id": 7, "text": "seven\u2028with a line separator"}),
+        json.dumps({"_id": "d1", "text": "duplicate"}),
+        json.dumps({"_id": "d3", "title": "only title", "text": ""}),
+    ]
+    corpus.write_text("\n".join(lines) + "\n")
+    path = posix(corpus)
+
+    documents, ctx = run([corpus], jsonl_text_fields=["text", "abstract"])
+
+    assert [d.source_id for d in documents] == [f"{path}#7", f"{path}#d1"]
+    seven, first = documents
+    assert (first.title, first.text, first.format) == ("One", "first text\n\nmore", "jsonl")
+    assert first.metadata == {"source": path, "format": "jsonl", "doc_id": "d1", "modified": first.modified,
+                              "file_name": "corpus.jsonl", "year": 2020, "lang": "en", "ok": True}
+    assert (seven.title, seven.text, seven.metadata["doc_id"]) == ("", "seven\u2028with a line separator", "7")
+    reasons = failures(ctx)
+    assert set(reasons) == {f"{path}:3", f"{path}:4", f"{path}:5", f"{path}:7", f"{path}:8"}
+    assert reasons[f"{path}:3"].startswith("invalid JSON")
+    assert "not an object" in reasons[f"{path}:4"]
+    assert "'_id'" in reasons[f"{path}:5"]
+    assert reasons[f"{path}:7"] == "duplicate record id 'd1', first seen on line 1"
+    assert reasons[f"{path}:8"].startswith("empty document")
+
+
+def test_jsonl_custom_fields_and_record_hash(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "name": "Alpha", "body": "alpha body"}) + "\n")
+    params = {"jsonl_id_field": "id", "jsonl_text_fields": ["body"], "jsonl_title_field": "name"}
+
+    (doc,), _ = run([corpus], **params)
+    corpus.write_text(json.dumps({"body": "alpha body", "name": "Alpha", "id": "a"}) + "\n")  # same, reordered
+    (same,), _ = run([corpus], **params)
+    corpus.write_text(json.dumps({"id": "a", "name": "Alpha v2", "body": "alpha body"}) + "\n")
+    (retitled,), _ = run([corpus], **params)
+
+    assert (doc.source_id, doc.title, doc.text) == (f"{posix(corpus)}#a", "Alpha", "alpha body")
+    assert same.content_hash == doc.content_hash
+    assert retitled.content_hash != doc.content_hash
+
+
+def test_folders_are_walked_recursively_with_include_filter(tmp_path):
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "top.md").write_text("# Top\n")
+    (tmp_path / "a" / "b" / "c" / "deep.txt").write_text("deep")
+    (tmp_path / "a" / "UPPER.TXT").write_text("upper")
+    (tmp_path / "a" / "script.py").write_text("print('not included')")
+
+    documents, ctx = run([tmp_path])
+
+    assert [Path(d.path).relative_to(tmp_path.resolve()).as_posix() for d in documents] == \
+        ["a/UPPER.TXT", "a/b/c/deep.txt", "top.md"]
+    assert ctx.failures == []
+
+
+def test_globs_exclude_and_duplicates(tmp_path):
+    (tmp_path / "docs" / "drafts").mkdir(parents=True)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "docs" / "one.md").write_text("one")
+    (tmp_path / "docs" / "two.txt").write_text("two")
+    (tmp_path / "docs" / "drafts" / "wip.md").write_text("wip")
+    (tmp_path / ".git" / "notes.md").write_text("git internals")
+    (tmp_path / "data.bin").write_text("not included by default")
+
+    globbed, ctx = run([f"{tmp_path}/docs/**/*.md", f"{tmp_path}/docs/*", tmp_path / "docs" / "one.md"],
+                       exclude=["drafts/*"])
+    walked, _ = run([tmp_path], exclude=["**/.git/**"])
+    explicit, _ = run([tmp_path / "data.bin"])
+
+    assert [Path(d.path).name for d in globbed] == ["one.md", "two.txt"]
+    assert ctx.failures == []
+    assert [Path(d.path).relative_to(tmp_path.resolve()).as_posix() for d in walked] == \
+        ["docs/drafts/wip.md", "docs/one.md", "docs/two.txt"]
+    assert [d.text for d in explicit] == ["not included by default"]  # a file named directly skips `include`
+
+
+def test_missing_path_and_unmatched_glob_are_reported(tmp_path):
+    (tmp_path / "ok.txt").write_text("ok")
+    missing = str(tmp_path / "nope")
+
+    documents, ctx = run([tmp_path / "ok.txt", missing, f"{tmp_path}/*.nothing"])
+
+    assert [d.text for d in documents] == ["ok"]
+    assert failures(ctx) == {missing: "no such file or directory",
+                             f"{tmp_path}/*.nothing": "no files match this pattern"}
+
+
+def test_empty_binary_undecodable_and_oversized_files(tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "blank.md").write_text("  \n\t\n  ")
+    (tmp_path / "binary.txt").write_bytes(b"abc\x00\x01\x02def")
+    (tmp_path / "latin.txt").write_bytes(b"abc\xff\xfe\xfa")
+    (tmp_path / "big.txt").write_text("x" * 200)
+    (tmp_path / "fine.txt").write_text("fine")
+
+    documents, ctx = run([tmp_path], max_bytes=100)
+
+    assert [d.text for d in documents] == ["fine"]
+    reasons = failures(ctx)
+    assert reasons[posix(tmp_path / "empty.txt")] == "empty document"
+    assert reasons[posix(tmp_path / "blank.md")] == "empty document"
+    assert reasons[posix(tmp_path / "binary.txt")] == "binary content, not text"
+    assert reasons[posix(tmp_path / "latin.txt")] == "not valid utf-8: cannot decode byte 0xff at offset 3"
+    assert reasons[posix(tmp_path / "big.txt")] == "file is 200 bytes, over the max_bytes limit of 100"
+    assert len(reasons) == 5
+
+
+def test_configured_encoding(tmp_path):
+    (tmp_path / "latin.txt").write_bytes("café".encode("latin-1"))
+    (tmp_path / "wide.txt").write_bytes("\ufeffwide text".encode("utf-16-le"))
+
+    (latin,), _ = run([tmp_path / "latin.txt"], encoding="latin-1")
+    (wide,), ctx = run([tmp_path / "wide.txt"], encoding="utf-16-le")
+
+    assert latin.text == "café"
+    assert wide.text == "wide text" and ctx.failures == []
+
+
+def test_order_hash_and_progress_are_deterministic(tmp_path):
+    for name in ["b.txt", "a.md", "c.html", "sub/z.txt", "sub/0.md"]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(f"content of {name}")
+    counted: list[tuple[str, int]] = []
+    ctx = StepContext(pipeline="t", step_id="load", on_progress=lambda unit, n: counted.append((unit, n)))
+
+    first = load.fn(params=Params(paths=[str(tmp_path)]), ctx=ctx)
+    second, _ = run([tmp_path / "sub", tmp_path])
+
+    assert [d.source_id for d in first] == sorted(d.source_id for d in first)
+    assert [d.model_dump() for d in first] == [d.model_dump() for d in second]
+    assert [d.content_hash for d in first] == [content_hash(d.text) for d in first]
+    assert len({d.content_hash for d in first}) == 5
+    assert counted == [("documents", 1)] * 5
