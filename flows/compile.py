@@ -79,13 +79,13 @@ class CompiledPipeline:
         return CompiledPipeline(self.name, self.spec, steps, self.project, self.output)
 
     def fingerprint(self, steps: list[CompiledStep]) -> str:
-        """Hash of the settings that shape indexed content: params, prompts and resources of ``steps``."""
+        """Hash of what shapes indexed content: stage versions, params, prompts and resources of ``steps``."""
         parts = []
         for s in steps:
             resources = {role: _resource_fingerprint(self.project.spec.resources[name])
                          for role, name in sorted(s.resources.items())}
             prompt = self.project.prompts.source(s.prompt) if s.prompt else None
-            parts.append([s.id, s.stage.name, s.params.model_dump(mode="json"), resources, prompt])
+            parts.append([s.id, s.stage.name, s.stage.version, s.params.model_dump(mode="json"), resources, prompt])
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

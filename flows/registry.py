@@ -36,6 +36,7 @@ class Stage:
     uses: dict[str, tuple[str, ...]] = field(default_factory=dict)
     kind: str = "any"  # "ingestion", "query" or "any"
     prompt: str | None = None  # default prompt template name, for LLM stages
+    version: int = 1  # bump when the stage's output changes for the same input: it re-indexes
     description: str = ""
     plan: Callable[..., Any] | None = None
     finalize: Callable[..., Any] | None = None
@@ -72,13 +73,13 @@ _REGISTRY: dict[str, Stage] = {}
 
 def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           uses: dict[str, tuple[str, ...]] | None = None, kind: str = "any",
-          prompt: str | None = None) -> Callable[[Callable[..., Any]], Stage]:
+          prompt: str | None = None, version: int = 1) -> Callable[[Callable[..., Any]], Stage]:
     """Declare a function as a stage under ``name``."""
 
     def register(fn: Callable[..., Any]) -> Stage:
         doc = inspect.getdoc(fn) or ""
         entry = Stage(name=name, fn=fn, params=params, produces=produces, uses=dict(uses or {}),
-                      kind=kind, prompt=prompt, description=doc.splitlines()[0] if doc else "")
+                      kind=kind, prompt=prompt, version=version, description=doc.splitlines()[0] if doc else "")
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"stage {name!r} is already registered by {_REGISTRY[name].fn.__module__}")
         _REGISTRY[name] = entry

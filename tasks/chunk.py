@@ -30,14 +30,15 @@ class Params(BaseModel):
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> "Params":
-        if self.size is not None and self.overlap >= self.size:
+        if self.mode == "tokens" and self.size is not None and self.overlap >= self.size:
             raise ValueError(f"overlap ({self.overlap}) must be smaller than size ({self.size})")
         if self.window is not None and self.step is not None and self.step > self.window:
             raise ValueError(f"step ({self.step}) must not exceed window ({self.window})")
         return self
 
 
-@stage("chunk", params=Params, produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion")
+@stage("chunk", params=Params, produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion",
+       version=2)
 def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder: Embedder) -> list[Chunk]:
     """Split documents into chunks measured in the embedding model's tokens."""
     tokenizer = embedder.tokenizer
@@ -53,7 +54,9 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
         offsets = encodings["offset_mapping"][i]
         words = encodings.word_ids(i) if hasattr(encodings, "word_ids") else None
         budget = max(16, size - title_lengths[i])
-        spans = (_window_spans(len(offsets), budget, params.step or max(1, budget // 2)) if params.mode == "window"
+        # the title shrinks every window: a stride beyond it would skip text (or index past the end)
+        step = min(params.step or max(1, budget // 2), budget)
+        spans = (_window_spans(len(offsets), budget, step) if params.mode == "window"
                  else _sentence_spans(doc.text, offsets, words, budget, min(params.overlap, budget // 2)))
         pieces = [doc.text[offsets[s][0]:offsets[e - 1][1]].strip() for s, e in spans]
         pieces = [p for j, p in enumerate(pieces) if p and (j == 0 or spans[j][1] - spans[j][0] >= params.min_tokens)]
@@ -104,24 +107,36 @@ def _sentence_spans(text: str, offsets, words, size: int, overlap: int) -> list[
         spans.append((start, end))
         if end >= n:
             break
-        start = _word_start(words, max(end - overlap, start + 1))
+        start = _word_start(text, offsets, words, max(end - overlap, start + 1), end)
     return spans
 
 
 def _best_break(text: str, offsets, words, start: int, end: int) -> int:
     """The last sentence end in the second half of the span, else the last word boundary."""
     for cut in range(end, start + (end - start) // 2, -1):
-        if text[offsets[cut - 1][0]:offsets[cut][0]].rstrip(" \t").endswith(SENTENCE_END):
+        if not _joined(text, offsets, cut) \
+                and text[offsets[cut - 1][0]:offsets[cut][0]].rstrip(" \t").endswith(SENTENCE_END):
             return cut
     for cut in range(end, start, -1):
-        if words is None or words[cut] != words[cut - 1]:
+        if (words is None or words[cut] != words[cut - 1]) and not _joined(text, offsets, cut):
             return cut
     return end
 
 
-def _word_start(words, index: int) -> int:
-    """Move forward so a chunk never starts in the middle of a word."""
-    while words is not None and 0 < index < len(words) and words[index] is not None \
-            and words[index] == words[index - 1]:
+def _joined(text: str, offsets, cut: int) -> bool:
+    """True when tokens cut-1 and cut are one written word split at punctuation ("3.5", "COVID-19").
+
+    The tokenizer's words end at every punctuation mark; a chunk may only break where whitespace
+    separates the tokens (or between characters of unspaced scripts such as CJK)."""
+    left, right = offsets[cut - 1][1], offsets[cut][0]
+    if any(ch.isspace() for ch in text[left:right + 1]):
+        return False
+    return text[left - 1:left].isascii() or text[right:right + 1].isascii()
+
+
+def _word_start(text: str, offsets, words, index: int, limit: int) -> int:
+    """Move forward so a chunk never starts in the middle of a word (nor past ``limit``)."""
+    while words is not None and 0 < index < min(len(words), limit) and words[index] is not None \
+            and (words[index] == words[index - 1] or _joined(text, offsets, index)):
         index += 1
     return index

@@ -272,8 +272,9 @@ def _record_document(path: str, record_id: str, record: dict[str, Any], mtime: f
     if not text:
         raise ValueError(f"empty document: no text in {', '.join(params.jsonl_text_fields)}")
     title = record.get(params.jsonl_title_field)
-    base: Metadata = {"source": path, "format": "jsonl", "doc_id": record_id, "modified": mtime,
-                      "file_name": Path(path).name}
+    # no "modified": the file's mtime moves when any record changes, so it says nothing of this one,
+    # and rewriting it on unchanged records would make incremental runs differ from clean ones
+    base: Metadata = {"source": path, "format": "jsonl", "doc_id": record_id, "file_name": Path(path).name}
     # canonical JSON: any change to the record (text, title, metadata) re-indexes it, key order does not
     canonical = json.dumps(record, sort_keys=True, ensure_ascii=False)
     return Document(source_id=f"{path}#{record_id}", path=path, format="jsonl",

@@ -26,20 +26,24 @@ INDEX_AND_SEARCH = BASE_RESOURCES + """
 pipelines:
   index:
     kind: ingestion
-    batch_size: {batch_size}
+    batch_size: BATCH_SIZE
     steps:
-      - {{id: load,    task: load, with: {{paths: [docs]}}}}
-      - {{id: convert, task: convert}}
-      - {{id: chunk,   task: chunk, with: {{size: {chunk_size}, overlap: 8}}}}
-      - {{id: embed,   task: embed}}
-      - {{id: write,   task: index}}
+      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: CHUNK_SIZE, overlap: 8}}
+      - {id: embed,   task: embed}
+      - {id: write,   task: index}
   search:
     kind: query
     steps:
-      - {{id: dense,  task: retrieve_dense, with: {{k: 20}}}}
-      - {{id: sparse, task: retrieve_sparse, with: {{k: 20}}, after: []}}
-      - {{id: fuse,   task: fuse, after: [dense, sparse], with: {{top_k: 20}}}}
+      - {id: dense,  task: retrieve_dense, with: {k: 20}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
 """
+
+
+def index_and_search_yaml(batch_size: int = 256, chunk_size: int = 128) -> str:
+    return INDEX_AND_SEARCH.replace("BATCH_SIZE", str(batch_size)).replace("CHUNK_SIZE", str(chunk_size))
 
 
 def scifact_records(n: int, offset: int = 0) -> list[dict]:
@@ -82,6 +86,6 @@ def index_project(make_project):
     """A project with the standard index/search pipelines over tmp_path/docs."""
 
     def make(batch_size: int = 256, chunk_size: int = 128) -> Path:
-        return make_project(INDEX_AND_SEARCH.format(batch_size=batch_size, chunk_size=chunk_size))
+        return make_project(index_and_search_yaml(batch_size, chunk_size))
 
     return make

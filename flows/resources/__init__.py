@@ -5,6 +5,7 @@ that ``uses`` it; construction is cheap and the heavy part loads on first use.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -49,3 +50,7 @@ def clear_cache() -> None:
             if close:
                 close()
         _cache.clear()
+    if "chromadb" in sys.modules:  # Chroma keeps one system per path; drop them too
+        from chromadb.api.client import SharedSystemClient
+
+        SharedSystemClient.clear_system_cache()

@@ -97,9 +97,15 @@ class ChromaStore:
                 return ids
             offset += page
 
+    def _batch_size(self) -> int:
+        """write_batch_size, capped at what the client accepts per call (5461 for embedded Chroma)."""
+        limit = self.client.get_max_batch_size()
+        return min(self.spec.write_batch_size, limit) if limit > 0 else self.spec.write_batch_size
+
     def upsert(self, chunks: list[Chunk]) -> None:
-        for start in range(0, len(chunks), self.spec.write_batch_size):
-            batch = chunks[start:start + self.spec.write_batch_size]
+        size = self._batch_size()
+        for start in range(0, len(chunks), size):
+            batch = chunks[start:start + size]
             self.collection.upsert(
                 ids=[c.chunk_id for c in batch],
                 embeddings=np.asarray([c.embedding for c in batch], dtype=np.float32),
@@ -109,8 +115,9 @@ class ChromaStore:
 
     def delete(self, ids: Iterable[str]) -> None:
         ids = list(ids)
-        for start in range(0, len(ids), self.spec.write_batch_size):
-            self.collection.delete(ids=ids[start:start + self.spec.write_batch_size])
+        size = self._batch_size()
+        for start in range(0, len(ids), size):
+            self.collection.delete(ids=ids[start:start + size])
 
     def query(self, embeddings: np.ndarray, k: int, where: dict[str, Any] | None = None,
               retriever: str = "dense") -> list[list[Passage]]:

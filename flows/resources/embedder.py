@@ -85,7 +85,9 @@ class Embedder:
 
     @property
     def dimension(self) -> int:
-        return int(self.model.get_sentence_embedding_dimension())
+        model = self.model
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        return int(getter())
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
         return self._encode([self.spec.document_prefix + t for t in texts])

@@ -45,6 +45,29 @@ def matches(meta: dict[str, Any], where: dict[str, Any]) -> bool:
 
 
 def validate(where: dict[str, Any] | None) -> None:
-    """Raise FilterError for a malformed filter before it reaches a store."""
-    if where:
-        matches({}, where)
+    """Raise FilterError for a malformed filter before it reaches a store.
+
+    Walks every branch: evaluating the filter (``matches``) stops at the first clause that
+    decides the result, so it would miss a bad operator in a later clause.
+    """
+    if where is not None:
+        _check(where)
+
+
+def _check(where: Any) -> None:
+    if not isinstance(where, dict):
+        raise FilterError(f"a filter must be a mapping, got {where!r}")
+    for key, cond in where.items():
+        if key in ("$and", "$or"):
+            if not isinstance(cond, list):
+                raise FilterError(f"{key} needs a list of filters, got {cond!r}")
+            for clause in cond:
+                _check(clause)
+        elif key.startswith("$"):
+            raise FilterError(f"unknown filter operator {key!r}")
+        elif isinstance(cond, dict):
+            for op, value in cond.items():
+                if op not in _COMPARE:
+                    raise FilterError(f"unknown filter operator {op!r} on field {key!r}")
+                if op in ("$in", "$nin") and not isinstance(value, list):
+                    raise FilterError(f"{op} on field {key!r} needs a list, got {value!r}")

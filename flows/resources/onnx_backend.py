@@ -13,37 +13,44 @@ the model: packaged models live in site-packages, which is not ours to write at 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 EXPORT_FORMAT = 1  # bump when the export or quantisation recipe changes, to invalidate old caches
 ONNX_PIP = 'pip install "onnxruntime>=1.31" "onnx>=1.23"'
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def load_onnx_model(path: str, quantized: bool, device: str = "cpu"):
+def load_onnx_model(path: str, quantized: bool, device: str = "cpu") -> SentenceTransformer:
     """A SentenceTransformer for ``path`` whose transformer runs in ONNX Runtime.
 
     Exports (and for ``quantized``, int8-quantises) once into the cache, then reuses the files.
+    ``device`` picks the ONNX Runtime provider ("cpu", or "cuda" with onnxruntime-gpu).
     """
     _require("onnxruntime")
     from sentence_transformers import SentenceTransformer
 
+    providers = _providers(device)  # fail before a pointless export
     model = SentenceTransformer(path, device="cpu")  # torch weights are only read for the export
     onnx_file = _ensure_fp32(model, path)
     if quantized:
         onnx_file = _ensure_int8(onnx_file, path)
-    _swap_in_session(model, onnx_file, device)
+    _swap_in_session(model, onnx_file, providers)
     return model
 
 
@@ -120,6 +127,7 @@ def _build_once(final: Path, build: Callable[[Path], None], meta: dict) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache is readable like any other
         build(tmp)
         (tmp / "ragline_onnx.json").write_text(json.dumps(meta, indent=1))
         try:
@@ -173,35 +181,74 @@ def _quantize(source: Path, target: Path, config: str) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     weight_type = QuantType.QUInt8 if config == "avx2" else QuantType.QInt8
-    quantize_dynamic(source, target, per_channel=True, reduce_range=False, weight_type=weight_type,
-                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+    with _no_root_logging_setup():
+        quantize_dynamic(source, target, per_channel=True, reduce_range=False, weight_type=weight_type,
+                         extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+
+
+@contextlib.contextmanager
+def _no_root_logging_setup():
+    """Mute ORT's "consider pre-processing" hint, which it logs on the root logger.
+
+    ``logging.warning`` on an unconfigured root logger calls ``basicConfig``, which would change how
+    the whole process logs from then on; a NullHandler prevents that for the duration.
+    """
+    root = logging.getLogger()
+    handler = logging.NullHandler()
+    hint = _DropMessage("pre-processing before quantization")
+    root.addHandler(handler)
+    root.addFilter(hint)
+    try:
+        yield
+    finally:
+        root.removeFilter(hint)
+        root.removeHandler(handler)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
 
 
 class OrtTransformer(torch.nn.Module):
     """Stands in for the Hugging Face model inside sentence-transformers' Transformer module."""
 
-    def __init__(self, session, config, device: torch.device):
+    def __init__(self, session, config):
         super().__init__()
-        self.session, self.config, self.device = session, config, device
+        self.session, self.config = session, config
+        self.device = torch.device("cpu")  # where outputs land; sentence-transformers reads model.device
         self.input_names = [i.name for i in session.get_inputs()]
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **_ignored):
+    def forward(self, input_ids, attention_mask, token_type_ids=None, **_ignored):
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        if given.get("token_type_ids") is None and input_ids is not None:
-            given["token_type_ids"] = torch.zeros_like(input_ids)
-        feeds = {name: given[name].cpu().numpy() for name in self.input_names}
-        (hidden,) = self.session.run(["last_hidden_state"], feeds)
-        return {"last_hidden_state": torch.from_numpy(hidden).to(self.device)}
+        (hidden,) = self.session.run(["last_hidden_state"], {n: given[n].cpu().numpy() for n in self.input_names})
+        return {"last_hidden_state": torch.from_numpy(hidden)}
 
 
-def _swap_in_session(model, onnx_file: Path, device: str) -> None:
+def _swap_in_session(model, onnx_file: Path, providers: list[str]) -> None:
     transformer = model[0]
-    config = transformer.model.config
-    transformer.model = OrtTransformer(_session(onnx_file, device), config, torch.device("cpu"))
+    transformer.model = OrtTransformer(_session(onnx_file, providers), transformer.model.config)
     transformer.backend = "onnx"
 
 
-def _session(onnx_file: Path, device: str):
+def _providers(device: str) -> list[str]:
+    import onnxruntime as ort
+
+    if not device.startswith("cuda"):
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise RuntimeError(f"device={device!r} needs onnxruntime-gpu; this onnxruntime has only "
+                           f"{ort.get_available_providers()}")
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def _session(onnx_file: Path, providers: list[str]):
     """An ORT session sized like torch (OMP_NUM_THREADS), not spinning when OMP_WAIT_POLICY=PASSIVE.
 
     ONNX Runtime ignores the OpenMP variables, so on shared CPUs it would otherwise take every core
@@ -214,10 +261,4 @@ def _session(onnx_file: Path, device: str):
     options.inter_op_num_threads = 1
     if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    providers = ["CPUExecutionProvider"]
-    if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise RuntimeError(f"device={device!r} needs onnxruntime-gpu; this onnxruntime has only "
-                               f"{ort.get_available_providers()}")
-        providers.insert(0, "CUDAExecutionProvider")
     return ort.InferenceSession(str(onnx_file), options, providers=providers)

@@ -151,7 +151,7 @@ def test_jsonl_records_and_bad_lines(tmp_path):
     assert [d.source_id for d in documents] == [f"{path}#7", f"{path}#d1"]
     seven, first = documents
     assert (first.title, first.text, first.format) == ("One", "first text\n\nmore", "jsonl")
-    assert first.metadata == {"source": path, "format": "jsonl", "doc_id": "d1", "modified": first.modified,
+    assert first.metadata == {"source": path, "format": "jsonl", "doc_id": "d1",
                               "file_name": "corpus.jsonl", "year": 2020, "lang": "en", "ok": True}
     assert (seven.title, seven.text, seven.metadata["doc_id"]) == ("", "seven\u2028with a line separator", "7")
     reasons = failures(ctx)

@@ -107,7 +107,7 @@ def test_unknown_operator_nested_in_and_or():
     with pytest.raises(FilterError):
         matches(META, {"$and": [{"lang": "en"}, {"year": {"$between": [1, 2]}}]})
     with pytest.raises(FilterError):
-        matches(META, {"$or": [{"lang": "en"}, {"$xor": []}]})
+        matches(META, {"$or": [{"lang": "de"}, {"$xor": []}]})
 
 
 def test_filter_error_is_a_value_error():
@@ -123,3 +123,30 @@ def test_validate():
         validate({"year": {"$like": 1}})
     with pytest.raises(FilterError):
         validate({"$nor": []})
+
+
+@pytest.mark.parametrize("where", [
+    # Each bad operator sits behind a clause that already decides the result for empty metadata,
+    # so evaluating the filter alone would never reach it.
+    {"lang": "en", "year": {"$like": 1}},
+    {"year": {"$gt": 1, "$like": 2}},
+    {"$and": [{"lang": "en"}, {"year": {"$between": [1, 2]}}]},
+    {"$or": [{"lang": {"$ne": "en"}}, {"$xor": []}]},
+    {"$or": [{"lang": {"$nin": ["x"]}}, {"$and": [{"a": 1}, {"b": {"$regex": "x"}}]}]},
+])
+def test_validate_checks_every_branch(where):
+    with pytest.raises(FilterError):
+        validate(where)
+
+
+@pytest.mark.parametrize("where", [
+    {"$and": {"lang": "en"}},
+    {"$or": "lang"},
+    {"$and": [{"lang": "en"}, "year"]},
+    {"lang": {"$in": "english"}},
+    {"lang": {"$nin": "en"}},
+    ["lang"],
+])
+def test_validate_rejects_malformed_structure(where):
+    with pytest.raises(FilterError):
+        validate(where)

@@ -1,0 +1,198 @@
+"""Unit tests for the embedded Chroma vector store (flows.resources.chroma), persisted in tmp_path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flows.contracts import Chunk, Passage
+from flows.resources.chroma import ChromaSpec, ChromaStore, chroma_metadata
+
+DIM = 8
+
+
+def unit(v) -> list[float]:
+    v = np.asarray(v, dtype=np.float32)
+    return (v / np.linalg.norm(v)).tolist()
+
+
+def basis(i: int) -> list[float]:
+    v = np.zeros(DIM, dtype=np.float32)
+    v[i] = 1.0
+    return v.tolist()
+
+
+def chunk(cid: str, vector, source: str = "src", **metadata) -> Chunk:
+    return Chunk(chunk_id=cid, source_id=source, ordinal=0, text=f"text of {cid}", title=f"title {source}",
+                 metadata={"chunk": 0, **metadata}, embedding=list(vector))
+
+
+def make(tmp_path, **spec) -> ChromaStore:
+    return ChromaStore(ChromaSpec(type="chroma", path="c", collection="test", **spec), base_dir=tmp_path)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return make(tmp_path)
+
+
+@pytest.fixture
+def filled(store):
+    store.upsert([chunk(f"e{i}", basis(i), source=f"s{i % 2}", lang="en" if i < 6 else "de", year=2015 + i)
+                  for i in range(DIM)])
+    return store
+
+
+def test_empty_store(store):
+    assert store.count() == 0
+    assert store.all_ids() == set()
+    assert store.query(np.asarray([basis(0), basis(1)]), k=3) == [[], []]
+    assert store.path == (store.base_dir / "c").resolve()
+    assert str(store.path) in store.location
+
+
+def test_upsert_count_all_ids_delete(filled):
+    assert filled.count() == DIM
+    assert filled.all_ids() == {f"e{i}" for i in range(DIM)}
+    filled.delete(["e0", "e3", "never-there"])
+    assert filled.count() == DIM - 2
+    assert filled.all_ids() == {f"e{i}" for i in range(DIM)} - {"e0", "e3"}
+    filled.delete([])
+    assert filled.count() == DIM - 2
+
+
+def test_upsert_same_id_twice_keeps_one_row(store):
+    store.upsert([chunk("a", basis(0), lang="en")])
+    store.upsert([chunk("a", basis(5), lang="de")])
+    assert store.count() == 1
+    [[hit]] = store.query(np.asarray([basis(5)]), k=5)
+    assert hit.chunk_id == "a"
+    assert hit.metadata["lang"] == "de"
+    assert hit.score == pytest.approx(1.0, abs=1e-5)
+
+
+def test_query_returns_passages_with_scores(filled):
+    q = unit([1.0, 0.2, 0, 0, 0, 0, 0, 0])
+    [hits] = filled.query(np.asarray([q]), k=3, retriever="dense_step")
+    assert [h.chunk_id for h in hits][:2] == ["e0", "e1"]
+    top = hits[0]
+    assert isinstance(top, Passage)
+    assert top.score == pytest.approx(float(np.dot(q, basis(0))), abs=1e-4)  # cosine similarity
+    assert hits[1].score == pytest.approx(float(np.dot(q, basis(1))), abs=1e-4)
+    assert top.score > hits[1].score > hits[2].score
+    assert top.retriever == "dense_step"
+    assert top.source_id == "s0" and top.title == "title s0" and top.text == "text of e0"
+    # reserved keys moved into the passage fields; "ordinal" dropped
+    assert top.metadata == {"chunk": 0, "lang": "en", "year": 2015}
+
+
+def test_query_several_vectors_at_once(filled):
+    results = filled.query(np.asarray([basis(2), basis(7)]), k=1)
+    assert [[p.chunk_id for p in r] for r in results] == [["e2"], ["e7"]]
+
+
+def test_query_where_filter(filled):
+    [hits] = filled.query(np.asarray([basis(0)]), k=8, where={"lang": "de"})
+    assert {h.chunk_id for h in hits} == {"e6", "e7"}
+    [hits] = filled.query(np.asarray([basis(0)]), k=8,
+                          where={"$and": [{"lang": "en"}, {"year": {"$gte": 2019}}]})
+    assert {h.chunk_id for h in hits} == {"e4", "e5"}
+    [hits] = filled.query(np.asarray([basis(0)]), k=8, where={"source_id": "s1"})
+    assert {h.chunk_id for h in hits} == {"e1", "e3", "e5", "e7"}
+
+
+def test_l2_space_scores_are_negative_distances(tmp_path):
+    store = make(tmp_path, space="l2")
+    store.upsert([chunk("a", basis(0)), chunk("b", basis(1))])
+    [hits] = store.query(np.asarray([basis(0)]), k=2)
+    assert [h.chunk_id for h in hits] == ["a", "b"]
+    assert hits[0].score == pytest.approx(0.0, abs=1e-5)
+    assert hits[1].score == pytest.approx(-2.0, abs=1e-4)  # Chroma's l2 is the squared distance
+
+
+def test_reset_drops_the_collection(filled):
+    filled.reset()
+    assert filled.count() == 0
+    assert filled.all_ids() == set()
+    filled.reset()  # an absent collection is fine
+    filled.upsert([chunk("x", [1.0, 0.0, 0.0])])  # a new dimension is accepted after a reset
+    assert filled.all_ids() == {"x"}
+
+
+def test_data_persists_for_a_new_store_on_the_same_path(tmp_path, filled):
+    again = make(tmp_path)
+    assert again.count() == DIM
+    assert again.all_ids() == filled.all_ids()
+
+
+def test_hnsw_configuration_is_applied(tmp_path):
+    store = make(tmp_path, space="ip", ef_construction=123, max_neighbors=17, ef_search=77)
+    hnsw = store.collection.configuration["hnsw"]
+    assert hnsw["space"] == "ip"
+    assert hnsw["ef_construction"] == 123
+    assert hnsw["max_neighbors"] == 17
+    assert hnsw["ef_search"] == 77
+    # read back by a fresh client from the persisted collection
+    reread = make(tmp_path)
+    persisted = reread.client.get_collection("test").configuration["hnsw"]
+    assert (persisted["space"], persisted["ef_construction"], persisted["max_neighbors"],
+            persisted["ef_search"]) == ("ip", 123, 17, 77)
+
+
+def test_default_hnsw_configuration(store):
+    hnsw = store.collection.configuration["hnsw"]
+    assert (hnsw["space"], hnsw["ef_construction"], hnsw["max_neighbors"], hnsw["ef_search"]) == \
+        ("cosine", 200, 32, 200)
+
+
+def test_writes_in_batches(tmp_path):
+    store = make(tmp_path, write_batch_size=7)
+    rng = np.random.default_rng(0)
+    chunks = [chunk(f"r{i:02d}", rng.standard_normal(DIM).tolist(), source=f"s{i}") for i in range(50)]
+    store.upsert(chunks)
+    assert store.count() == 50
+    assert store.all_ids() == {c.chunk_id for c in chunks}
+    store.delete([c.chunk_id for c in chunks[:45]])
+    assert store.all_ids() == {c.chunk_id for c in chunks[45:]}
+
+
+def test_write_batch_size_above_the_client_limit(tmp_path):
+    # the spec allows up to 40k per call; embedded Chroma refuses calls above its own maximum
+    store = make(tmp_path, write_batch_size=40_000, ef_construction=10, max_neighbors=4, ef_search=10)
+    n = store.client.get_max_batch_size() + 1
+    chunks = [Chunk(chunk_id=f"b{i}", source_id="s", ordinal=i, text="", embedding=[1.0, float(i)])
+              for i in range(n)]
+    store.upsert(chunks)
+    assert store.count() == n
+    store.delete([c.chunk_id for c in chunks])
+    assert store.count() == 0
+
+
+def test_all_ids_pages_through_large_collections(tmp_path):
+    # all_ids reads 20,000 ids per page: one more than a page needs a second one
+    store = make(tmp_path, ef_construction=10, max_neighbors=4, ef_search=10)
+    n = 20_001
+    rng = np.random.default_rng(1)
+    vectors = rng.random((n, 2), dtype=np.float32)
+    step = store.client.get_max_batch_size()
+    for start in range(0, n, step):
+        store.collection.add(ids=[f"p{i}" for i in range(start, min(n, start + step))],
+                             embeddings=vectors[start:start + step])
+    ids = store.all_ids()
+    assert len(ids) == n
+    assert ids == {f"p{i}" for i in range(n)}
+
+
+def test_chroma_metadata_reserved_keys_and_none():
+    c = Chunk(chunk_id="c", source_id="real", ordinal=3, text="t", title="T",
+              metadata={"source_id": "fake", "title": "fake", "ordinal": 99, "lang": "en"})
+    c.metadata["gone"] = None  # None is not storable in Chroma
+    assert chroma_metadata(c) == {"lang": "en", "source_id": "real", "title": "T", "ordinal": 3}
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError):
+        ChromaSpec(type="chroma", collection="ab")  # Chroma needs >= 3 characters
+    with pytest.raises(ValueError):
+        ChromaSpec(type="chroma", space="dot")
+    with pytest.raises(ValueError):
+        ChromaSpec(type="chroma", max_neighbors=2)

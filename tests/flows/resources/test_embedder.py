@@ -1,0 +1,122 @@
+"""Unit tests for the sentence-transformers embedder (flows.resources.embedder) with the packaged MiniLM."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.resources.embedder import PACKAGED_MODELS, Embedder, EmbedderSpec, resolve_model_path
+
+
+def test_packaged_model_resolves_offline_to_a_folder():
+    for name in PACKAGED_MODELS:
+        path = Path(resolve_model_path(name))
+        assert path.is_dir(), name
+        assert (path / "modules.json").is_file()
+        assert (path / "tokenizer.json").is_file()
+    assert resolve_model_path("all-MiniLM-L6-v2") == resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")
+
+
+def test_other_names_pass_through():
+    assert resolve_model_path("intfloat/e5-small-v2") == "intfloat/e5-small-v2"
+    assert resolve_model_path("/models/local") == "/models/local"
+
+
+def test_model_properties(minilm):
+    assert minilm.dimension == 384
+    assert minilm.max_seq_length == 256
+    assert minilm.tokenizer is minilm.model.tokenizer
+    ids = minilm.tokenizer("hello world", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 2
+
+
+def test_model_loads_once():
+    emb = Embedder(EmbedderSpec(type="sentence_transformer"))
+    assert emb._model is None  # construction is cheap: nothing loaded yet
+    first = emb.model
+    assert first is not None
+    assert emb.model is first
+    assert emb.tokenizer is first.tokenizer
+    emb.encode_documents(["x"])
+    assert emb.model is first
+
+
+def test_encode_shapes_and_dtype(minilm):
+    docs = minilm.encode_documents(["a cat sat on the mat", "stock markets fell sharply", "third"])
+    queries = minilm.encode_queries(["where did the cat sit?"])
+    assert docs.shape == (3, 384)
+    assert queries.shape == (1, 384)
+    assert docs.dtype == np.float32 and queries.dtype == np.float32
+
+
+def test_vectors_are_normalised(minilm):
+    vectors = minilm.encode_documents(["one sentence", "a rather longer sentence about something else"])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_empty_list(minilm):
+    for out in (minilm.encode_documents([]), minilm.encode_queries([])):
+        assert out.shape == (0, 384)
+        assert out.dtype == np.float32
+
+
+def test_semantics(minilm):
+    q = minilm.encode_queries(["Where did the cat sit?"])[0]
+    docs = minilm.encode_documents(["The cat sat on the mat.", "Stock markets fell sharply today."])
+    sims = docs @ q
+    assert sims[0] > sims[1] + 0.2
+
+
+def test_encoding_is_deterministic_and_batch_independent(minilm):
+    texts = ["alpha beta", "gamma delta epsilon", "zeta"]
+    together = minilm.encode_documents(texts)
+    alone = np.vstack([minilm.encode_documents([t]) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+
+
+def test_prefixes_are_applied(minilm):
+    spec = EmbedderSpec(type="sentence_transformer", query_prefix="query: ", document_prefix="passage: ")
+    prefixed = Embedder(spec)
+    prefixed._model = minilm.model  # share the loaded weights; the prefixes are the embedder's job
+    text = "penguins cannot fly"
+    plain = minilm.encode_documents([text])[0]
+    as_query = prefixed.encode_queries([text])[0]
+    as_doc = prefixed.encode_documents([text])[0]
+    # each side gets its own prefix...
+    np.testing.assert_allclose(as_query, minilm.encode_documents(["query: " + text])[0], atol=1e-5)
+    np.testing.assert_allclose(as_doc, minilm.encode_documents(["passage: " + text])[0], atol=1e-5)
+    # ...which changes the vectors
+    assert not np.allclose(as_query, plain, atol=1e-3)
+    assert not np.allclose(as_doc, plain, atol=1e-3)
+    assert not np.allclose(as_query, as_doc, atol=1e-3)
+    # without prefixes queries and documents encode alike
+    np.testing.assert_allclose(minilm.encode_queries([text])[0], plain, atol=1e-5)
+
+
+def test_max_seq_length_override_truncates():
+    emb = Embedder(EmbedderSpec(type="sentence_transformer", max_seq_length=16))
+    assert emb.max_seq_length == 16
+    long = "penguins in antarctica " * 20
+    # tokens past the limit are ignored, so texts differing only after token 16 encode the same
+    a, b = emb.encode_documents([long, long + " completely different ending about finance"])
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    full = Embedder(EmbedderSpec(type="sentence_transformer"))
+    x, y = full.encode_documents(["penguins " * 10, "penguins " * 10 + "stock market crash " * 5])
+    assert not np.allclose(x, y, atol=1e-3)  # without the override the ending does count
+
+
+def test_fingerprint_fields():
+    fields = EmbedderSpec(type="sentence_transformer", device="cuda", batch_size=8,
+                          query_prefix="q: ", document_prefix="p: ").fingerprint_fields()
+    assert set(fields) == {"model", "backend", "normalize", "max_seq_length", "document_prefix"}
+    assert fields["document_prefix"] == "p: "
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError):
+        EmbedderSpec(type="sentence_transformer", backend="tensorrt")
+    with pytest.raises(ValueError):
+        EmbedderSpec(type="sentence_transformer", max_seq_length=4)
+    with pytest.raises(ValueError):
+        EmbedderSpec(type="sentence_transformer", unknown=True)

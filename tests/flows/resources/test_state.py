@@ -1,0 +1,206 @@
+"""Unit tests for the SQLite index state record (flows.resources.state), on a real file in tmp_path."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from flows.contracts import Chunk, Document
+from flows.resources.state import IndexState, StateSpec
+
+
+def doc(source_id: str, text: str = "text", title: str = "", path: str = "") -> Document:
+    return Document(source_id=source_id, text=text, title=title, path=path or source_id,
+                    content_hash=f"hash-{source_id}-{text}")
+
+
+def chunks_of(source_id: str, n: int = 2, title: str = "", prefix: str = "") -> list[Chunk]:
+    return [Chunk(chunk_id=f"{prefix}{source_id}#{i}", source_id=source_id, ordinal=i,
+                  text=f"{source_id} part {i}", title=title, metadata={"chunk": i, "lang": "en"})
+            for i in range(n)]
+
+
+@pytest.fixture
+def state(tmp_path):
+    st = IndexState(StateSpec(type="index_state", path="s.sqlite"), base_dir=tmp_path)
+    yield st
+    st.close()
+
+
+def test_spec_rejects_unknown_fields():
+    with pytest.raises(ValueError):
+        StateSpec(type="index_state", path="s.sqlite", bogus=1)
+
+
+def test_path_is_resolved_under_base_dir(tmp_path):
+    st = IndexState(StateSpec(type="index_state", path="sub/dir/s.sqlite"), base_dir=tmp_path)
+    assert st.path == (tmp_path / "sub" / "dir" / "s.sqlite").resolve()
+    assert not st.path.exists()  # lazy: nothing is created before first use
+    assert st.counts() == (0, 0)
+    assert st.path.exists()
+    st.close()
+
+
+def test_empty_state(state):
+    assert state.generation == 0
+    assert state.sources() == {}
+    assert state.chunk_ids() == set()
+    assert state.chunk_ids([]) == set()
+    assert state.chunk_rows() == []
+    assert state.chunks_by_id([]) == {}
+    assert state.chunks_by_id(["nope"]) == {}
+    assert state.counts() == (0, 0)
+
+
+def test_record_and_read_back(state):
+    docs = [doc("a", title="Title A"), doc("b")]
+    state.record("docs", "fp1", docs, chunks_of("a", 2, title="Title A") + chunks_of("b", 1))
+    assert state.sources() == {"a": ("hash-a-text", "fp1"), "b": ("hash-b-text", "fp1")}
+    assert state.chunk_ids() == {"a#0", "a#1", "b#0"}
+    assert state.chunk_ids(["a"]) == {"a#0", "a#1"}
+    assert state.chunk_ids(["b", "missing"]) == {"b#0"}
+    assert state.counts() == (2, 3)
+
+    rows = state.chunk_rows()
+    assert [r[0] for r in rows] == ["a#0", "a#1", "b#0"]  # ordered by chunk id
+    cid, text, meta = rows[1]
+    assert text == "a part 1"
+    assert meta == {"chunk": 1, "lang": "en", "source_id": "a", "title": "Title A"}
+    assert rows[2][2]["title"] == ""
+
+    by_id = state.chunks_by_id(["b#0", "a#0", "zzz"])
+    assert set(by_id) == {"a#0", "b#0"}
+    assert by_id["a#0"] == {"source_id": "a", "text": "a part 0", "title": "Title A",
+                            "metadata": {"chunk": 0, "lang": "en"}}
+    assert by_id["b#0"]["title"] == ""
+
+
+def test_chunk_rows_order_is_stable_regardless_of_insert_order(state):
+    state.record("o", "fp", [doc("z"), doc("a")], chunks_of("z", 2) + chunks_of("a", 2))
+    ids = [r[0] for r in state.chunk_rows()]
+    assert ids == sorted(ids) == ["a#0", "a#1", "z#0", "z#1"]
+
+
+def test_record_replaces_existing_source(state):
+    state.record("o", "fp1", [doc("a", text="old")], chunks_of("a", 3))
+    state.record("o", "fp2", [doc("a", text="new")], chunks_of("a", 3))
+    assert state.sources() == {"a": ("hash-a-new", "fp2")}
+    assert state.counts() == (1, 3)
+
+
+def test_forget(state):
+    state.record("o", "fp", [doc("a"), doc("b"), doc("c")],
+                 chunks_of("a", 2) + chunks_of("b", 2) + chunks_of("c", 1))
+    state.forget(["a", "c", "not-there"])
+    assert set(state.sources()) == {"b"}
+    assert state.chunk_ids() == {"b#0", "b#1"}
+    assert state.chunks_by_id(["a#0", "b#0"]).keys() == {"b#0"}
+    assert state.counts() == (1, 2)
+
+
+def test_generation_bumps_on_every_write(state):
+    assert state.generation == 0
+    state.record("o", "fp", [doc("a")], chunks_of("a"))
+    assert state.generation == 1
+    state.record("o", "fp", [doc("b")], chunks_of("b"))
+    assert state.generation == 2
+    state.forget(["a"])
+    assert state.generation == 3
+    state.forget([])  # nothing to forget: not a write
+    assert state.generation == 3
+
+
+def test_meta(state):
+    assert state.get_meta("clean") is None
+    assert state.get_meta("clean", "no") == "no"
+    state.set_meta("clean", "yes")
+    assert state.get_meta("clean") == "yes"
+    state.set_meta("clean", "no")
+    assert state.get_meta("clean") == "no"
+    assert state.generation == 0  # meta writes do not bump the generation
+
+
+def test_origin_filter(state):
+    state.record("docs", "fp", [doc("a"), doc("b")], chunks_of("a") + chunks_of("b"))
+    state.record("papers", "fp", [doc("p")], chunks_of("p"))
+    assert set(state.sources()) == {"a", "b", "p"}
+    assert set(state.sources("docs")) == {"a", "b"}
+    assert set(state.sources("papers")) == {"p"}
+    assert state.sources("other") == {}
+    # re-recording a source under another origin moves it
+    state.record("papers", "fp", [doc("a")], chunks_of("a"))
+    assert set(state.sources("docs")) == {"b"}
+    assert set(state.sources("papers")) == {"a", "p"}
+
+
+def test_batches_of_more_than_500_ids(state):
+    n = 1203  # more than two batches of 500 host parameters
+    docs = [doc(f"s{i:04d}") for i in range(n)]
+    chunks = [c for d in docs for c in chunks_of(d.source_id, 1)]
+    state.record("bulk", "fp", docs, chunks)
+    assert state.counts() == (n, n)
+
+    all_sources = [d.source_id for d in docs]
+    assert state.chunk_ids(all_sources) == {c.chunk_id for c in chunks}
+    assert state.chunk_ids(iter(all_sources)) == {c.chunk_id for c in chunks}  # any iterable
+    wanted = [c.chunk_id for c in chunks][::-1] + ["absent"]
+    by_id = state.chunks_by_id(wanted)
+    assert len(by_id) == n
+    assert by_id["s1202#0"]["source_id"] == "s1202"
+
+    state.forget(all_sources[:1100])
+    assert state.counts() == (103, 103)
+    assert set(state.sources()) == set(all_sources[1100:])
+    assert state.generation == 2
+
+
+def test_reopen_sees_committed_data(tmp_path):
+    spec = StateSpec(type="index_state", path="s.sqlite")
+    first = IndexState(spec, base_dir=tmp_path)
+    first.record("docs", "fp", [doc("a", title="T")], chunks_of("a", 2, title="T"))
+    first.set_meta("settings", "abc")
+    # a second instance on the same file, while the first is still open (WAL readers)
+    second = IndexState(spec, base_dir=tmp_path)
+    assert second.sources() == {"a": ("hash-a-text", "fp")}
+    assert second.generation == 1
+    first.close()
+    third = IndexState(spec, base_dir=tmp_path)
+    assert third.chunk_ids() == {"a#0", "a#1"}
+    assert third.get_meta("settings") == "abc"
+    assert third.chunks_by_id(["a#1"])["a#1"]["title"] == "T"
+    third.forget(["a"])
+    assert second.sources() == {}
+    assert second.generation == 2
+    second.close()
+    third.close()
+
+
+def test_failed_transaction_rolls_back(state):
+    state.record("o", "fp", [doc("a")], chunks_of("a"))
+    with pytest.raises(RuntimeError):
+        with state.transaction() as tx:
+            tx.execute("DELETE FROM chunks")
+            raise RuntimeError("crash mid-write")
+    assert state.chunk_ids() == {"a#0", "a#1"}
+    # the connection is usable again afterwards
+    state.record("o", "fp", [doc("b")], chunks_of("b"))
+    assert state.counts() == (2, 4)
+
+
+def test_record_is_atomic(state):
+    state.record("o", "fp", [doc("a")], chunks_of("a"))
+    # the last chunk violates NOT NULL, in the same transaction as the source row
+    bad = chunks_of("b") + [Chunk.model_construct(chunk_id="x", source_id="b", ordinal=2, text=None,
+                                                  title="", metadata={})]
+    with pytest.raises(sqlite3.IntegrityError):
+        state.record("o", "fp", [doc("b")], bad)
+    assert set(state.sources()) == {"a"}
+    assert state.chunk_ids() == {"a#0", "a#1"}
+    assert state.generation == 1
+
+
+def test_close_then_reuse_reopens(state):
+    state.record("o", "fp", [doc("a")], chunks_of("a"))
+    state.close()
+    state.close()  # idempotent
+    assert set(state.sources()) == {"a"}

@@ -1,0 +1,65 @@
+"""Helpers for ingestion tests: a corpus on disk, runs, and snapshots of all three indexes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flows import engine
+from flows.compile import load_project
+from flows.resources import clear_cache
+from tests.conftest import REPO, scifact_records, write_jsonl
+
+
+def write_corpus(docs: Path, records: list[dict], notes: dict[str, str]) -> None:
+    """A JSONL file of SciFact records plus one markdown file per note."""
+    docs.mkdir(parents=True, exist_ok=True)
+    write_jsonl(docs / "corpus.jsonl", records)
+    for old in docs.glob("*.md"):
+        if old.stem not in notes:
+            old.unlink()
+    for name, text in notes.items():
+        (docs / f"{name}.md").write_text(text)
+
+
+def default_corpus(docs: Path, n: int = 10) -> list[dict]:
+    records = scifact_records(n)
+    write_corpus(docs, records, {"alpha": "# Alpha\n\nAlpha notes about zebrafish regeneration.\n",
+                                 "beta": "# Beta\n\nBeta notes about telomerase in stem cells.\n"})
+    return records
+
+
+def run_index(project_path: Path, **overrides):
+    pipeline = load_project(project_path).pipeline("index")
+    if overrides:
+        pipeline = pipeline.with_overrides(overrides)
+    return engine.run(pipeline, orchestrate=False)
+
+
+def snapshot(project_path: Path) -> dict:
+    """Everything both indexes and the state hold, in a comparable form (fresh process view)."""
+    clear_cache()
+    project = load_project(project_path)
+    store, sparse, state = project.resource("store"), project.resource("sparse"), project.resource("state")
+    got = store.collection.get(include=["documents", "metadatas"])
+    # `modified` is the mtime of the content version that was embedded: a touched but unchanged file
+    # keeps it incrementally, while a clean build stamps the current one. Everything else must match.
+    metas = [json.dumps({k: v for k, v in m.items() if k != "modified"}, sort_keys=True) for m in got["metadatas"]]
+    chroma = sorted(zip(got["ids"], got["documents"], metas))
+    pointer = sparse.published_version()
+    bm25 = json.loads((sparse.path / pointer["version"] / "ids.json").read_text()) if pointer else []
+    snap = {"chroma": chroma, "bm25": sorted(bm25), "state_chunks": sorted(c[0] for c in state.chunk_rows()),
+            "sources": state.sources()}
+    clear_cache()
+    return snap
+
+
+def run_child(project_path: Path, failpoints: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the index pipeline in a new process, optionally armed to SIGKILL itself at a failpoint."""
+    env = dict(os.environ, RAGLINE_FAILPOINTS=failpoints, PYTHONPATH=str(REPO))
+    code = ("import sys; from tests.integration.harness import run_index; from pathlib import Path; "
+            "r = run_index(Path(sys.argv[1])); print(r.summary())")
+    return subprocess.run([sys.executable, "-c", code, str(project_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,63 @@
+"""Unit tests for the ``embed`` stage with the real MiniLM embedder."""
+from __future__ import annotations
+
+import numpy as np
+
+from flows.context import StepContext
+from flows.contracts import Chunk
+from flows.resources.embedder import Embedder, EmbedderSpec
+from tasks.embed import embed
+
+TEXTS = ["Penguins cannot fly.", "Volcanic eruptions release sulfur dioxide.", "Mitochondria make ATP.",
+         "Title\nA chunk with a prepended title."]
+
+
+def chunks() -> list[Chunk]:
+    return [Chunk(chunk_id=f"c{i}", source_id=f"s{i % 2}", ordinal=i, text=t, title="T",
+                  metadata={"chunk": i}) for i, t in enumerate(TEXTS)]
+
+
+def run(items, embedder, on_progress=None):
+    ctx = StepContext(pipeline="t", step_id="embed", on_progress=on_progress)
+    return embed.fn(chunks=items, ctx=ctx, embedder=embedder)
+
+
+def test_vectors_attached_in_order(minilm):
+    items = chunks()
+    out = run(items, minilm)
+    assert len(out) == len(items)
+    assert [c.chunk_id for c in out] == [c.chunk_id for c in items]
+    for before, after in zip(items, out):
+        assert after.embedding is not None and len(after.embedding) == 384
+        assert all(isinstance(x, float) for x in after.embedding)
+        assert after.model_dump(exclude={"embedding"}) == before.model_dump(exclude={"embedding"})
+        assert before.embedding is None  # the input chunks are not modified
+
+
+def test_matches_a_direct_encode(minilm):
+    out = run(chunks(), minilm)
+    direct = minilm.encode_documents(TEXTS)
+    np.testing.assert_allclose(np.asarray([c.embedding for c in out], dtype=np.float32), direct, atol=1e-6)
+    # each vector belongs to its own text, not a neighbour's
+    sims = np.asarray([c.embedding for c in out]) @ direct.T
+    assert list(sims.argmax(axis=1)) == list(range(len(TEXTS)))
+
+
+def test_document_prefix_is_used(minilm):
+    prefixed = Embedder(EmbedderSpec(type="sentence_transformer", document_prefix="passage: "))
+    prefixed._model = minilm.model  # same weights, different prefix
+    out = run(chunks()[:1], prefixed)
+    np.testing.assert_allclose(out[0].embedding, minilm.encode_documents(["passage: " + TEXTS[0]])[0], atol=1e-6)
+    assert not np.allclose(out[0].embedding, minilm.encode_documents([TEXTS[0]])[0], atol=1e-3)
+
+
+def test_empty_batch(minilm):
+    seen = []
+    assert run([], minilm, on_progress=lambda unit, n: seen.append((unit, n))) == []
+    assert seen == [("embedded", 0)]
+
+
+def test_progress_counts_chunks(minilm):
+    seen = []
+    run(chunks(), minilm, on_progress=lambda unit, n: seen.append((unit, n)))
+    assert seen == [("embedded", len(TEXTS))]
