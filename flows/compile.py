@@ -117,6 +117,23 @@ class Project:
                            f"available: {', '.join(self.pipelines)}")
         return self.pipelines[name]
 
+    def with_resource(self, name: str, **fields: Any) -> "Project":
+        """A copy of the project with one resource's settings changed (validated like the file)."""
+        from pydantic import TypeAdapter
+
+        from flows.resources import ResourceSpec
+
+        if name not in self.spec.resources:
+            raise KeyError(f"no resource {name!r}{suggest(name, list(self.spec.resources))}")
+        merged = {**self.spec.resources[name].model_dump(), **fields}
+        resources = {**self.spec.resources, name: TypeAdapter(ResourceSpec).validate_python(merged)}
+        spec = self.spec.model_copy(update={"resources": resources})
+        spec._invalid_resources = set()
+        project = Project(self.path, spec, data_dir=self.data_dir)
+        for pipe_name, pipe in self.pipelines.items():
+            project.pipelines[pipe_name] = CompiledPipeline(pipe.name, pipe.spec, pipe.steps, project, pipe.output)
+        return project
+
     def resource(self, name: str) -> Any:
         from flows.resources import get_resource
 

@@ -160,11 +160,19 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
     return inputs
 
 
+def settle(steps: list[CompiledStep], futures: dict[str, Any], executor: Any) -> None:
+    """Wait for every step in order, so the first failure surfaces with its own message (a step
+    downstream of a failed one never runs, and would only report that it is unfinished)."""
+    for step in steps:
+        executor.result(futures[step.id])
+
+
 def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any) -> Any:
     state = RunState(pipeline, executor)
     sources: dict[str, Any] = dict(coerce_inputs(pipeline, inputs))
     for step in pipeline.steps:
         sources[step.id] = state.submit(step, sources)
+    settle(pipeline.steps, sources, executor)
     return executor.result(sources[pipeline.output])
 
 
@@ -213,6 +221,7 @@ def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = Non
         sources: dict[str, Any] = {sid: [d for d in batch if origin.get(d.source_id) == sid] for sid in loaded}
         for step in middle:
             sources[step.id] = state.submit(step, sources, label=f"{step.id}[batch {number}]")
+        settle(middle, sources, executor)
         result = executor.result(sources[sink.id if sink else middle[-1].id])
         if isinstance(result, IndexReport):
             report = report.merge(result)

@@ -83,8 +83,12 @@ def score(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) ->
 
 
 def eval_workspace(project: Project, dataset: BeirDataset, index_pipeline: str) -> Path:
-    """A private index per dataset and ingestion settings, so evaluation never touches the user's index."""
-    key = hashlib.sha256(f"{dataset.corpus.resolve()}|{project.path}|{index_pipeline}".encode()).hexdigest()[:10]
+    """A private index per dataset and ingestion settings, so evaluation never touches the user's
+    index and two configurations (say torch and ONNX embeddings) keep their own indexes."""
+    pipeline = project.pipeline(index_pipeline)
+    sink = [s for s in pipeline.steps if s.stage.inputs]
+    settings = pipeline.fingerprint(sink)
+    key = hashlib.sha256(f"{dataset.corpus.resolve()}|{index_pipeline}|{settings}".encode()).hexdigest()[:10]
     return project.base_dir / ".ragline" / "eval" / f"{dataset.name}-{key}"
 
 

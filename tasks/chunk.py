@@ -38,7 +38,7 @@ class Params(BaseModel):
 
 
 @stage("chunk", params=Params, produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion",
-       version=2)
+       version=3)
 def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder: Embedder) -> list[Chunk]:
     """Split documents into chunks measured in the embedding model's tokens."""
     tokenizer = embedder.tokenizer
@@ -61,7 +61,8 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
         pieces = [doc.text[offsets[s][0]:offsets[e - 1][1]].strip() for s, e in spans]
         pieces = [p for j, p in enumerate(pieces) if p and (j == 0 or spans[j][1] - spans[j][0] >= params.min_tokens)]
         for ordinal, piece in enumerate(pieces):
-            text = f"{doc.title}\n{piece}" if params.prepend_title and doc.title else piece
+            text = f"{doc.title}\n{piece}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
+                else piece
             chunks.append(Chunk(chunk_id=chunk_id(ctx.fingerprint, doc.source_id, ordinal, text),
                                 source_id=doc.source_id, ordinal=ordinal, text=text, title=doc.title,
                                 metadata={**doc.metadata, "chunk": ordinal}))
@@ -69,6 +70,12 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
             ctx.fail(doc.source_id, "no text to chunk")
     ctx.progress("chunks", len(chunks))
     return chunks
+
+
+def _starts_with_title(piece: str, title: str) -> bool:
+    """True when there is no title, or the piece already opens with it (e.g. a markdown heading)."""
+    first_line = piece.split("\n", 1)[0].lstrip("# ").strip()
+    return not title or first_line == title.strip()
 
 
 def chunk_id(fingerprint: str, source_id: str, ordinal: int, text: str) -> str:

@@ -7,6 +7,7 @@ written to a fresh folder and published by atomically replacing a pointer file.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -16,6 +17,8 @@ from typing import Any, Iterable, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
 from flows import failpoints
 from flows.resources.filters import matches

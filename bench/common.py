@@ -1,0 +1,68 @@
+"""Shared helpers for benchmarks: data location, timing, writing result tables into the README."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import flows  # noqa: E402,F401 - offline defaults first
+
+DATA = Path(os.environ.get("RAGLINE_DATA_DIR", REPO.parent / "shared" / "data"))
+SCIFACT = DATA / "scifact"
+OUT = REPO / "bench" / "out"
+
+
+@contextmanager
+def timer(results: dict, key: str):
+    start = time.perf_counter()
+    yield
+    results[key] = time.perf_counter() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {"median_ms": round(1000 * statistics.median(values), 2), "p95_ms": round(1000 * percentile(values, 95), 2)}
+
+
+def subset_corpus(n: int, folder: Path) -> Path:
+    """The first n SciFact records as a JSONL file in ``folder`` (n=0: the whole corpus, in place)."""
+    if n <= 0:
+        return SCIFACT / "corpus.jsonl"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "corpus.jsonl"
+    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as src, open(target, "w", encoding="utf-8") as dst:
+        for i, line in enumerate(src):
+            if i >= n:
+                break
+            dst.write(line)
+    return target
+
+
+def save(name: str, payload: dict) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def write_readme_section(marker: str, markdown: str) -> None:
+    """Replace the text between <!-- bench:MARKER --> and <!-- /bench:MARKER --> in README.md."""
+    readme = REPO / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    pattern = re.compile(rf"(<!-- bench:{marker} -->\n).*?(<!-- /bench:{marker} -->)", re.S)
+    if not pattern.search(text):
+        print(f"README.md has no bench:{marker} markers; table not written", file=sys.stderr)
+        return
+    readme.write_text(pattern.sub(lambda m: m.group(1) + markdown.rstrip() + "\n" + m.group(2), text),
+                      encoding="utf-8")

@@ -1,0 +1,117 @@
+"""Pipelines as real Prefect flow runs: task runs per step, concurrency, retries, failures."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from flows import engine
+from flows.compile import load_project
+from flows.contracts import Passage, Query, Ranking
+from flows.engine import StepFailed
+from flows.registry import stage
+from tests.integration.harness import default_corpus
+
+pytestmark = pytest.mark.integration
+
+INTERVALS: dict[str, tuple[float, float, str]] = {}
+ATTEMPTS: dict[str, int] = {}
+
+
+class SleepParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seconds: float = 0.6
+    fail_times: int = 0
+
+
+@stage("test_sleepy_retriever", params=SleepParams, produces="rankings", kind="query")
+def _sleepy(query: Query, params: SleepParams, ctx) -> list[Ranking]:
+    start = time.perf_counter()
+    ATTEMPTS[ctx.step_id] = ATTEMPTS.get(ctx.step_id, 0) + 1
+    if ATTEMPTS[ctx.step_id] <= params.fail_times:
+        raise ConnectionError(f"transient failure #{ATTEMPTS[ctx.step_id]}")
+    time.sleep(params.seconds)
+    INTERVALS[ctx.step_id] = (start, time.perf_counter(), threading.current_thread().name)
+    passage = Passage(chunk_id=f"{ctx.step_id}-1", source_id=ctx.step_id, text=query.text)
+    return [Ranking(retriever=ctx.step_id, query=query.text, passages=[passage])]
+
+
+DAG = """
+pipelines:
+  fan:
+    kind: query
+    steps:
+      - {id: left,  task: test_sleepy_retriever}
+      - {id: right, task: test_sleepy_retriever, after: []}
+      - {id: join,  task: fuse, after: [left, right]}
+  flaky:
+    kind: query
+    steps:
+      - {id: flaky, task: test_sleepy_retriever, retries: 2, retry_delay_seconds: 0, with: {seconds: 0, fail_times: 2}}
+      - {id: join,  task: fuse}
+  broken:
+    kind: query
+    steps:
+      - {id: broken, task: test_sleepy_retriever, with: {seconds: 0, fail_times: 99}}
+      - {id: join,   task: fuse}
+"""
+
+
+def flow_runs(name: str):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+            return [(r, await client.read_task_runs()) for r in runs]
+
+    return asyncio.run(read())
+
+
+def test_independent_steps_run_concurrently_and_fan_in(prefect_server, make_project):
+    project = load_project(make_project(DAG))
+    INTERVALS.clear()
+    passages = engine.run(project.pipeline("fan"), {"query": "hello"})
+    assert {p.chunk_id for p in passages} == {"left-1", "right-1"}  # fan-in got both producers' outputs
+    (a_start, a_end, a_thread), (b_start, b_end, b_thread) = INTERVALS["left"], INTERVALS["right"]
+    assert a_start < b_end and b_start < a_end, "independent steps did not overlap"
+    assert a_thread != b_thread
+
+
+def test_step_retries_are_prefect_retries(prefect_server, make_project):
+    project = load_project(make_project(DAG))
+    ATTEMPTS.clear()
+    passages = engine.run(project.pipeline("flaky"), {"query": "x"})
+    assert ATTEMPTS["flaky"] == 3 and passages[0].chunk_id == "flaky-1"
+
+
+def test_failure_names_pipeline_and_step(prefect_server, make_project):
+    project = load_project(make_project(DAG))
+    with pytest.raises(StepFailed, match=r"pipeline 'broken', step 'broken' .*ConnectionError"):
+        engine.run(project.pipeline("broken"), {"query": "x"})
+
+
+def test_ingestion_is_one_flow_run_with_task_runs_per_step_and_batch(prefect_server, index_project, tmp_path):
+    project_path = index_project(batch_size=5)
+    default_corpus(tmp_path / "docs")
+    report = engine.run(load_project(project_path).pipeline("index"))
+    assert report.added == 12 and report.failed == 0
+    from prefect import get_client
+
+    async def task_names():
+        async with get_client() as client:
+            runs = await client.read_flow_runs()
+            run = next(r for r in sorted(runs, key=lambda r: r.created, reverse=True) if r.name == "index")
+            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            return run, {t.name for t in tasks}, {t.state_type.value for t in tasks}
+
+    run, names, states = asyncio.run(task_names())
+    assert run.state_type.value == "COMPLETED"
+    expected = {"load", "write.plan", "write.finalize"} | {f"{s}[batch {b}]" for s in
+                                                            ("convert", "chunk", "embed", "write") for b in (0, 1, 2)}
+    assert expected <= names and states == {"COMPLETED"}
