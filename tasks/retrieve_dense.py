@@ -28,8 +28,7 @@ class Params(BaseModel):
 
 def combined_filter(fixed: dict[str, Any] | None, requested: dict[str, Any] | None) -> dict[str, Any] | None:
     filters.validate(requested)
-    parts = [f for f in (fixed, requested) if f]
-    return None if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
+    return filters.normalize({"$and": [f for f in (fixed, requested) if f]})
 
 
 @stage("retrieve_dense", params=Params, produces="rankings", kind="query",

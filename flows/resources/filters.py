@@ -71,3 +71,25 @@ def _check(where: Any) -> None:
                     raise FilterError(f"unknown filter operator {op!r} on field {key!r}")
                 if op in ("$in", "$nin") and not isinstance(value, list):
                     raise FilterError(f"{op} on field {key!r} needs a list, got {value!r}")
+
+
+def normalize(where: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Chroma's form of a filter: one key per dict ({"a": 1, "b": 2} becomes an $and of both),
+    one operator per field, and no single-clause $and/$or. Matching semantics are unchanged."""
+    if not where:
+        return None
+    clauses: list[dict[str, Any]] = []
+    for key, cond in where.items():
+        if key in ("$and", "$or"):
+            parts = [p for p in (normalize(c) for c in cond) if p]
+            if len(parts) == 1:
+                clauses.append(parts[0])
+            elif parts:
+                clauses.append({key: parts})
+        elif isinstance(cond, dict) and len(cond) > 1:
+            clauses.extend({key: {op: value}} for op, value in cond.items())
+        else:
+            clauses.append({key: cond})
+    if not clauses:
+        return None
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}

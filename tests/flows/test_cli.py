@@ -1,0 +1,98 @@
+"""The ragline command on real data: index, search, run, eval, quickstart."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from flows.cli import main
+from tests.conftest import REPO, SCIFACT, scifact_records, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def mini_beir(tmp_path):
+    """5 judged SciFact test queries, their gold abstracts and 25 other abstracts, in BEIR layout."""
+    with open(SCIFACT / "qrels" / "test.tsv", newline="") as handle:
+        rows = list(csv.reader(handle, delimiter="\t"))[1:]
+    judged: dict[str, set[str]] = {}
+    for qid, doc, _ in rows:
+        judged.setdefault(qid, set()).add(doc)
+    chosen = dict(list(judged.items())[:5])
+    gold = set().union(*chosen.values())
+    records = [r for r in scifact_records(5183) if r["_id"] in gold] + scifact_records(25)
+    folder = tmp_path / "mini"
+    write_jsonl(folder / "corpus.jsonl", records)
+    with open(SCIFACT / "queries.jsonl") as handle:
+        queries = [json.loads(line) for line in handle if json.loads(line)["_id"] in chosen]
+    write_jsonl(folder / "queries.jsonl", queries)
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{d}\t1\n" for q, docs in chosen.items() for d in docs))
+    return folder
+
+
+def test_index_search_and_run(index_project, tmp_path, capsys):
+    project = index_project()
+    write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(8))
+    assert main(["index", "-f", str(project), "--no-prefect"]) == 0
+    assert "added 8, updated 0, deleted 0, unchanged 0, failed 0" in capsys.readouterr().out
+    title = scifact_records(8)[2]["title"]
+    assert main(["search", title, "-f", str(project), "--json", "-k", "3"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert len(hits) == 3 and hits[0]["title"] == title and hits[0]["score"] > 0
+    assert main(["search", title, "-f", str(project), "-k", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"1. [") and title in printed and "corpus.jsonl" in printed
+    assert main(["run", "search", "-f", str(project), "--no-prefect", "--input", json.dumps({"query": title}),
+                 "--set", "fuse.top_k=2"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
+
+
+def test_index_reports_skipped_files(index_project, tmp_path, capsys):
+    project = index_project()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "ok.md").write_text("# Fine\n\nA readable note about ribosomes.\n")
+    (tmp_path / "docs" / "bad.txt").write_bytes(b"\x00\x01\x02binary")
+    assert main(["index", "-f", str(project), "--no-prefect"]) == 0
+    captured = capsys.readouterr()
+    assert "added 1" in captured.out and "failed 1" in captured.out
+    assert "bad.txt: binary content" in captured.err
+
+
+def test_bad_override_is_a_clear_error(index_project, capsys):
+    project = index_project()
+    assert main(["run", "search", "-f", str(project), "--set", "fuse.top_k=zero", "--input", '{"query": "x"}']) == 2
+    assert "step 'fuse', field 'with.top_k'" in capsys.readouterr().err
+
+
+def test_eval_json_on_a_small_beir_dataset(make_project, mini_beir, capsys):
+    from tests.conftest import index_and_search_yaml
+
+    project = make_project(index_and_search_yaml())
+    assert main(["eval", "--dataset", str(mini_beir), "-f", str(project), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["queries"] == 5 and set(result) >= {"ndcg@10", "recall@100", "mrr@10", "map@10", "p@10"}
+    assert result["ndcg@10"] > 0.5 and result["recall@100"] == 1.0  # the gold abstracts are in a 30-doc corpus
+
+
+def test_quickstart_console_script_on_the_bundled_sample(tmp_path):
+    """The README's main job, as a user runs it: a real console script and a real Prefect flow run."""
+    shutil.copy(REPO / "pipelines.yaml", tmp_path / "pipelines.yaml")
+    shutil.copytree(REPO / "samples", tmp_path / "samples")
+    (tmp_path / "prompts").mkdir()
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
+    env.pop("PREFECT_API_URL", None)
+    script = shutil.which("ragline", path=os.path.dirname(sys.executable))
+    result = subprocess.run([script, "quickstart"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "index: added 4, updated 0, deleted 0, unchanged 0, failed 0" in result.stdout
+    first_hit = result.stdout.split("1. [", 1)[1].splitlines()[0]
+    assert "Incremental indexing" in first_hit
