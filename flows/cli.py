@@ -61,9 +61,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     _orchestration_flags(p, default=False)
 
-    p = command("eval", _eval, "Evaluate a query pipeline on a BEIR-format dataset.")
-    p.add_argument("--dataset", required=True, help="folder with corpus.jsonl, queries.jsonl, qrels/")
-    p.add_argument("-p", "--pipeline", default="search")
+    p = command("ask", _ask, "Answer a question from the index, with citations (needs the LLM server).")
+    p.add_argument("question")
+    p.add_argument("-p", "--pipeline", default="ask")
+    p.add_argument("--history", type=json.loads, default=[],
+                   help='earlier turns, e.g. \'[{"role": "user", "content": "..."}, {"role": "assistant", ...}]\'')
+    p.add_argument("--where", type=json.loads, help="metadata filter")
+    p.add_argument("--stream", action="store_true", help="print the answer as it is generated")
+    p.add_argument("--json", action="store_true", help="print the whole answer object as JSON")
+    _orchestration_flags(p, default=False)
+
+    p = command("eval", _eval, "Evaluate a query pipeline: retrieval on a BEIR folder, answers on an RGB file.")
+    p.add_argument("--dataset", required=True,
+                   help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/) or an RGB-format .json file")
+    p.add_argument("-p", "--pipeline", help="default: search (BEIR), ask (RGB)")
     p.add_argument("--index-pipeline", default="index")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
@@ -140,6 +151,41 @@ def _search(args) -> int:
     return 0
 
 
+def _ask(args) -> int:
+    from flows import engine
+
+    project = load_project(args.file)
+    pipeline = project.pipeline(args.pipeline)
+    streamed: list[str] = []
+
+    def show(token: str) -> None:
+        streamed.append(token)
+        print(token, end="", flush=True)
+
+    if args.stream:
+        pipeline = pipeline.with_overrides({s.id: {"stream": True} for s in pipeline.steps
+                                            if "stream" in s.stage.params.model_fields})
+    query = {"text": args.question, "history": args.history, "filters": args.where}
+    answer = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate,
+                        on_token=show if args.stream and not args.json else None)
+    if args.json:
+        print(json.dumps(answer.model_dump(mode="json"), indent=2))
+        return 0
+    if streamed:
+        print("\n")
+        if answer.refused:
+            print(answer.text)
+    else:
+        print(answer.text)
+    if answer.refused and answer.reason:
+        print(f"({answer.reason})")
+    for source in answer.sources:
+        print(f"[{source.number}] {source.title or source.source_id} — {source.path}")
+    if answer.invalid_citations:
+        print(f"warning: citations with no matching reference: {answer.invalid_citations}", file=sys.stderr)
+    return 0
+
+
 def _print_passages(passages, as_json: bool) -> None:
     if as_json:
         print(json.dumps([p.model_dump(mode="json") for p in passages], indent=2))
@@ -158,6 +204,9 @@ def _eval(args) -> int:
     from flows.progress import IngestProgress
 
     project = load_project(args.file)
+    if Path(args.dataset).is_file():
+        return _eval_answers(args, project)
+    args.pipeline = args.pipeline or "search"
     dataset = load_beir(args.dataset, args.split)
     progress = IngestProgress(f"indexing {dataset.name}", enabled=not args.json)
     try:
@@ -173,6 +222,22 @@ def _eval(args) -> int:
         print(f"  {metric:<11} {result[metric]:.4f}")
     print(f"  index: {result['index_summary']} in {result['index_seconds']} s; "
           f"query: {result['query_ms_mean']} ms mean")
+    return 0
+
+
+def _eval_answers(args, project) -> int:
+    from flows.evaluate_answers import evaluate_answers
+
+    result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
+                              orchestrate=args.orchestrate)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{result['dataset']} ({result['questions']} questions), pipeline '{result['pipeline']}', "
+          f"model {result['model']}")
+    for corpus in ("positive", "negative", "positive_wrong"):
+        print(f"  {corpus:15} " + ", ".join(f"{k} {v}" for k, v in result[corpus].items()))
+    print("  fact check     " + ", ".join(f"{k} {v}" for k, v in result["fact_check"].items()))
     return 0
 
 

@@ -166,7 +166,7 @@ class _Checker:
                 continue
             params = self._params(loc, step, stage)
             resources = self._resources(loc, step, stage)
-            prompt = self._prompt(loc, step, stage)
+            prompt = self._prompt(loc, step, stage, params)
             upstream = self._upstream(loc, step, ids, i)
             if params is not None and resources is not None:
                 compiled[step.id] = CompiledStep(step, stage, params, resources, upstream, {}, prompt)
@@ -241,11 +241,11 @@ class _Checker:
                 ok = False
         return bound if ok else None
 
-    def _prompt(self, loc, step: StepSpec, stage: Stage) -> str | None:
+    def _prompt(self, loc, step: StepSpec, stage: Stage, params: BaseModel | None) -> str | None:
         if step.prompt and stage.prompt is None:
             self.error(loc + ("prompt",), f"task '{step.task}' takes no prompt")
             return None
-        name = step.prompt or stage.prompt
+        name = step.prompt or (stage.default_prompt(params) if params is not None else None)
         if name:
             problem = self.prompts.check(name)
             if problem:

@@ -20,6 +20,7 @@ class StepContext:
     prompt_name: str | None = None
     render_prompt: Callable[..., str] | None = None
     on_progress: Callable[[str, int], None] | None = None
+    on_token: Callable[[str], None] | None = None  # streaming: generated text as it arrives
     failures: list[Failure] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -36,6 +37,12 @@ class StepContext:
     def progress(self, unit: str, count: int = 1) -> None:
         if self.on_progress is not None:
             self.on_progress(unit, count)
+
+    def prompt_for(self, name: str, **variables: Any) -> str:
+        """Render another template of the same library (e.g. a stage with several prompts)."""
+        if self.render_prompt is None:
+            raise RuntimeError(f"step {self.step_id!r} has no prompt library")
+        return self.render_prompt(name, **variables)
 
     def prompt(self, **variables: Any) -> str:
         """Render this step's prompt template (StrictUndefined: a missing variable is an error)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Metadata = dict[str, str | int | float | bool]
 
@@ -60,9 +60,25 @@ class Query(BaseModel):
     history: list[dict[str, str]] = Field(default_factory=list, description="chat turns: {role, content}")
     filters: dict[str, Any] | None = Field(None, description="Chroma-style metadata `where` filter")
     variants: list[str] = Field(default_factory=list, description="rewritten search queries; empty means [text]")
+    hypothetical: list[str] = Field(default_factory=list, description="HyDE documents, used as dense queries")
+    instruction: str = Field("", description="how to answer (format, style), kept out of the search query")
+    original: str = Field("", description="the request as the user wrote it, before any rewrite")
+
+    hyde_only: bool = Field(False, description="dense retrieval uses only the hypothetical documents")
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the question is empty")
+        return value
 
     def search_texts(self) -> list[str]:
         return self.variants or [self.text]
+
+    def dense_texts(self) -> list[str]:
+        """Texts to embed for dense retrieval: the search texts and any HyDE documents."""
+        return self.hypothetical if self.hyde_only and self.hypothetical else self.search_texts() + self.hypothetical
 
 
 class Passage(BaseModel):
@@ -75,6 +91,8 @@ class Passage(BaseModel):
     score: float = 0.0
     retriever: str = Field("", description="step id that produced the score")
     metadata: Metadata = Field(default_factory=dict)
+    note: str = Field("", description="chain-of-note: what this passage contributes")
+    original_text: str | None = Field(None, description="the text before refinement, if refined")
 
 
 class Ranking(BaseModel):
@@ -107,3 +125,49 @@ class IndexReport(BaseModel):
         return (f"added {self.added}, updated {self.updated}, deleted {self.deleted}, "
                 f"unchanged {self.unchanged}, failed {self.failed} "
                 f"({self.chunks_written} chunks written, {self.chunks_deleted} removed)")
+
+
+class ContextDocument(BaseModel):
+    """A passage as it is inserted into the prompt, numbered for citation."""
+
+    number: int
+    passage: Passage
+    tokens: int = 0
+
+
+class Context(BaseModel):
+    """The references given to the generator, in prompt order, within a token budget."""
+
+    documents: list[ContextDocument] = Field(default_factory=list)
+    tokens: int = 0
+    dropped: int = Field(0, description="passages left out to respect the token budget")
+
+    def by_number(self) -> dict[int, ContextDocument]:
+        return {d.number: d for d in self.documents}
+
+
+class Source(BaseModel):
+    """A cited reference, mapped back to its source document."""
+
+    number: int
+    chunk_id: str
+    source_id: str
+    title: str = ""
+    path: str = ""
+    passage: str = ""
+
+
+class Answer(BaseModel):
+    """The final response of a query pipeline, with its evidence and its checks."""
+
+    question: str
+    text: str
+    sources: list[Source] = Field(default_factory=list, description="the references cited in the text")
+    citations: list[int] = Field(default_factory=list, description="[n] markers in order of appearance")
+    invalid_citations: list[int] = Field(default_factory=list, description="[n] with no inserted document n")
+    confidence: float | None = Field(None, description="geometric-mean token probability of the answer")
+    verdict: str | None = Field(None, description="supported, contradicted or not_enough_information")
+    refused: bool = False
+    reason: str = Field("", description="why the answer was replaced by the refusal text")
+    draft: str = Field("", description="the generated text before a refusal replaced it")
+    retrievals: int = Field(0, description="extra retrievals made during generation (FLARE)")

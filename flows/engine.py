@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from flows.compile import CompiledPipeline, CompiledStep
 from flows.context import StepContext
@@ -81,6 +81,7 @@ class RunState:
     executor: Any
     fingerprint: str = ""
     contexts: list[StepContext] = field(default_factory=list)
+    on_token: Callable[[str], None] | None = None
 
     def failures(self) -> list[Failure]:
         return [f for ctx in self.contexts for f in ctx.failures]
@@ -89,7 +90,7 @@ class RunState:
         project = self.pipeline.project
         ctx = StepContext(pipeline=self.pipeline.name, step_id=step.id, fingerprint=self.fingerprint,
                           base_dir=str(project.base_dir),
-                          prompt_name=step.prompt, render_prompt=project.prompts.render if step.prompt else None)
+                          prompt_name=step.prompt, render_prompt=project.prompts.render, on_token=self.on_token)
         self.contexts.append(ctx)
         return ctx
 
@@ -156,7 +157,12 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
             raise ValueError(f"pipeline '{pipeline.name}' needs a 'query' input")
         if isinstance(query, str):
             query = {"text": query}
-        inputs = dict(inputs, query=TypeAdapter(Query).validate_python(query))
+        try:
+            query = TypeAdapter(Query).validate_python(query)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'query'}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"pipeline '{pipeline.name}': invalid query ({problems})") from None
+        inputs = dict(inputs, query=query)
     return inputs
 
 
@@ -167,8 +173,9 @@ def settle(steps: list[CompiledStep], futures: dict[str, Any], executor: Any) ->
         executor.result(futures[step.id])
 
 
-def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any) -> Any:
-    state = RunState(pipeline, executor)
+def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any,
+              on_token: Callable[[str], None] | None = None) -> Any:
+    state = RunState(pipeline, executor, on_token=on_token)
     sources: dict[str, Any] = dict(coerce_inputs(pipeline, inputs))
     for step in pipeline.steps:
         sources[step.id] = state.submit(step, sources)
@@ -240,17 +247,21 @@ def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = Non
 
 # ----------------------------------------------------------------------------- entry point
 def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orchestrate: bool = True,
-        progress: Any = None) -> Any:
-    """Run a pipeline: as a Prefect flow run (default) or directly in this thread."""
+        progress: Any = None, on_token: Callable[[str], None] | None = None) -> Any:
+    """Run a pipeline: as a Prefect flow run (default) or directly in this thread.
+    ``on_token`` receives generated text as it streams (stages that generate with ``stream``)."""
     inputs = inputs or {}
+    if pipeline.kind == "query":
+        inputs = coerce_inputs(pipeline, inputs)  # a bad request fails here, before any flow run
     if not orchestrate:
-        return _dispatch(pipeline, inputs, DirectExecutor(), progress)
+        return _dispatch(pipeline, inputs, DirectExecutor(), progress, on_token)
     from flows.orchestration import run_as_flow
 
-    return run_as_flow(pipeline, inputs, lambda: _dispatch(pipeline, inputs, PrefectExecutor(), progress))
+    return run_as_flow(pipeline, inputs, lambda: _dispatch(pipeline, inputs, PrefectExecutor(), progress, on_token))
 
 
-def _dispatch(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, progress: Any) -> Any:
+def _dispatch(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, progress: Any,
+              on_token: Callable[[str], None] | None) -> Any:
     if pipeline.kind == "ingestion":
         return run_ingestion(pipeline, executor, progress)
-    return run_query(pipeline, inputs, executor)
+    return run_query(pipeline, inputs, executor, on_token)

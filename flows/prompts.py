@@ -19,6 +19,7 @@ class PromptLibrary:
         self.env = ImmutableSandboxedEnvironment(loader=FileSystemLoader(str(folder)), undefined=StrictUndefined,
                                                  autoescape=False, keep_trailing_newline=False,
                                                  trim_blocks=True, lstrip_blocks=True)
+        self.env.filters["fence"] = fence
 
     def names(self) -> list[str]:
         return sorted(p.name[: -len(SUFFIX)] for p in self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []
@@ -38,6 +39,12 @@ class PromptLibrary:
 
     def render(self, name: str, **variables: Any) -> str:
         return self.env.get_template(name + SUFFIX).render(**variables).strip()
+
+
+def fence(text: object) -> str:
+    """Keep retrieved text inside its <document> delimiters: it cannot open or close one itself."""
+    return (str(text).replace("<document", "<\u200bdocument").replace("</document", "<\u200b/document")
+            .replace("<references", "<\u200breferences").replace("</references", "<\u200b/references"))
 
 
 @lru_cache(maxsize=16)

@@ -35,7 +35,7 @@ class Stage:
     produces: str
     uses: dict[str, tuple[str, ...]] = field(default_factory=dict)
     kind: str = "any"  # "ingestion", "query" or "any"
-    prompt: str | None = None  # default prompt template name, for LLM stages
+    prompt: str | Callable[[Any], str] | None = None  # default template name, or params -> name
     version: int = 1  # bump when the stage's output changes for the same input: it re-indexes
     description: str = ""
     plan: Callable[..., Any] | None = None
@@ -57,6 +57,9 @@ class Stage:
     def output_type(self) -> Any:
         return typing.get_type_hints(self.fn).get("return", Any)
 
+    def default_prompt(self, params: BaseModel) -> str | None:
+        return self.prompt(params) if callable(self.prompt) else self.prompt
+
     def on_plan(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register the hook an ingestion sink uses to decide which documents changed."""
         self.plan = fn
@@ -73,7 +76,7 @@ _REGISTRY: dict[str, Stage] = {}
 
 def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           uses: dict[str, tuple[str, ...]] | None = None, kind: str = "any",
-          prompt: str | None = None, version: int = 1) -> Callable[[Callable[..., Any]], Stage]:
+          prompt: str | Callable[[Any], str] | None = None, version: int = 1) -> Callable[[Callable[..., Any]], Stage]:
     """Declare a function as a stage under ``name``."""
 
     def register(fn: Callable[..., Any]) -> Stage:

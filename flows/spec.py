@@ -6,6 +6,8 @@ them are collected before anything runs (``validate_file``), so a user fixes a f
 from __future__ import annotations
 
 import difflib
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -137,7 +139,11 @@ class LocatedYaml:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self._build(item, loc + (i,)) for i, item in enumerate(node.value)]
-        return yaml.SafeLoader("").construct_object(node, deep=True)
+        value = yaml.SafeLoader("").construct_object(node, deep=True)
+        try:
+            return expand_env(value) if isinstance(value, str) else value
+        except LookupError as exc:
+            raise yaml.MarkedYAMLError(problem=exc.args[0], problem_mark=node.start_mark) from None
 
     def line(self, loc: Loc) -> int | None:
         """Line of the deepest known prefix of ``loc``."""
@@ -145,6 +151,20 @@ class LocatedYaml:
             if loc[:end] in self.lines:
                 return self.lines[loc[:end]]
         return None
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(text: str) -> str:
+    """${NAME} and ${NAME:-default} in string values, as in shell and Compose files."""
+    def replace(match: re.Match) -> str:
+        value = os.environ.get(match.group(1))
+        if value is None and match.group(2) is None:
+            raise LookupError(f"environment variable {match.group(1)} is not set and has no default")
+        return value if value is not None else match.group(2)
+
+    return _ENV.sub(replace, text)
 
 
 def _read_yaml(path: Path) -> tuple[LocatedYaml | None, list[SpecError]]:

@@ -36,7 +36,7 @@ def combined_filter(fixed: dict[str, Any] | None, requested: dict[str, Any] | No
 def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: ChromaStore,
                    embedder: Embedder) -> list[Ranking]:
     """Nearest chunks by embedding, per search text, honouring metadata filters."""
-    texts = query.search_texts()
+    texts = query.dense_texts()
     vectors = embedder.encode_queries(texts)
     results = store.query(vectors, params.k, where=combined_filter(params.where, query.filters), retriever=ctx.step_id)
     return [Ranking(retriever=ctx.step_id, query=t, passages=r) for t, r in zip(texts, results)]

@@ -14,7 +14,9 @@ from pydantic import Field
 
 from flows.resources.bm25 import BM25Index, BM25Spec
 from flows.resources.chroma import ChromaSpec, ChromaStore
+from flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
 from flows.resources.embedder import Embedder, EmbedderSpec
+from flows.resources.llm import LLMClient, LLMSpec
 from flows.resources.state import IndexState, StateSpec
 
 _FACTORIES: dict[str, Any] = {
@@ -22,8 +24,10 @@ _FACTORIES: dict[str, Any] = {
     "chroma": ChromaStore,
     "bm25": BM25Index,
     "index_state": IndexState,
+    "openai_compatible": LLMClient,
+    "cross_encoder": CrossEncoderModel,
 }
-_SPECS: list[Any] = [EmbedderSpec, ChromaSpec, BM25Spec, StateSpec]
+_SPECS: list[Any] = [EmbedderSpec, ChromaSpec, BM25Spec, StateSpec, LLMSpec, CrossEncoderSpec]
 
 ResourceSpec = Annotated[Union[tuple(_SPECS)], Field(discriminator="type")]  # type: ignore[valid-type]
 RESOURCE_TYPES = tuple(_FACTORIES)
@@ -38,7 +42,7 @@ def get_resource(spec: Any, base_dir: Path) -> Any:
     with _lock:
         if key not in _cache:
             factory = _FACTORIES[spec.type]
-            _cache[key] = factory(spec) if spec.type == "sentence_transformer" else factory(spec, base_dir)
+            _cache[key] = factory(spec, base_dir)
         return _cache[key]
 
 

@@ -47,7 +47,7 @@ def resolve_model_path(model: str) -> str:
 class Embedder:
     """Lazily loads the model on first use; thread-safe; cheap to construct."""
 
-    def __init__(self, spec: EmbedderSpec):
+    def __init__(self, spec: EmbedderSpec, base_dir=None):
         self.spec = spec
         self._model = None
         self._lock = threading.Lock()

@@ -1,0 +1,106 @@
+"""Parsing what an LLM returns, with a logged fallback instead of a crash when it is malformed.
+
+Small models often ignore the requested format; every parser here returns something usable
+and says, in the log, when it had to fall back.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from typing import Any
+
+from flows.resources.llm import Completion
+
+log = logging.getLogger("ragline.llm_output")
+
+_LIST_MARKER = re.compile(r"^\s*(?:[-*•]|\d+[.):]|\(\d+\)|q\d+[.:])\s*", re.I)
+_CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+
+
+def parse_lines(text: str, limit: int) -> list[str]:
+    """Items of a one-per-line reply, without numbering, bullets, quotes or duplicates."""
+    items: list[str] = []
+    for line in text.splitlines():
+        item = _LIST_MARKER.sub("", line).strip().strip('"').strip("'").strip()
+        if item and item.lower() not in (i.lower() for i in items):
+            items.append(item)
+    return items[:limit]
+
+
+def parse_permutation(text: str, n: int, what: str = "ranking") -> list[int]:
+    """0-based order from a reply like '[2] > [1] > [3]'. Out-of-range or repeated numbers are
+    ignored and missing ones keep their original order after the ranked ones (logged)."""
+    seen: list[int] = []
+    for match in re.findall(r"\d+", text):
+        number = int(match)
+        if 1 <= number <= n and number - 1 not in seen:
+            seen.append(number - 1)
+    if len(seen) != n:
+        log.warning("the LLM's %s is not a permutation of 1..%d (%r); keeping the original order for the rest",
+                    what, n, text[:200])
+        seen += [i for i in range(n) if i not in seen]
+    return seen
+
+
+def parse_citations(text: str) -> list[int]:
+    """[n] markers in order of first appearance; [1, 2] and [1][2] both count."""
+    found: list[int] = []
+    for group in _CITATION.findall(text):
+        for number in re.split(r"\s*[,;]\s*", group):
+            if int(number) not in found:
+                found.append(int(number))
+    return found
+
+
+def option_probabilities(completion: Completion, options: dict[str, tuple[str, ...]]) -> dict[str, float]:
+    """Probability of each option from the first answer token's top logprobs (normalised over the
+    options); falls back to the text when the server sent no logprobs."""
+    mass = {name: 0.0 for name in options}
+    if completion.tokens:
+        first = next((t for t in completion.tokens if t.token.strip()), completion.tokens[0])
+        candidates = dict(first.top) or {first.token: first.logprob}
+        for token, logprob in candidates.items():
+            word = token.strip().lower()
+            for name, prefixes in options.items():
+                if word and any(p.startswith(word) or word.startswith(p) for p in prefixes):
+                    mass[name] += math.exp(logprob)
+                    break
+    total = sum(mass.values())
+    if total > 0:
+        return {name: value / total for name, value in mass.items()}
+    reply = completion.text.strip().lower()
+    for name, prefixes in options.items():
+        if any(reply.startswith(p) for p in prefixes):
+            return {other: float(other == name) for other in options}
+    log.warning("could not read an option %s from the LLM's reply %r", list(options), completion.text[:120])
+    return {}
+
+
+def parse_json(text: str, default: Any) -> Any:
+    """The first JSON value in the reply, or ``default`` (logged) when there is none."""
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    if start >= 0:
+        try:
+            return json.JSONDecoder().raw_decode(text[start:])[0]
+        except json.JSONDecodeError:
+            pass
+    log.warning("the LLM's reply is not JSON (%r); using the fallback", text[:200])
+    return default
+
+
+def clip(text: str, max_chars: int) -> str:
+    """Bound user text that goes into a prompt, so a huge request cannot overflow the context."""
+    if len(text) <= max_chars:
+        return text
+    log.warning("request of %d characters clipped to %d for the prompt", len(text), max_chars)
+    return text[:max_chars].rstrip() + " …"
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^\s])|\n{2,}")
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences (and paragraphs) of a passage, stripped, none empty."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]

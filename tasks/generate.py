@@ -1,0 +1,61 @@
+"""Answer generation with citations [n] that map back to the inserted source documents."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.context import StepContext
+from flows.contracts import Answer, Context, Query, Source
+from flows.llm_output import clip, parse_citations
+from flows.registry import stage
+from flows.resources.llm import Completion, LLMClient
+
+REFUSAL = "I cannot answer this question"
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(256, ge=1, le=8192)
+    stream: bool = Field(False, description="pass tokens to the caller as they are generated")
+    refusal: str = Field(REFUSAL, description="what the model says when the references lack the answer")
+    max_request_chars: int = Field(2000, ge=100, description="longer requests are clipped inside the prompt")
+
+
+@stage("generate", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
+       prompt="answer_with_citations")
+def generate(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient) -> Answer:
+    """Generate from the numbered references; record token logprobs for the confidence check."""
+    if not context.documents:
+        return refusal(query, params.refusal, "no relevant documents were found")
+    prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
+                        documents=context.documents, refusal=params.refusal)
+    if params.stream:
+        completion = llm.stream(prompt, on_token=ctx.on_token, max_tokens=params.max_tokens, logprobs=True)
+    else:
+        completion = llm.chat(prompt, max_tokens=params.max_tokens, logprobs=True)
+    return answer_from(query, completion, context, params.refusal)
+
+
+def answer_from(query: Query, completion: Completion, context: Context, refusal_text: str) -> Answer:
+    """Citations resolved against the context; an answer that is the refusal is marked refused."""
+    text = completion.text.strip()
+    cited = parse_citations(text)
+    documents = context.by_number()
+    sources = [Source(number=n, chunk_id=d.passage.chunk_id, source_id=d.passage.source_id, title=d.passage.title,
+                      path=str(d.passage.metadata.get("source", d.passage.source_id)), passage=d.passage.text)
+               for n in cited if (d := documents.get(n))]
+    answer = Answer(question=query.original or query.text, text=text, sources=sources, citations=cited,
+                    invalid_citations=[n for n in cited if n not in documents], confidence=completion.mean_prob())
+    if is_refusal(text, refusal_text):
+        answer = answer.model_copy(update={"refused": True, "reason": "the references do not contain the answer",
+                                           "draft": text, "text": refusal_text})
+    return answer
+
+
+def is_refusal(text: str, refusal_text: str) -> bool:
+    normalised = " ".join(text.lower().split()).rstrip(".")
+    return normalised.startswith(" ".join(refusal_text.lower().split()).rstrip("."))
+
+
+def refusal(query: Query, text: str, reason: str, draft: str = "") -> Answer:
+    return Answer(question=query.original or query.text, text=text, refused=True, reason=reason, draft=draft)

@@ -1,0 +1,102 @@
+"""FLARE-style active retrieval: generate a sentence at a time; when a token's probability falls
+below the threshold, retrieve with that sentence (uncertain tokens masked) and write it again."""
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.context import StepContext
+from flows.contracts import Answer, Context, ContextDocument, Query
+from flows.llm_output import clip
+from flows.registry import stage
+from flows.resources.chroma import ChromaStore
+from flows.resources.embedder import Embedder
+from flows.resources.llm import Completion, LLMClient
+from tasks.generate import REFUSAL, answer_from, refusal
+from tasks.retrieve_dense import combined_filter
+
+_SENTENCE = re.compile(r"^(.+?[.!?])(\s|$)", re.S)
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float = Field(0.4, gt=0, lt=1, description="retrieve when a token's probability is below this")
+    max_sentences: int = Field(6, ge=1, le=50)
+    max_retrievals: int = Field(3, ge=0, le=20)
+    k: int = Field(3, ge=1, le=50, description="passages per active retrieval")
+    max_documents: int = Field(12, ge=1, le=100, description="cap on references in the prompt")
+    max_tokens: int = Field(64, ge=8, le=1024, description="tokens generated per look-ahead")
+    refusal: str = Field(REFUSAL)
+
+
+@stage("generate_flare", params=Params, produces="answer", kind="query", prompt="flare_continue",
+       uses={"llm": ("openai_compatible",), "store": ("chroma",), "embedder": ("sentence_transformer",)})
+def generate_flare(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
+                   store: ChromaStore, embedder: Embedder) -> Answer:
+    """Active retrieval (Jiang et al., 2023): uncertain sentences trigger retrieval before they are kept."""
+    documents = list(context.documents)
+    draft, retrievals, tokens = "", 0, []
+    for _ in range(params.max_sentences):
+        step = _look_ahead(query, documents, draft, params, ctx, llm)
+        sentence, confident = _first_sentence(step, params.threshold)
+        if not sentence:
+            break
+        if not confident and retrievals < params.max_retrievals:
+            added = _retrieve(query, _masked(step, sentence, params.threshold), documents, params, store, embedder)
+            retrievals += 1
+            if added:
+                step = _look_ahead(query, documents, draft, params, ctx, llm)
+                sentence, _ = _first_sentence(step, params.threshold)
+        draft = f"{draft} {sentence}".strip()
+        tokens.extend(step.tokens)
+        if sentence.strip() == step.text.strip() and step.finish_reason == "stop":
+            break
+    if not draft:
+        return refusal(query, params.refusal, "no answer was generated")
+    final = Context(documents=documents, tokens=context.tokens, dropped=context.dropped)
+    answer = answer_from(query, Completion(text=draft, tokens=tokens), final, params.refusal)
+    return answer.model_copy(update={"retrievals": retrievals})
+
+
+def _look_ahead(query, documents, draft, params, ctx, llm) -> Completion:
+    prompt = ctx.prompt(question=clip(query.text, 2000), instruction=query.instruction, documents=documents,
+                        refusal=params.refusal, draft=draft)
+    return llm.chat(prompt, max_tokens=params.max_tokens, logprobs=True)
+
+
+def _first_sentence(step: Completion, threshold: float) -> tuple[str, bool]:
+    """The first sentence of the look-ahead and whether all its tokens were confident enough."""
+    text = step.text.strip()
+    match = _SENTENCE.match(text)
+    sentence = match.group(1).strip() if match else text
+    covered, confident = 0, True
+    for token in step.tokens:
+        if covered >= len(sentence):
+            break
+        covered += len(token.token)
+        confident = confident and token.prob >= threshold
+    return sentence, confident
+
+
+def _masked(step: Completion, sentence: str, threshold: float) -> str:
+    """The sentence as a query, without its uncertain tokens (FLARE's masked query)."""
+    kept, covered = [], 0
+    for token in step.tokens:
+        if covered >= len(sentence):
+            break
+        covered += len(token.token)
+        if token.prob >= threshold:
+            kept.append(token.token)
+    return "".join(kept).strip() or sentence
+
+
+def _retrieve(query, text, documents, params, store, embedder) -> bool:
+    known = {d.passage.chunk_id for d in documents}
+    vector = embedder.encode_queries([f"{query.text} {text}"])
+    found = store.query(vector, params.k, where=combined_filter(None, query.filters), retriever="flare")[0]
+    new = [p for p in found if p.chunk_id not in known][: max(0, params.max_documents - len(documents))]
+    for passage in new:
+        documents.append(ContextDocument(number=len(documents) + 1, passage=passage))
+    return bool(new)

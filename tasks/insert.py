@@ -1,0 +1,54 @@
+"""Insertion of passages into the prompt: a token budget (generator's tokenizer) and an ordering."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.contracts import Context, ContextDocument, Passage
+from flows.registry import stage
+from flows.resources.llm import LLMClient
+
+Order = Literal["relevance", "reversed", "lost_in_the_middle"]
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order: Order = Field("relevance", description="lost_in_the_middle puts the best at both ends: 1,3,5,…,6,4,2")
+    max_tokens: int = Field(1500, ge=16, description="token budget for all inserted passages")
+    max_documents: int = Field(10, ge=1, le=200)
+
+
+@stage("insert", params=Params, produces="context", kind="query", uses={"llm": ("openai_compatible",)})
+def insert(passages: list[Passage], params: Params, llm: LLMClient) -> Context:
+    """Take passages by relevance while they fit the budget, then lay them out and number them."""
+    candidates = _dedupe(passages)[: params.max_documents]
+    counts = llm.count_tokens([p.text for p in candidates])
+    chosen, used = [], 0
+    for passage, tokens in zip(candidates, counts):
+        if used + tokens <= params.max_tokens:
+            chosen.append((passage, tokens))
+            used += tokens
+    laid_out = arrange(chosen, params.order)
+    documents = [ContextDocument(number=i, passage=p, tokens=t) for i, (p, t) in enumerate(laid_out, start=1)]
+    return Context(documents=documents, tokens=used, dropped=len(passages) - len(documents))
+
+
+def arrange(items: list, order: Order) -> list:
+    """Relevance-ordered items in prompt order."""
+    if order == "reversed":
+        return items[::-1]
+    if order == "lost_in_the_middle":
+        return items[0::2] + items[1::2][::-1]
+    return list(items)
+
+
+def _dedupe(passages: list[Passage]) -> list[Passage]:
+    seen: set[str] = set()
+    unique = []
+    for p in passages:
+        if p.chunk_id not in seen:
+            seen.add(p.chunk_id)
+            unique.append(p)
+    return unique

@@ -1,0 +1,57 @@
+"""LLM reranking: pointwise yes/no relevance from token logprobs, or a listwise permutation of the top few."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.context import StepContext
+from flows.contracts import Passage, Query
+from flows.llm_output import clip, option_probabilities, parse_permutation
+from flows.registry import stage
+from flows.resources.llm import LLMClient
+from tasks.rerank import blend
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["pointwise", "listwise"] = "pointwise"
+    top_k: int = Field(5, ge=1, le=1000, description="passages kept")
+    candidates: int = Field(10, ge=1, le=100, description="top passages the LLM judges (listwise: a few)")
+    retrieval_weight: float = Field(0.0, ge=0, le=1, description="share of the (normalised) retrieval score")
+    recency_field: str | None = None
+    recency_half_life_days: float = Field(365.0, gt=0)
+    recency_weight: float = Field(0.0, ge=0, le=1)
+    max_passage_chars: int = Field(1500, ge=100, description="passage text shown to the LLM")
+
+
+@stage("rerank_llm", params=Params, produces="passages", kind="query", uses={"llm": ("openai_compatible",)},
+       prompt=lambda p: f"rerank_{p.method}")
+def rerank_llm(query: Query, passages: list[Passage], params: Params, ctx: StepContext,
+               llm: LLMClient) -> list[Passage]:
+    """Reorder the top candidates by the LLM's judgement; the rest follow in retrieval order."""
+    pool, rest = passages[: params.candidates], passages[params.candidates:]
+    shown = [p.model_copy(update={"text": clip(p.text, params.max_passage_chars)}) for p in pool]
+    question = clip(query.text, 1000)
+    if params.method == "pointwise":
+        relevance = _pointwise(question, shown, ctx, llm)
+    else:
+        order = parse_permutation(llm.chat(ctx.prompt(question=question, passages=shown), max_tokens=64).text,
+                                  len(pool), "listwise ranking")
+        relevance = [0.0] * len(pool)
+        for rank, index in enumerate(order):
+            relevance[index] = 1.0 - rank / max(1, len(pool))
+    return (blend(pool, relevance, params) + rest)[: params.top_k]
+
+
+def _pointwise(question: str, passages: list[Passage], ctx: StepContext, llm: LLMClient) -> list[float]:
+    """P(Yes) for each passage, asked concurrently (the client caps requests in flight)."""
+
+    def judge(passage: Passage) -> float:
+        reply = llm.chat(ctx.prompt(question=question, passage=passage), max_tokens=1, logprobs=True, top_logprobs=10)
+        return option_probabilities(reply, {"yes": ("yes",), "no": ("no",)}).get("yes", 0.0)
+
+    with ThreadPoolExecutor(max_workers=llm.spec.max_concurrency) as pool:
+        return list(pool.map(judge, passages))

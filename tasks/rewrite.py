@@ -1,0 +1,73 @@
+"""Request rewriting (RETA-LLM and the RAG literature): conversational rewrite, multi-query
+(RAG-fusion), HyDE, decomposition, and separating an answer-format instruction from the search."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.context import StepContext
+from flows.contracts import Query
+from flows.llm_output import clip, parse_lines
+from flows.registry import stage
+from flows.resources.llm import LLMClient
+
+Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Mode = Field("conversational", description="which rewrite this step performs")
+    n: int = Field(3, ge=1, le=10, description="multi_query: variants; decompose: at most this many sub-questions")
+    include_original: bool = Field(True, description="also search with the request itself")
+    max_tokens: int = Field(128, ge=8, le=2048, description="length of the LLM's reply")
+    max_request_chars: int = Field(2000, ge=100, description="longer requests are clipped inside the prompt")
+    history_turns: int = Field(6, ge=1, description="conversational: turns of history shown to the LLM")
+
+
+@stage("rewrite", params=Params, produces="query", kind="query", uses={"llm": ("openai_compatible",)},
+       prompt=lambda p: f"rewrite_{p.mode}")
+def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient) -> Query:
+    """Rewrite the request for retrieval; the result says what to search and how to answer."""
+    query = query if query.original else query.model_copy(update={"original": query.text})
+    question = clip(query.text, params.max_request_chars)
+    if params.mode == "conversational":
+        return _conversational(query, question, params, ctx, llm)
+    reply = llm.chat(ctx.prompt(question=question, n=params.n), max_tokens=params.max_tokens).text
+    if params.mode in ("multi_query", "decompose"):
+        found = [q for q in parse_lines(reply, params.n) if q.lower() != query.text.lower()]
+        variants = ([query.text] if params.include_original else []) + found
+        return query.model_copy(update={"variants": variants or [query.text]})
+    if params.mode == "hyde":
+        document = reply.strip()
+        return query.model_copy(update={"hypothetical": [document] if document else [],
+                                        "hyde_only": not params.include_original})
+    return _instruction(query, reply, ctx)
+
+
+def _conversational(query: Query, question: str, params: Params, ctx: StepContext, llm: LLMClient) -> Query:
+    """'How about the School of Economics?' after a question on another school becomes a full request."""
+    if not query.history:
+        return query
+    history = [{"role": t.get("role", "user"), "content": clip(t.get("content", ""), params.max_request_chars)}
+               for t in query.history[-params.history_turns:]]
+    reply = llm.chat(ctx.prompt(question=question, history=history), max_tokens=params.max_tokens).text
+    rewritten = next(iter(parse_lines(reply, 1)), "")
+    if not rewritten:
+        ctx.logger.warning("empty conversational rewrite; searching with the request as written")
+        return query
+    return query.model_copy(update={"text": rewritten})
+
+
+def _instruction(query: Query, reply: str, ctx: StepContext) -> Query:
+    """Split 'SEARCH: ... / FORMAT: ...'; a reply without them leaves the request unchanged."""
+    search = re.search(r"search\s*:\s*(.+)", reply, re.I)
+    fmt = re.search(r"format\s*:\s*(.+)", reply, re.I)
+    if not search:
+        ctx.logger.warning("the LLM did not separate search and format (%r); unchanged", reply[:120])
+        return query
+    instruction = fmt.group(1).strip() if fmt else ""
+    instruction = "" if instruction.upper().startswith("NONE") else instruction
+    return query.model_copy(update={"text": search.group(1).strip(), "instruction": query.instruction or instruction})

@@ -1,0 +1,84 @@
+"""LLM endpoint faults: down, slow, failing, refusing — retried, then one clear error naming it."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from flows.resources.llm import LLMClient, LLMSpec, LLMUnavailable
+from tests.scripted_llm import ScriptedLLM
+
+
+def client(base_url: str, **overrides) -> LLMClient:
+    return LLMClient(LLMSpec(type="openai_compatible", base_url=base_url, **overrides))
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def test_server_down_names_the_endpoint():
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    with pytest.raises(LLMUnavailable, match=rf"LLM endpoint {url} \(model 'smollm2'\) did not answer after 2 attempts"):
+        client(url, max_retries=1).chat("hello")
+
+
+def test_slow_server_times_out_after_retries():
+    with ScriptedLLM(delay=1.5) as server:
+        started = time.perf_counter()
+        with pytest.raises(LLMUnavailable, match="APITimeoutError"):
+            client(server.base_url, timeout_seconds=0.3, max_retries=2).chat("hello")
+        assert len(server.requests) == 3 and time.perf_counter() - started < 10
+
+
+def test_server_errors_are_retried_then_reported():
+    with ScriptedLLM(status=500) as server:
+        with pytest.raises(LLMUnavailable, match="InternalServerError"):
+            client(server.base_url, max_retries=2).chat("hello")
+        assert len(server.requests) == 3
+
+
+def test_bad_request_is_not_retried():
+    with ScriptedLLM(status=400) as server:
+        with pytest.raises(RuntimeError, match=r"refused the request \(HTTP 400\)"):
+            client(server.base_url, max_retries=3).chat("hello")
+        assert len(server.requests) == 1
+
+
+def test_concurrency_is_capped():
+    import threading
+
+    with ScriptedLLM(delay=0.3) as server:
+        llm = client(server.base_url, max_concurrency=2)
+        active, peak, lock = [0], [0], threading.Lock()
+        original = llm._call
+
+        def counting(request):
+            def wrapped():
+                with lock:
+                    active[0] += 1
+                    peak[0] = max(peak[0], active[0])
+                try:
+                    return request()
+                finally:
+                    with lock:
+                        active[0] -= 1
+            return original(wrapped)
+
+        llm._call = counting
+        threads = [threading.Thread(target=llm.chat, args=("hi",)) for _ in range(6)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert peak[0] == 2 and len(server.requests) == 6
+
+
+def test_logprobs_and_token_counting_over_http():
+    with ScriptedLLM(reply=lambda p: "Yes indeed") as server:
+        llm = client(server.base_url)
+        reply = llm.chat("is it?", logprobs=True, top_logprobs=2)
+        assert reply.text == "Yes indeed" and [t.token for t in reply.tokens] == ["Yes", "indeed"]
+        assert reply.mean_prob() == pytest.approx(0.905, abs=1e-3)
+        assert llm.count_tokens(["one two three", "four"]) == [3, 1]

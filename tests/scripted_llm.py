@@ -1,0 +1,63 @@
+"""A scripted OpenAI-compatible HTTP server for faults a real model cannot be made to produce on
+demand: malformed structured output, slowness, 5xx. Real HTTP on 127.0.0.1, real openai client."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+
+class ScriptedLLM:
+    """``reply(prompt) -> str`` decides each answer; ``delay`` and ``status`` simulate faults."""
+
+    def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200):
+        self.reply, self.delay, self.status = reply, delay, status
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                time.sleep(server.delay)
+                if server.status != 200:
+                    self._send(server.status, {"error": {"message": "scripted failure", "type": "server_error"}})
+                    return
+                if self.path.endswith("/tokenize"):
+                    self._send(200, {"count": len(body["prompt"].split()), "max_model_len": 2048})
+                    return
+                prompt = body["messages"][-1]["content"]
+                text = server.reply(prompt)
+                logprobs = {"content": [{"token": w, "logprob": -0.1, "top_logprobs": [{"token": w, "logprob": -0.1}]}
+                                        for w in text.split(" ")]} if body.get("logprobs") else None
+                self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
+                                              "message": {"role": "assistant", "content": text}}]})
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> "ScriptedLLM":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
