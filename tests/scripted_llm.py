@@ -12,8 +12,9 @@ from typing import Callable
 class ScriptedLLM:
     """``reply(prompt) -> str`` decides each answer; ``delay`` and ``status`` simulate faults."""
 
-    def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200):
-        self.reply, self.delay, self.status = reply, delay, status
+    def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
+                 logprob: float = -0.1):
+        self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
         self.requests: list[dict] = []
         server = self
 
@@ -33,8 +34,10 @@ class ScriptedLLM:
                     return
                 prompt = body["messages"][-1]["content"]
                 text = server.reply(prompt)
-                logprobs = {"content": [{"token": w, "logprob": -0.1, "top_logprobs": [{"token": w, "logprob": -0.1}]}
-                                        for w in text.split(" ")]} if body.get("logprobs") else None
+                lp = server.logprob
+                pieces = [w + " " for w in text.split(" ")[:-1]] + text.split(" ")[-1:]
+                logprobs = {"content": [{"token": w, "logprob": lp, "top_logprobs": [{"token": w, "logprob": lp}]}
+                                        for w in pieces]} if body.get("logprobs") else None
                 self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                  "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
                                               "message": {"role": "assistant", "content": text}}]})

@@ -61,6 +61,7 @@ def main() -> Path:
         tok.save_pretrained(tmp)  # keeps the ChatML chat template from the GGUF metadata
         if not getattr(tok, "chat_template", None):
             raise RuntimeError("tokenizer lost its chat template")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the server may run as another user
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

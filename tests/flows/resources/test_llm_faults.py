@@ -79,6 +79,6 @@ def test_logprobs_and_token_counting_over_http():
     with ScriptedLLM(reply=lambda p: "Yes indeed") as server:
         llm = client(server.base_url)
         reply = llm.chat("is it?", logprobs=True, top_logprobs=2)
-        assert reply.text == "Yes indeed" and [t.token for t in reply.tokens] == ["Yes", "indeed"]
+        assert reply.text == "Yes indeed" and [t.token for t in reply.tokens] == ["Yes ", "indeed"]
         assert reply.mean_prob() == pytest.approx(0.905, abs=1e-3)
         assert llm.count_tokens(["one two three", "four"]) == [3, 1]
