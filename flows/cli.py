@@ -179,7 +179,7 @@ def _ask(args) -> int:
         print(answer.text)
     if answer.refused and answer.reason:
         print(f"({answer.reason})")
-    for source in answer.sources:
+    for source in [] if answer.refused else answer.sources:
         print(f"[{source.number}] {source.title or source.source_id} — {source.path}")
     if answer.invalid_citations:
         print(f"warning: citations with no matching reference: {answer.invalid_citations}", file=sys.stderr)

@@ -71,7 +71,12 @@ class CompiledPipeline:
                     raise SpecValidationError([SpecError(str(self.project.path), None, _pydantic_message(e),
                                                          self.name, s.id, "with." + ".".join(map(str, e["loc"])))
                                                for e in exc.errors()]) from exc
-                s = CompiledStep(s.spec, s.stage, params, s.resources, s.upstream, s.wiring, s.prompt)
+                prompt = s.spec.prompt or s.stage.default_prompt(params)  # e.g. a new rerank method
+                problem = self.project.prompts.check(prompt) if prompt else None
+                if problem:
+                    raise SpecValidationError([SpecError(str(self.project.path), None, problem, self.name, s.id,
+                                                         "prompt")])
+                s = CompiledStep(s.spec, s.stage, params, s.resources, s.upstream, s.wiring, prompt)
             steps.append(s)
         unknown = set(overrides) - {s.id for s in self.steps}
         if unknown:

@@ -22,6 +22,7 @@ class StepContext:
     on_progress: Callable[[str, int], None] | None = None
     on_token: Callable[[str], None] | None = None  # streaming: generated text as it arrives
     failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0  # wall time of the stage call, for traces and benchmarks
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property

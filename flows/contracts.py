@@ -165,6 +165,8 @@ class Answer(BaseModel):
     sources: list[Source] = Field(default_factory=list, description="the references cited in the text")
     citations: list[int] = Field(default_factory=list, description="[n] markers in order of appearance")
     invalid_citations: list[int] = Field(default_factory=list, description="[n] with no inserted document n")
+    inferred_citations: list[int] = Field(default_factory=list,
+                                          description="[n] added after generation by text overlap (the model gave none)")
     confidence: float | None = Field(None, description="geometric-mean token probability of the answer")
     verdict: str | None = Field(None, description="supported, contradicted or not_enough_information")
     refused: bool = False

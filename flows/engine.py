@@ -140,6 +140,7 @@ def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any
     for role, name in step.resources.items():
         if role in accepted:
             kwargs[role] = pipeline.project.resource(name)
+    started = time.perf_counter()
     try:
         return fn(**{k: v for k, v in kwargs.items() if k in accepted})
     except StepFailed:
@@ -147,6 +148,8 @@ def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any
     except Exception as exc:
         raise StepFailed(f"pipeline '{pipeline.name}', step '{step.id}' (task '{step.stage.name}') failed: "
                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        ctx.seconds += time.perf_counter() - started
 
 
 # ----------------------------------------------------------------------------- query pipelines
@@ -174,12 +177,16 @@ def settle(steps: list[CompiledStep], futures: dict[str, Any], executor: Any) ->
 
 
 def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any,
-              on_token: Callable[[str], None] | None = None) -> Any:
+              on_token: Callable[[str], None] | None = None, trace: list | None = None) -> Any:
     state = RunState(pipeline, executor, on_token=on_token)
     sources: dict[str, Any] = dict(coerce_inputs(pipeline, inputs))
     for step in pipeline.steps:
         sources[step.id] = state.submit(step, sources)
-    settle(pipeline.steps, sources, executor)
+    try:
+        settle(pipeline.steps, sources, executor)
+    finally:
+        if trace is not None:
+            trace.extend((ctx.step_id, ctx.seconds) for ctx in state.contexts)
     return executor.result(sources[pipeline.output])
 
 
@@ -247,21 +254,23 @@ def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = Non
 
 # ----------------------------------------------------------------------------- entry point
 def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orchestrate: bool = True,
-        progress: Any = None, on_token: Callable[[str], None] | None = None) -> Any:
+        progress: Any = None, on_token: Callable[[str], None] | None = None, trace: list | None = None) -> Any:
     """Run a pipeline: as a Prefect flow run (default) or directly in this thread.
-    ``on_token`` receives generated text as it streams (stages that generate with ``stream``)."""
+    ``on_token`` receives generated text as it streams (stages that generate with ``stream``);
+    ``trace`` (a list) receives (step id, seconds) for every step of a query pipeline."""
     inputs = inputs or {}
     if pipeline.kind == "query":
         inputs = coerce_inputs(pipeline, inputs)  # a bad request fails here, before any flow run
     if not orchestrate:
-        return _dispatch(pipeline, inputs, DirectExecutor(), progress, on_token)
+        return _dispatch(pipeline, inputs, DirectExecutor(), progress, on_token, trace)
     from flows.orchestration import run_as_flow
 
-    return run_as_flow(pipeline, inputs, lambda: _dispatch(pipeline, inputs, PrefectExecutor(), progress, on_token))
+    return run_as_flow(pipeline, inputs,
+                       lambda: _dispatch(pipeline, inputs, PrefectExecutor(), progress, on_token, trace))
 
 
 def _dispatch(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, progress: Any,
-              on_token: Callable[[str], None] | None) -> Any:
+              on_token: Callable[[str], None] | None, trace: list | None) -> Any:
     if pipeline.kind == "ingestion":
         return run_ingestion(pipeline, executor, progress)
-    return run_query(pipeline, inputs, executor, on_token)
+    return run_query(pipeline, inputs, executor, on_token, trace)

@@ -54,9 +54,11 @@ def parse_citations(text: str) -> list[int]:
     return found
 
 
-def option_probabilities(completion: Completion, options: dict[str, tuple[str, ...]]) -> dict[str, float]:
+def option_probabilities(completion: Completion, options: dict[str, tuple[str, ...]],
+                         min_mass: float = 0.1) -> dict[str, float]:
     """Probability of each option from the first answer token's top logprobs (normalised over the
-    options); falls back to the text when the server sent no logprobs."""
+    options); falls back to the text when the server sent no logprobs or the options together got
+    less than ``min_mass`` (the model was answering something else: a sliver is no verdict)."""
     mass = {name: 0.0 for name in options}
     if completion.tokens:
         first = next((t for t in completion.tokens if t.token.strip()), completion.tokens[0])
@@ -68,7 +70,7 @@ def option_probabilities(completion: Completion, options: dict[str, tuple[str, .
                     mass[name] += math.exp(logprob)
                     break
     total = sum(mass.values())
-    if total > 0:
+    if total >= min_mass:
         return {name: value / total for name, value in mass.items()}
     reply = completion.text.strip().lower()
     for name, prefixes in options.items():

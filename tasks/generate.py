@@ -1,6 +1,8 @@
 """Answer generation with citations [n] that map back to the inserted source documents."""
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.context import StepContext
@@ -19,6 +21,12 @@ class Params(BaseModel):
     stream: bool = Field(False, description="pass tokens to the caller as they are generated")
     refusal: str = Field(REFUSAL, description="what the model says when the references lack the answer")
     max_request_chars: int = Field(2000, ge=100, description="longer requests are clipped inside the prompt")
+    attribute: bool = Field(True, description="when the model cites nothing, cite the best-overlapping "
+                                              "document per sentence (marked as inferred)")
+    min_overlap: float = Field(0.6, ge=0, le=1, description="share of a sentence's words a document must "
+                                                             "contain to be cited for it")
+    stop: list[str] = Field(["\nQuestion:", "\n\n\n"], description="end the answer where small models start "
+                                                                  "inventing the next question")
 
 
 @stage("generate", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
@@ -30,26 +38,54 @@ def generate(query: Query, context: Context, params: Params, ctx: StepContext, l
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
                         documents=context.documents, refusal=params.refusal)
     if params.stream:
-        completion = llm.stream(prompt, on_token=ctx.on_token, max_tokens=params.max_tokens, logprobs=True)
+        completion = llm.stream(prompt, on_token=ctx.on_token, max_tokens=params.max_tokens, logprobs=True,
+                                stop=params.stop)
     else:
-        completion = llm.chat(prompt, max_tokens=params.max_tokens, logprobs=True)
-    return answer_from(query, completion, context, params.refusal)
+        completion = llm.chat(prompt, max_tokens=params.max_tokens, logprobs=True, stop=params.stop)
+    return answer_from(query, completion, context, params.refusal,
+                       min_overlap=params.min_overlap if params.attribute else None)
 
 
-def answer_from(query: Query, completion: Completion, context: Context, refusal_text: str) -> Answer:
+def answer_from(query: Query, completion: Completion, context: Context, refusal_text: str,
+                min_overlap: float | None = None) -> Answer:
     """Citations resolved against the context; an answer that is the refusal is marked refused."""
-    text = completion.text.strip()
+    text = re.sub(r"^\s*answer\s*:\s*", "", completion.text.strip(), flags=re.I)
+    inferred: list[int] = []
+    if min_overlap is not None and not parse_citations(text) and not is_refusal(text, refusal_text):
+        text, inferred = attribute(text, context, min_overlap)
     cited = parse_citations(text)
     documents = context.by_number()
     sources = [Source(number=n, chunk_id=d.passage.chunk_id, source_id=d.passage.source_id, title=d.passage.title,
                       path=str(d.passage.metadata.get("source", d.passage.source_id)), passage=d.passage.text)
                for n in cited if (d := documents.get(n))]
     answer = Answer(question=query.original or query.text, text=text, sources=sources, citations=cited,
-                    invalid_citations=[n for n in cited if n not in documents], confidence=completion.mean_prob())
+                    invalid_citations=[n for n in cited if n not in documents], inferred_citations=inferred,
+                    confidence=completion.mean_prob())
     if is_refusal(text, refusal_text):
         answer = answer.model_copy(update={"refused": True, "reason": "the references do not contain the answer",
                                            "draft": text, "text": refusal_text})
     return answer
+
+
+def attribute(text: str, context: Context, min_overlap: float) -> tuple[str, list[int]]:
+    """Post-hoc attribution: each sentence cites the document containing most of its words."""
+    from collections import Counter
+
+    from flows.evaluate_answers import normalize
+    from flows.llm_output import sentences
+
+    documents = [(Counter(normalize(d.passage.text).split()), d.number) for d in context.documents]
+    out, added = [], []
+    for sentence in sentences(text):
+        words = Counter(normalize(sentence).split())
+        total = sum(words.values()) or 1
+        scores = [(sum((words & doc).values()) / total, number) for doc, number in documents]
+        best, number = max(scores, default=(0.0, 0))
+        if best >= min_overlap:
+            sentence = re.sub(r"([.!?]?)$", lambda m: f" [{number}]{m.group(1)}", sentence, count=1)
+            added.append(number)
+        out.append(sentence)
+    return " ".join(out), list(dict.fromkeys(added))
 
 
 def is_refusal(text: str, refusal_text: str) -> bool:

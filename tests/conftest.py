@@ -89,3 +89,6 @@ def index_project(make_project):
         return make_project(index_and_search_yaml(batch_size, chunk_size))
 
     return make
+
+
+from tests.llm_conftest import vllm_server  # noqa: E402,F401 - session fixture: a real vLLM server

@@ -62,8 +62,7 @@ def run(pipeline, text="What is the capital of France?", **query):
 
 
 def test_citations_map_to_sources_and_invalid_ones_are_reported(make_project):
-    replies = {"References": "Paris is the capital [1], see also [7].", "Check": "SUPPORTED"}
-    with ScriptedLLM(lambda p: replies["Check" if "Answer to check" in p else "References"]) as llm:
+    with ScriptedLLM(lambda p: "Yes" if "Statement:" in p else "Paris is the capital [1], see also [7].") as llm:
         answer = run(project_for(make_project, llm.base_url, ANSWER_STEPS, ["Paris is the capital of France."]))
     assert answer.text.startswith("Paris") and not answer.refused and answer.verdict == "supported"
     assert answer.citations == [1, 7] and answer.invalid_citations == [7]
@@ -72,17 +71,22 @@ def test_citations_map_to_sources_and_invalid_ones_are_reported(make_project):
 
 
 def test_contradicted_answer_becomes_the_refusal_with_reason(make_project):
-    with ScriptedLLM(lambda p: "CONTRADICTED" if "Answer to check" in p else "Lyon [1].") as llm:
+    with ScriptedLLM(lambda p: ("No" if "written in the documents" in p else "Yes") if "Statement:" in p
+                     else "Lyon [1].") as llm:
         answer = run(project_for(make_project, llm.base_url, ANSWER_STEPS, ["Paris is the capital of France."]))
     assert answer.refused and answer.text == "I cannot answer this question"
     assert answer.reason.startswith("fact check: contradicted") and answer.draft == "Lyon [1]."
+    three_way = ANSWER_STEPS.replace("task: verify}", "task: verify, with: {method: three_way}}")
+    with ScriptedLLM(lambda p: "INSUFFICIENT" if "Answer to check" in p else "Lyon [1].") as llm:
+        answer = run(project_for(make_project, llm.base_url, three_way, ["Paris is the capital of France."]))
+    assert answer.refused and answer.reason.startswith("fact check: not enough information")
 
 
 def test_model_refusal_is_recognised_and_unreadable_fact_check_keeps_answer(make_project, caplog):
     with ScriptedLLM(lambda p: "I cannot answer this question.") as llm:
         refused = run(project_for(make_project, llm.base_url, ANSWER_STEPS, ["Unrelated text."]))
     assert refused.refused and "do not contain the answer" in refused.reason
-    with ScriptedLLM(lambda p: "banana" if "Answer to check" in p else "Paris [1].") as llm, \
+    with ScriptedLLM(lambda p: "banana" if "Statement:" in p else "Paris [1].") as llm, \
             caplog.at_level(logging.WARNING):
         kept = run(project_for(make_project, llm.base_url, ANSWER_STEPS, ["Paris is the capital of France."]))
     assert not kept.refused and kept.verdict is None and "fact check unreadable" in caplog.text
