@@ -237,7 +237,8 @@ def _eval_answers(args, project) -> int:
           f"model {result['model']}")
     for corpus in ("positive", "negative", "positive_wrong"):
         print(f"  {corpus:15} " + ", ".join(f"{k} {v}" for k, v in result[corpus].items()))
-    print("  fact check     " + ", ".join(f"{k} {v}" for k, v in result["fact_check"].items()))
+    for name, figures in result["fact_check"].items():
+        print(f"  fact check {name}: {figures}")
     return 0
 
 

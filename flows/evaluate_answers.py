@@ -114,38 +114,48 @@ def _answer_metrics(answers: list[Answer], items: list[RgbItem], golds_of) -> di
     return {
         "exact_match": round(sum(exact_match(t, golds_of(i)) for t, i in zip(texts, items)) / n, 4),
         "token_f1": round(sum(token_f1(t, golds_of(i)) for t, i in zip(texts, items)) / n, 4),
-        "accuracy": round(sum(contains(a.draft or a.text, golds_of(i)) for a, i in zip(answers, items)) / n, 4),
+        "accuracy": round(sum(contains(a.text, golds_of(i)) for a, i in zip(answers, items)) / n, 4),
+        "draft_accuracy": round(sum(contains(a.draft or a.text, golds_of(i)) for a, i in zip(answers, items)) / n, 4),
         "refusal_rate": round(sum(a.refused for a in answers) / n, 4),
         "citation_rate": round(len(cited) / n, 4),
         "citation_validity": round(sum(not a.invalid_citations for a in cited) / max(1, len(cited)), 4),
     }
 
 
-def fact_check_claims(project: Project, pipeline: str, items: list[RgbItem]) -> dict[str, float]:
-    """The pipeline's verify step on true vs counterfactual answers, against the true references."""
+CHECKS = {"as_configured": {}, "llm_fact_check": {"fact_check": True, "min_grounding": 0.0},
+          "grounding_only": {"fact_check": False, "min_grounding": 0.6}}
+
+
+def fact_check_claims(project: Project, pipeline: str, items: list[RgbItem]) -> dict[str, Any]:
+    """The pipeline's verify step on each item's true and counterfactual answer, judged against the
+    true references: as configured, as an LLM fact check alone, and as a grounding check alone."""
     compiled = project.pipeline(pipeline)
     step = next((s for s in compiled.steps if s.stage.name == "verify"), None)
     if step is None:
         return {}
     checked = [i for i in items if i.fake_answers and i.passages["positive"]]
-    kept_true = flagged_fake = 0
-    for item in checked:
-        documents = [ContextDocument(number=j, passage=Passage(chunk_id=f"{item.id}-{j}", source_id=item.id, text=p))
-                     for j, p in enumerate(item.passages["positive"][:5], start=1)]
-        context, query = Context(documents=documents), Query(text=item.query)
-        for claim, is_true in ((item.answers[0], True), (item.fake_answers[0], False)):
-            draft = Answer(question=item.query, text=claim)
-            ctx = StepContext(pipeline=pipeline, step_id=step.id, prompt_name=step.prompt,
-                              render_prompt=project.prompts.render)
-            verdict = engine.invoke(compiled, step, {"query": query, "answer": draft, "context": context}, ctx)
-            if is_true and not verdict.refused:
-                kept_true += 1
-            if not is_true and verdict.refused:
-                flagged_fake += 1
-    n = max(1, len(checked))
-    return {"claims": len(checked), "true_answers_supported": round(kept_true / n, 4),
-            "fake_answers_rejected": round(flagged_fake / n, 4),
-            "balanced_accuracy": round((kept_true + flagged_fake) / (2 * n), 4)}
+    results = {}
+    for name, override in CHECKS.items():
+        params = step.stage.params.model_validate({**step.params.model_dump(), **override})
+        prompt = step.spec.prompt or step.stage.default_prompt(params)
+        kept_true = flagged_fake = 0
+        for item in checked:
+            documents = [ContextDocument(number=j, passage=Passage(chunk_id=f"{item.id}-{j}", source_id=item.id,
+                                                                   text=p))
+                         for j, p in enumerate(item.passages["positive"][:5], start=1)]
+            context, query = Context(documents=documents), Query(text=item.query)
+            for claim, is_true in ((item.answers[0], True), (item.fake_answers[0], False)):
+                ctx = StepContext(pipeline=pipeline, step_id=step.id, prompt_name=prompt,
+                                  render_prompt=project.prompts.render)
+                verdict = engine.invoke(compiled, step, {"query": query, "context": context,
+                                                         "answer": Answer(question=item.query, text=claim)},
+                                        ctx, params=params)
+                kept_true += is_true and not verdict.refused
+                flagged_fake += (not is_true) and verdict.refused
+        n = max(1, len(checked))
+        results[name] = {"true_answers_kept": round(kept_true / n, 4), "fake_answers_rejected": round(flagged_fake / n, 4),
+                         "balanced_accuracy": round((kept_true + flagged_fake) / (2 * n), 4)}
+    return {"claims": len(checked), **results}
 
 
 def evaluate_answers(project: Project, path: str | Path, pipeline: str = "ask", limit: int | None = None,

@@ -18,7 +18,14 @@ from typing import Any, Iterable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
+
+
+def _bm25s():
+    """bm25s, with its per-build DEBUG logging (re-enabled by its import) turned down."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
 
 from flows import failpoints
 from flows.resources.filters import matches
@@ -66,9 +73,7 @@ class BM25Index:
         return Stemmer.Stemmer(self.spec.stemmer)
 
     def _tokenize(self, texts: list[str]):
-        import bm25s
-
-        return bm25s.tokenize(texts, stopwords=None if self.spec.stopwords == "none" else self.spec.stopwords,
+        return _bm25s().tokenize(texts, stopwords=None if self.spec.stopwords == "none" else self.spec.stopwords,
                               stemmer=self._stemmer(), show_progress=False, return_ids=False)
 
     def published_version(self) -> dict[str, Any] | None:
@@ -79,8 +84,7 @@ class BM25Index:
 
     def build(self, rows: Iterable[tuple[str, str, dict[str, Any]]], generation: int, settings: str) -> int:
         """Index (chunk_id, text, metadata) rows and publish them; returns the passage count."""
-        import bm25s
-
+        bm25s = _bm25s()
         rows = list(rows)
         version = f"v-{generation}-{uuid.uuid4().hex[:8]}"
         folder = self.path / version
@@ -109,7 +113,7 @@ class BM25Index:
             return None
         with self._lock:
             if self._loaded is None or self._loaded[0] != info["version"]:
-                import bm25s
+                bm25s = _bm25s()
 
                 folder = self.path / info["version"]
                 ids = json.loads((folder / "ids.json").read_text())
