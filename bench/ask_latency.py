@@ -12,7 +12,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from common import REPO, save, summary_ms, write_readme_section
+from common import REPO, save, summary_ms, publish
 
 from flows import engine
 from flows.compile import load_project
@@ -66,9 +66,7 @@ def main() -> None:
                  f"in-process, the engine's own time outside the stages is {1000 * overhead['direct']:.1f} ms. "
                  f"The rest is model time (embedding, BM25, Chroma, and the LLM calls).")
     save("ask_latency", result)
-    if not args.no_readme:
-        write_readme_section("latency", "\n".join(table))
-    print("\n".join(table))
+    publish("latency", table, readme=not args.no_readme)
 
 
 if __name__ == "__main__":

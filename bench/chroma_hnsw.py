@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, SCIFACT, save, summary_ms, write_readme_section
+from common import REPO, SCIFACT, save, summary_ms, publish
 
 from flows.compile import load_project
 from flows.evaluate import eval_workspace, load_beir
@@ -81,9 +81,7 @@ def main() -> None:
         table.append(f"| {r['config']} | **{r['recall@10']:.4f}** | {r['add_per_s']} | "
                      f"{r['query']['median_ms']} / {r['query']['p95_ms']} ms | "
                      f"{r['filtered_query']['median_ms']} / {r['filtered_query']['p95_ms']} ms |")
-    if not args.no_readme:
-        write_readme_section("hnsw", "\n".join(table))
-    print("\n".join(table))
+    publish("hnsw", table, readme=not args.no_readme)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,11 @@ def write_readme_section(marker: str, markdown: str) -> None:
         return
     readme.write_text(pattern.sub(lambda m: m.group(1) + markdown.rstrip() + "\n" + m.group(2), text),
                       encoding="utf-8")
+
+
+def publish(marker: str, lines: list[str], readme: bool = True) -> None:
+    """Print a result table and, unless told not to, put it into the README."""
+    table = "\n".join(lines)
+    if readme:
+        write_readme_section(marker, table)
+    print(table)

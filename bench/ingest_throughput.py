@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, save, subset_corpus, write_readme_section
+from common import REPO, save, subset_corpus, publish
 
 from flows import engine
 from flows.compile import load_project
@@ -86,9 +86,7 @@ def main() -> None:
         table.append(f"| {r['backend']} | {r['chunks']} | {r['raw_passages_per_s']} | {r['pipeline_chunks_per_s']} | "
                      f"**{100 * r['pipeline_vs_raw']:.1f} %** | {r['rerun_seconds']} s | "
                      f"**{100 * r['rerun_share_of_full']:.2f} %** | {r['speedup_vs_torch_pipeline']}x |")
-    if not args.no_readme:
-        write_readme_section("throughput", "\n".join(table))
-    print("\n".join(table))
+    publish("throughput", table, readme=not args.no_readme)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ Indexes the full corpus once per embedding backend (incremental: a second run re
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 
-from common import REPO, SCIFACT, save, write_readme_section
+from common import OUT, REPO, SCIFACT, save, publish
 
 from flows.compile import load_project
 from flows.evaluate import evaluate, load_beir
@@ -23,10 +24,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backends", default="torch,onnx_int8")
     parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the last run")
     args = parser.parse_args()
-    dataset = load_beir(SCIFACT)
-    rows = []
-    for backend in args.backends.split(","):
+    if args.table_only:
+        rows = json.loads((OUT / "scifact_retrieval.json").read_text())["rows"]
+        args.backends = ""
+    else:
+        rows = []
+    dataset = load_beir(SCIFACT) if args.backends else None
+    for backend in filter(None, args.backends.split(",")):
         project = load_project(REPO / "pipelines.yaml").with_resource("embedder", backend=backend)
         for pipeline, label in PIPELINES:
             if backend != "torch" and pipeline == "search_bm25":
@@ -39,16 +45,15 @@ def main() -> None:
             print(f"{backend:10} {pipeline:13} nDCG@10 {result['ndcg@10']:.4f}  R@100 {result['recall@100']:.4f}  "
                   f"MRR@10 {result['mrr@10']:.4f}  index {result['index_seconds']} s  "
                   f"query {result['query_ms_mean']} ms", flush=True)
-    save("scifact_retrieval", {"machine": platform.processor() or platform.machine(), "rows": rows})
+    if not args.table_only:
+        save("scifact_retrieval", {"machine": platform.processor() or platform.machine(), "rows": rows})
     table = ["| pipeline | embeddings | nDCG@10 | Recall@100 | MRR@10 | MAP@10 | P@10 | published nDCG@10 |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         embeddings = "—" if r["pipeline"] == "search_bm25" else r["backend"]
         table.append(f"| {r['label']} | {embeddings} | **{r['ndcg@10']:.3f}** | {r['recall@100']:.3f} | "
                      f"{r['mrr@10']:.3f} | {r['map@10']:.3f} | {r['p@10']:.3f} | {PUBLISHED[r['pipeline']]} |")
-    if not args.no_readme:
-        write_readme_section("scifact", "\n".join(table))
-    print("\n".join(table))
+    publish("scifact", table, readme=not args.no_readme)
 
 
 if __name__ == "__main__":

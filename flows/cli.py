@@ -278,6 +278,17 @@ def _quickstart(args) -> int:
     print(f"\nsearch: {args.question}\n")
     passages = engine.run(project.pipeline("search"), {"query": args.question}, orchestrate=True)
     _print_passages(passages[:5], as_json=False)
+    if "ask" not in project.pipelines or "llm" not in project.spec.resources:
+        return 0
+    llm = project.resource("llm")
+    if not llm.health():
+        print(f"(no LLM server at {llm.spec.base_url}: start one with `bash deploy/vllm/setup.sh && "
+              f"bash deploy/vllm/serve.sh`, then `.venv/bin/ragline ask \"...\"` answers with citations)")
+        return 0
+    answer = engine.run(project.pipeline("ask"), {"query": args.question}, orchestrate=True)
+    print(f"answer: {answer.text}" + (f"  ({answer.reason})" if answer.refused else ""))
+    for source in [] if answer.refused else answer.sources:
+        print(f"  [{source.number}] {source.title or source.source_id} — {source.path}")
     return 0
 
 

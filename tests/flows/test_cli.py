@@ -86,8 +86,11 @@ def test_quickstart_console_script_on_the_bundled_sample(tmp_path):
     """The README's main job, as a user runs it: a real console script and a real Prefect flow run."""
     shutil.copy(REPO / "pipelines.yaml", tmp_path / "pipelines.yaml")
     shutil.copytree(REPO / "samples", tmp_path / "samples")
-    (tmp_path / "prompts").mkdir()
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
+    shutil.copytree(REPO / "prompts", tmp_path / "prompts")
+    from tests.flows.resources.test_llm_faults import closed_port
+
+    no_llm = f"http://127.0.0.1:{closed_port()}/v1"
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), RAGLINE_LLM_BASE_URL=no_llm)
     env.pop("PREFECT_API_URL", None)
     script = shutil.which("ragline", path=os.path.dirname(sys.executable))
     result = subprocess.run([script, "quickstart"], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -96,3 +99,4 @@ def test_quickstart_console_script_on_the_bundled_sample(tmp_path):
     assert "index: added 4, updated 0, deleted 0, unchanged 0, failed 0" in result.stdout
     first_hit = result.stdout.split("1. [", 1)[1].splitlines()[0]
     assert "Incremental indexing" in first_hit
+    assert f"(no LLM server at {no_llm}: start one with `bash deploy/vllm/setup.sh" in result.stdout
