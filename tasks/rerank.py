@@ -10,15 +10,20 @@ from flows.registry import stage
 from flows.resources.cross_encoder import CrossEncoderModel
 
 
-class Params(BaseModel):
+class BlendParams(BaseModel):
+    """How a reranker's relevance mixes with the retrieval score and recency (shared by rerankers)."""
+
     model_config = ConfigDict(extra="forbid")
 
     top_k: int = Field(5, ge=1, le=1000, description="passages kept")
-    candidates: int = Field(50, ge=1, le=10_000, description="top passages that are rescored")
     retrieval_weight: float = Field(0.0, ge=0, le=1, description="share of the (normalised) retrieval score")
     recency_field: str | None = Field(None, description="metadata field with a unix time, e.g. 'modified'")
     recency_half_life_days: float = Field(365.0, gt=0)
     recency_weight: float = Field(0.0, ge=0, le=1, description="share of the recency boost")
+
+
+class Params(BlendParams):
+    candidates: int = Field(50, ge=1, le=10_000, description="top passages that are rescored")
 
 
 @stage("rerank", params=Params, produces="passages", kind="query", uses={"reranker": ("cross_encoder",)})
@@ -36,7 +41,7 @@ def normalise(scores: list[float]) -> list[float]:
     return [(s - low) / (high - low) if high > low else 1.0 for s in scores]
 
 
-def blend(pool: list[Passage], relevance: list[float], params) -> list[Passage]:
+def blend(pool: list[Passage], relevance: list[float], params: BlendParams) -> list[Passage]:
     """Final score: relevance, mixed with the retrieval score and recency when asked; stable order."""
     retrieval = normalise([p.score for p in pool])
     now = time.time()

@@ -4,26 +4,19 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from flows.context import StepContext
 from flows.contracts import Passage, Query
 from flows.llm_output import clip, option_probabilities, parse_permutation
 from flows.registry import stage
 from flows.resources.llm import LLMClient
-from tasks.rerank import blend
+from tasks.rerank import BlendParams, blend
 
 
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Params(BlendParams):
     method: Literal["pointwise", "listwise"] = "pointwise"
-    top_k: int = Field(5, ge=1, le=1000, description="passages kept")
     candidates: int = Field(10, ge=1, le=100, description="top passages the LLM judges (listwise: a few)")
-    retrieval_weight: float = Field(0.0, ge=0, le=1, description="share of the (normalised) retrieval score")
-    recency_field: str | None = None
-    recency_half_life_days: float = Field(365.0, gt=0)
-    recency_weight: float = Field(0.0, ge=0, le=1)
     max_passage_chars: int = Field(1500, ge=100, description="passage text shown to the LLM")
 
 
