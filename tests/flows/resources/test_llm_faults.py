@@ -51,7 +51,7 @@ def test_bad_request_is_not_retried():
 def test_concurrency_is_capped():
     import threading
 
-    with ScriptedLLM(delay=0.3) as server:
+    with ScriptedLLM(delay=1.0) as server:  # long enough to overlap even on a starved machine
         llm = client(server.base_url, max_concurrency=2)
         active, peak, lock = [0], [0], threading.Lock()
         original = llm._call
