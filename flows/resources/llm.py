@@ -71,6 +71,7 @@ class LLMClient:
     def __init__(self, spec: LLMSpec, base_dir: Any = None):
         self.spec = spec
         self._client = None
+        self._http = None
         self._slots = threading.BoundedSemaphore(spec.max_concurrency)
         self._local_tokenizer = None
         self._tokenize_endpoint: bool | None = None
@@ -164,12 +165,30 @@ class LLMClient:
             return RuntimeError(f"{self.location} refused the request (HTTP {exc.status_code}): {exc.message}")
         return exc
 
+    @property
+    def http(self):
+        """A pooled HTTP client for the server's non-OpenAI endpoints (/tokenize, /health)."""
+        if self._http is None:
+            import httpx
+
+            with self._lock:
+                if self._http is None:
+                    self._http = httpx.Client(timeout=self.spec.timeout_seconds,
+                                              headers={"Authorization": f"Bearer {self.spec.api_key}"},
+                                              limits=httpx.Limits(max_connections=self.spec.max_concurrency))
+        return self._http
+
     # ------------------------------------------------------------------ tokens
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Token counts with the served model's tokenizer (vLLM /tokenize, else a local one)."""
         if self._local_tokenizer is None and self._tokenize_endpoint is not False:
             try:
-                return [self._tokenize_remote(t) for t in texts]
+                if len(texts) <= 1:
+                    return [self._tokenize_remote(t) for t in texts]
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=self.spec.max_concurrency) as pool:
+                    return list(pool.map(self._tokenize_remote, texts))
             except LLMUnavailable:
                 raise
             except Exception as exc:  # noqa: BLE001 - a server without /tokenize
@@ -186,9 +205,7 @@ class LLMClient:
         root = self.spec.base_url.rstrip("/").removesuffix("/v1")
         for attempt in range(self.spec.max_retries + 1):
             try:
-                response = httpx.post(f"{root}/tokenize", json={"model": self.spec.model, "prompt": text},
-                                      timeout=self.spec.timeout_seconds,
-                                      headers={"Authorization": f"Bearer {self.spec.api_key}"})
+                response = self.http.post(f"{root}/tokenize", json={"model": self.spec.model, "prompt": text})
                 if response.status_code < 500:
                     break
             except httpx.HTTPError as exc:
