@@ -11,6 +11,7 @@ sink's ``finalize`` hook removes deleted sources and publishes derived indexes.
 from __future__ import annotations
 
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -95,10 +96,11 @@ class RunState:
         return ctx
 
     def submit(self, step: CompiledStep, sources: dict[str, Any], label: str | None = None,
-               params: Any = None, **extra: Any) -> Any:
-        """Submit ``step`` with its inputs taken from ``sources`` (step id or pipeline input -> value/future)."""
+               params: Any = None, after: list[Any] = (), **extra: Any) -> Any:
+        """Submit ``step`` with its inputs taken from ``sources`` (step id or pipeline input -> value/future);
+        ``after`` adds futures it must wait for without taking their output."""
         ctx = self.context(step)
-        deps = [sources[p] for p in step.upstream if p in sources and _is_future(sources[p])]
+        deps = [sources[p] for p in step.upstream if p in sources and _is_future(sources[p])] + list(after)
         executor = self.executor
 
         def call() -> Any:
@@ -231,16 +233,21 @@ def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = Non
     report = IndexReport(unchanged=plan.unchanged)
     if progress is not None:
         progress.start(len(plan.to_index))
+    in_flight: deque[tuple[list[Document], dict[str, Any]]] = deque()
+    previous: dict[str, Any] = {}
     for number, batch in enumerate(_batches(plan.to_index, pipeline.spec.batch_size)):
+        # Pipelined: each step takes the batches in order, but different steps overlap, so batch
+        # n+1 is chunked (and batch n-1 written) while batch n is embedded. Two batches in flight.
         sources: dict[str, Any] = {sid: [d for d in batch if origin.get(d.source_id) == sid] for sid in loaded}
         for step in middle:
-            sources[step.id] = state.submit(step, sources, label=f"{step.id}[batch {number}]")
-        settle(middle, sources, executor)
-        result = executor.result(sources[sink.id if sink else middle[-1].id])
-        if isinstance(result, IndexReport):
-            report = report.merge(result)
-        if progress is not None:
-            progress.advance(len(batch), result.chunks_written if isinstance(result, IndexReport) else 0)
+            sources[step.id] = state.submit(step, sources, label=f"{step.id}[batch {number}]",
+                                            after=[previous[step.id]] if step.id in previous else [])
+        previous = {step.id: sources[step.id] for step in middle}
+        in_flight.append((batch, sources))
+        if len(in_flight) > 1:
+            report = _collect(in_flight.popleft(), middle, sink, executor, report, progress)
+    while in_flight:
+        report = _collect(in_flight.popleft(), middle, sink, executor, report, progress)
     if sink is not None and sink.stage.finalize is not None:
         ctx = state.context(sink)
         final = executor.result(executor.submit(sink, f"{sink.id}.finalize", lambda: invoke(
@@ -250,6 +257,18 @@ def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = Non
     report.failed = len({f.source_id for f in report.failures})
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _collect(done: tuple[list[Document], dict[str, Any]], middle: list[CompiledStep], sink: CompiledStep | None,
+             executor: Any, report: IndexReport, progress: Any) -> IndexReport:
+    """Wait for one batch; add its sink's report; advance the progress bar."""
+    batch, sources = done
+    settle(middle, sources, executor)
+    result = executor.result(sources[sink.id if sink else middle[-1].id])
+    written = result.chunks_written if isinstance(result, IndexReport) else 0
+    if progress is not None:
+        progress.advance(len(batch), written)
+    return report.merge(result) if isinstance(result, IndexReport) else report
 
 
 # ----------------------------------------------------------------------------- entry point

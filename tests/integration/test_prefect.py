@@ -23,7 +23,7 @@ ATTEMPTS: dict[str, int] = {}
 
 class SleepParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    seconds: float = 0.6
+    seconds: float = 1.5  # long enough to overlap even when the machine is busy
     fail_times: int = 0
 
 
