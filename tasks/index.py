@@ -41,7 +41,7 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
           state: IndexState) -> IndexReport:
     """Replace the chunks of this batch's documents in Chroma and the state record."""
     source_ids = [d.source_id for d in documents]
-    known = state.sources()
+    known = state.known(source_ids)
     old_ids = state.chunk_ids(source_ids)
     new_ids = {c.chunk_id for c in chunks}
     _ensure_dimension(store, state, chunks, ctx)

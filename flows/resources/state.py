@@ -106,6 +106,16 @@ class IndexState:
         with self._lock:
             return {r[0]: (r[1], r[2]) for r in self.conn.execute(sql, args)}
 
+    def known(self, source_ids: Iterable[str]) -> set[str]:
+        """Which of these sources the state already has."""
+        found: set[str] = set()
+        with self._lock:
+            for batch in _batched(list(source_ids), 500):
+                marks = ",".join("?" * len(batch))
+                found.update(r[0] for r in self.conn.execute(
+                    f"SELECT source_id FROM sources WHERE source_id IN ({marks})", batch))
+        return found
+
     def chunk_ids(self, source_ids: Iterable[str] | None = None) -> set[str]:
         with self._lock:
             if source_ids is None:
