@@ -96,7 +96,7 @@ class RunState:
         return ctx
 
     def submit(self, step: CompiledStep, sources: dict[str, Any], label: str | None = None,
-               params: Any = None, after: list[Any] = (), **extra: Any) -> Any:
+               after: list[Any] = ()) -> Any:
         """Submit ``step`` with its inputs taken from ``sources`` (step id or pipeline input -> value/future);
         ``after`` adds futures it must wait for without taking their output."""
         ctx = self.context(step)
@@ -104,9 +104,8 @@ class RunState:
         executor = self.executor
 
         def call() -> Any:
-            kwargs = {port: _gather(step, port, producers, sources, executor) for port, producers in step.wiring.items()}
-            kwargs = {k: v for k, v in kwargs.items() if v is not _MISSING}
-            return invoke(self.pipeline, step, kwargs, ctx, params=params, **extra)
+            kwargs = {port: _gather(port, producers, sources, executor) for port, producers in step.wiring.items()}
+            return invoke(self.pipeline, step, {k: v for k, v in kwargs.items() if v is not _MISSING}, ctx)
 
         return executor.submit(step, label or step.id, call, deps)
 
@@ -118,7 +117,8 @@ def _is_future(value: Any) -> bool:
     return hasattr(value, "result") and callable(value.result)
 
 
-def _gather(step: CompiledStep, port: str, producers: list[str], sources: dict[str, Any], executor: Any) -> Any:
+def _gather(port: str, producers: list[str], sources: dict[str, Any], executor: Any) -> Any:
+    """One input's value: a pipeline input, one producer's output, or several producers' lists joined."""
     if not producers:
         return sources.get(port, _MISSING)
     values = [executor.result(sources[p]) if _is_future(sources[p]) else sources[p] for p in producers]
@@ -128,13 +128,13 @@ def _gather(step: CompiledStep, port: str, producers: list[str], sources: dict[s
 
 
 def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any], ctx: StepContext,
-           params: Any = None, hook: Callable[..., Any] | None = None, **extra: Any) -> Any:
+           params: Any = None, hook: Callable[..., Any] | None = None) -> Any:
     """Call a stage (or one of its hooks) with its inputs, params, resources and context."""
     import inspect
 
     fn = hook or step.stage.fn
     accepted = inspect.signature(fn).parameters
-    kwargs = dict(inputs, **extra)
+    kwargs = dict(inputs)
     if "params" in accepted:
         kwargs["params"] = params or step.params
     if "ctx" in accepted:
