@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flows.context import StepContext
 from flows.contracts import Query
-from flows.llm_output import clip, parse_lines
+from flows.llm_output import clip, parse_json, parse_lines
 from flows.registry import stage
 from flows.resources.llm import LLMClient
 
@@ -62,12 +62,17 @@ def _conversational(query: Query, question: str, params: Params, ctx: StepContex
 
 
 def _instruction(query: Query, reply: str, ctx: StepContext) -> Query:
-    """Split 'SEARCH: ... / FORMAT: ...'; a reply without them leaves the request unchanged."""
-    search = re.search(r"search\s*:\s*(.+)", reply, re.I)
-    fmt = re.search(r"format\s*:\s*(.+)", reply, re.I)
-    if not search:
-        ctx.logger.warning("the LLM did not separate search and format (%r); unchanged", reply[:120])
-        return query
-    instruction = fmt.group(1).strip() if fmt else ""
+    """Split {"search": ..., "format": ...}; a reply that is not that JSON falls back to
+    'SEARCH: ... / FORMAT: ...' lines, and then to the request unchanged (logged)."""
+    parsed = parse_json(reply, None)
+    if isinstance(parsed, dict) and str(parsed.get("search", "")).strip():
+        search, instruction = str(parsed["search"]).strip(), str(parsed.get("format") or "").strip()
+    else:
+        found = re.search(r"search\s*:\s*(.+)", reply, re.I)
+        fmt = re.search(r"format\s*:\s*(.+)", reply, re.I)
+        if not found:
+            ctx.logger.warning("the LLM did not separate search and format (%r); unchanged", reply[:120])
+            return query
+        search, instruction = found.group(1).strip(), fmt.group(1).strip() if fmt else ""
     instruction = "" if instruction.upper().startswith("NONE") else instruction
-    return query.model_copy(update={"text": search.group(1).strip(), "instruction": query.instruction or instruction})
+    return query.model_copy(update={"text": search, "instruction": query.instruction or instruction})

@@ -140,10 +140,13 @@ def rewrite_with(reply: str, mode: str, query: Query, **params):
 
 
 def test_rewrite_separates_instruction_from_search(caplog):
-    split, _ = rewrite_with("SEARCH: GDP of France 2020\nFORMAT: a table", "instruction",
-                            Query(text="Give me France's 2020 GDP as a table"))
-    assert (split.text, split.instruction, split.original) == ("GDP of France 2020", "a table",
-                                                               "Give me France's 2020 GDP as a table")
+    request = Query(text="Give me France's 2020 GDP as a table")
+    split, _ = rewrite_with('{"search": "GDP of France 2020", "format": "a table"}', "instruction", request)
+    assert (split.text, split.instruction, split.original) == ("GDP of France 2020", "a table", request.text)
+    with caplog.at_level(logging.WARNING):  # JSON that does not parse: the line format still works
+        lines, _ = rewrite_with('{"search": "GDP of France 2020", "format": "a ta\nSEARCH: GDP of France 2020\n'
+                                'FORMAT: a table', "instruction", request)
+    assert (lines.text, lines.instruction) == ("GDP of France 2020", "a table") and "not JSON" in caplog.text
     with caplog.at_level(logging.WARNING):
         unchanged, _ = rewrite_with("I don't understand", "instruction", Query(text="Give me GDP"))
     assert unchanged.text == "Give me GDP" and "did not separate" in caplog.text
