@@ -51,6 +51,8 @@ class Embedder:
         self.spec = spec
         self._model = None
         self._lock = threading.Lock()
+        self._encode_lock = threading.Lock()
+        self._chunking_tokenizer = None
 
     @property
     def model(self):
@@ -77,7 +79,16 @@ class Embedder:
 
     @property
     def tokenizer(self):
-        return self.model.tokenizer
+        """A private copy for chunking. A fast tokenizer keeps truncation and padding as mutable
+        state, so sharing the model's own with `encode` in another thread corrupts both calls."""
+        if self._chunking_tokenizer is None:
+            import copy
+
+            model = self.model  # loads under self._lock; take it before locking again
+            with self._lock:
+                if self._chunking_tokenizer is None:
+                    self._chunking_tokenizer = copy.deepcopy(model.tokenizer)
+        return self._chunking_tokenizer
 
     @property
     def max_seq_length(self) -> int:
@@ -98,5 +109,8 @@ class Embedder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        return self.model.encode(texts, batch_size=self.spec.batch_size, normalize_embeddings=self.spec.normalize,
-                                 convert_to_numpy=True, show_progress_bar=False).astype(np.float32, copy=False)
+        model = self.model
+        with self._encode_lock:  # one encode at a time: it uses all cores, and its tokenizer is not thread-safe
+            vectors = model.encode(texts, batch_size=self.spec.batch_size, normalize_embeddings=self.spec.normalize,
+                                   convert_to_numpy=True, show_progress_bar=False)
+        return vectors.astype(np.float32, copy=False)

@@ -26,7 +26,7 @@ def test_other_names_pass_through():
 def test_model_properties(minilm):
     assert minilm.dimension == 384
     assert minilm.max_seq_length == 256
-    assert minilm.tokenizer is minilm.model.tokenizer
+    assert minilm.tokenizer.get_vocab() == minilm.model.tokenizer.get_vocab()  # a private copy of the same
     ids = minilm.tokenizer("hello world", add_special_tokens=False)["input_ids"]
     assert len(ids) == 2
 
@@ -37,7 +37,7 @@ def test_model_loads_once():
     first = emb.model
     assert first is not None
     assert emb.model is first
-    assert emb.tokenizer is first.tokenizer
+    assert emb.tokenizer is emb.tokenizer and emb.tokenizer is not first.tokenizer  # copied once, kept
     emb.encode_documents(["x"])
     assert emb.model is first
 
@@ -120,3 +120,20 @@ def test_spec_validation():
         EmbedderSpec(type="sentence_transformer", max_seq_length=4)
     with pytest.raises(ValueError):
         EmbedderSpec(type="sentence_transformer", unknown=True)
+
+
+def test_chunking_and_encoding_can_run_in_parallel(minilm):
+    """Pipelined ingestion chunks one batch while it embeds another: the tokenizer must not be shared."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert minilm.tokenizer is not minilm.model.tokenizer
+    texts = [("word " * n).strip() for n in range(1, 400, 7)]
+
+    def tokenize() -> int:
+        return sum(len(ids) for ids in minilm.tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"])
+
+    with ThreadPoolExecutor(4) as pool:
+        encodes = [pool.submit(minilm.encode_documents, texts) for _ in range(4)]
+        counts = [pool.submit(tokenize) for _ in range(8)]
+        assert all(f.result().shape == (len(texts), 384) for f in encodes)
+        assert len({f.result() for f in counts}) == 1
