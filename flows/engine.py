@@ -181,7 +181,7 @@ def settle(steps: list[CompiledStep], futures: dict[str, Any], executor: Any) ->
 def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any,
               on_token: Callable[[str], None] | None = None, trace: list | None = None) -> Any:
     state = RunState(pipeline, executor, on_token=on_token)
-    sources: dict[str, Any] = dict(coerce_inputs(pipeline, inputs))
+    sources: dict[str, Any] = dict(inputs)  # already coerced by run()
     for step in pipeline.steps:
         sources[step.id] = state.submit(step, sources)
     try:

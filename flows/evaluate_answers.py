@@ -8,8 +8,6 @@ right response is a refusal) and `positive_wrong` (counterfactual edits stating 
 from __future__ import annotations
 
 import json
-import re
-import string
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from flows import engine
 from flows.compile import Project
 from flows.context import StepContext
 from flows.contracts import Answer, Context, ContextDocument, Passage, Query
+from flows.llm_output import normalize_text as normalize, strip_citations
 
 CORPORA = ("positive", "negative", "positive_wrong")
 
@@ -57,12 +56,6 @@ def load_rgb(path: str | Path) -> list[RgbItem]:
 
 
 # ----------------------------------------------------------------------------- metrics (SQuAD-style)
-def normalize(text: str) -> str:
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
 def exact_match(prediction: str, golds: list[str]) -> float:
     return float(any(normalize(prediction) == normalize(g) for g in golds))
 
@@ -85,10 +78,6 @@ def contains(prediction: str, golds: list[str]) -> float:
     return float(any(normalize(g) and normalize(g) in text for g in golds))
 
 
-def _without_citations(text: str) -> str:
-    return re.sub(r"\[\d+(?:\s*[,;]\s*\d+)*\]", "", text).strip()
-
-
 # ----------------------------------------------------------------------------- running
 def _index_corpus(project: Project, items: list[RgbItem], corpus: str, workdir: Path, orchestrate: bool) -> None:
     records = [{"_id": f"{item.id}-{j}", "title": "", "text": passage, "metadata": {"rgb_id": item.id}}
@@ -109,7 +98,7 @@ def _ask(project: Project, pipeline: str, item: RgbItem, orchestrate: bool) -> A
 
 def _answer_metrics(answers: list[Answer], items: list[RgbItem], golds_of) -> dict[str, float]:
     n = max(1, len(answers))
-    texts = [_without_citations(a.text) for a in answers]
+    texts = [strip_citations(a.text) for a in answers]
     cited = [a for a in answers if a.citations]
     return {
         "exact_match": round(sum(exact_match(t, golds_of(i)) for t, i in zip(texts, items)) / n, 4),

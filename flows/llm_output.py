@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import re
+import string
 from typing import Any
 
 from flows.resources.llm import Completion
@@ -52,6 +53,20 @@ def parse_citations(text: str) -> list[int]:
             if int(number) not in found:
                 found.append(int(number))
     return found
+
+
+def strip_citations(text: str) -> str:
+    """The text without its [n] / [1, 2] markers."""
+    return _CITATION.sub("", text).strip()
+
+
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_text(text: str) -> str:
+    """SQuAD-style normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
 
 
 def option_probabilities(completion: Completion, options: dict[str, tuple[str, ...]],

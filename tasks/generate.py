@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flows.context import StepContext
 from flows.contracts import Answer, Context, Query, Source
-from flows.llm_output import clip, parse_citations
+from flows.llm_output import clip, normalize_text, parse_citations, sentences
 from flows.registry import stage
 from flows.resources.llm import Completion, LLMClient
 
@@ -71,13 +71,10 @@ def attribute(text: str, context: Context, min_overlap: float) -> tuple[str, lis
     """Post-hoc attribution: each sentence cites the document containing most of its words."""
     from collections import Counter
 
-    from flows.evaluate_answers import normalize
-    from flows.llm_output import sentences
-
-    documents = [(Counter(normalize(d.passage.text).split()), d.number) for d in context.documents]
+    documents = [(Counter(normalize_text(d.passage.text).split()), d.number) for d in context.documents]
     out, added = [], []
     for sentence in sentences(text):
-        words = Counter(normalize(sentence).split())
+        words = Counter(normalize_text(sentence).split())
         total = sum(words.values()) or 1
         scores = [(sum((words & doc).values()) / total, number) for doc, number in documents]
         best, number = max(scores, default=(0.0, 0))

@@ -5,14 +5,13 @@ becomes the refusal text ("I cannot answer this question"), with the reason kept
 """
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.context import StepContext
 from flows.contracts import Answer, Context, Query
-from flows.llm_output import clip, option_probabilities
+from flows.llm_output import clip, normalize_text, option_probabilities, strip_citations
 from flows.registry import stage
 from flows.resources.llm import LLMClient
 from tasks.generate import REFUSAL
@@ -80,11 +79,9 @@ question documents document according reference references""".split())
 def grounding(answer: str, question: str, context: Context) -> tuple[int, int]:
     """(found, total): the answer's content words that are not in the question, and how many of
     them occur in the references. A fabricated name or number is rarely in the references."""
-    from flows.evaluate_answers import normalize
-
-    asked = set(normalize(question).split())
-    words = [w for w in normalize(re.sub(r"\[\d+\]", "", answer)).split() if w not in STOPWORDS and w not in asked]
-    known = set(normalize(" ".join(d.passage.text for d in context.documents)).split())
+    asked = set(normalize_text(question).split())
+    words = [w for w in normalize_text(strip_citations(answer)).split() if w not in STOPWORDS and w not in asked]
+    known = set(normalize_text(" ".join(d.passage.text for d in context.documents)).split())
     return sum(w in known for w in words), len(words)
 
 
