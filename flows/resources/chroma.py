@@ -1,14 +1,31 @@
-"""ChromaDB vector store: embedded PersistentClient by default, HttpClient when a host is set."""
+"""ChromaDB vector store: embedded PersistentClient by default, HttpClient when a host is set.
+
+Both modes behave the same. Against a server every Chroma call retries transient connection
+failures (server restarting, connection reset, timeout) with exponential backoff until
+``retries`` or ``retry_max_seconds`` runs out, then raises ``ChromaUnavailable`` naming the
+server. In both modes a cached collection handle that went stale (the collection was dropped
+or recreated elsewhere) is re-opened once. Every call is idempotent, so a retry is safe.
+"""
 from __future__ import annotations
 
+import logging
+import os
 import threading
+import time
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.contracts import Chunk, Passage
+
+log = logging.getLogger("ragline.chroma")
+T = TypeVar("T")
+
+_BACKOFF_FIRST_SECONDS = 0.25  # first wait; doubles each retry, with up to 20% jitter
+_BACKOFF_MAX_SECONDS = 5.0  # cap on one wait, so a server back after an outage is noticed quickly
+_TOKEN_PROVIDER = "chromadb.auth.token_authn.TokenAuthClientProvider"
 
 
 class ChromaSpec(BaseModel):
@@ -17,8 +34,17 @@ class ChromaSpec(BaseModel):
     type: Literal["chroma"]
     path: str = Field(".ragline/chroma", description="folder of the embedded store (ignored with host)")
     host: str | None = Field(None, description="Chroma server host; set to use HttpClient")
-    port: int = Field(8000, ge=1, le=65535)
-    ssl: bool = False
+    port: int = Field(8000, ge=1, le=65535, description="Chroma server port")
+    ssl: bool = Field(False, description="https to the server")
+    auth_token_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="environment variable holding the server's auth token (the token stays out of the config)")
+    auth_header: Literal["Authorization", "X-Chroma-Token"] = Field(
+        "Authorization", description="header that carries the token (Authorization sends 'Bearer <token>')")
+    retries: int = Field(6, ge=0, le=100, description="retries of a server call that failed to connect")
+    retry_max_seconds: float = Field(30.0, gt=0, le=3600, description="give up retrying one call after this long")
+    timeout_seconds: float = Field(120.0, gt=0, le=3600,
+                                   description="per HTTP request; Chroma's own client would wait forever")
     collection: str = Field("ragline", min_length=3, max_length=512)
     space: Literal["cosine", "l2", "ip"] = Field("cosine", description="distance; fixed at creation")
     # Measured on SciFact embeddings (bench/hnsw_recall.py): these keep recall@10 >= 0.99.
@@ -26,6 +52,22 @@ class ChromaSpec(BaseModel):
     max_neighbors: int = Field(32, ge=4, le=128, description="HNSW M; fixed at creation")
     ef_search: int = Field(200, ge=10, description="HNSW search breadth (recall vs latency)")
     write_batch_size: int = Field(4096, ge=1, le=40_000, description="vectors per add call")
+
+
+class ChromaUnavailable(RuntimeError):
+    """The Chroma server did not answer within the retry budget; the message names it."""
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """A failure to reach the server (worth retrying), as opposed to a request it refused."""
+    import httpx
+    from chromadb.errors import RateLimitError
+
+    network = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError, RateLimitError)
+    if isinstance(exc, network):
+        return True
+    # Client construction re-raises network errors as ValueError("Could not connect to a Chroma server...").
+    return isinstance(exc, ValueError) and isinstance(exc.__context__, network)
 
 
 class ChromaStore:
@@ -36,62 +78,143 @@ class ChromaStore:
         self.base_dir = base_dir or Path.cwd()
         self._collection = None
         self._client = None
-        self._lock = threading.Lock()
+        self._max_batch: int | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def server(self) -> str | None:
+        """The server's URL in server mode, else None."""
+        if not self.spec.host:
+            return None
+        return f"{'https' if self.spec.ssl else 'http'}://{self.spec.host}:{self.spec.port}"
 
     @property
     def location(self) -> str:
-        if self.spec.host:
-            return f"chroma http://{self.spec.host}:{self.spec.port} collection {self.spec.collection}"
-        return f"chroma {self.path} collection {self.spec.collection}"
+        where = f"server {self.server}" if self.server else str(self.path)
+        return f"chroma {where} collection {self.spec.collection}"
 
     @property
     def path(self) -> Path:
         return (self.base_dir / self.spec.path).resolve()
 
+    # ------------------------------------------------------------------ connection
     @property
     def client(self):
-        if self._client is None:
-            import chromadb
-            from chromadb.config import Settings
-
-            settings = Settings(anonymized_telemetry=False, allow_reset=False)
-            if self.spec.host:
-                self._client = chromadb.HttpClient(host=self.spec.host, port=self.spec.port,
-                                                   ssl=self.spec.ssl, settings=settings)
-            else:
-                self.path.mkdir(parents=True, exist_ok=True)
-                self._client = chromadb.PersistentClient(path=str(self.path), settings=settings)
-        return self._client
+        return self._retrying("connect", self._connect)
 
     @property
     def collection(self):
+        return self._retrying("open the collection", self._open)
+
+    def _connect(self):
+        with self._lock:
+            if self._client is None:
+                import chromadb
+
+                if self.spec.host:
+                    client = chromadb.HttpClient(host=self.spec.host, port=self.spec.port, ssl=self.spec.ssl,
+                                                 settings=self._settings())
+                    _set_http_timeout(client, self.spec.timeout_seconds)
+                    self._client = client
+                else:
+                    self.path.mkdir(parents=True, exist_ok=True)
+                    self._client = chromadb.PersistentClient(path=str(self.path), settings=self._settings())
+            return self._client
+
+    def _settings(self):
+        """Telemetry off in both modes; a token goes through Chroma's own provider, read from the env."""
+        from chromadb.config import Settings
+
+        options: dict[str, Any] = {"anonymized_telemetry": False, "allow_reset": False}
+        name = self.spec.auth_token_env
+        if self.spec.host and name:
+            token = os.environ.get(name)
+            if not token:
+                raise ValueError(f"{self.location}: environment variable {name} (the auth token) is not set")
+            options.update(chroma_client_auth_provider=_TOKEN_PROVIDER, chroma_client_auth_credentials=token,
+                           chroma_auth_token_transport_header=self.spec.auth_header)
+        return Settings(**options)
+
+    def _open(self):
         with self._lock:
             if self._collection is None:
-                self._collection = self.client.get_or_create_collection(
+                self._collection = self._connect().get_or_create_collection(
                     self.spec.collection, embedding_function=None, configuration=self._configuration())
-        return self._collection
+            return self._collection
 
     def _configuration(self) -> dict[str, Any]:
         return {"hnsw": {"space": self.spec.space, "ef_construction": self.spec.ef_construction,
                          "max_neighbors": self.spec.max_neighbors, "ef_search": self.spec.ef_search}}
 
+    # ------------------------------------------------------------------ faults
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """Run ``call``; against a server, retry connection failures with backoff up to the deadline."""
+        if not self.spec.host:
+            return call()  # embedded: no connection to lose
+        import tenacity
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_transient),
+            stop=tenacity.stop_after_attempt(self.spec.retries + 1)
+            | tenacity.stop_before_delay(self.spec.retry_max_seconds),
+            wait=tenacity.wait_exponential_jitter(multiplier=_BACKOFF_FIRST_SECONDS, max=_BACKOFF_MAX_SECONDS,
+                                                  jitter=_BACKOFF_FIRST_SECONDS / 5),
+            before_sleep=lambda state: self._log_retry(what, state))
+        started = time.monotonic()
+        try:
+            return retrying(call)
+        except tenacity.RetryError as err:
+            cause = err.last_attempt.exception()
+            raise ChromaUnavailable(
+                f"Chroma server {self.server} unreachable: {what} failed {err.last_attempt.attempt_number} times "
+                f"in {time.monotonic() - started:.1f}s ({type(cause).__name__}: {cause}); is it running? "
+                f"(retries={self.spec.retries}, retry_max_seconds={self.spec.retry_max_seconds})") from cause
+
+    def _log_retry(self, what: str, state: Any) -> None:
+        exc = state.outcome.exception()
+        log.warning("Chroma server %s: %s failed (%s: %s); retry %d/%d in %.2fs", self.server, what,
+                    type(exc).__name__, exc, state.attempt_number, self.spec.retries, state.upcoming_sleep)
+
+    def _call(self, what: str, op: Callable[[Any], T]) -> T:
+        """Apply ``op`` to the collection, with retries; re-open a stale handle once."""
+        return self._retrying(what, lambda: self._fresh(what, op))
+
+    def _fresh(self, what: str, op: Callable[[Any], T]) -> T:
+        from chromadb.errors import NotFoundError
+
+        handle = self._open()
+        try:
+            return op(handle)
+        except NotFoundError:
+            with self._lock:  # dropped or recreated by someone else: look it up again (by name)
+                if self._collection is handle:
+                    self._collection = None
+            log.warning("%s: collection handle went stale during %s; re-opening it", self.location, what)
+            return op(self._open())
+
+    # ------------------------------------------------------------------ operations
     def reset(self) -> None:
         """Drop the collection (used when the embedding model, hence the dimension, changes)."""
-        with self._lock:
+        from chromadb.errors import NotFoundError
+
+        def drop() -> None:
             try:
-                self.client.delete_collection(self.spec.collection)
-            except Exception:  # noqa: BLE001 - absent collection is fine
+                self._connect().delete_collection(self.spec.collection)
+            except NotFoundError:  # an absent collection is fine
                 pass
+
+        self._retrying("drop the collection", drop)
+        with self._lock:
             self._collection = None
 
     def count(self) -> int:
-        return self.collection.count()
+        return self._call("count", lambda c: c.count())
 
     def all_ids(self) -> set[str]:
         ids: set[str] = set()
         offset, page = 0, 20_000
         while True:
-            got = self.collection.get(include=[], limit=page, offset=offset)["ids"]
+            got = self._call("list ids", lambda c: c.get(include=[], limit=page, offset=offset)["ids"])
             ids.update(got)
             if len(got) < page:
                 return ids
@@ -99,39 +222,58 @@ class ChromaStore:
 
     def _batch_size(self) -> int:
         """write_batch_size, capped at what the client accepts per call (5461 for embedded Chroma)."""
-        limit = self.client.get_max_batch_size()
+        if self._max_batch is None:
+            self._max_batch = self._retrying("read the batch limit", lambda: self._connect().get_max_batch_size())
+        limit = self._max_batch
         return min(self.spec.write_batch_size, limit) if limit > 0 else self.spec.write_batch_size
 
     def upsert(self, chunks: list[Chunk]) -> None:
+        if not chunks:
+            return
         size = self._batch_size()
         for start in range(0, len(chunks), size):
             batch = chunks[start:start + size]
-            self.collection.upsert(
-                ids=[c.chunk_id for c in batch],
-                embeddings=np.asarray([c.embedding for c in batch], dtype=np.float32),
-                documents=[c.text for c in batch],
-                metadatas=[chroma_metadata(c) for c in batch],
-            )
+            ids = [c.chunk_id for c in batch]
+            embeddings = np.asarray([c.embedding for c in batch], dtype=np.float32)
+            documents = [c.text for c in batch]
+            metadatas = [chroma_metadata(c) for c in batch]
+            self._call("upsert", lambda col: col.upsert(ids=ids, embeddings=embeddings, documents=documents,
+                                                         metadatas=metadatas))
 
     def delete(self, ids: Iterable[str]) -> None:
         ids = list(ids)
+        if not ids:
+            return
         size = self._batch_size()
         for start in range(0, len(ids), size):
-            self.collection.delete(ids=ids[start:start + size])
+            batch = ids[start:start + size]
+            self._call("delete", lambda col: col.delete(ids=batch))
 
     def query(self, embeddings: np.ndarray, k: int, where: dict[str, Any] | None = None,
               retriever: str = "dense") -> list[list[Passage]]:
-        if self.count() == 0:
-            return [[] for _ in range(len(embeddings))]
-        result = self.collection.query(query_embeddings=np.asarray(embeddings, dtype=np.float32),
-                                       n_results=k, where=where or None,
-                                       include=["documents", "metadatas", "distances"])
+        """Top ``k`` per vector. No count() first: Chroma 1.5 returns fewer hits (or none) when k exceeds
+        the collection, so an empty or small collection needs no extra round trip per query."""
+        vectors = np.asarray(embeddings, dtype=np.float32)
+        if len(vectors) == 0:
+            return []
+        result = self._call("query", lambda c: c.query(query_embeddings=vectors, n_results=k, where=where or None,
+                                                       include=["documents", "metadatas", "distances"]))
         return [
             [_passage(cid, doc, meta, dist, self.spec.space, retriever)
              for cid, doc, meta, dist in zip(ids, docs, metas, dists)]
             for ids, docs, metas, dists in zip(result["ids"], result["documents"],
                                                result["metadatas"], result["distances"])
         ]
+
+
+def _set_http_timeout(client: Any, seconds: float) -> None:
+    """Chroma's HttpClient sends with timeout=None; a hung server must not outlast the retry deadline.
+    (Private attribute: skipped silently if a Chroma release renames it.)"""
+    import httpx
+
+    session = getattr(getattr(client, "_server", None), "_session", None)
+    if isinstance(session, httpx.Client):
+        session.timeout = httpx.Timeout(seconds, connect=min(seconds, 10.0))
 
 
 RESERVED_META = ("source_id", "title", "ordinal")

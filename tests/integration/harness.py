@@ -63,3 +63,71 @@ def run_child(project_path: Path, failpoints: str = "", timeout: float = 600) ->
             "r = run_index(Path(sys.argv[1])); print(r.summary())")
     return subprocess.run([sys.executable, "-c", code, str(project_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ChromaServer:
+    """A real `chroma run` (started by deploy/chroma/serve.sh) on a fixed path and port, so a test can
+    stop it and start it again as the same server. Its output goes to ``log`` beside the data folder."""
+
+    def __init__(self, path: Path, port: int | None = None, host: str = "127.0.0.1"):
+        self.path, self.host, self.port = path, host, port or free_port()
+        self.log = path.parent / f"{path.name}.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def store_yaml(self, collection: str = "test", **options) -> str:
+        """The `store:` resource of a pipelines.yaml that points at this server."""
+        extra = "".join(f", {k}: {v}" for k, v in options.items())
+        return f"{{type: chroma, host: {self.host}, port: {self.port}, collection: {collection}{extra}}}"
+
+    def start(self, timeout: float = 60) -> None:
+        import time
+
+        import httpx
+
+        env = dict(os.environ, CHROMA_PATH=str(self.path), CHROMA_HOST=self.host, CHROMA_PORT=str(self.port))
+        with open(self.log, "a") as out:
+            self.process = subprocess.Popen(["bash", str(REPO / "deploy" / "chroma" / "serve.sh")], env=env,
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=self.path.parent)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"chroma exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/api/v2/heartbeat", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"chroma at {self.url} did not answer within {timeout}s")
+
+    def stop(self) -> None:
+        """SIGTERM, then wait (SIGKILL only if it hangs)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        import time
+
+        self.stop()
+        time.sleep(down_seconds)
+        self.start()

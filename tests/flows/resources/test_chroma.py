@@ -1,11 +1,18 @@
-"""Unit tests for the embedded Chroma vector store (flows.resources.chroma), persisted in tmp_path."""
+"""Unit tests for the Chroma vector store (flows.resources.chroma): embedded, persisted in tmp_path,
+plus its server-mode fault handling with the server faked or absent (tests/integration has a real one)."""
 from __future__ import annotations
 
+import logging
+import time
+
+import httpx
 import numpy as np
 import pytest
+from chromadb.errors import InvalidArgumentError
 
 from flows.contracts import Chunk, Passage
-from flows.resources.chroma import ChromaSpec, ChromaStore, chroma_metadata
+from flows.resources.chroma import ChromaSpec, ChromaStore, ChromaUnavailable, chroma_metadata, is_transient
+from tests.integration.harness import free_port
 
 DIM = 8
 
@@ -196,3 +203,168 @@ def test_spec_validation():
         ChromaSpec(type="chroma", space="dot")
     with pytest.raises(ValueError):
         ChromaSpec(type="chroma", max_neighbors=2)
+    for bad in ({"retries": -1}, {"retry_max_seconds": 0}, {"timeout_seconds": 0}, {"auth_token_env": "not-a-name"},
+                {"auth_header": "Cookie"}, {"port": 0}):
+        with pytest.raises(ValueError):
+            ChromaSpec(type="chroma", host="h", **bad)
+
+
+# ----------------------------------------------------------------------------- queries without count()
+def test_query_makes_no_count_round_trip(filled, monkeypatch):
+    def no_count(*_a, **_k):
+        raise AssertionError("query must not call count()")
+
+    monkeypatch.setattr(type(filled.collection), "count", no_count)
+    [hits] = filled.query(np.asarray([basis(3)]), k=3)
+    assert hits[0].chunk_id == "e3"
+
+
+def test_k_larger_than_the_collection_returns_what_there_is(store):
+    store.upsert([chunk("a", basis(0)), chunk("b", basis(1))])
+    results = store.query(np.asarray([basis(0), basis(1)]), k=50)
+    assert [[p.chunk_id for p in r] for r in results] == [["a", "b"], ["b", "a"]]
+    assert store.query(np.zeros((0, DIM)), k=5) == []
+
+
+def test_telemetry_is_off(store):
+    assert store.client.get_settings().anonymized_telemetry is False
+
+
+# ----------------------------------------------------------------------------- stale handles
+def test_stale_collection_handle_is_reopened(tmp_path, filled):
+    """Another store on the same path drops and rebuilds the collection: the cached handle re-opens."""
+    other = make(tmp_path)
+    other.reset()
+    other.upsert([chunk("new", basis(2))])
+    [[hit]] = filled.query(np.asarray([basis(2)]), k=5)
+    assert hit.chunk_id == "new"
+    assert filled.all_ids() == {"new"}
+    filled.upsert([chunk("more", basis(3))])
+    assert other.all_ids() == {"new", "more"}
+
+
+# ----------------------------------------------------------------------------- server-mode faults (no server)
+class FakeCollection:
+    def __init__(self, result=7, error: Exception | None = None):
+        self.result, self.error, self.calls = result, error, 0
+
+    def count(self) -> int:
+        self.calls += 1
+        if self.error:
+            raise self.error
+        return self.result
+
+
+def server_store(port: int = 8000, **spec) -> ChromaStore:
+    return ChromaStore(ChromaSpec(type="chroma", host="127.0.0.1", port=port, collection="test", **spec))
+
+
+def flaky_open(failures: int, collection: FakeCollection):
+    """An _open that cannot connect ``failures`` times, then returns ``collection``."""
+    attempts = []
+
+    def _open():
+        attempts.append(time.monotonic())
+        if len(attempts) <= failures:
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        return collection
+
+    return _open, attempts
+
+
+def test_transient_failures_are_retried_with_backoff(monkeypatch, caplog):
+    store = server_store(retries=5)
+    _open, attempts = flaky_open(3, FakeCollection(result=7))
+    monkeypatch.setattr(store, "_open", _open)
+    with caplog.at_level(logging.WARNING, logger="ragline.chroma"):
+        assert store.count() == 7
+    assert len(attempts) == 4
+    gaps = np.diff(attempts)
+    assert gaps[0] >= 0.2 and gaps[1] > gaps[0] and gaps[2] > gaps[1]  # exponential
+    retries = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
+    assert len(retries) == 3 and "127.0.0.1:8000" in retries[0] and "ConnectError" in retries[0]
+
+
+def test_gives_up_at_the_deadline_naming_the_server(monkeypatch):
+    store = server_store(port=8123, retries=100, retry_max_seconds=1.0)
+    _open, attempts = flaky_open(10_000, FakeCollection())
+    monkeypatch.setattr(store, "_open", _open)
+    started = time.monotonic()
+    with pytest.raises(ChromaUnavailable, match=r"http://127\.0\.0\.1:8123 unreachable: count failed") as err:
+        store.count()
+    assert time.monotonic() - started < 1.5
+    assert 2 <= len(attempts) < 10
+    assert isinstance(err.value.__cause__, httpx.ConnectError)
+
+
+def test_gives_up_after_the_retry_count(monkeypatch):
+    store = server_store(retries=2)
+    _open, attempts = flaky_open(10_000, FakeCollection())
+    monkeypatch.setattr(store, "_open", _open)
+    with pytest.raises(ChromaUnavailable, match="failed 3 times"):
+        store.count()
+    assert len(attempts) == 3
+
+
+def test_refused_requests_are_not_retried(monkeypatch):
+    store = server_store(retries=5)
+    collection = FakeCollection(error=InvalidArgumentError("bad where"))
+    monkeypatch.setattr(store, "_open", lambda: collection)
+    with pytest.raises(InvalidArgumentError):
+        store.count()
+    assert collection.calls == 1
+
+
+def test_embedded_mode_does_not_retry(tmp_path, monkeypatch):
+    store = make(tmp_path)
+    _open, attempts = flaky_open(1, FakeCollection())
+    monkeypatch.setattr(store, "_open", _open)
+    with pytest.raises(httpx.ConnectError):
+        store.count()
+    assert len(attempts) == 1
+
+
+def test_no_server_listening_fails_clearly():
+    """A real HttpClient against a closed port: connection refused, retried, then one clear error."""
+    port = free_port()
+    store = server_store(port=port, retries=2, retry_max_seconds=5)
+    with pytest.raises(ChromaUnavailable, match=f"127.0.0.1:{port} unreachable: query failed 3 times") as err:
+        store.query(np.asarray([basis(0)]), k=3)
+    assert "is it running?" in str(err.value)
+    assert is_transient(err.value.__cause__)
+
+
+def test_transient_classification():
+    assert is_transient(httpx.ReadTimeout("slow"))
+    assert is_transient(httpx.RemoteProtocolError("Server disconnected"))
+    assert not is_transient(InvalidArgumentError("bad"))
+    assert not is_transient(ValueError("bad value"))
+    try:
+        try:
+            raise httpx.ConnectError("refused")
+        except httpx.ConnectError:
+            raise ValueError("Could not connect to a Chroma server. Are you sure it is running?")
+    except ValueError as wrapped:
+        assert is_transient(wrapped)  # how chromadb's client constructor reports it
+
+
+# ----------------------------------------------------------------------------- auth token
+def test_auth_token_comes_from_the_environment(monkeypatch):
+    store = server_store(auth_token_env="RAGLINE_TEST_CHROMA_TOKEN", auth_header="X-Chroma-Token")
+    monkeypatch.delenv("RAGLINE_TEST_CHROMA_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="RAGLINE_TEST_CHROMA_TOKEN"):
+        store.count()  # not transient: raised at once, not retried
+    monkeypatch.setenv("RAGLINE_TEST_CHROMA_TOKEN", "s3cret-token")
+    settings = store._settings()
+    assert settings.chroma_client_auth_credentials == "s3cret-token"
+    assert settings.chroma_auth_token_transport_header == "X-Chroma-Token"
+    assert settings.anonymized_telemetry is False
+    for shown in (store.location, store.spec.model_dump_json(), repr(store.spec)):
+        assert "s3cret" not in shown
+
+
+def test_embedded_mode_ignores_the_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAGLINE_TEST_CHROMA_TOKEN", raising=False)
+    store = make(tmp_path, auth_token_env="RAGLINE_TEST_CHROMA_TOKEN")
+    assert store._settings().chroma_client_auth_provider is None
+    assert store.count() == 0
