@@ -92,3 +92,22 @@ def index_project(make_project):
 
 
 from tests.llm_conftest import vllm_server  # noqa: E402,F401 - session fixture: a real vLLM server
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_dir(tmp_path_factory) -> Path:
+    """A real but tiny, randomly initialised BERT cross-encoder with the MiniLM tokenizer, saved as
+    a local model folder: no cross-encoder ships its weights offline (see MODELS.md)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from flows.resources.embedder import resolve_model_path
+
+    folder = tmp_path_factory.mktemp("cross-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

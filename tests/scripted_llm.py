@@ -10,12 +10,16 @@ from typing import Callable
 
 
 class ScriptedLLM:
-    """``reply(prompt) -> str`` decides each answer; ``delay`` and ``status`` simulate faults."""
+    """``reply(prompt) -> str`` decides each answer; ``delay`` and ``status`` simulate faults.
+    ``tokenize(body) -> (status, payload) | None`` scripts /tokenize (None: the default answer,
+    vLLM's shape counting words); ``paths`` lists every request's path, in order."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
-                 logprob: float = -0.1):
+                 logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None):
         self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
+        self.tokenize = tokenize
         self.requests: list[dict] = []
+        self.paths: list[str] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -25,7 +29,12 @@ class ScriptedLLM:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(body)
+                server.paths.append(self.path)
                 time.sleep(server.delay)
+                scripted = server.tokenize(body) if server.tokenize and self.path.endswith("/tokenize") else None
+                if scripted is not None:
+                    self._send(*scripted)
+                    return
                 if server.status != 200:
                     self._send(server.status, {"error": {"message": "scripted failure", "type": "server_error"}})
                     return

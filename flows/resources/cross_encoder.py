@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,23 +18,33 @@ class CrossEncoderSpec(BaseModel):
 
 
 class CrossEncoderModel:
-    def __init__(self, spec: CrossEncoderSpec, base_dir=None):
+    """Lazily loads the model on first use; thread-safe; cheap to construct."""
+
+    def __init__(self, spec: CrossEncoderSpec, base_dir: Any = None):
         self.spec = spec
         self._model = None
         self._lock = threading.Lock()
+        self._predict_lock = threading.Lock()
 
     @property
     def model(self):
-        with self._lock:
-            if self._model is None:
-                from sentence_transformers import CrossEncoder
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    from sentence_transformers import CrossEncoder
 
-                self._model = CrossEncoder(self.spec.model, device=self.spec.device, max_length=self.spec.max_length)
+                    self._model = CrossEncoder(self.spec.model, device=self.spec.device,
+                                               max_length=self.spec.max_length)
         return self._model
 
     def score(self, query: str, texts: list[str]) -> list[float]:
+        """One relevance score per text, in order."""
         if not texts:
             return []
-        scores = self.model.predict([(query, t) for t in texts], batch_size=self.spec.batch_size,
-                                    show_progress_bar=False)
+        model = self.model
+        # One predict at a time: a fast tokenizer keeps truncation and padding as mutable state, so
+        # concurrent calls (parallel query pipelines) would corrupt each other; predict uses all cores anyway.
+        with self._predict_lock:
+            scores = model.predict([(query, t) for t in texts], batch_size=self.spec.batch_size,
+                                   show_progress_bar=False)
         return [float(s) for s in scores]

@@ -1,16 +1,18 @@
 """One client for every LLM call: an OpenAI-compatible endpoint (vLLM's server), over HTTP only.
 
 Retries with exponential backoff on connection errors, timeouts, 429 and 5xx (the openai
-client's own policy), a cap on concurrent requests, token logprobs where a stage asks for
-them, streaming, and token counting with the served model's own tokenizer (vLLM /tokenize).
+client's own policy, for /tokenize too), a cap on concurrent requests, token logprobs where a
+stage asks for them, streaming, and token counting with the served model's own tokenizer
+(vLLM /tokenize, else a local copy of it; an estimate only where the spec opts in).
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,7 +33,11 @@ class LLMSpec(BaseModel):
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(256, ge=1, description="default completion length")
     seed: int | None = Field(0, description="sampling seed, for repeatable answers")
-    tokenizer: str | None = Field(None, description="local HF tokenizer path if the server has no /tokenize")
+    tokenizer: str | None = Field(None, description="HF tokenizer (folder or id) of the served model, for "
+                                                   "servers without /tokenize")
+    chars_per_token: float | None = Field(
+        None, gt=0, description="opt-in estimate (e.g. 4) when the server has no /tokenize and no local tokenizer "
+                                "exists; unset, that is an error, since token budgets would be guesses")
 
     def fingerprint_fields(self) -> dict[str, Any]:
         return self.model_dump(include={"model", "temperature", "seed"})
@@ -39,6 +45,13 @@ class LLMSpec(BaseModel):
 
 class LLMUnavailable(RuntimeError):
     """The endpoint did not answer after every retry; the message names it."""
+
+
+class _NoTokenizeEndpoint(Exception):
+    """The server has no (vLLM-style) /tokenize: a fact about the server, not a transient failure."""
+
+
+TokenCounting = Literal["server", "local", "estimate"]
 
 
 @dataclass
@@ -71,11 +84,15 @@ class LLMClient:
     def __init__(self, spec: LLMSpec, base_dir: Any = None):
         self.spec = spec
         self._client = None
-        self._http = None
         self._slots = threading.BoundedSemaphore(spec.max_concurrency)
-        self._local_tokenizer = None
-        self._tokenize_endpoint: bool | None = None
+        self._local_tokenizer: Any = None
+        self._local_tokenizer_tried = False
+        self._local_tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share across threads
+        self._tokenize_endpoint: bool | None = None  # None: not asked yet; False: the server has none
         self._lock = threading.Lock()
+        # how the last counts were made, so callers can tell a budget that only holds by an estimate
+        self.token_counting: TokenCounting | None = None
+        self._estimate_warned = False
 
     @property
     def location(self) -> str:
@@ -154,77 +171,119 @@ class LLMClient:
             except Exception as exc:  # noqa: BLE001 - translated to one clear error
                 raise self._unavailable(exc) from exc
 
-    def _unavailable(self, exc: Exception) -> Exception:
+    def _unavailable(self, exc: Exception, request: str = "") -> Exception:
+        """One clear error naming the endpoint (and ``request``, when it is not a completion)."""
         import openai
 
+        where = f" ({request})" if request else ""
         if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
                             openai.RateLimitError)):
-            return LLMUnavailable(f"{self.location} did not answer after {self.spec.max_retries + 1} attempts: "
-                                  f"{type(exc).__name__}: {exc}")
+            return LLMUnavailable(f"{self.location} did not answer after {self.spec.max_retries + 1} attempts"
+                                  f"{where}: {type(exc).__name__}: {exc}")
         if isinstance(exc, openai.APIStatusError):
-            return RuntimeError(f"{self.location} refused the request (HTTP {exc.status_code}): {exc.message}")
+            return RuntimeError(f"{self.location} refused the request{where} (HTTP {exc.status_code}): {exc.message}")
         return exc
-
-    @property
-    def http(self):
-        """A pooled HTTP client for the server's non-OpenAI endpoints (/tokenize, /health)."""
-        if self._http is None:
-            import httpx
-
-            with self._lock:
-                if self._http is None:
-                    self._http = httpx.Client(timeout=self.spec.timeout_seconds,
-                                              headers={"Authorization": f"Bearer {self.spec.api_key}"},
-                                              limits=httpx.Limits(max_connections=self.spec.max_concurrency))
-        return self._http
 
     # ------------------------------------------------------------------ tokens
     def count_tokens(self, texts: list[str]) -> list[int]:
-        """Token counts with the served model's tokenizer (vLLM /tokenize, else a local one)."""
-        if self._local_tokenizer is None and self._tokenize_endpoint is not False:
-            try:
-                if len(texts) <= 1:
-                    return [self._tokenize_remote(t) for t in texts]
-                from concurrent.futures import ThreadPoolExecutor
+        """Token counts with the served model's own tokenizer, so prompt budgets hold.
 
-                with ThreadPoolExecutor(max_workers=self.spec.max_concurrency) as pool:
-                    return list(pool.map(self._tokenize_remote, texts))
-            except LLMUnavailable:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a server without /tokenize
-                log.warning("%s has no usable /tokenize (%s); counting with a local tokenizer", self.location, exc)
+        The server's /tokenize (vLLM) first, retried like completions; a transient failure is raised
+        after the retries and never changes how later calls count. A server without /tokenize
+        (404/405) is counted with a local tokenizer: ``tokenizer:``, else the served model's folder
+        when ``model`` is one. With neither, ``chars_per_token`` gives an estimate only where the spec
+        asks for it (warned once, visible as ``token_counting``); otherwise this is an error, because
+        a budget silently counted by a guess overflows or wastes the model's context.
+        """
+        if not texts:
+            return []
+        if self._tokenize_endpoint is not False:
+            try:
+                counts = self._count_remote(texts)
+            except _NoTokenizeEndpoint as exc:
+                log.warning("%s has no /tokenize (%s); counting tokens locally", self.location, exc)
                 self._tokenize_endpoint = False
-        tokenizer = self._tokenizer()
-        if tokenizer is None:
-            return [max(1, len(t) // 4) for t in texts]
-        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+            else:
+                self.token_counting = "server"
+                return counts
+        return self._count_locally(texts)
+
+    @property
+    def tokenize_url(self) -> str:
+        return self.spec.base_url.rstrip("/").removesuffix("/v1") + "/tokenize"
+
+    def _count_remote(self, texts: list[str]) -> list[int]:
+        if len(texts) == 1:
+            return [self._tokenize_remote(texts[0])]
+        pool = ThreadPoolExecutor(max_workers=min(len(texts), self.spec.max_concurrency))
+        try:
+            return list(pool.map(self._tokenize_remote, texts))
+        finally:
+            pool.shutdown(cancel_futures=True)
 
     def _tokenize_remote(self, text: str) -> int:
-        import httpx
+        """One /tokenize request through the openai client: the same retries, backoff and errors."""
+        import openai
 
-        root = self.spec.base_url.rstrip("/").removesuffix("/v1")
-        for attempt in range(self.spec.max_retries + 1):
+        with self._slots:
             try:
-                response = self.http.post(f"{root}/tokenize", json={"model": self.spec.model, "prompt": text})
-                if response.status_code < 500:
-                    break
-            except httpx.HTTPError as exc:
-                if attempt == self.spec.max_retries:
-                    raise LLMUnavailable(f"{self.location} did not answer after {attempt + 1} attempts "
-                                         f"(/tokenize): {type(exc).__name__}: {exc}") from exc
-            time.sleep(min(8.0, 0.5 * 2 ** attempt))
-        response.raise_for_status()
+                body = self.client.post(self.tokenize_url, body={"model": self.spec.model, "prompt": text},
+                                        cast_to=str)
+            except openai.APIStatusError as exc:
+                if exc.status_code in (404, 405):
+                    raise _NoTokenizeEndpoint(f"HTTP {exc.status_code}") from exc
+                raise self._unavailable(exc, f"POST {self.tokenize_url}") from exc
+            except Exception as exc:  # noqa: BLE001 - translated to one clear error
+                raise self._unavailable(exc, f"POST {self.tokenize_url}") from exc
+        count = _count_field(body)
+        if count is None:
+            raise _NoTokenizeEndpoint(f"its answer has no token count: {body[:200]!r}")
         self._tokenize_endpoint = True
-        return int(response.json()["count"])
+        return count
 
-    def _tokenizer(self):
-        if self._local_tokenizer is None and self.spec.tokenizer:
-            from transformers import AutoTokenizer
+    def _count_locally(self, texts: list[str]) -> list[int]:
+        tokenizer = self._tokenizer()
+        if tokenizer is not None:
+            with self._local_tokenizer_lock:
+                ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            self.token_counting = "local"
+            return [len(i) for i in ids]
+        if self.spec.chars_per_token is None:
+            raise RuntimeError(
+                f"{self.location} has no /tokenize ({self.tokenize_url}) and no local tokenizer is available, so "
+                f"token budgets cannot be counted: set `tokenizer:` on the llm resource to the served model's "
+                f"tokenizer (a folder or HF id), or `chars_per_token:` (e.g. 4) to accept an estimate")
+        if not self._estimate_warned:
+            self._estimate_warned = True
+            log.warning("%s: no /tokenize and no local tokenizer; token budgets use an estimate of %g characters "
+                        "per token (chars_per_token)", self.location, self.spec.chars_per_token)
+        self.token_counting = "estimate"
+        return [math.ceil(len(t) / self.spec.chars_per_token) for t in texts]
 
-            self._local_tokenizer = AutoTokenizer.from_pretrained(self.spec.tokenizer)
-        if self._local_tokenizer is None:
-            log.warning("no tokenizer for %s: approximating 4 characters per token", self.location)
+    def _tokenizer(self) -> Any:
+        """The configured tokenizer, else the served model's own when ``model`` is a local folder."""
+        if not self._local_tokenizer_tried:
+            with self._local_tokenizer_lock:
+                if not self._local_tokenizer_tried:
+                    self._local_tokenizer = self._load_tokenizer()
+                    self._local_tokenizer_tried = True
         return self._local_tokenizer
+
+    def _load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        if self.spec.tokenizer:
+            try:
+                return AutoTokenizer.from_pretrained(self.spec.tokenizer)
+            except Exception as exc:  # noqa: BLE001 - a configured tokenizer must load
+                raise RuntimeError(f"the tokenizer {self.spec.tokenizer!r} configured for {self.location} "
+                                   f"could not be loaded: {type(exc).__name__}: {exc}") from exc
+        if Path(self.spec.model).expanduser().is_dir():
+            try:
+                return AutoTokenizer.from_pretrained(str(Path(self.spec.model).expanduser()))
+            except Exception as exc:  # noqa: BLE001 - a model folder without a tokenizer
+                log.debug("no tokenizer in the model folder %s: %s", self.spec.model, exc)
+        return None
 
     def health(self) -> bool:
         import httpx
@@ -234,6 +293,17 @@ class LLMClient:
             return httpx.get(f"{root}/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+def _count_field(body: str) -> int | None:
+    """vLLM's /tokenize answers {"count": N, ...}; anything else is not that endpoint."""
+    import json
+
+    try:
+        count = json.loads(body).get("count")
+    except (ValueError, AttributeError):
+        return None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 def _tokens(logprobs: Any) -> list[TokenLogprob]:

@@ -1,4 +1,4 @@
-"""Cross-encoder reranking with a real (tiny, randomly initialised) BERT cross-encoder built here,
+"""Cross-encoder reranking with a real (tiny, randomly initialised) BERT cross-encoder (tests/conftest.py),
 since no cross-encoder ships its weights on PyPI; users point `model` at e.g.
 cross-encoder/ms-marco-MiniLM-L6-v2."""
 from __future__ import annotations
@@ -13,20 +13,8 @@ from tasks.rerank import Params, blend, rerank
 
 
 @pytest.fixture(scope="module")
-def tiny_cross_encoder(tmp_path_factory):
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from flows.resources.embedder import resolve_model_path
-
-    folder = tmp_path_factory.mktemp("cross-encoder")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return CrossEncoderModel(CrossEncoderSpec(type="cross_encoder", model=str(folder), max_length=128))
+def tiny_cross_encoder(tiny_cross_encoder_dir):
+    return CrossEncoderModel(CrossEncoderSpec(type="cross_encoder", model=str(tiny_cross_encoder_dir), max_length=128))
 
 
 def passages(n: int) -> list[Passage]:
