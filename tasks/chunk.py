@@ -41,6 +41,9 @@ class Params(BaseModel):
        version=3)
 def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder: Embedder) -> list[Chunk]:
     """Split documents into chunks measured in the embedding model's tokens."""
+    if not documents:  # convert may drop a whole batch; fast tokenizers fail on an empty one
+        ctx.progress("chunks", 0)
+        return []
     tokenizer = embedder.tokenizer
     limit = embedder.max_seq_length - SPECIAL_TOKENS
     size = params.window or params.size or limit if params.mode == "window" else params.size or limit

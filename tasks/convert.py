@@ -1,11 +1,13 @@
 """The ``convert`` stage: HTML to clean text with its headings, and tidy whitespace in every format.
 
 ``content_hash`` is left as ``load`` computed it from the raw content: it is the change-detection
-key, and must not move when only the conversion changes.
+key, and must not move when only the conversion changes. A page lxml cannot read completely
+(libxml2 stops at 255 levels of nesting) is read by a streaming fallback instead of losing its text.
 """
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 
 import lxml.html
 import trafilatura
@@ -34,6 +36,13 @@ SPACE_RUNS = re.compile(r"[^\S\n]+")
 # a backslash escape of ASCII punctuation, or a code span / fenced block (where backslashes are literal)
 MARKDOWN_ESCAPE = re.compile(r"(`+).*?\1|\\([!-/:-@\[-`{-~])", re.S)
 BREAK = "\ue000"  # private-use marker for block boundaries in the fallback; source newlines are spaces
+# The streaming fallback has no tree, so it only hides elements that are reliably closed and never body text.
+STREAM_HIDDEN = ("script", "style", "noscript", "template", "svg")
+NO_TEXT = "no text after conversion"
+
+
+class UnreadableHtml(Exception):
+    """Neither lxml nor the streaming fallback could read the page."""
 
 
 class Params(BaseModel):
@@ -55,14 +64,18 @@ def convert(documents: list[Document], params: Params, ctx: StepContext) -> list
     """Turn HTML into clean text and tidy whitespace, dropping documents left without text."""
     converted: list[Document] = []
     for document in documents:
-        text, title = _html_to_text(document.text, params) if document.format == "html" else (document.text, "")
+        try:
+            text, title, note = _html_to_text(document.text, params) if document.format == "html" \
+                else (document.text, "", "")
+        except UnreadableHtml as exc:
+            ctx.fail(document.source_id, f"HTML could not be parsed: {exc}")
+            continue
         if params.normalize_whitespace:
             text = tidy_whitespace(text)
         size = len(text.strip())
         if size < params.min_chars:
-            reason = (f"only {size} characters after conversion, min_chars is {params.min_chars}"
-                      if size else "no text after conversion")
-            ctx.fail(document.source_id, reason)
+            reason = f"only {size} characters after conversion, min_chars is {params.min_chars}" if size else NO_TEXT
+            ctx.fail(document.source_id, f"{reason} ({note})" if note else reason)
             continue
         converted.append(document.model_copy(update={
             "text": text, "title": document.title or title, "metadata": dict(document.metadata)}))
@@ -83,9 +96,21 @@ def tidy_whitespace(text: str) -> str:
     return BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip()
 
 
-def _html_to_text(raw: str, params: Params) -> tuple[str, str]:
+def _html_to_text(raw: str, params: Params) -> tuple[str, str, str]:
+    """(text, <title>, note): lxml and trafilatura when the page parses completely, else the
+    streaming fallback, with a note saying why (so "no text" is not mistaken for a lost page)."""
+    try:
+        tree, problem = _parse(raw)
+        if problem is None:
+            return (*_tree_text(raw, tree, params), "")
+    except RecursionError:
+        problem = "nesting too deep to walk"
+    text, title = _stream_text(raw, params, problem)
+    return text, title, f"read with the fallback parser; lxml: {problem}"
+
+
+def _tree_text(raw: str, tree: lxml.html.HtmlElement | None, params: Params) -> tuple[str, str]:
     """(text, <title>): trafilatura's main content, or the plain fallback for short pages."""
-    tree = _parse(raw)
     title = " ".join((tree.findtext(".//title") or "").split()) if tree is not None else ""
     main = _main_content(raw, params)
     if len(main) < SHORT_PAGE_CHARS:
@@ -114,14 +139,20 @@ def _unescape_markdown(text: str) -> str:
     return MARKDOWN_ESCAPE.sub(lambda match: match.group(2) or match.group(0), text)
 
 
-def _parse(raw: str) -> lxml.html.HtmlElement | None:
-    """An lxml tree, or None for markup with nothing in it. Parsed from bytes with an explicit
-    encoding, since lxml refuses str input that carries an XML encoding declaration."""
+def _parse(raw: str) -> tuple[lxml.html.HtmlElement | None, str | None]:
+    """(tree, problem): an lxml tree (None for markup with nothing in it), and why it cannot be
+    trusted when libxml2 stopped early: past 255 levels of nesting it drops the rest of the page
+    with a fatal error instead of raising. Parsed from bytes with an explicit encoding, since lxml
+    refuses str input that carries an XML encoding declaration."""
     parser = lxml.html.HTMLParser(encoding="utf-8")  # per call: lxml parsers are not thread-safe
     try:
-        return lxml.html.document_fromstring(raw.encode("utf-8", "replace"), parser=parser)
-    except (etree.ParserError, ValueError):
-        return None
+        tree = lxml.html.document_fromstring(raw.encode("utf-8", "replace"), parser=parser)
+    except etree.ParserError:
+        return None, None  # "Document is empty": nothing but whitespace or comments
+    except ValueError as exc:
+        return None, str(exc)
+    fatal = [e.message for e in parser.error_log if e.level >= etree.ErrorLevels.FATAL]
+    return tree, (fatal[0].strip() if fatal else None)
 
 
 def _plain_text(tree: lxml.html.HtmlElement | None, params: Params) -> str:
@@ -143,3 +174,83 @@ def _plain_text(tree: lxml.html.HtmlElement | None, params: Params) -> str:
         cell.tail = " " + (cell.tail or "")
     lines = (" ".join(line.split()) for line in tree.text_content().split(BREAK))
     return BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip()
+
+
+def _stream_text(raw: str, params: Params, problem: str) -> tuple[str, str]:
+    """(text, <title>) from html.parser's token stream: it keeps no tree and never recurses, so
+    any nesting depth works. Raises UnreadableHtml if even this fails."""
+    collector = _TextCollector(params)
+    try:
+        collector.feed(raw)
+        collector.close()
+    except Exception as exc:  # html.parser is lenient, but a page that defeats both must not stop the run
+        raise UnreadableHtml(f"{problem}; fallback: {type(exc).__name__}: {exc}") from exc
+    return collector.text(), " ".join("".join(collector.title).split())
+
+
+class _TextCollector(HTMLParser):
+    """Visible text, one line per block, headings as '#' lines, from start/end tags and data."""
+
+    def __init__(self, params: Params):
+        super().__init__(convert_charrefs=True)
+        self.hide = STREAM_HIDDEN if params.include_tables else STREAM_HIDDEN + ("table",)
+        self.keep_headings = params.keep_headings
+        self.hidden = 0  # open elements whose text is dropped
+        self.in_title = False
+        self.heading_at: int | None = None  # where the open heading's marker sits in parts
+        self.parts: list[str] = []
+        self.title: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self.hide:
+            self.hidden += 1
+        elif self.hidden:
+            return
+        elif tag == "title":  # the page's, not an <svg>'s
+            self.in_title = True
+        else:
+            self._open(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self.hide:
+            self.hidden = max(0, self.hidden - 1)
+        elif tag == "title":
+            self.in_title = False
+        elif not self.hidden:
+            self._close(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in self.hide and not self.hidden:  # <br/>, <hr/>: a boundary like <br>, nothing inside
+            self._open(tag)
+
+    def handle_data(self, data: str) -> None:
+        if self.in_title:
+            self.title.append(data)
+        elif not self.hidden:
+            self.parts.append(data)
+
+    def _open(self, tag: str) -> None:
+        if tag in HEADINGS:
+            self.parts.append(BREAK)
+            self.heading_at = len(self.parts)
+            self.parts.append("#" * int(tag[1]) + " " if self.keep_headings else "")
+        elif tag in BLOCK_TAGS:
+            self.parts.append(BREAK)
+
+    def _close(self, tag: str) -> None:
+        if tag in HEADINGS:
+            if self.heading_at is not None and not self._text_since(self.heading_at + 1):
+                self.parts[self.heading_at] = ""  # an empty heading leaves no stray '#'
+            self.heading_at = None
+            self.parts.append(BREAK)
+        elif tag in BLOCK_TAGS:
+            self.parts.append(BREAK)
+        elif tag in ("td", "th"):
+            self.parts.append(" ")
+
+    def _text_since(self, start: int) -> bool:
+        return bool("".join(self.parts[start:]).replace(BREAK, "").strip())
+
+    def text(self) -> str:
+        lines = (" ".join(line.split()) for line in "".join(self.parts).split(BREAK))
+        return BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip()

@@ -10,6 +10,9 @@ from flows.resources.embedder import Embedder
 @stage("embed", produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion")
 def embed(chunks: list[Chunk], ctx: StepContext, embedder: Embedder) -> list[Chunk]:
     """Attach a vector to every chunk; one batched encode call per batch of documents."""
+    if not chunks:  # a batch whose documents all failed upstream: no reason to load the model
+        ctx.progress("embedded", 0)
+        return []
     vectors = embedder.encode_documents([c.text for c in chunks])
     ctx.progress("embedded", len(chunks))
     return [c.model_copy(update={"embedding": v.tolist()}) for c, v in zip(chunks, vectors)]

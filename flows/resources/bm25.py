@@ -2,22 +2,29 @@
 
 bm25s indexes are immutable sparse matrices: rebuilding 50k passages takes ~2.5 s, so the
 index is derived from the state record after each ingestion run that changed something,
-written to a fresh folder and published by atomically replacing a pointer file.
+written to a fresh folder and published by atomically replacing a pointer file. Builders in
+any process take an exclusive lock file around build, publish and cleanup, and cleanup spares
+the published version and any folder younger than a grace period.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
 import threading
+import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+if TYPE_CHECKING:
+    from flows.resources.state import IndexState
 
 
 def _bm25s():
@@ -50,12 +57,15 @@ class BM25Index:
     """Loads the published version memory-mapped; reloads when a new version is published."""
 
     POINTER = "CURRENT"
+    LOCK = "BUILD.lock"
+    GRACE_SECONDS = 300.0  # version folders younger than this are never removed
 
     def __init__(self, spec: BM25Spec, base_dir: Path | None = None):
         self.spec = spec
         self.base_dir = base_dir or Path.cwd()
         self._loaded: tuple[str, Any, list[str], list[dict[str, Any]]] | None = None
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
 
     @property
     def path(self) -> Path:
@@ -82,45 +92,109 @@ class BM25Index:
             return None
         return json.loads(pointer.read_text())
 
+    @property
+    def settings(self) -> str:
+        """What a published version must have been built with (the spec minus its location)."""
+        return self.spec.model_dump_json(exclude={"path"})
+
+    def lags(self, state: IndexState) -> bool:
+        """True when the published version is not the state's generation built with these settings.
+        An empty state with nothing published is in step: there is nothing to build."""
+        published = self.published_version()
+        generation = state.generation
+        if published is None:
+            return generation != 0
+        return published["generation"] != generation or published["settings"] != self.settings
+
+    def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None) -> bool:
+        """Rebuild from the state and publish when the published version lags it; True if it did.
+
+        Checked again under the build lock, so concurrent callers (threads or processes) rebuild
+        once; ``on_rebuild`` runs just before a rebuild (e.g. to log why)."""
+        if not self.lags(state):
+            return False
+        with self._exclusive():
+            if not self.lags(state):
+                return False
+            if on_rebuild is not None:
+                on_rebuild()
+            generation = state.generation  # read before the rows: a later write only makes it look older
+            self._build(state.chunk_rows(), generation, self.settings)
+        return True
+
     def build(self, rows: Iterable[tuple[str, str, dict[str, Any]]], generation: int, settings: str) -> int:
         """Index (chunk_id, text, metadata) rows and publish them; returns the passage count."""
+        with self._exclusive():
+            return self._build(rows, generation, settings)
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One builder at a time: a thread lock in this process, an flock on a file across processes
+        (released by the kernel if the holder dies, so a killed build never blocks the next)."""
+        with self._build_lock:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing the descriptor releases the flock
+
+    def _build(self, rows: Iterable[tuple[str, str, dict[str, Any]]], generation: int, settings: str) -> int:
         bm25s = _bm25s()
         rows = list(rows)
         version = f"v-{generation}-{uuid.uuid4().hex[:8]}"
         folder = self.path / version
-        folder.mkdir(parents=True, exist_ok=True)
         ids = [r[0] for r in rows]
+        retriever = None
         if rows:
             retriever = bm25s.BM25(k1=self.spec.k1, b=self.spec.b, method=self.spec.method)
             retriever.index(self._tokenize([r[1] for r in rows]), show_progress=False)
+        folder.mkdir(parents=True, exist_ok=True)  # only now: the folder's age runs from its first write
+        if retriever is not None:
             retriever.save(str(folder), show_progress=False)
         _write_json(folder / "ids.json", ids)
         _write_json(folder / "meta.json", [{**r[2], "text": r[1]} for r in rows])
         failpoints.hit("bm25.before_pointer")
         _write_json(self.path / self.POINTER, {"version": version, "generation": generation,
                                                "settings": settings, "count": len(ids)})
-        self._remove_stale(keep=version)
+        self._remove_stale()
         return len(ids)
 
-    def _remove_stale(self, keep: str) -> None:
+    def _remove_stale(self) -> None:
+        """Delete versions that are neither published nor younger than the grace period: a young
+        folder may belong to a builder that does not take the lock, or be mid-load by a reader."""
+        published = self.published_version()
+        current = published["version"] if published else None
+        cutoff = time.time() - self.GRACE_SECONDS
         for child in self.path.iterdir():
-            if child.is_dir() and child.name.startswith("v-") and child.name != keep:
+            if child.is_dir() and child.name.startswith("v-") and child.name != current \
+                    and _mtime(child) < cutoff:
                 shutil.rmtree(child, ignore_errors=True)
 
     def _current(self):
-        info = self.published_version()
-        if info is None:
-            return None
-        with self._lock:
-            if self._loaded is None or self._loaded[0] != info["version"]:
-                bm25s = _bm25s()
+        """The published version, loaded; re-reads the pointer if its folder vanished meanwhile."""
+        for attempt in range(3):
+            info = self.published_version()
+            if info is None:
+                return None
+            try:
+                return self._load(info["version"])
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        return None
 
-                folder = self.path / info["version"]
+    def _load(self, version: str):
+        with self._lock:
+            if self._loaded is None or self._loaded[0] != version:
+                bm25s = _bm25s()
+                folder = self.path / version
                 ids = json.loads((folder / "ids.json").read_text())
                 meta = json.loads((folder / "meta.json").read_text())
                 retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False) if ids else None
-                self._loaded = (info["version"], retriever, ids, meta)
-        return self._loaded
+                self._loaded = (version, retriever, ids, meta)
+            return self._loaded
 
     def search(self, texts: list[str], k: int, where: dict[str, Any] | None = None,
                ) -> list[list[tuple[str, float, dict[str, Any]]]]:
@@ -147,7 +221,15 @@ class BM25Index:
         return results
 
 
+def _mtime(path: Path) -> float:
+    """Modification time; a folder that vanished counts as new, so it is left alone."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return time.time()
+
+
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}")
+    tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)

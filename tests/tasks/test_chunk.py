@@ -266,3 +266,20 @@ def test_params_validation():
         Params(mode="sentences")
     with pytest.raises(ValidationError):
         Params(chunk_size=100)
+
+
+class _NoModel:
+    """An embedder that must not be touched: an empty batch needs neither tokenizer nor model."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the embedder's {name} was used for an empty batch")
+
+
+@pytest.mark.parametrize("mode", ["tokens", "window"])
+def test_empty_batch_returns_nothing_without_the_model(minilm, mode):
+    # convert can drop every document of a batch (e.g. one HTML page with no text)
+    seen = []
+    ctx = StepContext(pipeline="t", step_id="chunk", fingerprint="fp", on_progress=lambda u, n: seen.append((u, n)))
+    assert chunk.fn(documents=[], params=Params(mode=mode), ctx=ctx, embedder=_NoModel()) == []
+    assert chunk.fn(documents=[], params=Params(mode=mode), ctx=ctx, embedder=minilm) == []
+    assert ctx.failures == [] and seen == [("chunks", 0), ("chunks", 0)]

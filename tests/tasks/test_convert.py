@@ -168,3 +168,90 @@ def test_load_then_convert_html_file(tmp_path):
     assert doc.title == "Vector Search Notes"
     assert doc.text.startswith("# Vector Search\n")
     assert doc.content_hash == loaded[0].content_hash == content_hash(ARTICLE)
+
+
+SCRIPT_ONLY = "<html><head><script>var x=1;</script></head><body></body></html>"
+
+
+def deep(inner: str, levels: int = 10_000) -> str:
+    return "<div>" * levels + inner + "</div>" * levels
+
+
+def test_empty_batch():
+    documents, ctx = run([])
+
+    assert documents == [] and ctx.failures == []
+
+
+def test_script_only_page_is_reported_as_having_no_text():
+    documents, ctx = run([html_doc(SCRIPT_ONLY, source_id="/x/script.html")])
+
+    assert documents == []
+    assert [(f.source_id, f.reason) for f in ctx.failures] == [("/x/script.html", "no text after conversion")]
+
+
+def test_deeply_nested_page_keeps_its_text():
+    # libxml2 stops at 255 levels and silently drops the rest: the streaming fallback reads it all
+    (doc,), ctx = run([html_doc(deep("deep text here"))])
+
+    assert ctx.failures == []
+    assert doc.text == "deep text here"
+
+
+def test_deep_page_fallback_keeps_structure_and_drops_scripts():
+    raw = ("<html><head><title>Deep  Page</title><style>.a {}</style></head><body><h1>Top &amp; tail</h1><h2></h2>"
+           + deep("<p>one<br>two<br/>three</p><table><tr><td>c1</td><td>c2</td></tr></table><script>SECRET()</script>"
+                  "<noscript>NOSCRIPT</noscript>tail text", 5_000) + "</body></html>")
+
+    (doc,), ctx = run([html_doc(raw)])
+    (plain,), _ = run([html_doc(raw)], keep_headings=False, include_tables=False)
+
+    assert ctx.failures == []
+    assert doc.text == "# Top & tail\n\none\ntwo\nthree\n\nc1 c2\n\ntail text"
+    assert doc.title == "Deep Page"
+    assert plain.text == "Top & tail\n\none\ntwo\nthree\ntail text"
+
+
+def test_deep_page_without_text_says_why():
+    documents, ctx = run([html_doc(deep("<script>var x = 1;</script>"), source_id="/x/deep.html")])
+
+    assert documents == []
+    [failure] = ctx.failures
+    assert failure.reason.startswith("no text after conversion (read with the fallback parser; lxml: ")
+    assert "depth" in failure.reason
+
+
+def test_no_recursion_error_escapes(monkeypatch):
+    import tasks.convert as module
+
+    def explode(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(module, "_tree_text", explode)
+    (doc,), ctx = run([html_doc("<p>Shallow words.</p>")])
+
+    assert ctx.failures == [] and doc.text == "Shallow words."
+
+
+def test_page_neither_parser_can_read_is_reported_as_a_parse_failure(monkeypatch):
+    import tasks.convert as module
+
+    def broken(self, data):
+        raise AssertionError("unknown status keyword")
+
+    monkeypatch.setattr(module._TextCollector, "feed", broken)
+    documents, ctx = run([html_doc(deep("words"), source_id="/x/broken.html")])
+
+    assert documents == []
+    [failure] = ctx.failures
+    assert failure.reason.startswith("HTML could not be parsed: Excessive depth")
+    assert "AssertionError: unknown status keyword" in failure.reason
+
+
+def test_svg_title_is_not_the_page_title():
+    raw = ("<html><head><title>Page</title></head><body><svg><title>Icon</title><text>ICON_TEXT</text></svg>"
+           + deep("<h2>Deep heading</h2><p>Body.</p>", 3_000) + "</body></html>")
+
+    (doc,), _ = run([html_doc(raw)])
+
+    assert (doc.title, doc.text) == ("Page", "## Deep heading\n\nBody.")

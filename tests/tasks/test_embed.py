@@ -51,10 +51,23 @@ def test_document_prefix_is_used(minilm):
     assert not np.allclose(out[0].embedding, minilm.encode_documents([TEXTS[0]])[0], atol=1e-3)
 
 
+class _NoModel:
+    """An embedder that must not be touched: an empty batch needs no model."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the embedder's {name} was used for an empty batch")
+
+
 def test_empty_batch(minilm):
     seen = []
     assert run([], minilm, on_progress=lambda unit, n: seen.append((unit, n))) == []
     assert seen == [("embedded", 0)]
+
+
+def test_empty_batch_does_not_load_the_model():
+    cold = Embedder(EmbedderSpec(type="sentence_transformer"))
+    assert run([], _NoModel()) == []
+    assert run([], cold) == [] and cold._model is None
 
 
 def test_progress_counts_chunks(minilm):

@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
+from flows.contracts import Chunk, Document
 from flows.resources.bm25 import BM25Index, BM25Spec
+from flows.resources.state import IndexState, StateSpec
 
 ROWS = [
     ("c1", "The mitochondria is the powerhouse of the cell and produces ATP.", {"lang": "en", "year": 2019}),
@@ -138,6 +146,7 @@ def test_new_generation_replaces_old_version(tmp_path, index):
     [before] = index.search(["penguins"], k=5)
     assert ids(before) == ["c3"]
 
+    index.GRACE_SECONDS = 0  # no grace: the replaced version goes at once
     other = make(tmp_path)  # a second instance on the same folder (e.g. the query process)
     assert ids(other.search(["penguins"], k=5)[0]) == ["c3"]
 
@@ -189,3 +198,169 @@ def test_spec_validation_and_fingerprint():
     fields = BM25Spec(type="bm25", path="x").fingerprint_fields()
     assert "path" not in fields and "type" not in fields
     assert fields["k1"] == 1.2 and fields["stemmer"] == "english"
+
+
+# ----------------------------------------------------------------------------- versions and cleanup
+def versions(index: BM25Index) -> list[str]:
+    return sorted(p.name for p in index.path.iterdir() if p.is_dir())
+
+
+def age(folder: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    os.utime(folder, (past, past))
+
+
+def test_cleanup_spares_young_versions_and_the_published_one(tmp_path):
+    index = make(tmp_path)
+    index.build(ROWS[:2], 1, "s")
+    first = index.published_version()["version"]
+    index.build(ROWS[:3], 2, "s")
+    second = index.published_version()["version"]
+    assert versions(index) == sorted([first, second])  # the replaced one is young: kept for now
+
+    crashed = index.path / "v-9-deadbeef"  # left by a build that died before publishing
+    crashed.mkdir()
+    for folder in (index.path / first, index.path / second, crashed):
+        age(folder, index.GRACE_SECONDS + 60)
+    index.build(ROWS, 3, "s")
+    third = index.published_version()["version"]
+    assert versions(index) == [third]
+
+    age(index.path / third, index.GRACE_SECONDS + 60)
+    index._remove_stale()  # an old folder that is still published is never removed
+    assert versions(index) == [third]
+    assert ids(index.search(["penguins"], k=5)[0]) == ["c3"]
+
+
+def test_reader_rereads_the_pointer_when_its_version_vanished(tmp_path, monkeypatch):
+    index = make(tmp_path)
+    index.build(ROWS[:1], 1, "s")
+    stale = index.published_version()
+    index.GRACE_SECONDS = 0
+    index.build(ROWS, 2, "s")  # removes the first version
+    reader = make(tmp_path)
+    answers = iter([stale])
+    real = reader.published_version
+    monkeypatch.setattr(reader, "published_version", lambda: next(answers, None) or real())
+
+    assert ids(reader.search(["penguins"], k=5)[0]) == ["c3"]  # read the pointer again, loaded the new one
+
+
+# ----------------------------------------------------------------------------- sync with the state
+@pytest.fixture
+def state(tmp_path):
+    st = IndexState(StateSpec(type="index_state", path="state.sqlite"), base_dir=tmp_path)
+    yield st
+    st.close()
+
+
+def record(state: IndexState, rows) -> None:
+    """Record one source per row, with the row as its only chunk (as the ingestion sink does)."""
+    docs = [Document(source_id=f"src-{cid}", text=text, content_hash=cid) for cid, text, _ in rows]
+    chunks = [Chunk(chunk_id=cid, source_id=f"src-{cid}", ordinal=0, text=text, metadata=meta)
+              for cid, text, meta in rows]
+    state.record("index", "fp", docs, chunks)
+
+
+def test_sync_rebuilds_when_the_state_moved(tmp_path, state):
+    index = make(tmp_path)
+    record(state, ROWS[:3])
+    calls = []
+    assert index.lags(state)
+    assert index.sync(state, on_rebuild=lambda: calls.append(1)) is True
+    info = index.published_version()
+    assert (info["generation"], info["settings"], info["count"]) == (state.generation, index.settings, 3)
+    assert ids(index.search(["penguins"], k=5)[0]) == ["c3"]
+    hit = index.search(["penguins"], k=5)[0][0]
+    assert hit[2] == {"lang": "en", "year": 2021, "source_id": "src-c3", "title": "", "text": ROWS[2][1]}
+
+    record(state, ROWS[4:5])  # an ingestion run that died before publishing
+    assert index.lags(state)
+    assert index.sync(state, on_rebuild=lambda: calls.append(2)) is True
+    assert ids(index.search(["quantum entanglement"], k=5)[0]) == ["c5"]
+    assert calls == [1, 2]
+
+
+def test_sync_does_nothing_when_in_step(tmp_path, state):
+    index = make(tmp_path)
+    assert index.sync(state) is False  # empty state, nothing published: nothing to build
+    assert not index.path.exists() or versions(index) == []
+    record(state, ROWS)
+    assert index.sync(state) is True
+    version = index.published_version()["version"]
+    assert index.sync(state, on_rebuild=lambda: pytest.fail("rebuilt an index in step")) is False
+    assert index.published_version()["version"] == version
+    assert not index.lags(state)
+
+
+def test_sync_rebuilds_when_the_settings_changed(tmp_path, state):
+    record(state, ROWS)
+    make(tmp_path).sync(state)
+    flat = make(tmp_path, b=0.0)
+    assert flat.lags(state)
+    assert flat.sync(state) is True
+    assert flat.published_version()["settings"] == flat.settings != make(tmp_path).settings
+
+
+def test_sync_after_the_state_emptied(tmp_path, state):
+    index = make(tmp_path)
+    record(state, ROWS)
+    index.sync(state)
+    state.forget([f"src-{cid}" for cid, _, _ in ROWS])
+    assert index.sync(state) is True
+    assert index.published_version()["count"] == 0
+    assert index.search(["penguins"], k=5) == [[]]
+
+
+def test_concurrent_syncs_rebuild_once(tmp_path, state):
+    record(state, ROWS)
+    index = make(tmp_path)
+    rebuilt: list[bool] = []
+    barrier = threading.Barrier(4)
+
+    def query() -> None:
+        barrier.wait()
+        rebuilt.append(index.sync(state))
+
+    threads = [threading.Thread(target=query) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(rebuilt) == [False, False, False, True]
+    assert index.published_version()["generation"] == state.generation
+
+
+BUILDER = """
+import sys
+from pathlib import Path
+from flows.resources.bm25 import BM25Index, BM25Spec
+
+base, worker, rounds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+index = BM25Index(BM25Spec(type="bm25", path="b"), base_dir=base)
+index.GRACE_SECONDS = 0  # no grace period: only the lock keeps the other builder's folder alive
+for i in range(rounds):
+    rows = [(f"w{worker}-{i}-{j}", f"penguins worker{worker} round{i} passage {j} " * 20, {"w": worker})
+            for j in range(300)]
+    index.build(rows, generation=worker * 1000 + i, settings="s")
+    info = index.published_version()
+    [hits] = index.search(["penguins"], k=3)
+    assert len(hits) == 3, (info, hits)
+print("ok")
+"""
+
+
+def test_two_processes_building_at_once_both_succeed(tmp_path):
+    repo = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(tmp_path), str(w), "15"], cwd=repo, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in (1, 2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for proc, (out, err) in zip(procs, results):
+        assert proc.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+    index = make(tmp_path)
+    info = index.published_version()
+    assert info["generation"] in (1014, 2014) and info["count"] == 300
+    assert versions(index) == [info["version"]]  # no grace: every other version was cleaned up
+    assert len(index.search(["penguins"], k=5)[0]) == 5
