@@ -1,14 +1,24 @@
-"""Jinja2 prompt templates from prompts/: sandboxed, StrictUndefined (a missing variable is an error)."""
+"""Jinja2 prompt templates from prompts/: sandboxed, StrictUndefined (a missing variable is an error).
+
+Validation checks each template (and those it includes or imports) against the variables its
+stage declares, so an undefined variable is reported by ``ragline validate``, not at ``ask`` time.
+"""
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Iterable, Iterator
 
-from jinja2 import FileSystemLoader, StrictUndefined, TemplateNotFound, TemplateSyntaxError
+from jinja2 import FileSystemLoader, StrictUndefined, TemplateNotFound, TemplateSyntaxError, UndefinedError, meta, \
+    nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 SUFFIX = ".j2"
+
+
+class PromptUndefinedError(UndefinedError):
+    """A variable missing while rendering, with the template and line that read it."""
 
 
 class PromptLibrary:
@@ -34,11 +44,92 @@ class PromptLibrary:
             return f"prompt template '{name}{SUFFIX}' line {exc.lineno}: {exc.message}"
         return None
 
+    def check_variables(self, name: str, provided: Iterable[str]) -> list[str]:
+        """One problem per variable that the template, or one it includes, reads but that neither
+        the stage (``provided``) nor the template itself defines."""
+        provided = tuple(sorted(set(provided)))
+        return list(self._undefined(name + SUFFIX, frozenset(provided) | set(self.env.globals), (), "", provided))
+
+    def _undefined(self, file: str, available: frozenset[str], chain: tuple[str, ...], via: str,
+                   provided: tuple[str, ...]) -> Iterator[str]:
+        if file in chain:  # a recursive include: already being checked
+            return
+        where = f"prompt template '{file}'{via}"
+        try:
+            ast = self.env.parse(self.env.loader.get_source(self.env, file)[0], file)
+        except TemplateNotFound:
+            yield f"{where} not found in {self.folder}"
+            return
+        except TemplateSyntaxError as exc:
+            yield f"{where} line {exc.lineno}: {exc.message}"
+            return
+        for variable in sorted(meta.find_undeclared_variables(ast) - available):
+            yield (f"{where} uses undefined variable '{variable}' on line {_first_read(ast, variable)} "
+                   f"(the stage provides: {', '.join(provided) or 'nothing'})")
+        bound = available | {n.name for n in ast.find_all(nodes.Name) if n.ctx in ("store", "param")}
+        for target, shared, how in _referenced(ast):
+            scope = bound if shared else frozenset(self.env.globals)
+            yield from self._undefined(target, scope, chain + (file,), f" ({how} '{file}')", provided)
+
+    def files(self, name: str) -> list[str]:
+        """The template and every template it includes or imports (for fingerprints)."""
+        found: list[str] = []
+        pending = [name + SUFFIX]
+        while pending:
+            file = pending.pop()
+            if file in found or not (self.folder / file).is_file():
+                continue
+            found.append(file)
+            ast = self.env.parse((self.folder / file).read_text(encoding="utf-8"))
+            pending.extend(target for target, _, _ in _referenced(ast))
+        return found
+
     def source(self, name: str) -> str:
         return (self.folder / (name + SUFFIX)).read_text(encoding="utf-8")
 
     def render(self, name: str, **variables: Any) -> str:
-        return self.env.get_template(name + SUFFIX).render(**variables).strip()
+        try:
+            return self.env.get_template(name + SUFFIX).render(**variables).strip()
+        except UndefinedError as exc:
+            file, line = _template_frame(exc.__traceback__, self.folder, name + SUFFIX)
+            where = f"prompt template '{file}'" + (f" line {line}" if line else "")
+            via = f" (rendering '{name}{SUFFIX}')" if file != name + SUFFIX else ""
+            raise PromptUndefinedError(f"{where}{via}: {exc.message}; "
+                                       f"variables given: {', '.join(sorted(variables)) or 'none'}") from exc
+
+
+def _referenced(ast: nodes.Template) -> Iterator[tuple[str, bool, str]]:
+    """(template, whether it sees the caller's variables, how it is used) for each extends, include
+    or import with a constant name (Jinja's rule: imports see them only ``with context``)."""
+    for node in ast.find_all((nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport)):
+        if isinstance(node.template, nodes.Const) and isinstance(node.template.value, str):
+            if isinstance(node, (nodes.Extends, nodes.Include)):
+                yield node.template.value, True, "extended by" if isinstance(node, nodes.Extends) else "included from"
+            else:
+                shared = bool(node.with_context)
+                yield node.template.value, shared, "imported by" if shared else "imported without context by"
+
+
+def _first_read(ast: nodes.Template, variable: str) -> int | None:
+    return next((n.lineno for n in ast.find_all(nodes.Name) if n.name == variable and n.ctx == "load"), None)
+
+
+def _template_frame(tb: TracebackType | None, folder: Path, default: str) -> tuple[str, int | None]:
+    """The innermost template file and line in a rendering traceback (Jinja maps frames to them)."""
+    file, line = default, None
+    while tb is not None:
+        path = Path(tb.tb_frame.f_code.co_filename)
+        if path.suffix == SUFFIX:
+            file, line = _relative(path, folder), tb.tb_lineno
+        tb = tb.tb_next
+    return file, line
+
+
+def _relative(path: Path, folder: Path) -> str:
+    try:
+        return path.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return path.name
 
 
 def fence(text: object) -> str:

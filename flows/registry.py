@@ -4,19 +4,26 @@ A stage is a plain function with a typed contract: a pydantic ``Params`` model, 
 (its other annotated parameters, wired by name to upstream outputs), resource roles it
 ``uses`` and one named output it ``produces``. Builtin stages are registered by importing
 ``tasks`` (an explicit list, no import side effects elsewhere); user stages are allowed by
-dotted path only from modules named in an allowlist.
+dotted path only from modules named in an allowlist that lives outside any pipelines file
+(``RAGLINE_ALLOW_MODULES``, ``set_allowed_modules``, ``[tool.ragline] allow_modules``).
 """
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import BaseModel
 
 RESERVED_ARGS = ("params", "ctx")
+ALLOW_ENV = "RAGLINE_ALLOW_MODULES"
+ALLOW_HINT = f"set {ALLOW_ENV} (comma-separated modules) or [tool.ragline] allow_modules in pyproject.toml"
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # a dotted module name
+Variables = tuple[str, ...]
 
 
 class NoParams(BaseModel):
@@ -36,10 +43,15 @@ class Stage:
     uses: dict[str, tuple[str, ...]] = field(default_factory=dict)
     kind: str = "any"  # "ingestion", "query" or "any"
     prompt: str | Callable[[Any], str] | None = None  # default template name, or params -> name
+    # The variables ``ctx.prompt`` passes (or params -> them); None: undeclared, so not checked.
+    prompt_variables: Variables | Callable[[Any], Variables] | None = None
+    # Templates rendered with ``ctx.prompt_for``: name -> variables (or params -> that mapping).
+    other_prompts: Mapping[str, Variables] | Callable[[Any], Mapping[str, Variables]] = field(default_factory=dict)
     version: int = 1  # bump when the stage's output changes for the same input: it re-indexes
     description: str = ""
     plan: Callable[..., Any] | None = None
     finalize: Callable[..., Any] | None = None
+    session: Callable[..., Any] | None = None
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -57,8 +69,21 @@ class Stage:
     def output_type(self) -> Any:
         return typing.get_type_hints(self.fn).get("return", Any)
 
-    def default_prompt(self, params: BaseModel) -> str | None:
-        return self.prompt(params) if callable(self.prompt) else self.prompt
+    def default_prompt(self, params: BaseModel | None) -> str | None:
+        """The template a step renders when it names none; None if it depends on unknown params."""
+        if callable(self.prompt):
+            return self.prompt(params) if params is not None else None
+        return self.prompt
+
+    def variables(self, params: BaseModel) -> Variables | None:
+        """What the step's own template receives, so validation can check it before anything runs."""
+        declared = self.prompt_variables
+        return tuple(declared(params)) if callable(declared) else declared
+
+    def extra_prompts(self, params: BaseModel) -> dict[str, Variables]:
+        """Fixed templates the stage also renders (``ctx.prompt_for``), with their variables."""
+        declared = self.other_prompts
+        return dict(declared(params) if callable(declared) else declared)
 
     def on_plan(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register the hook an ingestion sink uses to decide which documents changed."""
@@ -70,19 +95,30 @@ class Stage:
         self.finalize = fn
         return fn
 
+    def on_session(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register a context manager an ingestion sink holds around the whole run (e.g. a writer lease)."""
+        self.session = fn
+        return fn
+
 
 _REGISTRY: dict[str, Stage] = {}
 
 
 def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           uses: dict[str, tuple[str, ...]] | None = None, kind: str = "any",
-          prompt: str | Callable[[Any], str] | None = None, version: int = 1) -> Callable[[Callable[..., Any]], Stage]:
-    """Declare a function as a stage under ``name``."""
+          prompt: str | Callable[[Any], str] | None = None,
+          prompt_variables: Variables | Callable[[Any], Variables] | None = None,
+          other_prompts: Mapping[str, Variables] | Callable[[Any], Mapping[str, Variables]] | None = None,
+          version: int = 1) -> Callable[[Callable[..., Any]], Stage]:
+    """Declare a function as a stage under ``name``. A stage that renders prompts declares the
+    variables it passes (``prompt_variables``, ``other_prompts``) so templates are checked up front."""
 
     def register(fn: Callable[..., Any]) -> Stage:
         doc = inspect.getdoc(fn) or ""
         entry = Stage(name=name, fn=fn, params=params, produces=produces, uses=dict(uses or {}),
-                      kind=kind, prompt=prompt, version=version, description=doc.splitlines()[0] if doc else "")
+                      kind=kind, prompt=prompt, prompt_variables=prompt_variables,
+                      other_prompts=other_prompts or {}, version=version,
+                      description=doc.splitlines()[0] if doc else "")
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"stage {name!r} is already registered by {_REGISTRY[name].fn.__module__}")
         _REGISTRY[name] = entry
@@ -91,24 +127,72 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
     return register
 
 
+BUILTIN_GROUP = "ragline.stages"  # entry-point group of packages that register stages (builtins: `tasks`)
+_builtins_loaded = False
+
+
 def load_builtins() -> None:
-    importlib.import_module("tasks")
+    """Import the packages that declare stages through the ``ragline.stages`` entry points: the
+    engine never imports the stage package by name, so stages may import the engine freely."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=BUILTIN_GROUP):
+        entry.load()
+    _builtins_loaded = True
 
 
-def get_stage(name: str, allowed_modules: list[str] = ()) -> Stage | None:
-    """The stage for a YAML task name: a registered name, or a dotted path to a Stage in an
-    allowlisted module (``settings.allow_modules``), so a YAML file cannot import arbitrary code."""
+def get_stage(name: str, allowed_modules: Iterable[str] = ()) -> Stage | None:
+    """The stage for a YAML task name: a registered name, or a dotted path to a Stage in a module
+    the caller allows (see ``allowed_modules``); nothing else is ever imported."""
     load_builtins()
     if name in _REGISTRY:
         return _REGISTRY[name]
     if "." in name:
         module_name, _, attr = name.rpartition(".")
-        if not any(module_name == p or module_name.startswith(p + ".") for p in allowed_modules):
-            raise PermissionError(f"module '{module_name}' is not in the stage allowlist "
-                                  f"(add it to settings.allow_modules)")
+        if not module_allowed(module_name, allowed_modules):
+            raise PermissionError(f"module '{module_name}' is not allowed: {ALLOW_HINT}")
         obj = getattr(importlib.import_module(module_name), attr, None)
         return obj if isinstance(obj, Stage) else None
     return None
+
+
+# ----------------------------------------------------------------------------- module allowlist
+# The allowlist lives outside pipelines files: a file that could widen it could import anything.
+_DOTTED = re.compile(MODULE_PATTERN)
+_SET_IN_CODE: tuple[str, ...] = ()
+
+
+def is_module_name(name: object) -> bool:
+    return isinstance(name, str) and bool(_DOTTED.match(name))
+
+
+def module_allowed(module: str, allowlist: Iterable[str]) -> bool:
+    """True if ``module`` is an allowlisted module or inside an allowlisted package."""
+    return is_module_name(module) and any(module == p or module.startswith(p + ".") for p in allowlist)
+
+
+def set_allowed_modules(modules: Iterable[str]) -> None:
+    """Allow user stages from these modules in this process (replaces the previous call's list)."""
+    global _SET_IN_CODE
+    _SET_IN_CODE = _checked_names(modules, "set_allowed_modules")
+
+
+def allowed_modules(extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """The process-wide allowlist: ``RAGLINE_ALLOW_MODULES``, ``set_allowed_modules`` and ``extra``."""
+    from_env = [m.strip() for m in os.environ.get(ALLOW_ENV, "").split(",") if m.strip()]
+    return tuple(dict.fromkeys([*_checked_names(from_env, ALLOW_ENV), *_SET_IN_CODE,
+                                *_checked_names(extra, "allow_modules")]))
+
+
+def _checked_names(modules: Iterable[str], origin: str) -> tuple[str, ...]:
+    modules = [modules] if isinstance(modules, str) else list(modules)
+    bad = [m for m in modules if not is_module_name(m)]
+    if bad:
+        raise ValueError(f"{origin}: not a dotted module name: {', '.join(map(repr, bad))}")
+    return tuple(modules)
 
 
 def stage_names() -> list[str]:

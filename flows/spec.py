@@ -1,7 +1,9 @@
 """pipelines.yaml: parsing with line numbers, pydantic models, and whole-file validation.
 
 Every problem becomes a ``SpecError`` naming file, line, pipeline, step and field, and all of
-them are collected before anything runs (``validate_file``), so a user fixes a file in one pass.
+them are collected before anything runs (``validate_file``), so a user fixes a file in one pass:
+an entry with structural errors is kept without its invalid fields (``_invalid``), so the stage,
+parameter and prompt checks still run on the rest of it.
 """
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
+from flows.registry import MODULE_PATTERN
 from flows.resources import ResourceSpec
 
 Loc = tuple[str | int, ...]
@@ -80,11 +83,50 @@ class StepSpec(BaseModel):
     retries: int = Field(0, ge=0, le=20)
     retry_delay_seconds: float = Field(1.0, ge=0)
     timeout_seconds: float | None = Field(None, gt=0)
+    _invalid: set[str] = PrivateAttr(default_factory=set)  # fields left out for errors reported already
 
     @field_validator("after", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+
+class RunnerSpec(BaseModel):
+    """Where an ingestion pipeline's steps run. Load, convert, chunk and embed go to the runner;
+    the index sink (plan, batch writes, finalize) always stays in the process that runs the flow."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["thread", "dask", "ray"] = Field(
+        "thread", description="thread: Prefect's thread pool in the flow's process; dask: prefect-dask "
+                              "(pip install 'ragline[dask]'); ray: prefect-ray (pip install 'ragline[ray]')")
+    address: str | None = Field(
+        None, min_length=1, description="an existing cluster: a Dask scheduler ('tcp://host:8786') or a Ray "
+                                        "cluster ('ray://host:10001', 'auto'); unset: a local cluster per run")
+    n_workers: int | None = Field(None, ge=1, le=1024,
+                                  description="local cluster: Dask worker processes, or the local Ray's CPUs")
+    threads_per_worker: int | None = Field(None, ge=1, le=256, description="local Dask cluster: threads per worker")
+    processes: bool | None = Field(None, description="local Dask cluster: workers are processes (default) or "
+                                                     "threads of the flow's process")
+
+    @field_validator("address", "n_workers")
+    @classmethod
+    def _cluster_only(cls, value: Any, info) -> Any:
+        if info.data.get("type") == "thread":
+            raise ValueError(f"'{info.field_name}' applies to a dask or ray runner, not 'thread'")
+        if info.field_name == "n_workers" and info.data.get("address"):
+            raise ValueError("'n_workers' configures a local cluster; the runner names an existing one ('address')")
+        return value
+
+    @field_validator("threads_per_worker", "processes")
+    @classmethod
+    def _local_dask_only(cls, value: Any, info) -> Any:
+        if info.data.get("type") in ("thread", "ray"):
+            raise ValueError(f"'{info.field_name}' applies to a dask runner only")
+        if info.data.get("address"):
+            raise ValueError(f"'{info.field_name}' configures a local cluster; the runner names an existing one "
+                             f"('address')")
+        return value
 
 
 class PipelineSpec(BaseModel):
@@ -96,13 +138,25 @@ class PipelineSpec(BaseModel):
     batch_size: int = Field(256, ge=1, le=100_000, description="documents per ingestion batch")
     output: str | None = Field(None, description="step whose output is the result (default: last)")
     steps: list[StepSpec] = Field(min_length=1)
+    runner: RunnerSpec = Field(default_factory=RunnerSpec,
+                               description="task runner of an ingestion pipeline: thread (default), dask or ray")
+    _invalid: set[str] = PrivateAttr(default_factory=set)  # non-empty: salvaged, checked but never compiled
+
+    @field_validator("runner")
+    @classmethod
+    def _runner_fits_kind(cls, value: RunnerSpec, info) -> RunnerSpec:
+        if info.data.get("kind") == "query" and value.type != "thread":
+            raise ValueError(f"a query pipeline runs in the caller's process: runner '{value.type}' is for "
+                             f"ingestion pipelines only (use type: thread, or leave 'runner' out)")
+        return value
 
 
 class ProjectSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompts_dir: str = Field("prompts", description="folder of Jinja2 templates, relative to this file")
-    allow_modules: list[str] = Field(default_factory=list, description="modules user stages may come from")
+    allow_modules: list[Annotated[str, Field(pattern=MODULE_PATTERN)]] | None = Field(
+        None, description="narrows the external allowlist (RAGLINE_ALLOW_MODULES ...) for this file; never widens it")
 
 
 class PipelinesFile(BaseModel):
@@ -201,8 +255,8 @@ def _locate(doc: LocatedYaml, loc: Loc, message: str) -> SpecError:
             item = steps[loc[3]] if loc[3] < len(steps) else None
             step = str(item.get("id")) if isinstance(item, dict) and item.get("id") else f"#{loc[3] + 1}"
             field = ".".join(str(p) for p in loc[4:]) or None
-    elif len(loc) >= 2 and loc[0] == "resources":
-        field = "resources." + ".".join(str(p) for p in loc[1:])
+    elif len(loc) >= 2 and loc[0] in ("resources", "settings"):
+        field = ".".join(str(p) for p in loc)
     return SpecError(doc.file, doc.line(loc), message, pipeline, step, field)
 
 
@@ -216,6 +270,8 @@ def _structure_errors(doc: LocatedYaml, exc: ValidationError, prefix: Loc = ()) 
             message = f"unknown field '{loc[-1]}'"
         elif err["type"] == "union_tag_invalid":
             message = f"unknown resource type '{err['ctx']['tag']}'; valid types: {err['ctx']['expected_tags']}"
+        elif err["type"] != "missing" and isinstance(err.get("input"), (str, int, float, bool)):
+            message += f" (got {err['input']!r})"
         errors.append(_locate(doc, loc, message))
     return errors
 
@@ -235,9 +291,10 @@ def parse_file(path: str | Path) -> tuple[PipelinesFile | None, LocatedYaml | No
         return None, None, errors
     data = doc.data
     parts: dict[str, Any] = {}
-    for key in ("version", "settings"):
-        if key in data:
-            parts[key] = data[key]
+    if "version" in data:
+        parts["version"] = _validated(doc, TypeAdapter(int), data["version"], ("version",), errors, 1)
+    if "settings" in data:
+        parts["settings"] = _validated_settings(doc, data["settings"], errors)
     unknown = [k for k in data if k not in ("version", "settings", "resources", "pipelines")]
     errors += [_locate(doc, (k,), f"unknown top-level field '{k}'") for k in unknown]
     parts["resources"] = _valid_entries(doc, data, "resources", errors)
@@ -267,11 +324,91 @@ def _valid_entries(doc: LocatedYaml, data: dict[str, Any], key: str, errors: lis
             valid[name] = adapter.validate_python(entry)
         except ValidationError as exc:
             errors.extend(_structure_errors(doc, exc, prefix=(key, name)))
+            salvaged = _salvage_pipeline(entry, exc) if key == "pipelines" else None
+            if salvaged is not None:
+                valid[name] = salvaged
     return valid
 
 
 def _entry_adapter(key: str) -> TypeAdapter:
     return TypeAdapter(ResourceSpec if key == "resources" else PipelineSpec)
+
+
+def _validated(doc: LocatedYaml, adapter: TypeAdapter, value: Any, loc: Loc, errors: list[SpecError],
+               default: Any) -> Any:
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        errors.extend(_structure_errors(doc, exc, prefix=loc))
+        return default
+
+
+def _validated_settings(doc: LocatedYaml, value: Any, errors: list[SpecError]) -> ProjectSettings:
+    """The settings with each invalid field reported and left at its default, so one bad setting
+    does not hide every pipeline's errors."""
+    try:
+        return ProjectSettings.model_validate(value)
+    except ValidationError as exc:
+        errors.extend(_structure_errors(doc, exc, prefix=("settings",)))
+        valid = _without(value, _bad_fields(exc.errors())) if isinstance(value, dict) else {}
+        try:
+            return ProjectSettings.model_validate(valid)
+        except ValidationError:
+            return ProjectSettings()
+
+
+# ----------------------------------------------------------------------------- salvage
+def _bad_fields(errors: list[dict[str, Any]]) -> set[str]:
+    """The top-level fields the errors are about ('with_' spelled as in the file)."""
+    return {"with" if e["loc"][0] == "with_" else str(e["loc"][0]) for e in errors if e["loc"]}
+
+
+def _without(data: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in fields}
+
+
+def _salvage_pipeline(entry: Any, exc: ValidationError) -> PipelineSpec | None:
+    """The pipeline without its invalid fields, so its steps are still checked in this pass; None
+    when it has no list of steps. It is marked ``_invalid``: checked, never compiled."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("steps"), list) or not entry["steps"]:
+        return None
+    errors = exc.errors()
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for e in errors:
+        if len(e["loc"]) >= 2 and e["loc"][0] == "steps" and isinstance(e["loc"][1], int):
+            by_step.setdefault(e["loc"][1], []).append({**e, "loc": e["loc"][2:]})
+    steps = [_salvage_step(raw, i, by_step.get(i, [])) for i, raw in enumerate(entry["steps"])]
+    kind = entry.get("kind") if entry.get("kind") in ("ingestion", "query") else None
+    pipe = PipelineSpec.model_construct(kind=kind, steps=steps)
+    pipe._invalid = _bad_fields(errors) or {"pipeline"}
+    return pipe
+
+
+def _salvage_step(raw: Any, index: int, errors: list[dict[str, Any]]) -> StepSpec:
+    """A step without its invalid fields; ``_invalid`` names them so the checker skips what depends
+    on them. A missing or invalid id becomes the one in the file, or '#n'."""
+    if not isinstance(raw, dict):
+        return _placeholder(f"#{index + 1}", {"task", "with", "uses", "prompt"})
+    bad = _bad_fields(errors) | ({"task"} if "task" not in raw else set())
+    clean = {**_without(raw, bad | {"id", "task"}), "id": "_", "task": "_" if "task" in bad else raw["task"]}
+    try:
+        step = StepSpec.model_validate(clean)
+    except ValidationError:
+        return _placeholder(_raw_id(raw, index), {"task", "with", "uses", "prompt"})
+    step = step.model_copy(update={"id": _raw_id(raw, index)})
+    step._invalid = bad
+    return step
+
+
+def _placeholder(step_id: str, invalid: set[str]) -> StepSpec:
+    step = StepSpec.model_construct(id=step_id, task="", with_={}, uses=[], after=None, prompt=None)
+    step._invalid = set(invalid)
+    return step
+
+
+def _raw_id(raw: dict[str, Any], index: int) -> str:
+    value = raw.get("id")
+    return str(value) if isinstance(value, (str, int, float)) and str(value) else f"#{index + 1}"
 
 
 def locate(doc: LocatedYaml, loc: Loc, message: str) -> SpecError:

@@ -30,7 +30,7 @@ class Params(BaseModel):
 
 
 @stage("generate", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt="answer_with_citations")
+       prompt="answer_with_citations", prompt_variables=("question", "instruction", "documents", "refusal"))
 def generate(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient) -> Answer:
     """Generate from the numbered references; record token logprobs for the confidence check."""
     if not context.documents:

@@ -32,6 +32,7 @@ class Params(BaseModel):
 
 
 @stage("generate_flare", params=Params, produces="answer", kind="query", prompt="flare_continue",
+       prompt_variables=("question", "instruction", "documents", "refusal", "draft"),
        uses={"llm": ("openai_compatible",), "store": ("chroma",), "embedder": ("sentence_transformer",)})
 def generate_flare(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
                    store: ChromaStore, embedder: Embedder) -> Answer:

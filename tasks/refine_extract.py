@@ -27,7 +27,7 @@ class Params(BaseModel):
 
 
 @stage("refine_extract", params=Params, produces="passages", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt="refine_extract")
+       prompt="refine_extract", prompt_variables=("question", "window"))
 def refine_extract(query: Query, passages: list[Passage], params: Params, ctx: StepContext,
                    llm: LLMClient) -> list[Passage]:
     """Keep only what the LLM extracts from each passage; a passage with nothing relevant is dropped."""

@@ -23,7 +23,7 @@ class Params(BaseModel):
 
 
 @stage("refine_notes", params=Params, produces="passages", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt="refine_notes")
+       prompt="refine_notes", prompt_variables=("question", "passage"))
 def refine_notes(query: Query, passages: list[Passage], params: Params, ctx: StepContext,
                  llm: LLMClient) -> list[Passage]:
     """Attach a note to each passage; passages that answer come first, irrelevant ones go."""

@@ -21,7 +21,8 @@ class Params(BlendParams):
 
 
 @stage("rerank_llm", params=Params, produces="passages", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt=lambda p: f"rerank_{p.method}")
+       prompt=lambda p: f"rerank_{p.method}",
+       prompt_variables=lambda p: ("question", "passage") if p.method == "pointwise" else ("question", "passages"))
 def rerank_llm(query: Query, passages: list[Passage], params: Params, ctx: StepContext,
                llm: LLMClient) -> list[Passage]:
     """Reorder the top candidates by the LLM's judgement; the rest follow in retrieval order."""

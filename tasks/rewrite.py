@@ -28,7 +28,8 @@ class Params(BaseModel):
 
 
 @stage("rewrite", params=Params, produces="query", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt=lambda p: f"rewrite_{p.mode}")
+       prompt=lambda p: f"rewrite_{p.mode}",
+       prompt_variables=lambda p: ("question", "history") if p.mode == "conversational" else ("question", "n"))
 def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient) -> Query:
     """Rewrite the request for retrieval; the result says what to search and how to answer."""
     query = query if query.original else query.model_copy(update={"original": query.text})

@@ -42,7 +42,10 @@ class Params(BaseModel):
 
 
 @stage("verify", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt=lambda p: "fact_check_support" if p.method == "binary" else "fact_check")
+       prompt=lambda p: "fact_check_support" if p.method == "binary" else "fact_check",
+       prompt_variables=("question", "answer", "documents"),
+       other_prompts=lambda p: ({"fact_check_contradict": ("question", "answer", "documents")}
+                                if p.method == "binary" else {}))
 def verify(query: Query, answer: Answer, context: Context, params: Params, ctx: StepContext,
            llm: LLMClient) -> Answer:
     """Judge the answer; keep it, or replace it by the refusal and say why."""

@@ -35,3 +35,23 @@ def test_check_reports_missing_and_broken(tmp_path):
     assert "not found" in lib.check("absent")
     assert "line 1" in lib.check("broken")
     assert lib.check("absent") and library(tmp_path, ok="hi").check("ok") is None
+
+
+def test_render_error_names_the_included_template_and_its_line(tmp_path):
+    lib = library(tmp_path, ask="Q: {{ question }}\n{% include '_part.j2' %}", _part="\n\n{{ missing }}")
+    with pytest.raises(UndefinedError, match=r"prompt template '_part\.j2' line 3 \(rendering 'ask\.j2'\): "
+                                             r"'missing' is undefined; variables given: question"):
+        lib.render("ask", question="why?")
+
+
+def test_check_variables_follows_includes_and_imports(tmp_path):
+    lib = library(tmp_path, ask="{% for d in docs %}{% include '_one.j2' %}{% endfor %}{% import '_m.j2' as m %}",
+                  _one="{{ d.text }} {{ question }}", _m="{% macro show(x) %}{{ x }}{{ leaked }}{% endmacro %}")
+    problems = lib.check_variables("ask", ["docs"])
+    assert problems == ["prompt template '_one.j2' (included from 'ask.j2') uses undefined variable 'question' "
+                        "on line 1 (the stage provides: docs)",
+                        "prompt template '_m.j2' (imported without context by 'ask.j2') uses undefined variable "
+                        "'leaked' on line 1 (the stage provides: docs)"]
+    # an import without context does not see the stage's variables (Jinja's rule), an include does
+    assert [p.split(" uses")[0] for p in lib.check_variables("ask", ["docs", "question", "leaked"])] == [
+        "prompt template '_m.j2' (imported without context by 'ask.j2')"]

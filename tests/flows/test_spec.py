@@ -169,11 +169,14 @@ def test_prompt_on_stage_without_prompt(make_project):
     assert "takes no prompt" in error.message
 
 
-def test_dotted_stage_needs_allowlist(make_project):
+def test_dotted_stage_needs_allowlist(make_project, monkeypatch):
+    monkeypatch.delenv("RAGLINE_ALLOW_MODULES", raising=False)
     text = GOOD.replace("task: fuse", "task: tasks.fuse.fuse")
-    assert "not in the stage allowlist" in only(errors_of(make_project, text)).message
-    allowed = "settings: {allow_modules: [tasks]}\n" + text
-    assert errors_of(make_project, allowed) == []
+    assert "is not allowed: set RAGLINE_ALLOW_MODULES" in only(errors_of(make_project, text)).message
+    widened = errors_of(make_project, "settings: {allow_modules: [tasks]}\n" + text)
+    assert any(e.field == "settings.allow_modules.0" and "not allowed" in e.message for e in widened), widened
+    monkeypatch.setenv("RAGLINE_ALLOW_MODULES", "tasks")
+    assert errors_of(make_project, text) == []
 
 
 def test_all_errors_reported_at_once(make_project):
