@@ -25,7 +25,7 @@ CONFIGS = {
 
 
 def corpus_vectors(project, dataset):
-    project.data_dir = eval_workspace(project, dataset, "index")
+    project = project.relocated(eval_workspace(project, dataset, "index"))
     got = project.resource("store").collection.get(include=["embeddings", "metadatas"])
     if not got["ids"]:
         raise SystemExit("no SciFact index yet: run bench/scifact_retrieval.py first")

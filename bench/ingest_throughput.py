@@ -34,8 +34,8 @@ def pipeline_chunks(project, corpus: Path) -> list[str]:
 
 
 def measure(backend: str, corpus: Path, workdir: Path, orchestrate: bool) -> dict:
-    project = load_project(REPO / "pipelines.yaml").with_resource("embedder", backend=backend)
-    project.data_dir = workdir / backend
+    project = load_project(REPO / "pipelines.yaml").with_resource("embedder", backend=backend).relocated(
+        workdir / backend)
     embedder = project.resource("embedder")
     embedder.encode_documents(["warm-up: load the model (and build the ONNX export) before timing"])
     texts = pipeline_chunks(project, corpus)

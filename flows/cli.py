@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from flows.compile import DEFAULT_FILE, load_project
+from flows.resources.state import IndexBusy
 from flows.spec import SpecValidationError
+
+EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
 
 SAMPLE_QUESTION = "How does ragline keep the index up to date when documents change?"
 
@@ -17,8 +20,18 @@ SAMPLE_QUESTION = "How does ragline keep the index up to date when documents cha
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.allow_module:
+        from flows.registry import set_allowed_modules
+
+        set_allowed_modules(args.allow_module)
     try:
         return args.handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except IndexBusy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 75  # EX_TEMPFAIL: try again later
     except SpecValidationError as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
@@ -43,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         p.add_argument("-f", "--file", default=DEFAULT_FILE, help="pipelines file (default: pipelines.yaml)")
         p.add_argument("-v", "--verbose", action="store_true", help="full tracebacks")
+        p.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
+                       help="a module user stages may be imported from (with RAGLINE_ALLOW_MODULES and "
+                            "[tool.ragline] allow_modules in pyproject.toml); pipelines.yaml can only narrow it")
+        p.add_argument("--data-dir", type=Path,
+                       help="keep every index (Chroma embedded, BM25, state) in this folder instead of the file's")
         return p
 
     p = command("validate", _validate, "Check a pipelines file and print every error.")
@@ -51,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     p = command("index", _index, "Run an ingestion pipeline (incremental).")
     p.add_argument("paths", nargs="*", help="folders, files or globs to index instead of the pipeline's own")
     p.add_argument("-p", "--pipeline", default="index")
+    p.add_argument("--no-wait", action="store_true", help="fail at once if another run is writing this index")
+    p.add_argument("--allow-skipped", action="store_true",
+                   help=f"exit 0 even if some documents were skipped (default: exit {EXIT_SKIPPED})")
     _orchestration_flags(p, default=True)
 
     p = command("search", _search, "Search the index and print ranked passages.")
@@ -101,6 +122,21 @@ def _orchestration_flags(p: argparse.ArgumentParser, default: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- commands
+def _project(args):
+    """The pipelines file, with its indexes moved to ``--data-dir`` when one is given."""
+    project = load_project(args.file)
+    return project.relocated(args.data_dir) if getattr(args, "data_dir", None) else project
+
+
+def _query_pipeline(project, name: str):
+    """A query pipeline by name; an ingestion pipeline is refused before anything runs (it would
+    load its own paths and delete every other document from the index)."""
+    from flows.evaluate import require_kinds
+
+    require_kinds(project, query=name)
+    return project.pipeline(name)
+
+
 def _validate(args) -> int:
     from flows.compile import validate_file
 
@@ -118,13 +154,20 @@ def _validate(args) -> int:
 
 def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
     from flows import engine
+    from flows.evaluate import require_kinds
     from flows.progress import IngestProgress
 
-    project = load_project(args.file)
+    project = _project(args)
+    require_kinds(project, ingestion=pipeline_name)
     pipeline = project.pipeline(pipeline_name)
-    if paths:
+    overrides: dict[str, dict[str, Any]] = {}
+    if paths:  # relative to the current folder, unlike the file's own paths (relative to the file)
         load_step = next(s.id for s in pipeline.steps if s.stage.name == "load")
-        pipeline = pipeline.with_overrides({load_step: {"paths": [str(Path(p).resolve()) for p in paths]}})
+        overrides[load_step] = {"paths": [str(Path(p).resolve()) for p in paths]}
+    sink = next((s.id for s in pipeline.steps if s.stage.plan is not None), None)
+    if getattr(args, "no_wait", False) and sink is not None:
+        overrides[sink] = {"wait": False}
+    pipeline = pipeline.with_overrides(overrides) if overrides else pipeline
     progress = IngestProgress(f"indexing ({pipeline_name})")
     try:
         report = engine.run(pipeline, orchestrate=orchestrate, progress=progress)
@@ -132,21 +175,29 @@ def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
         progress.close()
     for failure in report.failures:
         print(f"skipped {failure.source_id}: {failure.reason} (step {failure.stage})", file=sys.stderr)
+    origin = "given on the command line" if paths else f"relative to {project.base_dir}"
+    print(f"sources ({origin}): {', '.join(report.roots) or 'none'}", file=sys.stderr)
     print(f"{pipeline_name}: {report.summary()} in {report.seconds:.1f} s")
+    if report.incomplete:
+        print(f"error: {len(report.incomplete)} source path(s) could not be reached "
+              f"({', '.join(f.source_id for f in report.incomplete)}): nothing was deleted from the index",
+              file=sys.stderr)
     return project, report
 
 
 def _index(args) -> int:
-    index_paths(args, args.paths, args.pipeline, args.orchestrate)
-    return 0
+    _, report = index_paths(args, args.paths, args.pipeline, args.orchestrate)
+    if report.incomplete:
+        return 1
+    return EXIT_SKIPPED if report.failed and not args.allow_skipped else 0
 
 
 def _search(args) -> int:
     from flows import engine
 
-    project = load_project(args.file)
+    pipeline = _query_pipeline(_project(args), args.pipeline)
     query: dict[str, Any] = {"text": args.question, "filters": args.where}
-    passages = engine.run(project.pipeline(args.pipeline), {"query": query}, orchestrate=args.orchestrate)
+    passages = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate)
     _print_passages(passages[: args.top], args.json)
     return 0
 
@@ -154,8 +205,7 @@ def _search(args) -> int:
 def _ask(args) -> int:
     from flows import engine
 
-    project = load_project(args.file)
-    pipeline = project.pipeline(args.pipeline)
+    pipeline = _query_pipeline(_project(args), args.pipeline)
     streamed: list[str] = []
 
     def show(token: str) -> None:
@@ -203,7 +253,7 @@ def _eval(args) -> int:
     from flows.evaluate import METRICS, evaluate, load_beir
     from flows.progress import IngestProgress
 
-    project = load_project(args.file)
+    project = _project(args)
     if Path(args.dataset).is_file():
         return _eval_answers(args, project)
     args.pipeline = args.pipeline or "search"
@@ -245,7 +295,7 @@ def _eval_answers(args, project) -> int:
 def _run(args) -> int:
     from flows import engine
 
-    project = load_project(args.file)
+    project = _project(args)
     overrides: dict[str, dict[str, Any]] = {}
     for item in args.set:
         target, _, value = item.partition("=")
@@ -258,9 +308,21 @@ def _run(args) -> int:
             parsed = value
         overrides.setdefault(step, {})[param] = parsed
     pipeline = project.pipeline(args.pipeline).with_overrides(overrides)
+    print(_describe(pipeline), file=sys.stderr)
     result = engine.run(pipeline, args.input, orchestrate=args.orchestrate)
     print(json.dumps(_jsonable(result), indent=2))
     return 0
+
+
+def _describe(pipeline) -> str:
+    """What `run` is about to do, so an ingestion run (which writes and deletes) is never a surprise."""
+    steps = " -> ".join(f"{s.id} ({s.stage.name})" for s in pipeline.steps)
+    if pipeline.kind == "query":
+        return f"running query pipeline '{pipeline.name}': {steps}"
+    load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
+    paths = ", ".join(load.params.paths) if load is not None else "its sources"
+    return (f"running ingestion pipeline '{pipeline.name}': indexes {paths} (relative to "
+            f"{pipeline.project.base_dir}) and removes documents no longer found there; steps: {steps}")
 
 
 def _jsonable(value: Any) -> Any:
@@ -274,7 +336,9 @@ def _jsonable(value: Any) -> Any:
 def _quickstart(args) -> int:
     from flows import engine
 
-    project, _ = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
+    project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
+    if report.incomplete:
+        return 1
     print(f"\nsearch: {args.question}\n")
     passages = engine.run(project.pipeline("search"), {"query": args.question}, orchestrate=True)
     _print_passages(passages[:5], as_json=False)

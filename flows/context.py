@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from flows.contracts import Failure
+from flows.contracts import Coverage, Failure
 
 
 @dataclass
@@ -22,6 +22,7 @@ class StepContext:
     on_progress: Callable[[str, int], None] | None = None
     on_token: Callable[[str], None] | None = None  # streaming: generated text as it arrives
     failures: list[Failure] = field(default_factory=list)
+    covered: list[Coverage] = field(default_factory=list)  # roots a source step listed completely
     seconds: float = 0.0  # wall time of the stage call, for traces and benchmarks
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -29,11 +30,17 @@ class StepContext:
     def logger(self) -> logging.Logger:
         return logging.getLogger(f"ragline.{self.pipeline}.{self.step_id}")
 
-    def fail(self, source_id: str, reason: str) -> None:
-        """Report a document that is skipped; the run goes on."""
+    def fail(self, source_id: str, reason: str, *, root: bool = False) -> None:
+        """Report a document (or path) that is skipped; the run goes on. ``root``: a root the user
+        listed could not be reached, so nothing may be deleted as gone and the run must fail."""
         self.logger.warning("skipped %s: %s", source_id, reason)
         with self._lock:
-            self.failures.append(Failure(source_id=source_id, stage=self.step_id, reason=reason))
+            self.failures.append(Failure(source_id=source_id, stage=self.step_id, reason=reason, root=root))
+
+    def cover(self, kind: str, path: str) -> None:
+        """Declare a root listed completely: indexed sources it covers that were not loaded are gone."""
+        with self._lock:
+            self.covered.append(Coverage(kind=kind, path=path))
 
     def progress(self, unit: str, count: int = 1) -> None:
         if self.on_progress is not None:

@@ -6,7 +6,10 @@ outputs of its upstream steps by port name (see ``flows.registry``).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -46,11 +49,67 @@ class Chunk(BaseModel):
 
 
 class Failure(BaseModel):
-    """A document that could not be processed, reported and skipped."""
+    """A document (or a path) that could not be processed, reported and skipped.
+
+    Whatever was indexed from the failed path is kept: a failure on a file protects its records
+    (``path#id``), one on a folder protects everything under it, one on a JSONL line its file.
+    """
 
     source_id: str
     stage: str
     reason: str
+    root: bool = Field(False, description="a listed root could not be reached: the run deletes nothing and fails")
+
+    def protects(self, source_id: str) -> bool:
+        """Whether ``source_id`` keeps its indexed entries because of this failure."""
+        failed = self.source_id
+        if source_id == failed or source_id.startswith((failed.rstrip("/") + "/", failed + "#")):
+            return True
+        file, _, line = failed.rpartition(":")  # "path:12": a bad JSONL line protects its file's records
+        return bool(file) and line.isdigit() and source_id.startswith(file + "#")
+
+
+class Coverage(BaseModel):
+    """A root the source stage listed completely: only sources it covers may be deleted as gone."""
+
+    kind: Literal["folder", "file", "glob"]
+    path: str = Field(description="absolute posix path, or the absolute glob pattern")
+
+    def covers(self, source_id: str) -> bool:
+        path = source_id.split("#", 1)[0]
+        if self.kind == "file":
+            return path == self.path
+        if self.kind == "folder":
+            return path.startswith(self.path.rstrip("/") + "/")
+        return _glob_regex(self.path).match(path) is not None
+
+
+@lru_cache(maxsize=256)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob as the filesystem applies it: '*' and '?' stop at '/', '**' spans folders; a match
+    that is a folder covers everything below it."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1:end]
+            out.append("[" + ("^" + re.escape(body[1:]) if body[:1] == "!" else re.escape(body)) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + "(?:/.*)?$")
 
 
 class Query(BaseModel):
@@ -114,12 +173,19 @@ class IndexReport(BaseModel):
     chunks_written: int = 0
     chunks_deleted: int = 0
     failures: list[Failure] = Field(default_factory=list)
+    roots: list[str] = Field(default_factory=list, description="the roots the source step listed")
     seconds: float = 0.0
+
+    @property
+    def incomplete(self) -> list[Failure]:
+        """Roots that could not be reached: the run deleted nothing and must not count as a success."""
+        return [f for f in self.failures if f.root]
 
     def merge(self, other: "IndexReport") -> "IndexReport":
         fields = ("added", "updated", "deleted", "unchanged", "failed", "chunks_written", "chunks_deleted")
         merged = {f: getattr(self, f) + getattr(other, f) for f in fields}
-        return IndexReport(**merged, failures=self.failures + other.failures, seconds=self.seconds + other.seconds)
+        return IndexReport(**merged, failures=self.failures + other.failures, roots=self.roots + other.roots,
+                           seconds=self.seconds + other.seconds)
 
     def summary(self) -> str:
         return (f"added {self.added}, updated {self.updated}, deleted {self.deleted}, "
@@ -173,3 +239,42 @@ class Answer(BaseModel):
     reason: str = Field("", description="why the answer was replaced by the refusal text")
     draft: str = Field("", description="the generated text before a refusal replaced it")
     retrievals: int = Field(0, description="extra retrievals made during generation (FLARE)")
+
+
+# ----------------------------------------------------------------------------- engine contracts
+@dataclass
+class IngestPlan:
+    """The sink's decision: which documents to (re)index and which sources to delete."""
+
+    to_index: list[Document]
+    new: set[str] = field(default_factory=set)
+    updated: set[str] = field(default_factory=set)
+    removed: list[str] = field(default_factory=list)
+    unchanged: int = 0
+
+
+class StepResult:
+    """A step's output with what it reported on the way (failures, listed roots, wall time).
+
+    It travels back to the driver with the value, so a step runs the same in this thread, a
+    worker thread or a Dask/Ray process. A plain class on purpose: Prefect walks dataclasses and
+    pydantic models found in task parameters, and a batch holds thousands of them.
+    """
+
+    __slots__ = ("value", "failures", "covered", "seconds")
+
+    def __init__(self, value: Any, failures: list[Failure] | None = None, covered: list[Coverage] | None = None,
+                 seconds: float = 0.0):
+        self.value = value
+        self.failures = failures or []
+        self.covered = covered or []
+        self.seconds = seconds
+
+    def __getstate__(self) -> tuple:
+        return self.value, self.failures, self.covered, self.seconds
+
+    def __setstate__(self, state: tuple) -> None:
+        self.value, self.failures, self.covered, self.seconds = state
+
+    def __repr__(self) -> str:
+        return f"StepResult({type(self.value).__name__}, {len(self.failures)} failures, {self.seconds:.3f} s)"

@@ -92,10 +92,25 @@ def eval_workspace(project: Project, dataset: BeirDataset, index_pipeline: str) 
     return project.base_dir / ".ragline" / "eval" / f"{dataset.name}-{key}"
 
 
+def require_kinds(project: Project, **names: str | None) -> None:
+    """Refuse, before anything runs, a pipeline of the wrong kind (an ingestion pipeline given as the
+    query pipeline would load its own paths and delete everything else from the index)."""
+    for kind, name in names.items():
+        if name is not None and project.pipeline(name).kind != kind:
+            fitting = ", ".join(n for n, p in project.pipelines.items() if p.kind == kind) or "none"
+            raise ValueError(f"pipeline '{name}' is {_article(project.pipeline(name).kind)} pipeline; this needs "
+                             f"{_article(kind)} pipeline ({kind} pipelines in {project.path.name}: {fitting})")
+
+
+def _article(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
 def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", index_pipeline: str = "index",
              orchestrate: bool = False, progress: Any = None, limit: int | None = None) -> dict[str, Any]:
     """Index the corpus (incrementally) in a private workspace, run every query, score the run."""
-    project.data_dir = eval_workspace(project, dataset, index_pipeline)
+    require_kinds(project, query=pipeline, ingestion=index_pipeline)
+    project = project.relocated(eval_workspace(project, dataset, index_pipeline))
     indexer = project.pipeline(index_pipeline)
     load_step = next(s.id for s in indexer.steps if s.stage.name == "load")
     started = time.perf_counter()

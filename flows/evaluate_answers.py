@@ -16,6 +16,7 @@ from typing import Any
 
 from flows import engine
 from flows.compile import Project
+from flows.evaluate import require_kinds
 from flows.context import StepContext
 from flows.contracts import Answer, Context, ContextDocument, Passage, Query
 from flows.llm_output import normalize_text as normalize, strip_citations
@@ -79,16 +80,18 @@ def contains(prediction: str, golds: list[str]) -> float:
 
 
 # ----------------------------------------------------------------------------- running
-def _index_corpus(project: Project, items: list[RgbItem], corpus: str, workdir: Path, orchestrate: bool) -> None:
+def _index_corpus(project: Project, items: list[RgbItem], corpus: str, workdir: Path, orchestrate: bool) -> Project:
+    """The project relocated to this corpus' private index, with the corpus indexed there."""
     records = [{"_id": f"{item.id}-{j}", "title": "", "text": passage, "metadata": {"rgb_id": item.id}}
                for item in items for j, passage in enumerate(item.passages[corpus])]
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"{corpus}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    project.data_dir = workdir / corpus
+    project = project.relocated(workdir / corpus)
     indexer = project.pipeline("index")
     load_step = next(s.id for s in indexer.steps if s.stage.name == "load")
     engine.run(indexer.with_overrides({load_step: {"paths": [str(path)]}}), orchestrate=orchestrate)
+    return project
 
 
 def _ask(project: Project, pipeline: str, item: RgbItem, orchestrate: bool) -> Answer:
@@ -151,18 +154,18 @@ def evaluate_answers(project: Project, path: str | Path, pipeline: str = "ask", 
                      orchestrate: bool = False) -> dict[str, Any]:
     items = load_rgb(path)[:limit]
     workdir = project.base_dir / ".ragline" / "eval" / f"rgb-{Path(path).stem}"
+    require_kinds(project, query=pipeline, ingestion="index")
     result: dict[str, Any] = {"dataset": Path(path).name, "pipeline": pipeline, "questions": len(items),
                               "model": project.spec.resources.get("llm").model if "llm" in project.spec.resources else None}
     for corpus in CORPORA:
-        _index_corpus(project, items, corpus, workdir, orchestrate)
+        indexed = _index_corpus(project, items, corpus, workdir, orchestrate)
         started = time.perf_counter()
-        answers = [_ask(project, pipeline, item, orchestrate) for item in items]
+        answers = [_ask(indexed, pipeline, item, orchestrate) for item in items]
         seconds = time.perf_counter() - started
         metrics = _answer_metrics(answers, items, lambda i: i.answers)
         if corpus == "positive_wrong":
             metrics["fake_answer_rate"] = _answer_metrics(answers, items, lambda i: i.fake_answers or ["\0"])["accuracy"]
         metrics["seconds_per_question"] = round(seconds / max(1, len(items)), 2)
         result[corpus] = metrics
-    project.data_dir = workdir / "positive"
-    result["fact_check"] = fact_check_claims(project, pipeline, items)
+    result["fact_check"] = fact_check_claims(project.relocated(workdir / "positive"), pipeline, items)
     return result

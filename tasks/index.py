@@ -9,18 +9,19 @@ whenever its published generation differs from the state's.
 """
 from __future__ import annotations
 
-from typing import Literal
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows import failpoints
 from flows.context import StepContext
-from flows.contracts import Chunk, Document, IndexReport
-from flows.engine import IngestPlan
+from flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
+from flows.contracts import IngestPlan
 from flows.registry import stage
 from flows.resources.bm25 import BM25Index
 from flows.resources.chroma import ChromaStore
-from flows.resources.state import IndexState
+from flows.resources.state import IndexState, LeaseHolder
 
 DIRTY = "dirty"
 
@@ -28,7 +29,10 @@ DIRTY = "dirty"
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    delete_missing: bool = Field(True, description="remove sources this pipeline no longer loads from every index")
+    delete_missing: bool = Field(True, description="remove sources this pipeline no longer loads from every index "
+                                                   "(only under roots the source step listed completely)")
+    wait: bool = Field(True, description="wait while another run writes this index (else fail at once)")
+    wait_timeout_seconds: float | None = Field(None, gt=0, description="give up waiting after this long")
     reconcile: Literal["auto", "always"] = Field(
         "auto", description="auto: check the stores against the state after an interrupted run; always: every run")
 
@@ -58,14 +62,24 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
                        chunks_deleted=len(old_ids - new_ids))
 
 
+@index.on_session
+@contextmanager
+def session(params: Params, ctx: StepContext, state: IndexState) -> Iterator[None]:
+    """One writer per index: hold the state's lease for the whole run (plan, batches, finalize)."""
+    def waiting(holder: LeaseHolder) -> None:
+        ctx.logger.warning("waiting: the index is being written by %s", holder.describe())
+
+    with state.lease(f"{ctx.pipeline} run", wait=params.wait, timeout=params.wait_timeout_seconds, on_wait=waiting):
+        yield
+
+
 @index.on_plan
-def plan(documents: list[Document], failed_sources: list[str], params: Params, ctx: StepContext,
-         store: ChromaStore, state: IndexState) -> IngestPlan:
+def plan(documents: list[Document], failures: list[Failure], covered: list[Coverage], params: Params,
+         ctx: StepContext, store: ChromaStore, state: IndexState) -> IngestPlan:
     """Decide what changed since the last run, after repairing an interrupted one."""
     if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
         reconcile(store, state, ctx)
     state.set_meta(DIRTY, "1")
-    indexed = state.sources(origin=ctx.pipeline)
     everything = state.sources()
     plan = IngestPlan(to_index=[])
     seen: set[str] = set()
@@ -78,9 +92,18 @@ def plan(documents: list[Document], failed_sources: list[str], params: Params, c
         plan.to_index.append(doc)
         (plan.updated if previous else plan.new).add(doc.source_id)
     if params.delete_missing:
-        keep = seen | set(failed_sources)  # an unreadable file keeps what was indexed from it
-        plan.removed = sorted(s for s in indexed if s not in keep)
+        plan.removed = gone_sources(state.sources(origin=ctx.pipeline), seen, failures, covered)
     return plan
+
+
+def gone_sources(indexed: Iterable[str], seen: set[str], failures: list[Failure], covered: list[Coverage]) -> list[str]:
+    """Indexed sources the user really removed: under a root listed completely, not loaded this time,
+    and not protected by a failure (an unreadable file, folder or JSONL line keeps what it had).
+    A root that could not be reached (unmounted, moved, a typo) means nothing is deleted at all."""
+    if any(f.root for f in failures):
+        return []
+    return sorted(s for s in indexed if s not in seen and any(c.covers(s) for c in covered)
+                  and not any(f.protects(s) for f in failures))
 
 
 @index.on_finalize
@@ -92,20 +115,10 @@ def finalize(plan: IngestPlan, ctx: StepContext, store: ChromaStore, sparse: BM2
     failpoints.hit("finalize.after_forget")
     store.delete(sorted(removed_ids))
     failpoints.hit("finalize.after_delete")
-    publish_sparse(sparse, state)
+    sparse.sync(state)
     failpoints.hit("finalize.after_publish")
     state.set_meta(DIRTY, "0")
     return IndexReport(deleted=len(plan.removed), chunks_deleted=len(removed_ids))
-
-
-def publish_sparse(sparse: BM25Index, state: IndexState) -> None:
-    """Rebuild BM25 from the state unless the published version already matches it."""
-    settings = sparse.spec.model_dump_json(exclude={"path"})
-    published = sparse.published_version()
-    generation = state.generation
-    if published and published["generation"] == generation and published["settings"] == settings:
-        return
-    sparse.build(((cid, text, meta) for cid, text, meta in state.chunk_rows()), generation, settings)
 
 
 def reconcile(store: ChromaStore, state: IndexState, ctx: StepContext) -> None:

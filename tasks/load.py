@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Iterator
 
@@ -82,31 +83,69 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
 # --- finding files -------------------------------------------------------------------------
 
 def _discover(params: Params, ctx: StepContext) -> list[str]:
-    """Expand ``paths`` into sorted, unique absolute posix paths (a file hit by two globs loads once)."""
+    """Expand ``paths`` into sorted, unique absolute posix paths (a file hit by two globs loads once).
+
+    Every root listed completely is declared with ``ctx.cover``; one that cannot be reached is a
+    root failure (the run deletes nothing), and an unreadable subfolder protects what is under it.
+    """
     found: set[str] = set()
     for given in params.paths:
-        expanded = os.path.join(ctx.base_dir, os.path.expanduser(given))  # relative to pipelines.yaml
-        if GLOB_CHARS & set(expanded):
-            matches = glob.glob(expanded, recursive=True)
-            if not matches:
-                ctx.fail(given, "no files match this pattern")
-            for match in matches:
-                found.update(_files_under(match, params, named=False))
-        elif os.path.exists(expanded):
-            found.update(_files_under(expanded, params, named=True))
+        # relative to pipelines.yaml's folder (the CLI passes absolute paths for its arguments)
+        expanded = Path(os.path.abspath(os.path.join(ctx.base_dir, os.path.expanduser(given)))).as_posix()
+        if GLOB_CHARS & set(given):
+            found.update(_glob_root(expanded, given, params, ctx))
+        elif not os.path.lexists(expanded):
+            ctx.fail(expanded, f"no such file or directory (listed as {given!r})", root=True)
+        elif os.path.isdir(expanded):
+            found.update(_folder_root(expanded, given, params, ctx))
         else:
-            ctx.fail(given, "no such file or directory")
+            ctx.cover("file", expanded)
+            if not _matches(expanded, params.exclude):  # a file named directly skips `include`
+                found.add(expanded)
     return sorted(found)
 
 
-def _files_under(path: str, params: Params, named: bool) -> Iterator[str]:
-    """Files at or below ``path``; a file the user named directly skips the ``include`` filter."""
-    root = Path(os.path.abspath(path)).as_posix()
-    if not os.path.isdir(root):
-        if (named or _matches(root, params.include)) and not _matches(root, params.exclude):
-            yield root
-        return
-    for dirpath, dirnames, filenames in os.walk(root):
+def _glob_root(pattern: str, given: str, params: Params, ctx: StepContext) -> set[str]:
+    """Files matching a glob; its fixed folder must exist, else nothing under it counts as deleted."""
+    base = _glob_base(pattern)
+    if not os.path.isdir(base):
+        ctx.fail(pattern, f"folder {base} of pattern {given!r} does not exist", root=True)
+        return set()
+    found: set[str] = set()
+    for match in glob.glob(pattern, recursive=True):
+        match = Path(os.path.abspath(match)).as_posix()
+        found.update(_folder_files(match, params, ctx) if os.path.isdir(match) else
+                     ([match] if _matches(match, params.include) and not _matches(match, params.exclude) else []))
+    ctx.cover("glob", pattern)
+    return found
+
+
+def _glob_base(pattern: str) -> str:
+    """The folder part of a glob before its first wildcard component."""
+    parts = pattern.split("/")
+    fixed = next(i for i, part in enumerate(parts) if GLOB_CHARS & set(part))
+    return "/".join(parts[:fixed]) or "/"
+
+
+def _folder_root(root: str, given: str, params: Params, ctx: StepContext) -> list[str]:
+    """Files under a folder root; a root that cannot be listed is a root failure."""
+    try:
+        os.scandir(root).close()
+    except OSError as exc:
+        ctx.fail(root, f"cannot list folder (listed as {given!r}): {exc.strerror or exc}", root=True)
+        return []
+    files = list(_folder_files(root, params, ctx))
+    ctx.cover("folder", root)
+    return files
+
+
+def _folder_files(root: str, params: Params, ctx: StepContext) -> Iterator[str]:
+    """Files below ``root`` that pass include/exclude; an unreadable subfolder is reported (which
+    protects what was indexed from it) instead of being skipped silently."""
+    def unreadable(exc: OSError) -> None:
+        ctx.fail(Path(exc.filename or root).as_posix(), f"cannot list folder: {exc.strerror or exc}")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
         # prune excluded folders (.git, node_modules) instead of walking and filtering them
         dirnames[:] = sorted(d for d in dirnames if not _matches(Path(dirpath, d).as_posix() + "/", params.exclude))
         for name in sorted(filenames):
@@ -153,6 +192,9 @@ def _read(path: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float] | 
     """The file's bytes and mtime; size is checked first so a huge file is never read into memory."""
     try:
         info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # a named pipe would block the run forever
+            ctx.fail(path, f"not a regular file ({_file_kind(info.st_mode)})")
+            return None
         if info.st_size > max_bytes:
             ctx.fail(path, f"file is {info.st_size} bytes, over the max_bytes limit of {max_bytes}")
             return None
@@ -164,6 +206,12 @@ def _read(path: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float] | 
         ctx.fail(path, "empty document")
         return None
     return data, info.st_mtime
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "folder"))
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def _decode(path: str, data: bytes, encoding: str, ctx: StepContext) -> str | None:

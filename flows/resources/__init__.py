@@ -36,13 +36,13 @@ _cache: dict[tuple[str, str, str], Any] = {}
 _lock = threading.Lock()
 
 
-_LOCATED = {"chroma", "bm25", "index_state"}  # resources whose relative paths depend on the data folder
+LOCATED_TYPES = frozenset({"chroma", "bm25", "index_state"})  # resources stored under the data folder
 
 
 def get_resource(spec: Any, base_dir: Path) -> Any:
     """The process-wide instance for this configuration (created on first request). Models and
     clients are shared across data folders; stores are per folder."""
-    key = (spec.type, spec.model_dump_json(), str(base_dir.resolve()) if spec.type in _LOCATED else "")
+    key = (spec.type, spec.model_dump_json(), str(base_dir.resolve()) if spec.type in LOCATED_TYPES else "")
     with _lock:
         if key not in _cache:
             factory = _FACTORIES[spec.type]

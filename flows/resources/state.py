@@ -8,12 +8,16 @@ are fully written, and ``reconcile`` removes whatever the stores hold beyond it.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import threading
 import time
+import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,7 +33,43 @@ CREATE TABLE IF NOT EXISTS chunks (
 CREATE INDEX IF NOT EXISTS chunks_by_source ON chunks(source_id);
 CREATE INDEX IF NOT EXISTS sources_by_origin ON sources(origin);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS lease (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL, host TEXT NOT NULL,
+    token TEXT NOT NULL, acquired_at REAL NOT NULL, heartbeat_at REAL NOT NULL);
 """
+
+
+class IndexBusy(RuntimeError):
+    """Another ingestion run holds the index's writer lease."""
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    holder: str
+    pid: int
+    host: str
+    acquired_at: float
+    heartbeat_at: float
+
+    def describe(self) -> str:
+        since = time.strftime("%H:%M:%S", time.localtime(self.acquired_at))
+        return f"{self.holder} (pid {self.pid} on {self.host}, since {since})"
+
+    def stale(self, now: float, stale_after: float) -> bool:
+        """A holder whose heartbeat stopped, or a dead process on this host (kill -9), has lost the lease."""
+        if now - self.heartbeat_at > stale_after:
+            return True
+        return self.host == socket.gethostname() and not _pid_alive(self.pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class StateSpec(BaseModel):
@@ -175,6 +215,66 @@ class IndexState:
                 "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
                 [(c.chunk_id, c.source_id, c.ordinal, c.text, c.title, json.dumps(c.metadata)) for c in chunks])
             self._bump(tx)
+
+    # ------------------------------------------------------------------ writer lease
+    def lease_holder(self, name: str = "writer") -> LeaseHolder | None:
+        with self._lock:
+            row = self.conn.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?",
+                                    (name,)).fetchone()
+        return LeaseHolder(*row) if row else None
+
+    @contextmanager
+    def lease(self, holder: str, *, wait: bool = True, timeout: float | None = None, stale_after: float = 30.0,
+              heartbeat: float = 5.0, on_wait: Callable[[LeaseHolder], None] | None = None,
+              name: str = "writer") -> Iterator[None]:
+        """Hold the index's single-writer lease for the block: two ingestion runs never write one
+        index at once. A held lease makes this wait (``on_wait`` is told once) or, with ``wait=False``
+        or past ``timeout``, raise IndexBusy; a lease whose holder died is taken over."""
+        token = uuid.uuid4().hex
+        self._acquire(name, holder, token, wait, timeout, stale_after, on_wait)
+        stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(name, token, heartbeat, stop),
+                                name="ragline-lease-heartbeat", daemon=True)
+        beat.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beat.join()
+            with self.transaction() as tx:
+                tx.execute("DELETE FROM lease WHERE name=? AND token=?", (name, token))
+
+    def _acquire(self, name: str, holder: str, token: str, wait: bool, timeout: float | None,
+                 stale_after: float, on_wait: Callable[[LeaseHolder], None] | None) -> None:
+        started, told = time.monotonic(), False
+        while True:
+            current = self._try_acquire(name, holder, token, stale_after)
+            if current is None:
+                return
+            if not wait or (timeout is not None and time.monotonic() - started > timeout):
+                raise IndexBusy(f"the index at {self.path.parent} is being written by {current.describe()}; "
+                                f"try again when that run ends")
+            if on_wait is not None and not told:
+                on_wait(current)
+                told = True
+            time.sleep(0.5)
+
+    def _try_acquire(self, name: str, holder: str, token: str, stale_after: float) -> LeaseHolder | None:
+        """Take the lease if it is free or stale; else return who holds it."""
+        now = time.time()
+        with self.transaction() as tx:
+            row = tx.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?",
+                             (name,)).fetchone()
+            if row is not None and not LeaseHolder(*row).stale(now, stale_after):
+                return LeaseHolder(*row)
+            tx.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (name, holder, os.getpid(), socket.gethostname(), token, now, now))
+        return None
+
+    def _heartbeat(self, name: str, token: str, every: float, stop: threading.Event) -> None:
+        while not stop.wait(every):
+            with self.transaction() as tx:
+                tx.execute("UPDATE lease SET heartbeat_at=? WHERE name=? AND token=?", (time.time(), name, token))
 
     def close(self) -> None:
         with self._lock:

@@ -60,10 +60,12 @@ def test_index_reports_skipped_files(index_project, tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "ok.md").write_text("# Fine\n\nA readable note about ribosomes.\n")
     (tmp_path / "docs" / "bad.txt").write_bytes(b"\x00\x01\x02binary")
-    assert main(["index", "-f", str(project), "--no-prefect"]) == 0
+    assert main(["index", "-f", str(project), "--no-prefect"]) == 3  # completed, with documents skipped
     captured = capsys.readouterr()
     assert "added 1" in captured.out and "failed 1" in captured.out
     assert "bad.txt: binary content" in captured.err
+    assert f"sources (relative to {tmp_path}): {tmp_path / 'docs'}" in captured.err
+    assert main(["index", "-f", str(project), "--no-prefect", "--allow-skipped"]) == 0
 
 
 def test_bad_override_is_a_clear_error(index_project, capsys):

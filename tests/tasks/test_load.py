@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from pypdf import PdfReader, PdfWriter
 
 from flows.context import StepContext
-from flows.contracts import content_hash
+from flows.contracts import Coverage, Failure, content_hash
 from tasks.load import Params, load
 
 
@@ -214,15 +214,90 @@ def test_globs_exclude_and_duplicates(tmp_path):
     assert [d.text for d in explicit] == ["not included by default"]  # a file named directly skips `include`
 
 
-def test_missing_path_and_unmatched_glob_are_reported(tmp_path):
+def test_missing_roots_fail_and_an_empty_glob_does_not(tmp_path):
     (tmp_path / "ok.txt").write_text("ok")
-    missing = str(tmp_path / "nope")
+    missing = posix(tmp_path / "nope")
 
-    documents, ctx = run([tmp_path / "ok.txt", missing, f"{tmp_path}/*.nothing"])
+    documents, ctx = run([tmp_path / "ok.txt", missing, f"{tmp_path}/*.nothing", f"{tmp_path}/gone/*.md"])
 
     assert [d.text for d in documents] == ["ok"]
-    assert failures(ctx) == {missing: "no such file or directory",
-                             f"{tmp_path}/*.nothing": "no files match this pattern"}
+    assert {f.source_id: f.root for f in ctx.failures} == {missing: True, f"{posix(tmp_path)}/gone/*.md": True}
+    assert "no such file or directory" in failures(ctx)[missing]
+    # a pattern whose folder exists but matches nothing is listed completely: it covers its matches
+    assert {(c.kind, c.path) for c in ctx.covered} == {("file", posix(tmp_path / "ok.txt")),
+                                                      ("glob", f"{posix(tmp_path)}/*.nothing")}
+
+
+def test_coverage_says_which_indexed_sources_may_be_deleted(tmp_path):
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "a.md").write_text("a")
+
+    _, ctx = run([tmp_path / "docs"])
+    folder = ctx.covered[0]
+
+    assert folder.covers(posix(tmp_path / "docs" / "gone.md"))
+    assert folder.covers(posix(tmp_path / "docs" / "sub" / "c.jsonl") + "#17")
+    assert not folder.covers(posix(tmp_path / "docs2" / "x.md"))
+    glob_cover = Coverage(kind="glob", path="/data/notes/**/*.md")
+    assert glob_cover.covers("/data/notes/a.md") and glob_cover.covers("/data/notes/x/y/b.md")
+    assert not glob_cover.covers("/data/notes/a.txt") and not glob_cover.covers("/data/other/a.md")
+    star = Coverage(kind="glob", path="/data/*.md")
+    assert star.covers("/data/a.md") and not star.covers("/data/sub/a.md")
+
+
+def test_failures_protect_what_was_indexed_from_their_path():
+    folder = Failure(source_id="/d/sub", stage="load", reason="cannot list folder")
+    jsonl = Failure(source_id="/d/c.jsonl", stage="load", reason="not valid utf-8")
+    line = Failure(source_id="/d/c.jsonl:7", stage="load", reason="invalid JSON")
+
+    assert folder.protects("/d/sub/x.md") and not folder.protects("/d/subway.md")
+    assert jsonl.protects("/d/c.jsonl#1") and jsonl.protects("/d/c.jsonl")
+    assert line.protects("/d/c.jsonl#42") and not line.protects("/d/other.jsonl#42")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder")
+def test_unreadable_subfolder_is_reported_not_silently_skipped(tmp_path):
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "secret.md").write_text("s")
+    (tmp_path / "ok.md").write_text("ok")
+    (tmp_path / "locked").chmod(0)
+    try:
+        documents, ctx = run([tmp_path])
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+
+    assert [d.text for d in documents] == ["ok"]
+    assert [f.source_id for f in ctx.failures] == [posix(tmp_path / "locked")]
+    assert ctx.failures[0].protects(posix(tmp_path / "locked" / "secret.md"))
+
+
+def test_unreadable_subfolder_reported_via_walk_errors(tmp_path, monkeypatch):
+    """The same as above for root, who can read anything: the walk's error callback is the contract."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "ok.md").write_text("ok")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if Path(path).name == "sub":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    documents, ctx = run([tmp_path])
+
+    assert [d.text for d in documents] == ["ok"]
+    assert failures(ctx) == {posix(tmp_path / "sub"): "cannot list folder: Permission denied"}
+    assert ctx.covered[0].kind == "folder"
+
+
+def test_named_pipe_is_skipped_with_a_reason(tmp_path):
+    (tmp_path / "ok.txt").write_text("ok")
+    os.mkfifo(tmp_path / "pipe.txt")
+
+    documents, ctx = run([tmp_path])
+
+    assert [d.text for d in documents] == ["ok"]
+    assert failures(ctx) == {posix(tmp_path / "pipe.txt"): "not a regular file (named pipe)"}
 
 
 def test_empty_binary_undecodable_and_oversized_files(tmp_path):

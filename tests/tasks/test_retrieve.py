@@ -5,12 +5,13 @@ import pytest
 from pydantic import ValidationError
 
 from flows.context import StepContext
-from flows.contracts import Chunk, Query
+from flows.contracts import Chunk, Document, Query
 from flows.resources.bm25 import BM25Index, BM25Spec
 from flows.resources.chroma import ChromaSpec, ChromaStore
 from flows.resources.filters import FilterError
+from flows.resources.state import IndexState, StateSpec
 from tasks.retrieve_dense import Params, combined_filter, retrieve_dense
-from tasks.retrieve_sparse import retrieve_sparse
+from tasks.retrieve_sparse import BEHIND, retrieve_sparse
 
 CORPUS = [
     ("penguin", "Penguins are flightless seabirds that live in the southern hemisphere.", "en", 2021),
@@ -44,12 +45,28 @@ def store(index_dir, chunks) -> ChromaStore:
     return s
 
 
+def record(state: IndexState, chunks: list[Chunk]) -> None:
+    """Record the chunks' sources in the state, as the ingestion sink does."""
+    docs = [Document(source_id=c.source_id, text=c.text, title=c.title, content_hash=c.chunk_id) for c in chunks]
+    state.record("index", "fp", docs, chunks)
+
+
+def open_state(base_dir, path: str = "state.sqlite") -> IndexState:
+    return IndexState(StateSpec(type="index_state", path=path), base_dir=base_dir)
+
+
 @pytest.fixture(scope="module")
-def sparse(index_dir, chunks) -> BM25Index:
+def state(index_dir, chunks) -> IndexState:
+    st = open_state(index_dir)
+    record(st, chunks)
+    yield st
+    st.close()
+
+
+@pytest.fixture(scope="module")
+def sparse(index_dir, state) -> BM25Index:
     index = BM25Index(BM25Spec(type="bm25", path="b"), base_dir=index_dir)
-    # rows as the index state hands them over: metadata plus source_id and title
-    index.build([(c.chunk_id, c.text, {**c.metadata, "source_id": c.source_id, "title": c.title})
-                 for c in chunks], generation=1, settings="s")
+    assert index.sync(state)  # built from the state's rows: metadata plus source_id and title
     return index
 
 
@@ -61,8 +78,9 @@ def dense(query: Query, store, minilm, **params):
     return retrieve_dense.fn(query=query, params=Params(**params), ctx=ctx("dense"), store=store, embedder=minilm)
 
 
-def sparse_search(query: Query, index, **params):
-    return retrieve_sparse.fn(query=query, params=Params(**params), ctx=ctx("bm25"), sparse=index)
+def sparse_search(query: Query, index, state=None, **params):
+    state = state if state is not None else open_state(index.base_dir)  # the module's state, or an empty one
+    return retrieve_sparse.fn(query=query, params=Params(**params), ctx=ctx("bm25"), sparse=index, state=state)
 
 
 def ids(ranking) -> list[str]:
@@ -144,6 +162,50 @@ def test_empty_indexes(tmp_path, minilm):
     query = Query(text="x", variants=["a", "b"])
     assert [r.passages for r in dense(query, empty_store, minilm)] == [[], []]
     assert [r.passages for r in sparse_search(query, empty_bm25)] == [[], []]
+    assert empty_bm25.published_version() is None  # an empty state publishes nothing
+
+
+def test_sparse_catches_up_with_a_state_that_moved_without_a_publish(tmp_path, chunks, caplog):
+    st = open_state(tmp_path)
+    index = BM25Index(BM25Spec(type="bm25", path="b"), base_dir=tmp_path)
+    record(st, chunks[:2])
+    index.sync(st)
+    # an ingestion run recorded new sources, then died before it published BM25
+    record(st, [c for c in chunks if c.chunk_id in ("market", "mito")])
+    with caplog.at_level("WARNING", logger="ragline.search.bm25"):
+        [ranking] = sparse_search(Query(text="stock markets interest rates"), index, st, k=3)
+    assert ids(ranking)[0] == "market" and ranking.passages[0].source_id == "docs/market.md"
+    assert [r.getMessage() for r in caplog.records] == [BEHIND]
+    assert index.published_version()["generation"] == st.generation
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ragline.search.bm25"):
+        assert ids(sparse_search(Query(text="penguins"), index, st, k=1)[0]) == ["penguin"]
+    assert caplog.records == []  # in step again: no rebuild, no warning
+    st.close()
+
+
+def test_sparse_searches_the_published_version_when_it_cannot_rebuild(tmp_path, chunks, caplog, monkeypatch):
+    st = open_state(tmp_path)
+    index = BM25Index(BM25Spec(type="bm25", path="b"), base_dir=tmp_path)
+    record(st, chunks[:1])
+    index.sync(st)
+    record(st, chunks[1:])
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(index, "_build", read_only)
+    with caplog.at_level("WARNING", logger="ragline.search.bm25"):
+        [ranking] = sparse_search(Query(text="penguins"), index, st, k=3)
+    assert ids(ranking) == ["penguin"]  # the published version still answers
+    assert "could not bring BM25 in step" in caplog.records[-1].getMessage()
+    assert caplog.records[-1].levelname == "ERROR"
+    st.close()
+
+
+def test_sparse_stage_declares_the_state_role():
+    assert retrieve_sparse.uses == {"sparse": ("bm25",), "state": ("index_state",)}
 
 
 @pytest.mark.parametrize("bad", [
