@@ -1,0 +1,151 @@
+"""Running one step anywhere: this thread, a worker thread, or a Dask/Ray worker process.
+
+A step travels as a ``StepCall``: plain data naming the pipelines file, the pipeline (with its
+overrides), the step and the run's fingerprint. The process that runs it compiles the file once
+(or finds the driver's own compiled pipeline when it is the same process), looks its resources
+up by name (one model per process, loaded once) and returns a ``StepResult``: the value, with the
+failures and timings it reported. Nothing here holds locks, closures or weak references, so a
+call and its inputs pickle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from flows.compile import CompiledPipeline, CompiledStep, load_project
+from flows.context import StepContext
+from flows.contracts import StepResult
+
+
+class StepFailed(RuntimeError):
+    """A stage raised; the message names the pipeline and step."""
+
+
+@dataclass(frozen=True)
+class PipelineRef:
+    """How any process finds a compiled pipeline: the file plus what the driver changed in memory."""
+
+    file: str
+    pipeline: str
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    data_dir: str | None = None
+    digest: str = ""  # of the file's text: a worker never runs a step of an edited file
+
+    @classmethod
+    def of(cls, pipeline: CompiledPipeline) -> "PipelineRef":
+        project = pipeline.project
+        ref = cls(str(project.path), pipeline.name, _plain(pipeline.overrides), _plain(project.resource_overrides),
+                  str(project.data_dir) if project.data_dir else None, _digest(project.path))
+        _remember(ref.key, pipeline)  # this process needs no recompiling
+        return ref
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.file, self.digest, self.pipeline, self.overrides, self.resources, self.data_dir],
+                          sort_keys=True, default=str)
+
+    def resolve(self) -> CompiledPipeline:
+        """The compiled pipeline in this process: the driver's own object, else compiled once from the file."""
+        with _lock:
+            live = _LIVE.get(self.key)
+        if live is not None:
+            return live
+        if self.digest and _digest(Path(self.file)) != self.digest:
+            raise RuntimeError(f"{self.file} changed since this run started; run it again")
+        project = load_project(self.file)
+        for name, fields in self.resources.items():
+            project = project.with_resource(name, **fields)
+        if self.data_dir:
+            project = project.relocated(Path(self.data_dir))
+        pipeline = project.pipeline(self.pipeline).with_overrides(self.overrides)
+        _remember(self.key, pipeline)
+        return pipeline
+
+
+_LIVE: OrderedDict[str, CompiledPipeline] = OrderedDict()
+_LIVE_LIMIT = 64
+_lock = threading.Lock()
+
+
+def _remember(key: str, pipeline: CompiledPipeline) -> None:
+    with _lock:
+        _LIVE[key] = pipeline
+        _LIVE.move_to_end(key)
+        while len(_LIVE) > _LIVE_LIMIT:
+            _LIVE.popitem(last=False)
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def _plain(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """JSON-shaped copy (paths and the like as strings), so the reference is a flow-run parameter too."""
+    return json.loads(json.dumps(value, default=str))
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """One step (or one of its sink hooks) of one run, as plain data."""
+
+    pipeline: PipelineRef
+    step: str
+    fingerprint: str = ""
+    hook: str | None = None  # "plan", "finalize" or "session" of an ingestion sink
+
+
+def execute(call: StepCall, inputs: dict[str, list[StepResult]],
+            on_token: Callable[[str], None] | None = None) -> StepResult:
+    """Run the step on resolved inputs: each port's producers' values (one, or several lists joined)."""
+    pipeline = call.pipeline.resolve()
+    step = pipeline.step(call.step)
+    ctx = StepContext(pipeline=pipeline.name, step_id=step.id, fingerprint=call.fingerprint,
+                      base_dir=str(pipeline.project.base_dir), prompt_name=step.prompt,
+                      render_prompt=pipeline.project.prompts.render, on_token=on_token)
+    values = {port: _join([r.value for r in results]) for port, results in inputs.items()}
+    hook = getattr(step.stage, call.hook) if call.hook else None
+    value = invoke(pipeline, step, values, ctx, hook=hook)
+    return StepResult(value, ctx.failures, ctx.covered, ctx.seconds)
+
+
+def _join(values: list[Any]) -> Any:
+    if len(values) == 1:
+        return values[0]
+    return [item for value in values for item in value]
+
+
+def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any], ctx: StepContext,
+           params: Any = None, hook: Callable[..., Any] | None = None) -> Any:
+    """Call a stage (or one of its hooks) with its inputs, params, resources and context."""
+    import inspect
+
+    fn = hook or step.stage.fn
+    accepted = inspect.signature(fn).parameters
+    kwargs = dict(inputs)
+    if "params" in accepted:
+        kwargs["params"] = params or step.params
+    if "ctx" in accepted:
+        kwargs["ctx"] = ctx
+    for role, name in step.resources.items():
+        if role in accepted:
+            kwargs[role] = pipeline.project.resource(name)
+    started = time.perf_counter()
+    try:
+        return fn(**{k: v for k, v in kwargs.items() if k in accepted})
+    except StepFailed:
+        raise
+    except Exception as exc:
+        raise StepFailed(f"pipeline '{pipeline.name}', step '{step.id}' (task '{step.stage.name}') failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        ctx.seconds += time.perf_counter() - started
