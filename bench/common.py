@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import flows  # noqa: E402,F401 - offline defaults first
+import ragline.flows  # noqa: E402,F401 - offline defaults first
 
 DATA = Path(os.environ.get("RAGLINE_DATA_DIR", REPO.parent / "shared" / "data"))
 SCIFACT = DATA / "scifact"

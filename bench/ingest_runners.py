@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 from common import REPO, save, subset_corpus, publish
 
-from flows import engine
-from flows.compile import load_project
-from flows.resources import clear_cache
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.resources import clear_cache
 from tests.integration.harness import snapshot
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from common import REPO, save, subset_corpus, publish
 
-from flows import engine
-from flows.compile import load_project
-from flows.context import StepContext
-from tasks.chunk import chunk
-from tasks.convert import convert
-from tasks.load import load
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.context import StepContext
+from ragline.tasks.chunk import chunk
+from ragline.tasks.convert import convert
+from ragline.tasks.load import load
 
 
 def pipeline_chunks(project, corpus: Path) -> list[str]:

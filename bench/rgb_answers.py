@@ -11,8 +11,8 @@ import json
 
 from common import DATA, OUT, REPO, save, publish
 
-from flows.compile import load_project
-from flows.evaluate_answers import evaluate_answers
+from ragline.flows.compile import load_project
+from ragline.flows.evaluate_answers import evaluate_answers
 
 ROWS = [("positive", "references contain the answer"), ("negative", "references do not contain it"),
         ("positive_wrong", "counterfactual references (fake answer)")]

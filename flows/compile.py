@@ -22,10 +22,10 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ValidationError
 
-from flows import registry
-from flows.prompts import PromptLibrary, library
-from flows.registry import ALLOW_HINT, Stage, module_allowed
-from flows.spec import LocatedYaml, PipelinesFile, PipelineSpec, SpecError, SpecValidationError, StepSpec, \
+from ragline.flows import registry
+from ragline.flows.prompts import PromptLibrary, library
+from ragline.flows.registry import ALLOW_HINT, Stage, module_allowed
+from ragline.flows.spec import LocatedYaml, PipelinesFile, PipelineSpec, SpecError, SpecValidationError, StepSpec, \
     locate, parse_file, suggest
 
 PIPELINE_INPUTS: dict[str, dict[str, Any]] = {
@@ -118,8 +118,7 @@ class CompiledPipeline:
         names = [step.prompt] if step.prompt else []
         names += sorted(step.stage.extra_prompts(step.params))
         library = self.project.prompts
-        prompts = {file: (library.folder / file).read_text(encoding="utf-8")
-                   for name in names for file in library.files(name)}
+        prompts = {file: library.text(file) for name in names for file in library.files(name)}
         return [step.stage.name, step.stage.version, step.params.model_dump(mode="json"), resources, prompts]
 
 
@@ -173,7 +172,7 @@ class Project:
         """A copy of the project with one resource's settings changed (validated like the file)."""
         from pydantic import TypeAdapter
 
-        from flows.resources import ResourceSpec
+        from ragline.flows.resources import ResourceSpec
 
         if name not in self.spec.resources:
             raise KeyError(f"no resource {name!r}{suggest(name, list(self.spec.resources))}")
@@ -199,7 +198,7 @@ class Project:
         to the configured index."""
         from pydantic import TypeAdapter
 
-        from flows.resources import LOCATED_TYPES, ResourceSpec
+        from ragline.flows.resources import LOCATED_TYPES, ResourceSpec
 
         resources = dict(self.spec.resources)
         for name, spec in resources.items():
@@ -212,7 +211,7 @@ class Project:
         return self._copy(resources, Path(data_dir).resolve())
 
     def resource(self, name: str) -> Any:
-        from flows.resources import get_resource
+        from ragline.flows.resources import get_resource
 
         return get_resource(self.spec.resources[name], self.data_dir or self.base_dir)
 

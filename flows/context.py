@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from flows.contracts import Coverage, Failure
+from ragline.flows.contracts import Coverage, Failure
 
 
 @dataclass

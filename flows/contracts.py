@@ -241,6 +241,15 @@ class Answer(BaseModel):
     retrievals: int = Field(0, description="extra retrievals made during generation (FLARE)")
 
 
+def to_json(value: Any) -> Any:
+    """A stage output (models, lists of them, plain values) as JSON-ready data."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    return value
+
+
 # ----------------------------------------------------------------------------- engine contracts
 @dataclass
 class IngestPlan:

@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterator
 
 from pydantic import TypeAdapter, ValidationError
 
-from flows.compile import CompiledPipeline, CompiledStep
-from flows.context import StepContext
-from flows.contracts import Document, IndexReport, IngestPlan, Query, StepResult
-from flows.steps import PipelineRef, StepCall, StepFailed, execute, invoke
+from ragline.flows.compile import CompiledPipeline, CompiledStep
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Document, IndexReport, IngestPlan, Query, StepResult
+from ragline.flows.steps import PipelineRef, StepCall, StepFailed, execute, invoke
 
 __all__ = ["run", "execute_pipeline", "StepFailed", "IngestPlan", "invoke", "DirectExecutor", "PrefectExecutor"]
 
@@ -153,7 +153,7 @@ class PrefectExecutor:
                label: str) -> Any:
         from prefect.futures import PrefectConcurrentFuture
 
-        from flows.entrypoints import run_step
+        from ragline.flows.entrypoints import run_step
 
         options = dict(name=step.id, task_run_name=label, retries=step.spec.retries,
                        retry_delay_seconds=step.spec.retry_delay_seconds, timeout_seconds=step.spec.timeout_seconds)
@@ -356,6 +356,6 @@ def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orc
     hooks = DriverHooks(progress, on_token, trace)
     if not orchestrate:
         return execute_pipeline(pipeline, inputs, DirectExecutor(on_token), hooks)
-    from flows.entrypoints import run_as_flow
+    from ragline.flows.entrypoints import run_as_flow
 
     return run_as_flow(pipeline, inputs, hooks)

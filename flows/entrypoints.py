@@ -15,17 +15,19 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import TaskRunner
 
-from flows import engine
-from flows.compile import CompiledPipeline
-from flows.contracts import IndexReport, StepResult
-from flows.spec import RunnerSpec
-from flows.steps import PipelineRef, StepCall, execute
+from ragline.flows import engine
+from ragline.flows.compile import CompiledPipeline
+from ragline.flows.contracts import IndexReport, StepResult, to_json
+from ragline.flows.spec import RunnerSpec
+from ragline.flows.steps import PipelineRef, StepCall, digest_of, execute
 
 
 @task(name="step", cache_policy=NO_CACHE, persist_result=False)
 def run_step(call: StepCall, inputs: dict[str, list[StepResult]]) -> StepResult:
-    """One step of one run; Prefect has already resolved the upstream futures in ``inputs``."""
-    return execute(call, inputs)
+    """One step of one run; Prefect has already resolved the upstream futures in ``inputs``. On a
+    thread of the calling process the driver's token callback streams too (Prefect copies the
+    context into its worker threads); elsewhere there is none."""
+    return execute(call, inputs, engine.DRIVER.get().on_token)
 
 
 @flow(name="ragline", flow_run_name="{pipeline}", validate_parameters=False, persist_result=False, log_prints=False)
@@ -35,7 +37,8 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     """Run one pipeline of a pipelines file; the result as JSON (an ingestion run's report, the
     passages of a search, the answer of an ask pipeline). An ingestion run that could not reach one
     of its roots ends Failed, with its report as the state's data."""
-    ref = PipelineRef(str(Path(file).resolve()), pipeline, overrides or {}, resources or {}, data_dir)
+    path = Path(file).resolve()
+    ref = PipelineRef(str(path), pipeline, overrides or {}, resources or {}, data_dir, digest_of(path))
     compiled = ref.resolve()
     runner = task_runner(compiled.spec.runner)
     with _api_for_workers(runner), engine.PrefectExecutor(runner) as executor:
@@ -91,14 +94,6 @@ def _api_for_workers(runner: TaskRunner | None) -> Iterator[None]:
         return
     with temporary_settings(updates={PREFECT_API_URL: str(context.client.api_url).rstrip("/")}):
         yield
-
-
-def to_json(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, list):
-        return [to_json(v) for v in value]
-    return value
 
 
 def output_type(pipeline: CompiledPipeline) -> Any:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows import engine
-from flows.compile import Project
-from flows.contracts import Passage
+from ragline.flows import engine
+from ragline.flows.compile import Project
+from ragline.flows.contracts import Passage
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@10", "p@10")
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows import engine
-from flows.compile import Project
-from flows.evaluate import require_kinds
-from flows.context import StepContext
-from flows.contracts import Answer, Context, ContextDocument, Passage, Query
-from flows.llm_output import normalize_text as normalize, strip_citations
+from ragline.flows import engine
+from ragline.flows.compile import Project
+from ragline.flows.evaluate import require_kinds
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Answer, Context, ContextDocument, Passage, Query
+from ragline.flows.llm_output import normalize_text as normalize, strip_citations
 
 CORPORA = ("positive", "negative", "positive_wrong")
 

@@ -12,7 +12,7 @@ import re
 import string
 from typing import Any
 
-from flows.resources.llm import Completion
+from ragline.flows.resources.llm import Completion
 
 log = logging.getLogger("ragline.llm_output")
 

@@ -6,6 +6,7 @@ stage declares, so an undefined variable is reported by ``ragline validate``, no
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterable, Iterator
@@ -15,6 +16,7 @@ from jinja2 import FileSystemLoader, StrictUndefined, TemplateNotFound, Template
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 SUFFIX = ".j2"
+BUILTIN = Path(str(resources.files("ragline.prompts"))).resolve()  # shipped with the package
 
 
 class PromptUndefinedError(UndefinedError):
@@ -26,20 +28,33 @@ class PromptLibrary:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.env = ImmutableSandboxedEnvironment(loader=FileSystemLoader(str(folder)), undefined=StrictUndefined,
+        folders = [str(folder)] + ([str(BUILTIN)] if folder.resolve() != BUILTIN else [])
+        # the project's folder first; the builtin templates fill in what it does not define
+        self.env = ImmutableSandboxedEnvironment(loader=FileSystemLoader(folders), undefined=StrictUndefined,
                                                  autoescape=False, keep_trailing_newline=False,
                                                  trim_blocks=True, lstrip_blocks=True)
         self.env.filters["fence"] = fence
 
     def names(self) -> list[str]:
-        return sorted(p.name[: -len(SUFFIX)] for p in self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []
+        return sorted({name[: -len(SUFFIX)] for name in self.env.loader.list_templates() if name.endswith(SUFFIX)})
+
+    def text(self, file: str) -> str | None:
+        """A template file's source, from the project's folder or the builtins; None if neither has it."""
+        try:
+            return self.env.loader.get_source(self.env, file)[0]
+        except TemplateNotFound:
+            return None
+
+    @property
+    def where(self) -> str:
+        return f"{self.folder}" + (" or the builtin prompts" if self.folder.resolve() != BUILTIN else "")
 
     def check(self, name: str) -> str | None:
         """None when the template exists and parses, else the reason it cannot be used."""
         try:
             self.env.get_template(name + SUFFIX)
         except TemplateNotFound:
-            return f"prompt template '{name}{SUFFIX}' not found in {self.folder}"
+            return f"prompt template '{name}{SUFFIX}' not found in {self.where}"
         except TemplateSyntaxError as exc:
             return f"prompt template '{name}{SUFFIX}' line {exc.lineno}: {exc.message}"
         return None
@@ -58,7 +73,7 @@ class PromptLibrary:
         try:
             ast = self.env.parse(self.env.loader.get_source(self.env, file)[0], file)
         except TemplateNotFound:
-            yield f"{where} not found in {self.folder}"
+            yield f"{where} not found in {self.where}"
             return
         except TemplateSyntaxError as exc:
             yield f"{where} line {exc.lineno}: {exc.message}"
@@ -77,15 +92,16 @@ class PromptLibrary:
         pending = [name + SUFFIX]
         while pending:
             file = pending.pop()
-            if file in found or not (self.folder / file).is_file():
+            source = None if file in found else self.text(file)
+            if source is None:
                 continue
             found.append(file)
-            ast = self.env.parse((self.folder / file).read_text(encoding="utf-8"))
+            ast = self.env.parse(source)
             pending.extend(target for target, _, _ in _referenced(ast))
         return found
 
     def source(self, name: str) -> str:
-        return (self.folder / (name + SUFFIX)).read_text(encoding="utf-8")
+        return self.text(name + SUFFIX) or ""
 
     def render(self, name: str, **variables: Any) -> str:
         try:

@@ -154,7 +154,13 @@ def get_stage(name: str, allowed_modules: Iterable[str] = ()) -> Stage | None:
         module_name, _, attr = name.rpartition(".")
         if not module_allowed(module_name, allowed_modules):
             raise PermissionError(f"module '{module_name}' is not allowed: {ALLOW_HINT}")
-        obj = getattr(importlib.import_module(module_name), attr, None)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            raise
+        except Exception as exc:  # the module itself fails: report it, never crash validation
+            raise ImportError(f"importing module '{module_name}' failed: {type(exc).__name__}: {exc}") from exc
+        obj = getattr(module, attr, None)
         return obj if isinstance(obj, Stage) else None
     return None
 

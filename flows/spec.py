@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
-from flows.registry import MODULE_PATTERN
-from flows.resources import ResourceSpec
+from ragline.flows.registry import MODULE_PATTERN
+from ragline.flows.resources import ResourceSpec
 
 Loc = tuple[str | int, ...]
 
@@ -282,7 +282,7 @@ _UNION_TAGS: set[str] = set()  # filled by flows.resources with its discriminato
 def parse_file(path: str | Path) -> tuple[PipelinesFile | None, LocatedYaml | None, list[SpecError]]:
     """Parse and structurally validate each resource and pipeline on its own, so one bad entry
     does not hide the errors of the others; semantic checks are in ``flows.compile``."""
-    from flows.resources import RESOURCE_TYPES
+    from ragline.flows.resources import RESOURCE_TYPES
 
     _UNION_TAGS.update(RESOURCE_TYPES)
     path = Path(path)

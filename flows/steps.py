@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from flows.compile import CompiledPipeline, CompiledStep, load_project
-from flows.context import StepContext
-from flows.contracts import StepResult
+from ragline.flows.compile import CompiledPipeline, CompiledStep, load_project
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import StepResult
 
 
 class StepFailed(RuntimeError):
@@ -42,7 +42,7 @@ class PipelineRef:
     def of(cls, pipeline: CompiledPipeline) -> "PipelineRef":
         project = pipeline.project
         ref = cls(str(project.path), pipeline.name, _plain(pipeline.overrides), _plain(project.resource_overrides),
-                  str(project.data_dir) if project.data_dir else None, _digest(project.path))
+                  str(project.data_dir) if project.data_dir else None, digest_of(project.path))
         _remember(ref.key, pipeline)  # this process needs no recompiling
         return ref
 
@@ -57,7 +57,7 @@ class PipelineRef:
             live = _LIVE.get(self.key)
         if live is not None:
             return live
-        if self.digest and _digest(Path(self.file)) != self.digest:
+        if self.digest and digest_of(Path(self.file)) != self.digest:
             raise RuntimeError(f"{self.file} changed since this run started; run it again")
         project = load_project(self.file)
         for name, fields in self.resources.items():
@@ -82,7 +82,8 @@ def _remember(key: str, pipeline: CompiledPipeline) -> None:
             _LIVE.popitem(last=False)
 
 
-def _digest(path: Path) -> str:
+def digest_of(path: Path) -> str:
+    """What identifies a pipelines file's content across processes (its env-expanded values aside)."""
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     except OSError:

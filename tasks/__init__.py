@@ -1,5 +1,5 @@
 """Builtin stages, one per module. Importing this package registers them (explicitly, here)."""
-from tasks import (chunk, convert, embed, fuse, generate, generate_flare, index, insert, load,  # noqa: F401
+from ragline.tasks import (chunk, convert, embed, fuse, generate, generate_flare, index, insert, load,  # noqa: F401
                    refine_extract, refine_notes, refine_sentences, rerank, rerank_llm, retrieve_dense,
                    retrieve_sparse, rewrite, verify)
 

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flows.context import StepContext
-from flows.contracts import Chunk, Document
-from flows.registry import stage
-from flows.resources.embedder import Embedder
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Chunk, Document
+from ragline.flows.registry import stage
+from ragline.flows.resources.embedder import Embedder
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP] (or <s>, </s>) take room in every sequence
 SENTENCE_END = (".", "!", "?", ":", ";", "\n")

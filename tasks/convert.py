@@ -14,9 +14,9 @@ import trafilatura
 from lxml import etree
 from pydantic import BaseModel, Field
 
-from flows.context import StepContext
-from flows.contracts import Document
-from flows.registry import stage
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Document
+from ragline.flows.registry import stage
 
 # Below trafilatura's own MIN_EXTRACTED_SIZE it falls back to a raw dump of the page that keeps
 # navigation and loses headings; for such short pages the plain fallback below does better...

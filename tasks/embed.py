@@ -1,10 +1,10 @@
 """Embedding of chunks with the shared sentence-transformers model (loaded once per process)."""
 from __future__ import annotations
 
-from flows.context import StepContext
-from flows.contracts import Chunk
-from flows.registry import stage
-from flows.resources.embedder import Embedder
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Chunk
+from ragline.flows.registry import stage
+from ragline.flows.resources.embedder import Embedder
 
 
 @stage("embed", produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion")

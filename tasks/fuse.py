@@ -5,8 +5,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.contracts import Passage, Ranking
-from flows.registry import stage
+from ragline.flows.contracts import Passage, Ranking
+from ragline.flows.registry import stage
 
 
 class Params(BaseModel):

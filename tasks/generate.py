@@ -5,11 +5,11 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.context import StepContext
-from flows.contracts import Answer, Context, Query, Source
-from flows.llm_output import clip, normalize_text, parse_citations, sentences
-from flows.registry import stage
-from flows.resources.llm import Completion, LLMClient
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Answer, Context, Query, Source
+from ragline.flows.llm_output import clip, normalize_text, parse_citations, sentences
+from ragline.flows.registry import stage
+from ragline.flows.resources.llm import Completion, LLMClient
 
 REFUSAL = "I cannot answer this question"
 

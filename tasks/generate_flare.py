@@ -6,15 +6,15 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.context import StepContext
-from flows.contracts import Answer, Context, ContextDocument, Query
-from flows.llm_output import clip
-from flows.registry import stage
-from flows.resources.chroma import ChromaStore
-from flows.resources.embedder import Embedder
-from flows.resources.llm import Completion, LLMClient
-from tasks.generate import REFUSAL, answer_from, refusal
-from tasks.retrieve_dense import combined_filter
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Answer, Context, ContextDocument, Query
+from ragline.flows.llm_output import clip
+from ragline.flows.registry import stage
+from ragline.flows.resources.chroma import ChromaStore
+from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.llm import Completion, LLMClient
+from ragline.tasks.generate import REFUSAL, answer_from, refusal
+from ragline.tasks.retrieve_dense import combined_filter
 
 _SENTENCE = re.compile(r"^(.+?[.!?])(\s|$)", re.S)
 

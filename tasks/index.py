@@ -14,14 +14,14 @@ from typing import Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows import failpoints
-from flows.context import StepContext
-from flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
-from flows.contracts import IngestPlan
-from flows.registry import stage
-from flows.resources.bm25 import BM25Index
-from flows.resources.chroma import ChromaStore
-from flows.resources.state import IndexState, LeaseHolder
+from ragline.flows import failpoints
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
+from ragline.flows.contracts import IngestPlan
+from ragline.flows.registry import stage
+from ragline.flows.resources.bm25 import BM25Index
+from ragline.flows.resources.chroma import ChromaStore
+from ragline.flows.resources.state import IndexState, LeaseHolder
 
 DIRTY = "dirty"
 

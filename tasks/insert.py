@@ -5,9 +5,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.contracts import Context, ContextDocument, Passage
-from flows.registry import stage
-from flows.resources.llm import LLMClient
+from ragline.flows.contracts import Context, ContextDocument, Passage
+from ragline.flows.registry import stage
+from ragline.flows.resources.llm import LLMClient
 
 Order = Literal["relevance", "reversed", "lost_in_the_middle"]
 

@@ -20,9 +20,9 @@ from typing import Annotated, Any, Iterator
 from pydantic import BaseModel, Field, StringConstraints, field_validator
 from pypdf import PdfReader
 
-from flows.context import StepContext
-from flows.contracts import Document, Metadata, content_hash
-from flows.registry import stage
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Document, Metadata, content_hash
+from ragline.flows.registry import stage
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 

@@ -5,11 +5,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flows.context import StepContext
-from flows.contracts import Passage, Query
-from flows.llm_output import clip, sentences
-from flows.registry import stage
-from flows.resources.llm import LLMClient
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Passage, Query
+from ragline.flows.llm_output import clip, sentences
+from ragline.flows.registry import stage
+from ragline.flows.resources.llm import LLMClient
 
 
 class Params(BaseModel):

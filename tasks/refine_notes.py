@@ -5,11 +5,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.context import StepContext
-from flows.contracts import Passage, Query
-from flows.llm_output import clip
-from flows.registry import stage
-from flows.resources.llm import LLMClient
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Passage, Query
+from ragline.flows.llm_output import clip
+from ragline.flows.registry import stage
+from ragline.flows.resources.llm import LLMClient
 
 LABELS = ("ANSWERS", "CONTEXT", "IRRELEVANT")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.contracts import Passage, Query
-from flows.llm_output import sentences
-from flows.registry import stage
-from flows.resources.embedder import Embedder
+from ragline.flows.contracts import Passage, Query
+from ragline.flows.llm_output import sentences
+from ragline.flows.registry import stage
+from ragline.flows.resources.embedder import Embedder
 
 
 class Params(BaseModel):

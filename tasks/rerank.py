@@ -5,9 +5,9 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.contracts import Passage, Query
-from flows.registry import stage
-from flows.resources.cross_encoder import CrossEncoderModel
+from ragline.flows.contracts import Passage, Query
+from ragline.flows.registry import stage
+from ragline.flows.resources.cross_encoder import CrossEncoderModel
 
 
 class BlendParams(BaseModel):

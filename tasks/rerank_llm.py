@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from flows.context import StepContext
-from flows.contracts import Passage, Query
-from flows.llm_output import clip, option_probabilities, parse_permutation
-from flows.registry import stage
-from flows.resources.llm import LLMClient
-from tasks.rerank import BlendParams, blend
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Passage, Query
+from ragline.flows.llm_output import clip, option_probabilities, parse_permutation
+from ragline.flows.registry import stage
+from ragline.flows.resources.llm import LLMClient
+from ragline.tasks.rerank import BlendParams, blend
 
 
 class Params(BlendParams):

@@ -5,12 +5,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from flows.context import StepContext
-from flows.contracts import Query, Ranking
-from flows.registry import stage
-from flows.resources import filters
-from flows.resources.chroma import ChromaStore
-from flows.resources.embedder import Embedder
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Query, Ranking
+from ragline.flows.registry import stage
+from ragline.flows.resources import filters
+from ragline.flows.resources.chroma import ChromaStore
+from ragline.flows.resources.embedder import Embedder
 
 
 class Params(BaseModel):

@@ -4,12 +4,12 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from flows.context import StepContext
-from flows.contracts import Passage, Query, Ranking
-from flows.registry import stage
-from flows.resources.bm25 import BM25Index
-from flows.resources.state import IndexState
-from tasks.retrieve_dense import Params, combined_filter
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Passage, Query, Ranking
+from ragline.flows.registry import stage
+from ragline.flows.resources.bm25 import BM25Index
+from ragline.flows.resources.state import IndexState
+from ragline.tasks.retrieve_dense import Params, combined_filter
 
 LEASE_STALE_SECONDS = 30.0  # as the index sink's lease: a holder silent this long is gone
 BEHIND = "BM25 index is behind the index state (interrupted ingestion?): rebuilding"

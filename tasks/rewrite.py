@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.context import StepContext
-from flows.contracts import Query
-from flows.llm_output import clip, parse_json, parse_lines
-from flows.registry import stage
-from flows.resources.llm import LLMClient
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Query
+from ragline.flows.llm_output import clip, parse_json, parse_lines
+from ragline.flows.registry import stage
+from ragline.flows.resources.llm import LLMClient
 
 Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]
 

@@ -9,12 +9,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.context import StepContext
-from flows.contracts import Answer, Context, Query
-from flows.llm_output import clip, normalize_text, option_probabilities, strip_citations
-from flows.registry import stage
-from flows.resources.llm import LLMClient
-from tasks.generate import REFUSAL
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Answer, Context, Query
+from ragline.flows.llm_output import clip, normalize_text, option_probabilities, strip_citations
+from ragline.flows.registry import stage
+from ragline.flows.resources.llm import LLMClient
+from ragline.tasks.generate import REFUSAL
 
 Verdict = Literal["supported", "contradicted", "not_enough_information"]
 OPTIONS = {"supported": ("supported",), "contradicted": ("contradicted",),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import flows  # noqa: F401 - offline defaults before any heavy import
+import ragline.flows  # noqa: F401 - offline defaults before any heavy import
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("RAGLINE_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -101,7 +101,7 @@ def tiny_cross_encoder_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from flows.resources.embedder import resolve_model_path
+    from ragline.flows.resources.embedder import resolve_model_path
 
     folder = tmp_path_factory.mktemp("cross-encoder")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))

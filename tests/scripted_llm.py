@@ -12,11 +12,16 @@ from typing import Callable
 class ScriptedLLM:
     """``reply(prompt) -> str`` decides each answer; ``delay`` and ``status`` simulate faults.
     ``tokenize(body) -> (status, payload) | None`` scripts /tokenize (None: the default answer,
-    vLLM's shape counting words); ``paths`` lists every request's path, in order."""
+    vLLM's shape counting words); ``paths`` lists every request's path, in order.
+
+    ``"stream": true`` requests are answered as server-sent chunks, one per word (``chunk_delay``
+    seconds apart), ending in ``data: [DONE]``; ``GET /health`` and ``GET /v1/models`` answer like vLLM."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
-                 logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None):
+                 logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None,
+                 chunk_delay: float = 0.0):
         self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
+        self.chunk_delay = chunk_delay
         self.tokenize = tokenize
         self.requests: list[dict] = []
         self.paths: list[str] = []
@@ -45,11 +50,41 @@ class ScriptedLLM:
                 text = server.reply(prompt)
                 lp = server.logprob
                 pieces = [w + " " for w in text.split(" ")[:-1]] + text.split(" ")[-1:]
+                if body.get("stream"):
+                    self._stream(body, pieces, lp)
+                    return
                 logprobs = {"content": [{"token": w, "logprob": lp, "top_logprobs": [{"token": w, "logprob": lp}]}
                                         for w in pieces]} if body.get("logprobs") else None
                 self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                  "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
                                               "message": {"role": "assistant", "content": text}}]})
+
+            def do_GET(self):
+                server.paths.append(self.path)
+                if self.path.endswith("/health"):
+                    self._send(200, {})
+                elif self.path.endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found", "type": "not_found"}})
+
+            def _stream(self, body, pieces, lp):
+                """Server-sent chunks as vLLM sends them: the role, one word each, the finish, [DONE]."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+                deltas = [({"role": "assistant", "content": ""}, None, None)]
+                deltas += [({"content": w}, {"content": [{"token": w, "logprob": lp, "top_logprobs": []}]}
+                            if body.get("logprobs") else None, None) for w in pieces if w]
+                deltas.append(({}, None, "stop"))
+                for delta, logprobs, finish in deltas:
+                    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+                    self.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(server.chunk_delay)
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
 
             def _send(self, status, payload):
                 data = json.dumps(payload).encode()

@@ -12,12 +12,12 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from flows.resources.bm25 import BM25Index, BM25Spec
-from flows.resources.chroma import ChromaSpec, ChromaStore
-from flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
-from flows.resources.embedder import Embedder, EmbedderSpec
-from flows.resources.llm import LLMClient, LLMSpec
-from flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
+from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.state import IndexState, StateSpec
 
 _FACTORIES: dict[str, Any] = {
     "sentence_transformer": Embedder,

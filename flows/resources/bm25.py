@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from flows.resources.state import IndexState
+    from ragline.flows.resources.state import IndexState
 
 
 def _bm25s():
@@ -34,8 +34,8 @@ def _bm25s():
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     return bm25s
 
-from flows import failpoints
-from flows.resources.filters import matches
+from ragline.flows import failpoints
+from ragline.flows.resources.filters import matches
 
 
 class BM25Spec(BaseModel):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Literal, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.contracts import Chunk, Passage
+from ragline.flows.contracts import Chunk, Passage
 
 log = logging.getLogger("ragline.chroma")
 T = TypeVar("T")

@@ -71,7 +71,7 @@ class Embedder:
         if self.spec.backend == "torch":
             model = SentenceTransformer(path, device=self.spec.device)
         else:
-            from flows.resources.onnx_backend import load_onnx_model
+            from ragline.flows.resources.onnx_backend import load_onnx_model
             model = load_onnx_model(path, quantized=self.spec.backend == "onnx_int8", device=self.spec.device)
         if self.spec.max_seq_length:
             model.max_seq_length = self.spec.max_seq_length

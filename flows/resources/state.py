@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.contracts import Chunk, Document
+from ragline.flows.contracts import Chunk, Document
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import registry
-from flows.compile import load_project, validate_file
+from ragline.flows import registry
+from ragline.flows.compile import load_project, validate_file
 from tests.conftest import BASE_RESOURCES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ pipelines:
     kind: query
     steps:
       - {id: dense, task: retrieve_dense}
-      - {id: fuse,  task: tasks.fuse.fuse}
+      - {id: fuse,  task: ragline.tasks.fuse.fuse}
 """
 PROBE = BASE_RESOURCES + """
 settings: {allow_modules: [this]}
@@ -33,7 +33,7 @@ pipelines:
 """
 PROBE_SCRIPT = """
 import json, sys
-from flows.compile import validate_file
+from ragline.flows.compile import validate_file
 errors = validate_file(sys.argv[1], allow_modules=sys.argv[2:])
 print(json.dumps({"this_imported": "this" in sys.modules,
                   "errors": [[e.line, e.field, e.message] for e in errors]}))
@@ -73,7 +73,7 @@ def test_the_file_cannot_allow_a_module_itself(make_project):
 
 
 def test_narrowing_an_external_allowlist_imports_nothing_outside_it(make_project):
-    report, printed = probe(make_project(PROBE.replace("[this]", "[tasks]")), env={registry.ALLOW_ENV: "tasks"})
+    report, printed = probe(make_project(PROBE.replace("[this]", "[ragline.tasks]")), env={registry.ALLOW_ENV: "ragline.tasks"})
     assert printed == "" and not report["this_imported"]
     assert any(field == "task" and "'this' is not allowed" in message for _, field, message in report["errors"])
 
@@ -81,31 +81,31 @@ def test_narrowing_an_external_allowlist_imports_nothing_outside_it(make_project
 def test_environment_variable_allows_a_module(make_project, monkeypatch):
     path = make_project(FUSE)
     assert "is not allowed: set RAGLINE_ALLOW_MODULES" in validate_file(path)[0].message
-    monkeypatch.setenv(registry.ALLOW_ENV, "json, tasks")
+    monkeypatch.setenv(registry.ALLOW_ENV, "json, ragline.tasks")
     assert validate_file(path) == []
 
 
 def test_parameter_and_set_allowed_modules_allow_a_module(make_project):
     path = make_project(FUSE)
-    assert load_project(path, allow_modules=["tasks.fuse"]).pipeline("search").step("fuse").stage.name == "fuse"
-    registry.set_allowed_modules(["tasks"])
+    assert load_project(path, allow_modules=["ragline.tasks.fuse"]).pipeline("search").step("fuse").stage.name == "fuse"
+    registry.set_allowed_modules(["ragline.tasks"])
     assert validate_file(path) == []
 
 
 def test_file_can_only_narrow(make_project, monkeypatch):
-    monkeypatch.setenv(registry.ALLOW_ENV, "tasks")
-    narrowed = "settings: {allow_modules: [tasks.rerank]}\n" + FUSE
+    monkeypatch.setenv(registry.ALLOW_ENV, "ragline.tasks")
+    narrowed = "settings: {allow_modules: [ragline.tasks.rerank]}\n" + FUSE
     error, = validate_file(make_project(narrowed))
     assert (error.step, error.field) == ("fuse", "task")
-    assert "module 'tasks.fuse' is not in settings.allow_modules of this file" in error.message
-    assert validate_file(make_project("settings: {allow_modules: [tasks.fuse]}\n" + FUSE)) == []
+    assert "module 'ragline.tasks.fuse' is not in settings.allow_modules of this file" in error.message
+    assert validate_file(make_project("settings: {allow_modules: [ragline.tasks.fuse]}\n" + FUSE)) == []
 
 
 def test_pyproject_of_the_project_allows_a_module(make_project):
     path = make_project(FUSE)
-    (path.parent / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tasks"]\n')
+    (path.parent / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["ragline.tasks"]\n')
     assert validate_file(path) == []
-    (path.parent / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = "tasks"\n')
+    (path.parent / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = "ragline.tasks"\n')
     error, not_allowed = validate_file(path)
     assert error.file.endswith("pyproject.toml") and error.line == 2 and "list of dotted module names" in error.message
     assert not_allowed.step == "fuse" and "is not allowed" in not_allowed.message

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from flows.cli import main
+from ragline.flows.cli import main
 from tests.conftest import REPO, SCIFACT, scifact_records, write_jsonl
 
 pytestmark = pytest.mark.integration

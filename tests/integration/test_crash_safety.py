@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from flows.resources import clear_cache
+from ragline.flows.resources import clear_cache
 from tests.conftest import REPO
 from tests.integration.harness import default_corpus, run_child, run_index, snapshot, write_corpus
 

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from flows import engine
-from flows.compile import load_project, validate_file
-from flows.resources import clear_cache
+from ragline.flows import engine
+from ragline.flows.compile import load_project, validate_file
+from ragline.flows.resources import clear_cache
 from tests.conftest import BASE_RESOURCES, scifact_records, write_jsonl
 from tests.integration.harness import snapshot
 
@@ -49,7 +49,7 @@ def project(folder, docs, runner: str):
 # --------------------------------------------------------------------------- probes run in the Dask workers
 def _spy_on_embedder() -> int:
     """Count, in this worker process, the texts every Embedder encodes for documents."""
-    from flows.resources.embedder import Embedder
+    from ragline.flows.resources.embedder import Embedder
 
     if not hasattr(Embedder, "_spied"):
         original = Embedder.encode_documents
@@ -65,8 +65,8 @@ def _spy_on_embedder() -> int:
 
 def _worker_report() -> dict:
     """What ran in this worker: the texts it embedded, and which resources it ever opened."""
-    from flows.resources import _cache
-    from flows.resources.embedder import Embedder
+    from ragline.flows.resources import _cache
+    from ragline.flows.resources.embedder import Embedder
 
     return {"pid": os.getpid(), "embedded": list(getattr(Embedder, "_spied", [])),
             "resources": sorted({key[0] for key in _cache})}
@@ -77,8 +77,8 @@ def test_dask_runner_builds_the_thread_runners_index_with_the_sink_in_the_driver
                                                                                 monkeypatch):
     from distributed import Client, LocalCluster
 
-    from flows.resources import _cache
-    from flows.resources.embedder import Embedder
+    from ragline.flows.resources import _cache
+    from ragline.flows.resources.embedder import Embedder
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # inherited by the worker processes
     docs = write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(DOCS)).parent
@@ -199,8 +199,8 @@ def test_runner_errors_are_located(make_project):
 def test_runner_defaults_to_thread_and_builds_task_runners():
     from prefect_dask import DaskTaskRunner
 
-    from flows.entrypoints import task_runner
-    from flows.spec import PipelineSpec, RunnerSpec
+    from ragline.flows.entrypoints import task_runner
+    from ragline.flows.spec import PipelineSpec, RunnerSpec
 
     spec = PipelineSpec.model_validate({"kind": "ingestion", "steps": [{"id": "load", "task": "load"}]})
     assert spec.runner.type == "thread" and task_runner(spec.runner) is None
@@ -214,8 +214,8 @@ def test_runner_defaults_to_thread_and_builds_task_runners():
 def test_ray_runner_without_prefect_ray_says_what_to_install():
     import importlib.util
 
-    from flows.entrypoints import task_runner
-    from flows.spec import RunnerSpec
+    from ragline.flows.entrypoints import task_runner
+    from ragline.flows.spec import RunnerSpec
 
     if importlib.util.find_spec("prefect_ray") is not None:
         from prefect_ray import RayTaskRunner

@@ -7,9 +7,9 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from flows.context import StepContext
-from flows.contracts import Document
-from tasks.chunk import Params, chunk, chunk_id
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Document
+from ragline.tasks.chunk import Params, chunk, chunk_id
 
 WORDS = ("protein cell membrane receptor binding pathway expression signal tumour growth factor "
          "analysis cohort patients treatment response mitochondria inflammation antibody vaccine "

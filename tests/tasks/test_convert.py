@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from flows.context import StepContext
-from flows.contracts import Document, content_hash
-from tasks.convert import Params, convert, tidy_whitespace
-from tasks.load import Params as LoadParams, load
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Document, content_hash
+from ragline.tasks.convert import Params, convert, tidy_whitespace
+from ragline.tasks.load import Params as LoadParams, load
 
 PARAGRAPH = ("This opening paragraph of the article talks about vector search, retrieval and ranking, "
              "and it is long enough for the extractor to treat it as the main content of the page.")
@@ -222,7 +222,7 @@ def test_deep_page_without_text_says_why():
 
 
 def test_no_recursion_error_escapes(monkeypatch):
-    import tasks.convert as module
+    import ragline.tasks.convert as module
 
     def explode(*args, **kwargs):
         raise RecursionError("maximum recursion depth exceeded")
@@ -234,7 +234,7 @@ def test_no_recursion_error_escapes(monkeypatch):
 
 
 def test_page_neither_parser_can_read_is_reported_as_a_parse_failure(monkeypatch):
-    import tasks.convert as module
+    import ragline.tasks.convert as module
 
     def broken(self, data):
         raise AssertionError("unknown status keyword")

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from flows.context import StepContext
-from flows.contracts import Chunk
-from flows.resources.embedder import Embedder, EmbedderSpec
-from tasks.embed import embed
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Chunk
+from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.tasks.embed import embed
 
 TEXTS = ["Penguins cannot fly.", "Volcanic eruptions release sulfur dioxide.", "Mitochondria make ATP.",
          "Title\nA chunk with a prepended title."]

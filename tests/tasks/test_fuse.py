@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from flows.contracts import Passage, Ranking
-from tasks.fuse import Params, fuse
+from ragline.flows.contracts import Passage, Ranking
+from ragline.tasks.fuse import Params, fuse
 
 
 def ranking(retriever: str, ids_scores, query: str = "q") -> Ranking:

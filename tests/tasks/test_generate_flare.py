@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from flows.context import StepContext
-from flows.contracts import Chunk, Context, ContextDocument, Passage, Query
-from flows.prompts import PromptLibrary
-from flows.resources.chroma import ChromaSpec, ChromaStore
-from flows.resources.llm import Completion, LLMClient, LLMSpec, TokenLogprob
-from tasks.generate_flare import Params, _first_sentence, _masked, generate_flare
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Chunk, Context, ContextDocument, Passage, Query
+from ragline.flows.prompts import PromptLibrary
+from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.llm import Completion, LLMClient, LLMSpec, TokenLogprob
+from ragline.tasks.generate_flare import Params, _first_sentence, _masked, generate_flare
 from tests.scripted_llm import ScriptedLLM
 from tests.tasks.test_llm_stages import REPO_PROMPTS
 

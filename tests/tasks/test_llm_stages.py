@@ -9,11 +9,11 @@ import re
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from flows import engine
-from flows.compile import load_project
-from flows.contracts import Passage, Query
-from flows.engine import StepFailed
-from flows.registry import stage
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.contracts import Passage, Query
+from ragline.flows.engine import StepFailed
+from ragline.flows.registry import stage
 from tests.scripted_llm import ScriptedLLM
 
 REPO_PROMPTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "prompts"
@@ -127,10 +127,10 @@ def test_pointwise_rerank_uses_yes_probability(make_project):
 
 def rewrite_with(reply: str, mode: str, query: Query, **params):
     """Run the rewrite stage alone against a scripted reply; returns (rewritten, prompts sent)."""
-    from flows.context import StepContext
-    from flows.prompts import PromptLibrary
-    from flows.resources.llm import LLMClient, LLMSpec
-    from tasks.rewrite import Params, rewrite
+    from ragline.flows.context import StepContext
+    from ragline.flows.prompts import PromptLibrary
+    from ragline.flows.resources.llm import LLMClient, LLMSpec
+    from ragline.tasks.rewrite import Params, rewrite
 
     with ScriptedLLM(lambda p: reply) as server:
         ctx = StepContext(pipeline="t", step_id="rw", prompt_name=f"rewrite_{mode}",
@@ -197,7 +197,7 @@ def test_refinement_stages(make_project):
 
 
 def test_insert_orders_and_budget(make_project):
-    from tasks.insert import arrange
+    from ragline.tasks.insert import arrange
 
     assert arrange(list(range(1, 7)), "lost_in_the_middle") == [1, 3, 5, 6, 4, 2]
     assert arrange(list(range(1, 4)), "reversed") == [3, 2, 1]

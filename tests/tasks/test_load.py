@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 from pypdf import PdfReader, PdfWriter
 
-from flows.context import StepContext
-from flows.contracts import Coverage, Failure, content_hash
-from tasks.load import Params, load
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Coverage, Failure, content_hash
+from ragline.tasks.load import Params, load
 
 
 def make_pdf(pages: list[str], title: str | None = None) -> bytes:

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from flows.contracts import Passage, Query
-from flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
-from tasks.rerank import Params, blend, rerank
+from ragline.flows.contracts import Passage, Query
+from ragline.flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
+from ragline.tasks.rerank import Params, blend, rerank
 
 
 @pytest.fixture(scope="module")

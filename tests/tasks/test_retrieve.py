@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from flows.context import StepContext
-from flows.contracts import Chunk, Document, Query
-from flows.resources.bm25 import BM25Index, BM25Spec
-from flows.resources.chroma import ChromaSpec, ChromaStore
-from flows.resources.filters import FilterError
-from flows.resources.state import IndexState, StateSpec
-from tasks.retrieve_dense import Params, combined_filter, retrieve_dense
-from tasks.retrieve_sparse import BEHIND, retrieve_sparse
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Chunk, Document, Query
+from ragline.flows.resources.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.filters import FilterError
+from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.tasks.retrieve_dense import Params, combined_filter, retrieve_dense
+from ragline.tasks.retrieve_sparse import BEHIND, retrieve_sparse
 
 CORPUS = [
     ("penguin", "Penguins are flightless seabirds that live in the southern hemisphere.", "en", 2021),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.embedder import Embedder, EmbedderSpec
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.contracts import Chunk, Document
-from flows.resources.bm25 import BM25Index, BM25Spec
-from flows.resources.state import IndexState, StateSpec
+from ragline.flows.contracts import Chunk, Document
+from ragline.flows.resources.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.state import IndexState, StateSpec
 
 ROWS = [
     ("c1", "The mitochondria is the powerhouse of the cell and produces ATP.", {"lang": "en", "year": 2019}),
@@ -334,7 +334,7 @@ def test_concurrent_syncs_rebuild_once(tmp_path, state):
 BUILDER = """
 import sys
 from pathlib import Path
-from flows.resources.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.bm25 import BM25Index, BM25Spec
 
 base, worker, rounds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 index = BM25Index(BM25Spec(type="bm25", path="b"), base_dir=base)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from chromadb.errors import InvalidArgumentError
 
-from flows.contracts import Chunk, Passage
-from flows.resources.chroma import ChromaSpec, ChromaStore, ChromaUnavailable, chroma_metadata, is_transient
+from ragline.flows.contracts import Chunk, Passage
+from ragline.flows.resources.chroma import ChromaSpec, ChromaStore, ChromaUnavailable, chroma_metadata, is_transient
 from tests.integration.harness import free_port
 
 DIM = 8

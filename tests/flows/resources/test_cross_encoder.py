@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
+from ragline.flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
 
 
 def fresh(folder) -> CrossEncoderModel:

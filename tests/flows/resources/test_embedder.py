@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.resources.embedder import PACKAGED_MODELS, Embedder, EmbedderSpec, resolve_model_path
+from ragline.flows.resources.embedder import PACKAGED_MODELS, Embedder, EmbedderSpec, resolve_model_path
 
 
 def test_packaged_model_resolves_offline_to_a_folder():

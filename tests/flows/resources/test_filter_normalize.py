@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from flows.resources.chroma import ChromaSpec, ChromaStore
-from flows.resources.filters import matches, normalize
+from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.filters import matches, normalize
 
 FILTERS = [
     {"lang": "en", "year": 2020},
@@ -35,7 +35,7 @@ def test_shapes():
 def test_chroma_accepts_and_agrees(where, tmp_path):
     import numpy as np
 
-    from flows.contracts import Chunk
+    from ragline.flows.contracts import Chunk
 
     store = ChromaStore(ChromaSpec(type="chroma", path="c", collection="filters"), base_dir=tmp_path)
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.resources.filters import FilterError, matches, validate
+from ragline.flows.resources.filters import FilterError, matches, validate
 
 META = {"year": 2020, "lang": "en", "score": 0.5, "draft": False, "tag": "a"}
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from flows.resources.llm import LLMClient, LLMSpec, LLMUnavailable
+from ragline.flows.resources.llm import LLMClient, LLMSpec, LLMUnavailable
 from tests.scripted_llm import ScriptedLLM
 
 

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from flows.resources.embedder import resolve_model_path
-from flows.resources.llm import LLMClient, LLMSpec, LLMUnavailable
+from ragline.flows.resources.embedder import resolve_model_path
+from ragline.flows.resources.llm import LLMClient, LLMSpec, LLMUnavailable
 from tests.scripted_llm import ScriptedLLM
 
 MINILM = resolve_model_path("all-MiniLM-L6-v2")  # a real tokenizer folder, offline

@@ -5,8 +5,8 @@ import sqlite3
 
 import pytest
 
-from flows.contracts import Chunk, Document
-from flows.resources.state import IndexState, StateSpec
+from ragline.flows.contracts import Chunk, Document
+from ragline.flows.resources.state import IndexState, StateSpec
 
 
 def doc(source_id: str, text: str = "text", title: str = "", path: str = "") -> Document:
