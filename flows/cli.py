@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from flows.compile import DEFAULT_FILE, load_project
-from flows.resources.state import IndexBusy
-from flows.spec import SpecValidationError
+from ragline.flows import prefect_server
+from ragline.flows.compile import DEFAULT_FILE, load_project
+from ragline.flows.resources.state import IndexBusy
+from ragline.flows.spec import SpecValidationError
 
 EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
 
@@ -21,14 +23,22 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.allow_module:
-        from flows.registry import set_allowed_modules
+        from ragline.flows.registry import set_allowed_modules
 
         set_allowed_modules(args.allow_module)
+    with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
+        return _dispatch(args)
+
+
+def _dispatch(args) -> int:
+    """Run the command; every failure becomes one clear line and an exit status."""
+    orchestrated = getattr(args, "orchestrate", False) or args.handler is _quickstart
     try:
-        return args.handler(args)
+        # ragline's own Prefect API when none is configured: it dies with this process, even on kill -9
+        with prefect_server.local_api() if orchestrated else contextlib.nullcontext():
+            return args.handler(args)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return prefect_server.interrupted_exit()
     except IndexBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 75  # EX_TEMPFAIL: try again later
@@ -131,14 +141,14 @@ def _project(args):
 def _query_pipeline(project, name: str):
     """A query pipeline by name; an ingestion pipeline is refused before anything runs (it would
     load its own paths and delete every other document from the index)."""
-    from flows.evaluate import require_kinds
+    from ragline.flows.evaluate import require_kinds
 
     require_kinds(project, query=name)
     return project.pipeline(name)
 
 
 def _validate(args) -> int:
-    from flows.compile import validate_file
+    from ragline.flows.compile import validate_file
 
     path = args.path or args.file
     errors = validate_file(path)
@@ -153,9 +163,9 @@ def _validate(args) -> int:
 
 
 def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
-    from flows import engine
-    from flows.evaluate import require_kinds
-    from flows.progress import IngestProgress
+    from ragline.flows import engine
+    from ragline.flows.evaluate import require_kinds
+    from ragline.flows.progress import IngestProgress
 
     project = _project(args)
     require_kinds(project, ingestion=pipeline_name)
@@ -193,7 +203,7 @@ def _index(args) -> int:
 
 
 def _search(args) -> int:
-    from flows import engine
+    from ragline.flows import engine
 
     pipeline = _query_pipeline(_project(args), args.pipeline)
     query: dict[str, Any] = {"text": args.question, "filters": args.where}
@@ -203,7 +213,7 @@ def _search(args) -> int:
 
 
 def _ask(args) -> int:
-    from flows import engine
+    from ragline.flows import engine
 
     pipeline = _query_pipeline(_project(args), args.pipeline)
     streamed: list[str] = []
@@ -250,8 +260,8 @@ def _print_passages(passages, as_json: bool) -> None:
 
 
 def _eval(args) -> int:
-    from flows.evaluate import METRICS, evaluate, load_beir
-    from flows.progress import IngestProgress
+    from ragline.flows.evaluate import METRICS, evaluate, load_beir
+    from ragline.flows.progress import IngestProgress
 
     project = _project(args)
     if Path(args.dataset).is_file():
@@ -276,7 +286,7 @@ def _eval(args) -> int:
 
 
 def _eval_answers(args, project) -> int:
-    from flows.evaluate_answers import evaluate_answers
+    from ragline.flows.evaluate_answers import evaluate_answers
 
     result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
                               orchestrate=args.orchestrate)
@@ -293,7 +303,7 @@ def _eval_answers(args, project) -> int:
 
 
 def _run(args) -> int:
-    from flows import engine
+    from ragline.flows import engine
 
     project = _project(args)
     overrides: dict[str, dict[str, Any]] = {}
@@ -310,7 +320,9 @@ def _run(args) -> int:
     pipeline = project.pipeline(args.pipeline).with_overrides(overrides)
     print(_describe(pipeline), file=sys.stderr)
     result = engine.run(pipeline, args.input, orchestrate=args.orchestrate)
-    print(json.dumps(_jsonable(result), indent=2))
+    from ragline.flows.contracts import to_json
+
+    print(json.dumps(to_json(result), indent=2))
     return 0
 
 
@@ -325,16 +337,8 @@ def _describe(pipeline) -> str:
             f"{pipeline.project.base_dir}) and removes documents no longer found there; steps: {steps}")
 
 
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def _quickstart(args) -> int:
-    from flows import engine
+    from ragline.flows import engine
 
     project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
     if report.incomplete:
