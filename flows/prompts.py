@@ -9,11 +9,18 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from jinja2 import FileSystemLoader, StrictUndefined, TemplateNotFound, TemplateSyntaxError, UndefinedError, meta, \
     nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ragline.flows.spec import suggest
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from ragline.flows.registry import Stage
 
 SUFFIX = ".j2"
 BUILTIN = Path(str(resources.files("ragline.prompts"))).resolve()  # shipped with the package
@@ -157,3 +164,19 @@ def fence(text: object) -> str:
 @lru_cache(maxsize=16)
 def library(folder: str) -> PromptLibrary:
     return PromptLibrary(Path(folder))
+
+
+def prompt_problems(prompts: PromptLibrary, stage: "Stage", params: "BaseModel | None", name: str | None) -> list[str]:
+    """What is wrong with the templates a step renders: its own (``name``) and the fixed ones the
+    stage also renders, each missing, broken, or reading a variable the stage does not pass."""
+    templates = [(name, stage.variables(params) if params is not None else None)] if name else []
+    if params is not None:
+        templates += sorted(stage.extra_prompts(params).items())
+    problems = []
+    for template, variables in templates:
+        problem = prompts.check(template)
+        if problem:
+            problems.append(problem + suggest(template, prompts.names()))
+        elif variables is not None:
+            problems += prompts.check_variables(template, variables)
+    return problems

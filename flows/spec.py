@@ -413,3 +413,10 @@ def _raw_id(raw: dict[str, Any], index: int) -> str:
 
 def locate(doc: LocatedYaml, loc: Loc, message: str) -> SpecError:
     return _locate(doc, loc, message)
+
+
+def pydantic_message(err: dict[str, Any]) -> str:
+    """A stage parameter's validation error in words, with the value that was given."""
+    if err["type"] == "extra_forbidden":
+        return f"unknown parameter '{err['loc'][-1]}'"
+    return f"{err['msg']} (got {err.get('input')!r})"

@@ -1,0 +1,39 @@
+"""Running a query pipeline: every step submitted at once, each starting when its inputs are ready."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from ragline.flows.contracts import Query, StepResult
+from ragline.flows.executors import Run, settle
+from ragline.flows.model import CompiledPipeline
+from ragline.flows.steps import PipelineRef
+
+
+def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any]:
+    if pipeline.kind == "query":
+        query = inputs.get("query")
+        if query is None:
+            raise ValueError(f"pipeline '{pipeline.name}' needs a 'query' input")
+        if isinstance(query, str):
+            query = {"text": query}
+        try:
+            query = TypeAdapter(Query).validate_python(query)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'query'}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"pipeline '{pipeline.name}': invalid query ({problems})") from None
+        inputs = dict(inputs, query=query)
+    return inputs
+
+
+def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, trace: list | None = None) -> Any:
+    run = Run(pipeline, executor, PipelineRef.of(pipeline))
+    sources: dict[str, Any] = {name: StepResult(value) for name, value in inputs.items()}
+    for step in pipeline.steps:
+        sources[step.id] = run.submit(step, sources)
+    results = settle(run, pipeline.steps, sources)
+    if trace is not None:
+        trace.extend((step.id, result.seconds) for step, result in zip(pipeline.steps, results))
+    return run.result(sources[pipeline.output]).value
+
+
