@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input", type=json.loads, default={}, help='e.g. \'{"query": {"text": "..."}}\'')
     p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON", help="override a step parameter")
     _orchestration_flags(p, default=True)
+
+    p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
+                   help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
 
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample) and search it.")
     p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
@@ -335,6 +344,14 @@ def _describe(pipeline) -> str:
     paths = ", ".join(load.params.paths) if load is not None else "its sources"
     return (f"running ingestion pipeline '{pipeline.name}': indexes {paths} (relative to "
             f"{pipeline.project.base_dir}) and removes documents no longer found there; steps: {steps}")
+
+
+def _api(args) -> int:
+    from ragline.flows.api import serve_api
+
+    serve_api(args.file, host=args.host, port=args.port, token=args.token, data_dir=args.data_dir,
+              max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
+    return 0
 
 
 def _quickstart(args) -> int:

@@ -1,0 +1,752 @@
+"""The HTTP API: query pipelines over FastAPI, OpenAPI at ``/docs``.
+
+- ``POST /v1/query``: run a query pipeline; JSON, or server-sent events with ``"stream": true``.
+- ``POST /v1/chat/completions``, ``GET /v1/models``: the OpenAI-compatible surface (``flows/api_openai.py``).
+- ``GET /healthz`` (alive) and ``GET /readyz`` (one status per dependency: Chroma, LLM, Prefect API).
+
+The project is compiled once at start-up. Queries run in-process (``engine.run(orchestrate=False)``)
+on a pool of driver threads, never on the event loop; streamed tokens cross from the generating
+step's thread to the loop through ``call_soon_threadsafe`` into an ``asyncio.Queue``.
+
+One ASGI guard in front of every route gives each request an id (``X-Request-ID``), checks the
+bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
+``max_body_bytes`` (413 beyond it, chunked bodies included) and turns any unexpected exception
+into a generic 500 naming the request id (the traceback goes to the log, never to the client).
+Error bodies are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``; messages
+never show the pipelines file or the data dir (``api_runs.Redactor``).
+
+After each query a Prefect event (``ragline.query.completed`` / ``.failed``) is emitted on a
+background thread when a Prefect API is configured: never on the response's path, never fatal.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import math
+import os
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ragline.flows import engine
+from ragline.flows.compile import CompiledPipeline, Project, load_project
+from ragline.flows.contracts import Answer, Passage
+
+log = logging.getLogger("ragline.api")
+
+KEEPALIVE_SECONDS = 15.0  # an SSE comment while a long step (retrieval, a slow LLM) sends nothing
+CHECK_TIMEOUT_SECONDS = 5.0
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+REPLACED_NOTICE = ("verification replaced the streamed draft with the refusal text: discard the streamed tokens "
+                   "and show answer.text")
+
+
+# ----------------------------------------------------------------------------- errors
+class ApiError(Exception):
+    """A client-visible failure: status and an OpenAI-shaped body."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self, **extra: Any) -> JSONResponse:
+        return JSONResponse({**self.body(), **extra}, self.status, headers=self.headers)
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="what went wrong, naming the field when a request field is at fault")
+    type: str = Field(description="invalid_request_error, server_error or service_unavailable_error")
+    param: str | None = Field(None, description="the request field at fault")
+    code: str | None = Field(None, description="machine-readable reason, e.g. model_not_found, request_too_large")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 415, 422, 500, 503)}
+
+
+# ----------------------------------------------------------------------------- request and response models
+class HistoryTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant", "system"] = Field(description="who said it")
+    content: str = Field(description="what was said")
+
+
+class QueryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(description="the question or search text", examples=["How are deleted sources handled?"])
+    pipeline: str = Field("ask", min_length=1, description="a query pipeline of the served file")
+    history: list[HistoryTurn] = Field(default_factory=list, description="earlier chat turns, oldest first")
+    filters: dict[str, Any] | None = Field(None, description='Chroma-style metadata `where`, e.g. '
+                                                             '{"format": "markdown"}')
+    stream: bool = Field(False, description="answer as server-sent events: `token` events, then one `answer` "
+                                            "event (answer pipelines only)")
+    top_k: int | None = Field(None, ge=1, description="return at most this many passages (search pipelines)")
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the question is empty")
+        return value
+
+    @field_validator("filters")
+    @classmethod
+    def _valid_filter(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from ragline.flows.resources.filters import validate
+
+        validate(value)  # FilterError is a ValueError: reported as field 'filters'
+        return value
+
+
+class QueryResponse(BaseModel):
+    pipeline: str
+    answer: Answer | None = Field(None, description="for pipelines that answer (the output is an Answer)")
+    passages: list[Passage] | None = Field(None, description="for search pipelines (the output is passages)")
+    timings: dict[str, float] = Field(description="milliseconds spent in each step")
+    latency_ms: float = Field(description="the whole run, milliseconds")
+    replaced_by_refusal: bool | None = Field(None, description="streaming only: verification replaced the streamed "
+                                                               "draft with the refusal text; discard the tokens")
+
+
+class DependencyStatus(BaseModel):
+    status: Literal["up", "down", "not_configured"]
+    required: bool = Field(description="whether readiness depends on it")
+    type: str = Field(description="chroma, openai_compatible or prefect")
+    error: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not_ready"]
+    checks: dict[str, DependencyStatus] = Field(description="by resource name, plus `prefect`")
+    events: dict[str, int] = Field(description="Prefect events emitted and failed since start-up")
+
+
+# ----------------------------------------------------------------------------- running pipelines
+@dataclass
+class Outcome:
+    """A finished run: the pipeline's output with its step timings."""
+
+    pipeline: str
+    value: Any
+    timings: dict[str, float]
+    latency_ms: float
+    tokens: list[str] = field(default_factory=list)
+
+    @property
+    def is_answer(self) -> bool:
+        return isinstance(self.value, Answer)
+
+    def status(self) -> str:
+        return "refused" if self.is_answer and self.value.refused else "answered"
+
+    def replaced_by_refusal(self) -> bool:
+        """Streamed text was shown that the final answer no longer stands behind."""
+        return bool(self.tokens) and self.is_answer and self.value.refused
+
+    def to_json(self, top_k: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"pipeline": self.pipeline}
+        if self.is_answer:
+            body["answer"] = self.value.model_dump(mode="json")
+        else:
+            items = list(self.value)[:top_k] if top_k else list(self.value)
+            body["passages"] = [p.model_dump(mode="json") if hasattr(p, "model_dump") else p for p in items]
+        return {**body, "timings": self.timings, "latency_ms": self.latency_ms}
+
+
+class Events:
+    """Prefect events after each query, off the response path (one background thread)."""
+
+    def __init__(self, prefect_url: str | None, context: contextvars.Context):
+        self.url, self._context = prefect_url, context
+        self.emitted = self.failed = 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragline-events") if prefect_url else None
+
+    def query_done(self, pipeline: str, status: str, latency_ms: float, timings: dict[str, float],
+                   question_chars: int, surface: str, error: str | None = None) -> None:
+        if self._pool is None:
+            return
+        payload = {"pipeline": pipeline, "status": status, "latency_ms": latency_ms, "timings": timings,
+                   "question_chars": question_chars, "surface": surface}
+        if error:
+            payload["error_type"] = error
+        name = "ragline.query.failed" if status == "failed" else "ragline.query.completed"
+        self._pool.submit(self._context.copy().run, self._emit, name, pipeline, payload)
+
+    def _emit(self, name: str, pipeline: str, payload: dict[str, Any]) -> None:
+        from prefect.events import emit_event
+
+        try:
+            sent = emit_event(event=name, payload=payload, resource={
+                "prefect.resource.id": f"ragline.pipeline.{pipeline}", "prefect.resource.name": pipeline,
+                "ragline.kind": "query"})
+            if sent is None:
+                raise RuntimeError("Prefect did not accept the event (see its log)")
+            self.emitted += 1
+        except Exception as exc:  # noqa: BLE001 - observability must never fail a query
+            self.failed += 1
+            level = logging.WARNING if self.failed == 1 else logging.DEBUG
+            log.log(level, "could not emit the Prefect event %s (%s: %s); further failures are counted in /readyz",
+                    name, type(exc).__name__, exc)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+class Service:
+    """The compiled project and what every route shares: pipelines, the driver threads, events."""
+
+    def __init__(self, project: Project, *, max_concurrent_runs: int = 32):
+        from ragline.flows.api_runs import Redactor
+
+        self.project = project
+        self.redact = Redactor(project)
+        self.queries = {n: p for n, p in project.pipelines.items() if p.kind == "query"}
+        self.streaming = {n: _streaming(p) for n, p in self.queries.items()}
+        self.drivers = ThreadPoolExecutor(max_workers=max_concurrent_runs, thread_name_prefix="ragline-api")
+        self.events = Events(_prefect_url(), contextvars.copy_context())
+        self.started = int(time.time())
+
+    # -- choosing a pipeline
+    def pipeline(self, name: str, param: str = "pipeline", stream: bool = False) -> CompiledPipeline:
+        if name not in self.project.pipelines:
+            raise ApiError(404, f"field '{param}': no pipeline '{name}' in {self.project.path.name}; query "
+                                f"pipelines: {', '.join(self.queries) or 'none'}", param=param,
+                           code="pipeline_not_found")
+        if name not in self.queries:
+            raise ApiError(400, f"field '{param}': pipeline '{name}' is an ingestion pipeline; query pipelines: "
+                                f"{', '.join(self.queries) or 'none'}", param=param, code="not_a_query_pipeline")
+        return self.streaming[name] if stream else self.queries[name]
+
+    def answers(self, name: str) -> bool:
+        """Whether a pipeline's output is an Answer (its output step produces ``answer``)."""
+        pipeline = self.queries[name]
+        return pipeline.step(pipeline.output).stage.produces == "answer"
+
+    # -- running
+    async def run(self, pipeline: CompiledPipeline, query: dict[str, Any], *, surface: str = "query",
+                  on_token: Callable[[str], None] | None = None) -> Outcome:
+        """The pipeline on a driver thread; the event loop only awaits it."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            value, trace = await loop.run_in_executor(self.drivers, _run, pipeline, query, on_token)
+        except Exception as exc:
+            self.events.query_done(pipeline.name, "failed", _ms(time.perf_counter() - started), {},
+                                   len(query["text"]), surface, type(exc).__name__)
+            raise
+        outcome = Outcome(pipeline.name, value, {step: _ms(seconds) for step, seconds in trace},
+                          _ms(time.perf_counter() - started))
+        self.events.query_done(pipeline.name, outcome.status(), outcome.latency_ms, outcome.timings,
+                               len(query["text"]), surface)
+        return outcome
+
+    async def stream(self, pipeline: CompiledPipeline, query: dict[str, Any], *,
+                     surface: str = "query") -> AsyncIterator[str | None | Outcome]:
+        """Generated pieces as they come (``None`` now and then while nothing does), then the Outcome.
+        The run goes on to the end (and emits its event) if the client leaves."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        listening = threading.Event()
+        listening.set()
+        done = object()
+
+        def on_token(text: str) -> None:  # in the generating step's thread
+            if listening.is_set():
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, text)
+                except RuntimeError:  # the loop is closed: the server is stopping
+                    listening.clear()
+
+        job = asyncio.ensure_future(self.run(pipeline, query, surface=surface, on_token=on_token))
+        job.add_done_callback(lambda finished: (queue.put_nowait(done), finished.cancelled() or finished.exception()))
+        tokens: list[str] = []
+        getter: asyncio.Future | None = None
+        try:
+            while True:
+                getter = getter or asyncio.ensure_future(queue.get())
+                ready, _ = await asyncio.wait({getter}, timeout=KEEPALIVE_SECONDS)
+                if not ready:
+                    yield None
+                    continue
+                item, getter = getter.result(), None
+                if item is done:
+                    break
+                tokens.append(item)
+                yield item
+            outcome = job.result()
+            outcome.tokens = tokens
+            yield outcome
+        finally:
+            listening.clear()
+            if getter is not None:
+                getter.cancel()
+
+    # -- errors
+    def failure(self, exc: BaseException, request_id: str) -> ApiError:
+        """What the client may know about a failed run; the full error goes to the log."""
+        from ragline.flows.steps import StepFailed
+
+        message = self.redact(str(exc)) or type(exc).__name__
+        no_retry = {"x-should-retry": "false"}  # the engine has applied its retry policy already
+        if isinstance(exc, ApiError):
+            return exc
+        if isinstance(exc, ValueError):  # engine.coerce_inputs: a query the pipeline cannot take
+            return ApiError(422, message, param="question")
+        log.error("request %s: %s", request_id, exc, exc_info=exc)
+        cause = exc.__cause__
+        if isinstance(exc, StepFailed) and type(cause).__name__ == "FilterError":  # one the store rejects
+            return ApiError(422, f"field 'filters': {self.redact(str(cause))}", param="filters")
+        if isinstance(exc, StepFailed) and type(cause).__name__ in ("LLMUnavailable", "ChromaUnavailable"):
+            return ApiError(503, message, "service_unavailable_error", code="dependency_unavailable",
+                            headers=no_retry)
+        if isinstance(exc, StepFailed) and cause is None and "timed out after" in message:
+            return ApiError(504, message, "server_error", code="step_timeout", headers=no_retry)
+        if isinstance(exc, StepFailed):
+            step = message.split(" failed:", 1)[0]
+            return ApiError(500, f"{step} failed (request id {request_id}; details in the server log)",
+                            "server_error", code="step_failed", headers=no_retry)
+        return internal_error(request_id)
+
+    def close(self) -> None:
+        self.drivers.shutdown(wait=False, cancel_futures=True)
+        self.events.close()
+
+
+def _run(pipeline: CompiledPipeline, query: dict[str, Any],
+         on_token: Callable[[str], None] | None) -> tuple[Any, list[tuple[str, float]]]:
+    trace: list[tuple[str, float]] = []
+    value = engine.run(pipeline, {"query": query}, orchestrate=False, on_token=on_token, trace=trace)
+    return value, trace
+
+
+def _streaming(pipeline: CompiledPipeline) -> CompiledPipeline:
+    """The pipeline with every stage that can stream told to (as ``ragline ask --stream`` does)."""
+    overrides = {s.id: {"stream": True} for s in pipeline.steps if "stream" in s.stage.params.model_fields}
+    return pipeline.with_overrides(overrides) if overrides else pipeline
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def internal_error(request_id: str) -> ApiError:
+    return ApiError(500, f"internal error (request id {request_id}; details in the server log)", "server_error",
+                    code="internal_error")
+
+
+def request_id(request: Request) -> str:
+    return getattr(request.state, "request_id", "-")
+
+
+def sse(event: str | None, data: Any) -> str:
+    """One server-sent event; ``None`` data makes a keep-alive comment."""
+    if data is None:
+        return ": keep-alive\n\n"
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")) if not isinstance(data, str) else data
+    return (f"event: {event}\n" if event else "") + f"data: {text}\n\n"
+
+
+def estimate_tokens(text: str) -> int:
+    """~4 characters per token: usage figures are estimates (the pipeline may call the LLM several times)."""
+    return math.ceil(len(text) / 4) if text else 0
+
+
+# ----------------------------------------------------------------------------- /v1/query
+def query_router(service: Service) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["query"])
+
+    @router.post("/query", response_model=QueryResponse, responses=ERRORS,
+                 summary="Run a query pipeline: an answer with its sources, or ranked passages")
+    async def query(body: QueryRequest, request: Request) -> Response:
+        """JSON by default. With `"stream": true`, server-sent events: `event: token` /
+        `data: {"text": ...}` for every generated piece, then exactly one `event: answer` whose data is
+        this endpoint's JSON response plus `replaced_by_refusal` (when true, verification replaced the
+        streamed draft with the refusal text: discard the streamed tokens), or `event: error` /
+        `data: {"error": {...}}`. Comment lines (`: keep-alive`) may arrive while a step runs."""
+        rid = request_id(request)
+        try:
+            pipeline = service.pipeline(body.pipeline, stream=body.stream)
+            if body.stream and not service.answers(body.pipeline):
+                raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
+                                    f"text; stream an answer pipeline or leave stream false", param="stream")
+        except ApiError as exc:
+            return exc.response()
+        query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters}
+        if body.stream:
+            return StreamingResponse(_sse_query(service, pipeline, query, rid), media_type="text/event-stream",
+                                     headers=STREAM_HEADERS)
+        try:
+            outcome = await service.run(pipeline, query)
+        except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
+            return service.failure(exc, rid).response()
+        return JSONResponse(outcome.to_json(body.top_k))
+
+    return router
+
+
+async def _sse_query(service: Service, pipeline: CompiledPipeline, query: dict[str, Any],
+                     rid: str) -> AsyncIterator[str]:
+    try:
+        async for item in service.stream(pipeline, query):
+            if isinstance(item, Outcome):
+                final = {**item.to_json(), "replaced_by_refusal": item.replaced_by_refusal()}
+                if final["replaced_by_refusal"]:
+                    final["notice"] = REPLACED_NOTICE
+                yield sse("answer", final)
+            else:
+                yield sse("token", None if item is None else {"text": item})
+    except Exception as exc:  # noqa: BLE001 - the status line is sent: report in-band
+        yield sse("error", service.failure(exc, rid).body())
+
+
+# ----------------------------------------------------------------------------- health
+def health_router(service: Service, require_prefect: bool = False) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", summary="Liveness: the process answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}},
+                summary="Readiness: one status per dependency; 503 unless every required one is up")
+    async def readyz(request: Request) -> JSONResponse:
+        """No token needed (probes); when the server has one, errors and details (endpoints, counts)
+        are shown only to callers that send it."""
+        checks = await readiness(service, require_prefect)
+        ready = all(c.status == "up" for c in checks.values() if c.required)
+        if not getattr(request.state, "authorized", True):
+            checks = {name: c.model_copy(update={"error": None, "detail": {}}) for name, c in checks.items()}
+        body = Readiness(status="ready" if ready else "not_ready", checks=checks,
+                         events={"emitted": service.events.emitted, "failed": service.events.failed})
+        return JSONResponse(body.model_dump(mode="json"), 200 if ready else 503)
+
+    return router
+
+
+async def readiness(service: Service, require_prefect: bool) -> dict[str, DependencyStatus]:
+    """Every check at once, each with its own time limit."""
+    resources = service.project.spec.resources
+    jobs: dict[str, Any] = {}
+    for name, spec in resources.items():
+        if spec.type == "chroma":
+            jobs[name] = _check_store(service, name)
+        elif spec.type == "openai_compatible":
+            jobs[name] = _check_llm(service, name)
+    jobs["prefect" if "prefect" not in jobs else "prefect_api"] = _check_prefect(service.events.url, require_prefect)
+    results = await asyncio.gather(*jobs.values())
+    return dict(zip(jobs, results))
+
+
+async def _check_store(service: Service, name: str) -> DependencyStatus:
+    """A cheap call on the store (the collection's count), on a thread, with a time limit."""
+    store = service.project.resource(name)
+    try:
+        count = await asyncio.wait_for(asyncio.to_thread(store.count), CHECK_TIMEOUT_SECONDS)
+    except TimeoutError:
+        return DependencyStatus(status="down", required=True, type="chroma",
+                                error=f"no answer within {CHECK_TIMEOUT_SECONDS:g} s")
+    except Exception as exc:  # noqa: BLE001 - reported, redacted
+        return DependencyStatus(status="down", required=True, type="chroma",
+                                error=service.redact(f"{type(exc).__name__}: {exc}"))
+    return DependencyStatus(status="up", required=True, type="chroma", detail={"chunks": count})
+
+
+async def _check_llm(service: Service, name: str) -> DependencyStatus:
+    """The endpoint's /health (vLLM), as ``LLMClient.health()`` asks it, else its /models; with the error."""
+    import httpx
+
+    llm = service.project.resource(name)
+    root = llm.spec.base_url.rstrip("/").removesuffix("/v1")
+    detail = {"base_url": llm.spec.base_url, "model": llm.spec.model}
+    try:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_SECONDS) as client:
+            response = await client.get(f"{root}/health")
+            if response.status_code in (404, 405):  # not vLLM: any OpenAI-compatible server lists models
+                response = await client.get(f"{llm.spec.base_url.rstrip('/')}/models",
+                                            headers={"Authorization": f"Bearer {llm.spec.api_key}"})
+    except httpx.HTTPError as exc:
+        return DependencyStatus(status="down", required=True, type="openai_compatible", detail=detail,
+                                error=f"{llm.location} unreachable: {type(exc).__name__}: {exc or 'no answer'}")
+    if response.status_code != 200:
+        return DependencyStatus(status="down", required=True, type="openai_compatible", detail=detail,
+                                error=f"{llm.location} answered HTTP {response.status_code}")
+    return DependencyStatus(status="up", required=True, type="openai_compatible", detail=detail)
+
+
+async def _check_prefect(url: str | None, required: bool) -> DependencyStatus:
+    import httpx
+
+    if not url:
+        return DependencyStatus(status="not_configured", required=required, type="prefect",
+                                error="PREFECT_API_URL is not set: no events are emitted")
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            response = await client.get(f"{url.rstrip('/')}/health")
+    except httpx.HTTPError as exc:
+        return DependencyStatus(status="down", required=required, type="prefect", detail={"url": url},
+                                error=f"Prefect API {url} unreachable: {type(exc).__name__}: {exc or 'no answer'}")
+    if response.status_code != 200:
+        return DependencyStatus(status="down", required=required, type="prefect", detail={"url": url},
+                                error=f"Prefect API {url} answered HTTP {response.status_code}")
+    return DependencyStatus(status="up", required=required, type="prefect", detail={"url": url})
+
+
+def _prefect_url() -> str | None:
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url or None
+
+
+# ----------------------------------------------------------------------------- the guard (ASGI)
+class Guard:
+    """Request id, bearer token, body limit and last-resort 500s, before FastAPI sees a request."""
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: str = "/v1"):
+        self.app, self.max_body_bytes, self.protected = app, max_body_bytes, protected
+        self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = uuid.uuid4().hex[:16]
+        authorized = self._authorized(scope)
+        scope.setdefault("state", {}).update(request_id=rid, authorized=authorized)
+        send = _tagged(send, rid)
+        if not authorized and _under(scope["path"], self.protected) and scope["method"] != "OPTIONS":
+            return await _reply(send, ApiError(401, "missing or wrong bearer token (send `Authorization: Bearer "
+                                                    "<token>`)", code="invalid_api_key",
+                                               headers={"WWW-Authenticate": "Bearer"}))
+        body = await self._read_body(scope, receive)
+        if isinstance(body, ApiError):
+            return await _reply(send, body, close=True)
+        started = False
+
+        async def replay() -> dict:
+            nonlocal body
+            if body is not None:
+                message, body = {"type": "http.request", "body": body, "more_body": False}, None
+                return message
+            return await receive()
+
+        async def tracking(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, replay, tracking)
+        except Exception as exc:
+            log.error("request %s (%s %s) failed", rid, scope["method"], scope["path"], exc_info=exc)
+            if started:
+                raise  # too late for a response: the server closes the connection
+            await _reply(send, internal_error(rid))
+
+    def _authorized(self, scope: dict) -> bool:
+        """The right bearer token was sent (or none is configured); compared in constant time."""
+        if self._expected is None:
+            return True
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return hmac.compare_digest(hashlib.sha256(given).digest(), self._expected)
+
+    async def _read_body(self, scope: dict, receive: Callable) -> bytes | ApiError:
+        """The whole body, or a 413 as soon as it is known to be too large (declared or sent)."""
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return self._too_large()
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"request body too large: the limit is {self.max_body_bytes} bytes",
+                        code="request_too_large")
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def _tagged(send: Callable, rid: str) -> Callable:
+    async def tagged(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+        await send(message)
+
+    return tagged
+
+
+async def _reply(send: Callable, error: ApiError, close: bool = False) -> None:
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    if close:  # the rest of an oversized body is never read
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ----------------------------------------------------------------------------- error handlers
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 list as one readable message naming the field; OpenAI routes answer 400."""
+    openai = request.url.path.startswith(OPENAI_PATHS)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
+    content_type = request.headers.get("content-type", "")
+    if first["type"] == "json_invalid":
+        error = ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', 'JSON decode error')} "
+                              f"(at character {first['loc'][-1]})", code="invalid_json")
+    elif first["loc"] == ("body",) and content_type and not _is_json(content_type):
+        error = ApiError(415, f"unsupported Content-Type {content_type.split(';')[0]!r}: send application/json",
+                         code="unsupported_media_type")
+    elif first["loc"] == ("body",) and first["type"] == "missing":
+        error = ApiError(400 if openai else 422, "the request body is missing: send a JSON object",
+                         code="missing_body")
+    else:
+        messages = [f"field '{_field(e['loc'])}': {_message(e)}" for e in errors]
+        error = ApiError(400 if openai else 422, "; ".join(messages), param=_field(first["loc"]) or None,
+                         code="invalid_value")
+    return error.response(**({} if openai else {"detail": error.message}))
+
+
+def _field(loc: Iterable[Any]) -> str:
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _message(error: dict[str, Any]) -> str:
+    message = str(error.get("msg", "invalid value"))
+    return message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def _is_json(content_type: str) -> bool:
+    mime = content_type.split(";")[0].strip().lower()
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette/FastAPI HTTPExceptions (404 routes, mounted routers' errors) in the same shape;
+    ``detail`` is kept for routers whose clients read it."""
+    message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
+    error = ApiError(exc.status_code, message, kind, headers=dict(exc.headers or {}))
+    return error.response(detail=exc.detail)
+
+
+# ----------------------------------------------------------------------------- the app
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>` when the server has a token")
+
+
+def create_app(project_path: str, *, token: str | None = None, routers: Iterable[APIRouter] = (),
+               max_body_bytes: int = 1_000_000, cors_origins: Iterable[str] = (), data_dir: str | None = None,
+               require_prefect: bool = False, max_concurrent_runs: int = 32) -> FastAPI:
+    """The API of one pipelines file, compiled now (an invalid file fails here, not per request).
+    ``routers`` are mounted under the same token, body limit and error shapes."""
+    if token is not None and not token.strip():
+        raise ValueError("the API token is empty")
+    project = load_project(project_path)
+    if data_dir:
+        project = project.relocated(data_dir)
+    service = Service(project, max_concurrent_runs=max_concurrent_runs)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.close()
+
+    app = FastAPI(title="ragline", version="1", description=_description(project, token), lifespan=lifespan,
+                  openapi_tags=[{"name": "query"}, {"name": "openai"}, {"name": "health"}])
+    app.state.service = service
+    secured = [Depends(_bearer)]  # shows the scheme in /docs; Guard enforces it before the body is read
+    from ragline.flows.api_openai import openai_router
+
+    app.include_router(query_router(service), dependencies=secured)
+    app.include_router(openai_router(service), dependencies=secured)
+    for router in routers:
+        app.include_router(router, dependencies=secured)
+    app.include_router(health_router(service, require_prefect))
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes)
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["X-Request-ID"])
+    return app
+
+
+def _description(project: Project, token: str | None) -> str:
+    queries = ", ".join(n for n, p in project.pipelines.items() if p.kind == "query") or "none"
+    auth = "every /v1 route needs `Authorization: Bearer <token>`" if token else "no token (loopback only)"
+    return f"Query pipelines of {project.path.name}: {queries}. Authentication: {auth}."
+
+
+# ----------------------------------------------------------------------------- serving
+class ApiConfigError(ValueError):
+    """The API cannot start as asked (e.g. exposed without a token): one clear line."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
+              data_dir: str | None = None, routers: Iterable[APIRouter] = (), max_body_bytes: int = 1_000_000,
+              cors_origins: Iterable[str] = (), log_level: str = "info") -> None:
+    """Serve the API with uvicorn until stopped. ``token`` defaults to ``RAGLINE_API_TOKEN``; off
+    loopback a token is required: anyone who can reach the port could otherwise run queries."""
+    token = token or os.environ.get("RAGLINE_API_TOKEN") or None
+    if not is_loopback(host) and not token:
+        raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
+                             f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+    import uvicorn
+
+    app = create_app(project_path, token=token, routers=routers, max_body_bytes=max_body_bytes,
+                     cors_origins=cors_origins, data_dir=data_dir)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
