@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from common import REPO, SCIFACT, percentile, save, subset_corpus
+from common import REPO, SCIFACT, percentile, publish, save, subset_corpus
 from ragline.flows import engine
 from ragline.flows.compile import load_project
 
@@ -103,6 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--docs", type=int, default=300)
+    parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -129,6 +130,13 @@ def main() -> None:
     print(f"  overhead (difference of medians) {result['overhead_median_ms']:.2f} ms; API's own time per request "
           f"{own:.2f} ms median: {'within' if own <= TARGET_MS else 'OVER'} the {TARGET_MS:g} ms target")
     print(f"  written to {path.relative_to(REPO)}")
+    rows = {"direct": "`engine.run` in-process", "http": "`POST /v1/query` (uvicorn, own process)",
+            "api_own_time": "API's own time (client wall minus the run's latency)", "healthz_round_trip": "`GET /healthz`"}
+    table = ["| path | median | p95 |", "|---|---|---|"]
+    table += [f"| {label} | {result[k]['median_ms']:.2f} ms | {result[k]['p95_ms']:.2f} ms |" for k, label in rows.items()]
+    table.append(f"\n{result['queries']} SciFact queries over {args.docs} abstracts, `search`, direct and HTTP "
+                 f"alternating; target for the API's own time: {TARGET_MS:g} ms median.")
+    publish("api", table, readme=not args.no_readme)
 
 
 if __name__ == "__main__":

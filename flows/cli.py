@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         from ragline.flows.registry import set_allowed_modules
 
         set_allowed_modules(args.allow_module)
+    if args.handler is _serve:  # it supervises its runner, API and signals itself
+        return _dispatch(args)
     with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
         return _dispatch(args)
 
@@ -126,6 +128,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
+
+    p = command("serve", _serve, "Serve every pipeline as a Prefect deployment (schedules included) plus the "
+                                 "HTTP API, in one supervised process.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
+                   help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
+    p.add_argument("--no-api", action="store_true", help="serve the deployments only")
+    p.add_argument("--start-prefect", action="store_true",
+                   help="start a local Prefect server when PREFECT_API_URL is not set")
+    p.add_argument("--poll-seconds", type=float, default=2.0, help="how often the runner looks for new runs")
+    p.add_argument("--limit", type=int, help="flow runs at once (default: PREFECT_RUNNER_PROCESS_LIMIT, 5)")
+    p.add_argument("--keep-schedules", action="store_true", help="do not pause schedules when serve stops")
 
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample) and search it.")
     p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
@@ -352,6 +367,14 @@ def _api(args) -> int:
     serve_api(args.file, host=args.host, port=args.port, token=args.token, data_dir=args.data_dir,
               max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
     return 0
+
+
+def _serve(args) -> int:
+    from ragline.flows.serve import serve
+
+    return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
+                 start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
+                 limit=args.limit, pause_on_shutdown=not args.keep_schedules)
 
 
 def _quickstart(args) -> int:

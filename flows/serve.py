@@ -1,0 +1,564 @@
+"""`ragline serve`: every pipeline of a file as a Prefect deployment, run by this process.
+
+One deployment per pipeline, all of the flow ``ragline`` (``run_pipeline``), named after the
+pipeline and parameterised with the file's absolute path:
+
+- ingestion pipelines carry their ``schedule:`` (cron in its time zone, or an interval) and a
+  deployment concurrency limit of 1 with ``CANCEL_NEW``: a run that comes due while another run
+  of the same deployment is active is cancelled by the Prefect server ("Deployment concurrency
+  limit reached") instead of queueing behind it; the next tick catches up, ingestion being
+  incremental. The index's writer lease in the state DB is the second guard (it also covers
+  ``ragline index`` and other pipelines writing the same index: those wait for the holder).
+- query pipelines have no schedule: they run when triggered (``POST /api/deployments/{id}/
+  create_flow_run`` on the Prefect API, or ``prefect deployment run ragline/<pipeline>``).
+
+Results are persisted as JSON (``persist_result=True, result_serializer="json"``) in a folder
+ragline owns, ``<data dir>/.ragline/results`` (the data dir is the pipelines file's folder unless
+``--data-dir`` moves the indexes), so an API-triggered run's result can be read back: with
+Prefect's client (``state.result()``), from the file that ``state.data.storage_key`` names on the
+REST API (the value itself, plain JSON; ``state.data.serializer.type`` is ``json``), or through
+ragline's ``GET /v1/runs/{id}``. Nothing deletes old results: prune the folder as you see fit.
+
+This process is the worker: a Prefect ``Runner`` polls the API every ``poll_seconds`` (2 s;
+Prefect's default is 10) and starts each flow run in a new Python process (at most ``limit`` at
+once, Prefect's ``PREFECT_RUNNER_PROCESS_LIMIT``, 5 by default). Beside it, uvicorn serves the HTTP
+API (``flows/api.py``'s app with ``flows/api_runs.py``'s router) in the same process. Both run in
+threads that the main thread supervises: if one of them dies the other is stopped and the process
+exits 1; SIGTERM stops both and exits 0, Ctrl-C exits 130, without a traceback (a second signal
+exits at once). Runs in flight are cancelled (recorded Cancelled); one still running 5 s later is
+killed (ingestion is crash-safe). Idle, it stops in about a second. Flow runs start with
+multiprocessing's ``spawn``, which re-imports ``__main__``: a script that calls ``serve()`` needs
+the ``if __name__ == "__main__":`` guard (the ``ragline`` command has it).
+
+On shutdown the deployments are **paused** (Prefect's ``pause_on_shutdown``): while nothing serves
+them, no scheduled runs pile up as Late to fire in a burst at the next start. Serving again applies
+the deployments unpaused, so the schedules resume by themselves at the next tick.
+
+A Prefect API must be configured (``PREFECT_API_URL``, e.g. ``prefect server start --analytics-off``
+and ``export PREFECT_API_URL=http://127.0.0.1:4200/api``), or ``start_prefect=True`` starts one
+owned by this process (``flows/prefect_server.py``'s local server, here with **all** server
+services: the scheduler does not run in an ephemeral server, so schedules would never fire).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ragline.flows.compile import Project, load_project
+
+logger = logging.getLogger("ragline.serve")
+
+FLOW_NAME = "ragline"  # run_pipeline's flow name: deployments are "ragline/<pipeline>"
+DEFAULT_POLL_SECONDS = 2.0
+RESULTS_DIR = Path(".ragline") / "results"
+STOP_GRACE = 5.0  # seconds runs in flight get to stop when cancelled (Prefect waits 30) before they are killed
+STOP_TIMEOUT = 10.0  # seconds each component then gets to finish stopping before the process exits anyway
+START_TIMEOUT = 120.0  # seconds to apply the deployments and start the API
+API_CHECK_EVERY = 5.0  # seconds between health checks of the Prefect API
+API_DEAD_AFTER = 60.0  # seconds without an answer from the Prefect API before serve gives up (exit 1)
+
+PREFECT_HOWTO = ("no Prefect API is configured. Start a server in another terminal:\n"
+                 "    prefect server start --analytics-off\n"
+                 "and point ragline at it:\n"
+                 "    export PREFECT_API_URL=http://127.0.0.1:4200/api\n"
+                 "or let `ragline serve --start-prefect` start one for this process.")
+
+
+class ServeError(RuntimeError):
+    """ragline serve cannot start (no Prefect API, a port in use, ...): one clear line."""
+
+
+# ----------------------------------------------------------------------------- deployments
+def data_dir_of(project: Project) -> Path:
+    """Where the project's indexes live: ``--data-dir``, else the pipelines file's folder."""
+    return Path(project.data_dir or project.base_dir).resolve()
+
+
+def results_dir(project: Project) -> Path:
+    """The folder served runs persist their JSON results in."""
+    return data_dir_of(project) / RESULTS_DIR
+
+
+def served_flow(project: Project):
+    """``run_pipeline`` with results persisted as JSON in ragline's results folder."""
+    from ragline.flows.entrypoints import run_pipeline
+
+    folder = results_dir(project)
+    folder.mkdir(parents=True, exist_ok=True)
+    # A Path (not an unsaved block, which Flow refuses) becomes a local file system there, and the
+    # result's storage key is the file's absolute path: readable by any client on this host.
+    return run_pipeline.with_options(persist_result=True, result_serializer="json", result_storage=folder)
+
+
+def deployment_name(pipeline: str) -> str:
+    """The full Prefect name: ``GET /api/deployments/name/ragline/<pipeline>``."""
+    return f"{FLOW_NAME}/{pipeline}"
+
+
+def deployment_options(project: Project, data_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """For each pipeline, the keyword arguments of ``run_pipeline.to_deployment`` (and of
+    ``Runner.add_flow``, which calls it): name, parameters, schedules, concurrency limit."""
+    from prefect.client.schemas.objects import (
+        ConcurrencyLimitConfig,
+        ConcurrencyLimitStrategy,
+    )
+    from prefect.deployments.runner import EntrypointType
+    from prefect.schedules import Cron, Interval
+
+    options: dict[str, dict[str, Any]] = {}
+    for name, pipeline in project.pipelines.items():
+        parameters: dict[str, Any] = {"pipeline": name, "file": str(project.path.resolve())}
+        if data_dir is not None:
+            parameters["data_dir"] = str(Path(data_dir).resolve())
+        spec = pipeline.spec
+        entry: dict[str, Any] = {"name": name, "parameters": parameters, "tags": ["ragline", spec.kind],
+                                 "description": spec.description or f"ragline {spec.kind} pipeline '{name}'",
+                                 "entrypoint_type": EntrypointType.MODULE_PATH}
+        if spec.kind == "ingestion":
+            schedules = []
+            if spec.schedule is not None and spec.schedule.cron:
+                schedules.append(Cron(spec.schedule.cron, timezone=spec.schedule.timezone, slug="ragline-cron"))
+            if spec.schedule is not None and spec.schedule.interval_seconds:
+                schedules.append(Interval(spec.schedule.interval_seconds, timezone=spec.schedule.timezone,
+                                          slug="ragline-interval"))
+            entry["schedules"] = schedules
+            entry["concurrency_limit"] = ConcurrencyLimitConfig(
+                limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
+        options[name] = entry
+    return options
+
+
+def build_deployments(project_path: str | Path, data_dir: str | Path | None = None) -> list[Any]:
+    """One ``RunnerDeployment`` per pipeline (``run_pipeline.to_deployment``), not yet applied:
+    what ``serve`` registers, for ``prefect.serve(*build_deployments(...))`` or inspection. (That
+    path runs flows from the module entrypoint; ``serve`` keeps the JSON result settings.)"""
+    project = _project(project_path, data_dir)
+    flow = served_flow(project)
+    return [flow.to_deployment(**options) for options in deployment_options(project, data_dir).values()]
+
+
+def _project(project_path: str | Path, data_dir: str | Path | None) -> Project:
+    project = load_project(project_path)
+    return project.relocated(Path(data_dir)) if data_dir else project
+
+
+# ----------------------------------------------------------------------------- the Prefect API
+def _serving_server_class():
+    """ragline's local Prefect server, with every server service (scheduler included)."""
+    from ragline.flows.prefect_server import LocalPrefectServer
+
+    class ServingPrefectServer(LocalPrefectServer):
+        def _environment(self) -> dict[str, str]:
+            env = super()._environment()
+            env.pop("PREFECT__SERVER_EPHEMERAL", None)  # an ephemeral server never schedules runs
+            return env
+
+    return ServingPrefectServer
+
+
+def start_prefect_server(home: Path | None = None):
+    """Start a local Prefect server owned by this process (stopped with it); returns the server."""
+    server = _serving_server_class()(home)
+    server.start()
+    return server
+
+
+def _configured_api_url() -> str | None:
+    if os.environ.get("PREFECT_API_URL", "").strip():
+        return os.environ["PREFECT_API_URL"].strip()
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url or None
+
+
+def use_prefect_api(url: str, stack: contextlib.ExitStack) -> None:
+    """Point every reader of Prefect's settings at ``url``: this context, the process-global one
+    (threads), and os.environ (flow-run processes). Undone when ``stack`` closes."""
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    stack.callback(lambda: os.environ.__setitem__("PREFECT_API_URL", previous) if previous is not None
+                   else os.environ.pop("PREFECT_API_URL", None))
+    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
+    global_context = prefect.context.GLOBAL_SETTINGS_CONTEXT
+    prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.get_settings_context()
+    stack.callback(lambda: setattr(prefect.context, "GLOBAL_SETTINGS_CONTEXT", global_context))
+
+
+def _api_answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url.rstrip('/')}/health", timeout=5.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _check_api(url: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if _api_answers(url):
+            return
+        if time.monotonic() > deadline:
+            raise ServeError(f"the Prefect API at {url} does not answer; is `prefect server start` running?")
+        time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------- the HTTP API
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_app(project_path: str | Path, *, token: str | None = None, data_dir: str | Path | None = None):
+    """``flows/api.py``'s app (query, OpenAI-compatible and health routes) with the runs router
+    (``/v1/ingest``, ``/v1/runs/{id}``) mounted under the same token and error shapes."""
+    from ragline.flows.api import create_app
+    from ragline.flows.api_runs import runs_router
+
+    router = runs_router(project_path, data_dir=data_dir)
+    return create_app(str(project_path), token=token, routers=[router], data_dir=str(data_dir) if data_dir else None)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+# ----------------------------------------------------------------------------- the service
+class Service:
+    """The runner and the HTTP API of one pipelines file, each in a thread of this process.
+
+    ``start()`` returns once the deployments are applied and the API listens; ``wait()`` blocks
+    until ``stop()`` is called or a component ends (its name is returned); ``stop()`` stops both
+    (cancelling runs in flight, pausing the schedules unless ``pause_on_shutdown=False``) and the
+    Prefect server it started, if any."""
+
+    def __init__(self, project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = 8000,
+                 token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
+                 poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
+                 pause_on_shutdown: bool = True, prefect_home: Path | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.project_path = Path(project_path).resolve()
+        self.api, self.host, self.port, self.token = api, host, port, token
+        self.start_prefect, self.data_dir = start_prefect, data_dir
+        self.poll_seconds, self.limit, self.pause_on_shutdown = poll_seconds, limit, pause_on_shutdown
+        self.prefect_home = prefect_home
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.deployment_ids: dict[str, Any] = {}
+        self.prefect_api_url: str | None = None
+        self.api_url: str | None = None
+        self._stack = contextlib.ExitStack()
+        self._prefect_server = None
+        self._runner = None
+        self._runner_loop: asyncio.AbstractEventLoop | None = None
+        self._uvicorn = None
+        self._threads: dict[str, threading.Thread] = {}
+        self._ready = threading.Event()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._errors: dict[str, BaseException] = {}
+        self._api_gone: str | None = None
+
+    # -- start
+    def start(self) -> Service:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        if self.api and not _is_loopback(self.host) and not self.token:
+            raise ServeError(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
+                             f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+        project = _project(self.project_path, self.data_dir)
+        options = deployment_options(project, self.data_dir)
+        if not options:
+            raise ServeError(f"{self.project_path.name} defines no pipeline to serve")
+        sock = _bind(self.host, self.port) if self.api else None  # a port in use fails before anything starts
+        self._stack.callback(lambda: sock is not None and sock.close())
+        self._connect_prefect()
+        flow = served_flow(project)
+        context = contextvars.copy_context()  # the Prefect settings chosen above, for the threads
+        self._spawn("runner", lambda: context.run(self._run_runner, flow, options))
+        self._await_ready(self._ready.is_set, "runner", "the deployments were not applied")
+        if sock is not None:
+            import uvicorn
+
+            app = api_app(self.project_path, token=self.token, data_dir=self.data_dir)
+            config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                    timeout_graceful_shutdown=3)
+            self._uvicorn = uvicorn.Server(config)
+            host, port = sock.getsockname()[:2]
+            self.api_url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+            context = contextvars.copy_context()
+            self._spawn("api", lambda: context.run(self._uvicorn.run, sockets=[sock]))
+            self._await_ready(lambda: self._uvicorn.started, "api", "the HTTP API did not start")
+        served = ", ".join(f"{name} ({self._describe(opts)})" for name, opts in options.items())
+        self.log(f"ragline serve: {len(options)} deployment(s) of flow '{FLOW_NAME}': {served}")
+        self.log(f"ragline serve: Prefect API {self.prefect_api_url}; runner polls every {self.poll_seconds:g} s"
+                 + (f"; HTTP API {self.api_url}" if self.api_url else ""))
+
+    @staticmethod
+    def _describe(options: dict[str, Any]) -> str:
+        schedules = options.get("schedules") or []
+        if not schedules:
+            return "on demand"
+        parts = []
+        for schedule in schedules:
+            if schedule.cron:
+                parts.append(f"cron '{schedule.cron}' {schedule.timezone or 'UTC'}")
+            else:
+                parts.append(f"every {schedule.interval.total_seconds():g} s")
+        return ", ".join(parts) + ", one run at a time"
+
+    def _connect_prefect(self) -> None:
+        url = _configured_api_url()
+        if url is None and not self.start_prefect:
+            raise ServeError(PREFECT_HOWTO)
+        if url is None:
+            self.log("ragline serve: starting a local Prefect server (with its scheduler) ...")
+            self._prefect_server = start_prefect_server(self.prefect_home)
+            url = self._prefect_server.api_url
+            from ragline.flows.prefect_server import dashboard_command
+
+            self.log(f"ragline serve: Prefect server on {url} (pid {self._prefect_server.pid}); dashboard: "
+                     f"{dashboard_command(self._prefect_server.home)}")
+        else:
+            _check_api(url)
+        use_prefect_api(url, self._stack)
+        self.prefect_api_url = url
+
+    def _spawn(self, name: str, target: Callable[[], Any]) -> None:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:  # noqa: BLE001 - reported by wait()
+                self._errors.setdefault(name, exc)
+            finally:
+                self._wake.set()
+
+        self._threads[name] = threading.Thread(target=run, name=f"ragline-serve-{name}", daemon=True)
+        self._threads[name].start()
+
+    def _await_ready(self, ready: Callable[[], bool], name: str, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not ready():
+            if not self._threads[name].is_alive() or time.monotonic() > deadline:
+                error = self._errors.get(name)
+                detail = f": {type(error).__name__}: {error}" if error is not None else ""
+                raise ServeError(f"{what}{detail}")
+            time.sleep(0.05)
+
+    def _run_runner(self, flow: Any, options: dict[str, dict[str, Any]]) -> None:
+        async def main() -> None:
+            from prefect.runner import Runner
+
+            self._runner_loop = asyncio.get_running_loop()
+            runner = Runner(name=f"ragline-{socket.gethostname()}-{os.getpid()}", query_seconds=self.poll_seconds,
+                            limit=self.limit if self.limit is not None else _default_limit(),
+                            pause_on_shutdown=self.pause_on_shutdown)
+            for name, kwargs in options.items():
+                if self._stopping.is_set():
+                    break
+                self.deployment_ids[name] = await runner.aadd_flow(flow, **kwargs)
+            if self._stopping.is_set():  # stopped while starting: leave things as a stopped runner does
+                await self._pause_deployments()
+                return
+            started = asyncio.ensure_future(runner.start())
+            while not runner.started and not started.done():
+                await asyncio.sleep(0.05)
+            self._runner = runner
+            self._ready.set()
+            if self._stopping.is_set() and runner.started:
+                await runner.astop()
+            await started
+
+        asyncio.run(main())
+
+    # -- run
+    def wait(self, timeout: float | None = None) -> str | None:
+        """Block until ``stop()`` or until a component ends; returns its name ("runner", "api", or
+        "Prefect API" when the Prefect server this started exited, or a configured one has not
+        answered for ``API_DEAD_AFTER`` seconds). None when stopped, or at ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_answer = next_check = time.monotonic()
+        while not self._stopping.is_set():
+            for name, thread in self._threads.items():
+                if not thread.is_alive():
+                    return name
+            now = time.monotonic()
+            server = self._prefect_server
+            if server is not None and server.process is not None and server.process.poll() is not None:
+                self._api_gone = f"the Prefect server this process started exited ({server.process.returncode})"
+                return "Prefect API"
+            if self.prefect_api_url and now >= next_check:
+                next_check = now + API_CHECK_EVERY
+                if _api_answers(self.prefect_api_url):
+                    last_answer = now
+                elif now - last_answer > API_DEAD_AFTER:
+                    self._api_gone = f"{self.prefect_api_url} has not answered for {API_DEAD_AFTER:g} s"
+                    return "Prefect API"
+            if deadline is not None and now > deadline:
+                return None
+            self._wake.wait(0.5)
+            self._wake.clear()
+        return None
+
+    def failure(self, name: str) -> str:
+        if name == "Prefect API" and self._api_gone:
+            return self._api_gone
+        error = self._errors.get(name)
+        return f"{type(error).__name__}: {error}" if error is not None else "it stopped"
+
+    # -- stop
+    def stop(self, grace: float = STOP_GRACE, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the API and the runner (idempotent), then the Prefect server this started. Runs in
+        flight are cancelled (Prefect records them Cancelled); one still running ``grace`` seconds
+        later (a step inside a long native call) is killed: ingestion is built to survive that."""
+        self._stopping.set()
+        self._wake.set()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        loop = self._runner_loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                asyncio.run_coroutine_threadsafe(self._stop_runner(), loop)
+        if self._api_gone:  # nothing can be recorded or paused: do not wait for the runner's retries
+            grace, timeout = 0.0, 2.0
+        runner = self._threads.get("runner")
+        if runner is not None:
+            runner.join(grace)
+            if runner.is_alive():
+                _kill_flow_run_processes()
+        deadline = time.monotonic() + timeout
+        for name, thread in list(self._threads.items()):
+            thread.join(max(0.1, deadline - time.monotonic()))
+            if thread.is_alive():
+                logger.warning("ragline serve: the %s did not stop in time", name)
+        if any(thread.is_alive() for thread in self._threads.values()):
+            _kill_flow_run_processes()  # never leave a flow run behind this process
+        self._stack.close()
+        if self._prefect_server is not None:
+            server, self._prefect_server = self._prefect_server, None
+            with contextlib.suppress(Exception):
+                from ragline.flows.prefect_server import _drain_prefect_workers
+
+                _drain_prefect_workers(3.0)
+            server.stop()
+
+    async def _stop_runner(self) -> None:
+        runner = self._runner
+        if runner is not None and runner.started:
+            await runner.astop()  # cancels runs in flight, then start() returns (pausing schedules)
+        # else: still starting; the runner thread sees the stop flag once the runner has started
+
+    async def _pause_deployments(self) -> None:
+        """What the runner does on shutdown, for a stop before it started."""
+        if not self.pause_on_shutdown or not self.deployment_ids:
+            return
+        from prefect.client.orchestration import get_client
+
+        with contextlib.suppress(Exception):
+            async with get_client() as client:
+                for deployment_id in self.deployment_ids.values():
+                    await client.pause_deployment(deployment_id)
+
+
+def _kill_flow_run_processes() -> None:
+    """SIGKILL the flow-run processes the runner started (multiprocessing children of this one)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(Exception):
+            child.kill()
+
+
+def _default_limit() -> int | None:
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().runner.process_limit
+
+
+# ----------------------------------------------------------------------------- the command
+def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = 8000,
+          token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
+          poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
+          pause_on_shutdown: bool = True) -> int:
+    """Serve a pipelines file until SIGTERM (exit 0) or Ctrl-C (exit 130); 1 if the runner or the
+    API stopped by itself, 2 if it cannot start (no Prefect API, port in use, invalid file: the
+    message says why). Call it from the main thread: it handles SIGTERM and SIGINT itself."""
+    service = Service(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
+                      data_dir=data_dir, poll_seconds=poll_seconds, limit=limit,
+                      pause_on_shutdown=pause_on_shutdown)
+    received: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        if received:  # a second signal: stop waiting for the components
+            os._exit(130 if signum == signal.SIGINT else 0)
+        received.append(signum)
+        service._stopping.set()
+        service._wake.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    code = 0
+    try:
+        try:
+            service.start()
+        except ServeError as exc:
+            if not received:  # (a signal during start-up is a stop, not an error)
+                print(f"error: {exc}", file=sys.stderr)
+                code = 2
+        else:
+            died = service.wait()
+            if died is not None and not received:
+                print(f"error: ragline serve: the {died} stopped ({service.failure(died)}); stopping",
+                      file=sys.stderr)
+                code = 1
+    finally:
+        if received:
+            service.log("ragline serve: stopping (runs in flight are cancelled; schedules "
+                        + ("paused" if pause_on_shutdown else "kept") + ")")
+        service.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        service.log("ragline serve: stopped")
+        return _exit_code(received)
+    return code
+
+
+def _exit_code(received: list[int]) -> int:
+    return 130 if received and received[0] == signal.SIGINT else 0

@@ -1,0 +1,324 @@
+"""`ragline serve` against a real Prefect server (all services, scheduler included): deployments,
+REST-triggered query runs with JSON results, a schedule firing by itself, POST /v1/ingest with its
+409, and a clean stop on SIGTERM / Ctrl-C. The served process is a subprocess, as in production."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, scifact_records, write_jsonl
+from tests.integration.harness import free_port
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "serve-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+PIPELINES = """
+resources:
+  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
+  store:    {type: chroma, path: idx/chroma, collection: main}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+  notes_store:  {type: chroma, path: idx/notes_chroma, collection: notes}
+  notes_sparse: {type: bm25, path: idx/notes_bm25}
+  notes_state:  {type: index_state, path: idx/notes_state.sqlite}
+
+pipelines:
+  index:
+    kind: ingestion
+    schedule: {interval_seconds: 30}
+    steps:
+      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
+      - {id: embed,   task: embed, uses: [embedder]}
+      - {id: write,   task: index, uses: {store: store, sparse: sparse, state: state}}
+  notes:
+    kind: ingestion
+    schedule: {cron: "0 3 * * *", timezone: Europe/Berlin}
+    steps:
+      - {id: load,    task: load, with: {paths: [notes]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
+      - {id: embed,   task: embed, uses: [embedder]}
+      - {id: write,   task: index, uses: {store: notes_store, sparse: notes_sparse, state: notes_state}}
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, uses: {store: store, embedder: embedder}, with: {k: 10}}
+      - {id: sparse, task: retrieve_sparse, uses: {sparse: sparse, state: state}, with: {k: 10}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 5}}
+"""
+
+SERVE = ("import sys; from ragline.flows.serve import serve; "
+         "sys.exit(serve(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], api=sys.argv[4] == '1'))")
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    """A real Prefect server with its scheduler (not the ephemeral test harness, which runs no
+    scheduler): ragline's own `--start-prefect` server, on a temporary database."""
+    from ragline.flows.serve import start_prefect_server
+
+    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
+    try:
+        yield server.api_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("served")
+    write_jsonl(root / "docs" / "corpus.jsonl", scifact_records(12))
+    (root / "docs" / "zebrafish.md").write_text("# Zebrafish\n\nZebrafish regenerate their fins and heart.\n")
+    (root / "notes").mkdir()
+    (root / "notes" / "alpha.md").write_text("# Alpha\n\nAlpha notes about telomerase in stem cells.\n")
+    (root / "notes" / "empty.md").write_text("")  # reported as a failure, the run goes on
+    path = root / "pipelines.yaml"
+    path.write_text(textwrap.dedent(PIPELINES))
+    return path
+
+
+def _start(project: Path, prefect_api: str, log: Path, api: bool = True) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(os.environ, PREFECT_API_URL=prefect_api, OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1",
+               PREFECT_HOME=str(log.parent / "prefect-client"), PYTHONPATH=str(REPO))
+    with open(log, "ab") as out:
+        process = subprocess.Popen([sys.executable, "-c", SERVE, str(project), str(port), TOKEN, "1" if api else "0"],
+                                   cwd=project.parent, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"ragline serve exited with {process.returncode}: {log.read_text()[-3000:]}")
+        if "ragline serve: Prefect API" in log.read_text(errors="replace"):
+            return process, f"http://127.0.0.1:{port}"
+        time.sleep(0.2)
+    _stop(process)
+    raise TimeoutError(f"ragline serve did not start: {log.read_text()[-3000:]}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def served(project, prefect_api):
+    """`ragline serve` on the project (the `index` pipeline's data indexed beforehand)."""
+    from tests.integration.harness import run_index
+
+    run_index(project)  # in-process, no Prefect: the query tests need passages
+    log = project.parent / "serve.log"
+    process, url = _start(project, prefect_api, log)
+    try:
+        yield url
+    finally:
+        _stop(process)
+
+
+def _deployment(prefect_api: str, pipeline: str) -> dict:
+    response = httpx.get(f"{prefect_api}/deployments/name/ragline/{pipeline}", timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def _wait_flow_run(prefect_api: str, run_id: str, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{prefect_api}/flow_runs/{run_id}", timeout=30).json()
+        if run["state"]["type"] in FINAL:
+            return run
+        time.sleep(0.5)
+    raise TimeoutError(f"flow run {run_id} did not finish: {run['state']}")
+
+
+# ----------------------------------------------------------------------------- tests
+def test_serve_creates_one_deployment_per_pipeline(served, prefect_api, project):
+    index, notes, search = (_deployment(prefect_api, name) for name in ("index", "notes", "search"))
+    for name, deployment in (("index", index), ("notes", notes), ("search", search)):
+        assert deployment["name"] == name
+        assert deployment["parameters"] == {"pipeline": name, "file": str(project.resolve())}
+        assert deployment["paused"] is False
+        assert deployment["entrypoint"] == "ragline.flows.entrypoints.run_pipeline"
+    [interval] = index["schedules"]
+    assert interval["schedule"]["interval"] == 30 and interval["active"]
+    [cron] = notes["schedules"]
+    assert cron["schedule"]["cron"] == "0 3 * * *" and cron["schedule"]["timezone"] == "Europe/Berlin"
+    for ingestion in (index, notes):  # one run at a time; a run due meanwhile is cancelled, not queued
+        assert ingestion["global_concurrency_limit"]["limit"] == 1
+        assert ingestion["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+    assert search["schedules"] == [] and search["global_concurrency_limit"] is None
+
+
+def test_query_deployment_triggered_over_rest_returns_json(served, prefect_api, project):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    deployment_id = _deployment(prefect_api, "search")["id"]
+    body = {"parameters": {"inputs": {"query": {"text": "zebrafish fin regeneration"}}}}
+    created = httpx.post(f"{prefect_api}/deployments/{deployment_id}/create_flow_run", json=body, timeout=30)
+    assert created.status_code == 201, created.text
+    run = _wait_flow_run(prefect_api, created.json()["id"])
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["name"] == "search"
+    # The REST API holds a reference: a plain JSON file on the serving host.
+    data = run["state"]["data"]
+    assert data["serializer"]["type"] == "json"
+    assert Path(data["storage_key"]).parent == project.parent / ".ragline" / "results"
+    passages = json.loads(Path(data["storage_key"]).read_text())
+    assert passages and any("Zebrafish" in p["text"] for p in passages)
+    # Prefect's client reads the same value.
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        assert client.read_flow_run(run["id"]).state.result() == passages
+    # ragline's API returns it, and names neither the pipelines file nor the data dir.
+    status = httpx.get(f"{served}/v1/runs/{run['id']}", headers=AUTH, timeout=30).json()
+    assert (status["pipeline"], status["kind"], status["state"]) == ("search", "query", "COMPLETED")
+    assert status["result"] == passages and status["started"] and status["ended"]
+    text = json.dumps(status)
+    assert str(project) not in text and str(project.parent / "idx") not in text and ".ragline" not in text
+
+
+def test_interval_schedule_fires_by_itself(served, prefect_api):
+    deployment_id = _deployment(prefect_api, "index")["id"]
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        body = {"deployments": {"id": {"any_": [deployment_id]}}, "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
+        runs = httpx.post(f"{prefect_api}/flow_runs/filter", json=body, timeout=30).json()
+        if runs:
+            assert "auto-scheduled" in runs[0]["tags"]
+            status = httpx.get(f"{served}/v1/runs/{runs[0]['id']}", headers=AUTH, timeout=30).json()
+            assert status["state"] == "COMPLETED" and status["summary"].startswith("added ")
+            assert status["result"]["failed"] == 0
+            return
+        time.sleep(2)
+    pytest.fail("no scheduled run of 'index' completed")
+
+
+def _wait_status(served: str, run_id: str, until: set[str], timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = httpx.get(f"{served}/v1/runs/{run_id}", headers=AUTH, timeout=30).json()
+        if status["state"] in until:
+            return status
+        time.sleep(0.3)
+    raise TimeoutError(f"run {run_id} never reached {until}: {status}")
+
+
+def test_ingest_over_the_api_is_a_job_with_a_409_while_it_runs(served, prefect_api, project):
+    from ragline.flows.compile import load_project
+
+    for bad, code in (({"pipeline": "search"}, 400), ({"pipeline": "nope"}, 404)):
+        assert httpx.post(f"{served}/v1/ingest", json=bad, headers=AUTH, timeout=30).status_code == code
+    assert httpx.post(f"{served}/v1/ingest", json={"pipeline": "notes"}, timeout=30).status_code == 401
+    deployment_id = _deployment(prefect_api, "notes")["id"]
+
+    def ingest() -> httpx.Response:
+        return httpx.post(f"{served}/v1/ingest", json={"pipeline": "notes"}, headers=AUTH, timeout=30)
+
+    def trigger() -> str:  # straight on Prefect's API, as a schedule or another client would
+        return httpx.post(f"{prefect_api}/deployments/{deployment_id}/create_flow_run", json={}, timeout=30).json()["id"]
+
+    # A writer outside Prefect holds the index: the API refuses, naming it; a deployment run waits for it.
+    with load_project(project).resource("notes_state").lease("manual rebuild"):
+        busy = ingest()
+        assert busy.status_code == 409 and "manual rebuild" in busy.json()["detail"]
+        waiting = trigger()
+        status = _wait_status(served, waiting, {"RUNNING"})
+        assert status["progress"] is not None and "batches_written" in status["progress"]
+        # A second run of the deployment is cancelled by its concurrency limit, not queued.
+        extra = _wait_flow_run(prefect_api, trigger())
+        assert extra["state"]["type"] == "CANCELLED" and "concurrency" in extra["state"]["message"].lower()
+        busy = ingest()
+        assert busy.status_code == 409 and waiting in busy.json()["detail"]
+    status = _wait_status(served, waiting, FINAL)
+    assert status["state"] == "COMPLETED", status
+    assert status["summary"].startswith("added 1, updated 0, deleted 0, unchanged 0, failed 1")
+    [failure] = status["failures"]
+    assert failure["source_id"] == str(project.parent / "notes" / "empty.md") and failure["stage"] == "load"
+    assert status["result"]["added"] == 1 and status["message"] is None
+    assert str(project) not in json.dumps(status)
+
+    first = ingest()
+    assert first.status_code == 202, first.text
+    run_id = first.json()["run_id"]
+    assert first.json()["pipeline"] == "notes" and first.json()["state"] == "SCHEDULED"
+    second = ingest()
+    assert second.status_code == 409 and run_id in second.json()["detail"]
+    status = _wait_status(served, run_id, FINAL)
+    assert status["state"] == "COMPLETED" and status["summary"].startswith("added 0, updated 0, deleted 0, unchanged 1")
+    assert httpx.get(f"{served}/v1/runs/{'0' * 32}", headers=AUTH, timeout=30).status_code == 404
+
+
+PROBE = """
+resources:
+  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
+  store:    {type: chroma, path: idx/chroma, collection: probe}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+pipelines:
+  PROBE_index:
+    kind: ingestion
+    schedule: {cron: "0 4 * * *"}
+    steps:
+      - {id: load,  task: load, with: {paths: [docs]}}
+      - {id: chunk, task: chunk}
+      - {id: embed, task: embed}
+      - {id: write, task: index}
+"""
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["sigterm", "ctrl-c"])
+def test_stops_cleanly_on_a_signal(prefect_api, tmp_path, sig, code):
+    name = f"probe_{sig.name.lower()}"  # its own deployment: the served project's are left alone
+    project = tmp_path / "pipelines.yaml"
+    project.write_text(textwrap.dedent(PROBE).replace("PROBE", name))
+    log = tmp_path / "serve.log"
+    process, url = _start(project, prefect_api, log, api=sig == signal.SIGTERM)
+    assert _deployment(prefect_api, f"{name}_index")["paused"] is False
+    if sig == signal.SIGTERM:
+        assert httpx.get(f"{url}/v1/runs/{'0' * 32}", headers=AUTH, timeout=30).status_code == 404
+    started = time.monotonic()
+    process.send_signal(sig)
+    try:
+        assert process.wait(20) == code
+    finally:
+        _stop(process)
+    elapsed = time.monotonic() - started
+    output = log.read_text(errors="replace")
+    assert elapsed < 10, f"took {elapsed:.1f} s to stop"
+    assert "Traceback" not in output, output[-3000:]
+    assert "ragline serve: stopped" in output
+    assert _deployment(prefect_api, f"{name}_index")["paused"] is True  # pause_on_shutdown: no Late pile-up
+
+
+def test_redactor_hides_the_file_and_the_data_dir(project):
+    from ragline.flows.api_runs import Redactor
+    from ragline.flows.compile import load_project
+
+    loaded = load_project(project)
+    redact = Redactor(loaded)
+    base = project.parent
+    message = (f"the index at {base / 'idx'} is being written; see {project} and {base / '.ragline' / 'results'}/x; "
+               f"skipped {base / 'docs' / 'a.md'} and /etc/passwd")
+    hidden = redact(message)
+    assert str(project) not in hidden and str(base / "idx") not in hidden and "/etc/passwd" not in hidden
+    assert str(base / "docs" / "a.md") in hidden  # a configured source stays readable
