@@ -22,7 +22,13 @@ SAMPLE_QUESTION = "How does ragline keep the index up to date when documents cha
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Prefect's per-task INFO lines stay in the dashboard; the terminal shows ragline's progress (-v: all)
+    shown = logging.INFO if args.verbose else logging.WARNING
+    terminal = logging.StreamHandler()
+    terminal.setLevel(shown)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[terminal])
+    if not args.verbose:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     if args.allow_module:
         from ragline.flows.registry import set_allowed_modules
 
