@@ -13,19 +13,17 @@ Usage: .venv/bin/python bench/api_overhead.py [--queries 200] [--docs 300]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from common import REPO, SCIFACT, percentile, publish, save, subset_corpus
+from common import REPO, indexed_workspace, percentile, publish, save
 from ragline.flows import engine
 from ragline.flows.compile import load_project
 
@@ -105,19 +103,12 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=300)
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        (work / "pipelines.yaml").write_text((REPO / "pipelines.yaml").read_text())
-        (work / "prompts").symlink_to(REPO / "prompts")
-        corpus = subset_corpus(args.docs, work / "corpus")
-        project = load_project(work / "pipelines.yaml")
-        engine.run(project.pipeline("index").with_overrides({"load": {"paths": [str(corpus)]}}), orchestrate=False)
-        with open(SCIFACT / "queries.jsonl", encoding="utf-8") as handle:
-            questions = [json.loads(line)["text"] for _, line in zip(range(args.queries + 10), handle)]
+    with indexed_workspace(args.docs) as (pipelines_file, project, questions):
+        questions = questions[:args.queries + 10]
         port = free_port()
-        server = start_server(work / "pipelines.yaml", port)
+        server = start_server(pipelines_file, port)
         try:
-            result = measure(work / "pipelines.yaml", questions, port)
+            result = measure(pipelines_file, questions, port)
         finally:
             server.terminate()
             server.wait(30)

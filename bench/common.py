@@ -74,3 +74,25 @@ def publish(marker: str, lines: list[str], readme: bool = True) -> None:
     if readme:
         write_readme_section(marker, table)
     print(table)
+
+
+@contextmanager
+def indexed_workspace(docs: int, extra_pipelines: str = ""):
+    """A temporary copy of the shipped pipelines (plus ``extra_pipelines`` YAML) with the first ``docs``
+    SciFact abstracts indexed in-process; yields (pipelines file, project, the first SciFact queries)."""
+    import tempfile
+
+    from ragline.flows import engine
+    from ragline.flows.compile import load_project
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        text = (REPO / "pipelines.yaml").read_text().replace("\npipelines:\n", "\npipelines:\n" + extra_pipelines, 1)
+        (work / "pipelines.yaml").write_text(text)
+        (work / "prompts").symlink_to(REPO / "prompts")
+        corpus = subset_corpus(docs, work / "corpus")
+        project = load_project(work / "pipelines.yaml")
+        engine.run(project.pipeline("index").with_overrides({"load": {"paths": [str(corpus)]}}), orchestrate=False)
+        with open(SCIFACT / "queries.jsonl", encoding="utf-8") as handle:
+            questions = [json.loads(line)["text"] for line in handle]
+        yield work / "pipelines.yaml", project, questions

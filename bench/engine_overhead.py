@@ -11,17 +11,14 @@ Usage: .venv/bin/python bench/engine_overhead.py [--queries 100] [--docs 300] [-
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
-from common import REPO, SCIFACT, publish, save, subset_corpus, summary_ms
+from common import indexed_workspace, publish, save, summary_ms
 
 from ragline.flows import engine
-from ragline.flows.compile import CompiledPipeline, load_project
-from ragline.flows.contracts import Query, Ranking
+from ragline.flows.compile import CompiledPipeline
+from ragline.flows.contracts import Query
 from ragline.flows.registry import stage
 from ragline.flows.steps import execute
 
@@ -93,16 +90,8 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=300)
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        text = (REPO / "pipelines.yaml").read_text().replace("\npipelines:\n", "\npipelines:\n" + FUSION_SHAPED, 1)
-        (work / "pipelines.yaml").write_text(text)
-        (work / "prompts").symlink_to(REPO / "prompts")
-        project = load_project(work / "pipelines.yaml")
-        corpus = subset_corpus(args.docs, work / "corpus")
-        engine.run(project.pipeline("index").with_overrides({"load": {"paths": [str(corpus)]}}), orchestrate=False)
-        with open(SCIFACT / "queries.jsonl", encoding="utf-8") as handle:
-            questions = [json.loads(line)["text"] for _, line in zip(range(args.queries), handle)]
+    with indexed_workspace(args.docs, FUSION_SHAPED) as (_, project, questions):
+        questions = questions[:args.queries]
         results = {}
         for name in ("search", "fusion_shaped"):
             pipeline = project.pipeline(name)
