@@ -4,7 +4,6 @@ run in the workers, and the index sink stays a single writer in the driver proce
 from __future__ import annotations
 
 import os
-import textwrap
 
 import pytest
 
