@@ -9,6 +9,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install --quiet --upgrade pip
 fi
+# Browser tests (the chat page, the Prefect dashboard) drive Debian's Chromium headless.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  if $sudo true 2>/dev/null; then
+    echo "installing Debian's chromium for the browser tests ..."
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null \
+      || { $sudo apt-get update -q >/dev/null && $sudo env DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+  else
+    echo "note: no chromium and no root to install it; browser tests will fail (apt-get install chromium)" >&2
+  fi
+fi
 stamp=.venv/.ragline-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet "torch==2.13.0"

@@ -17,7 +17,7 @@ from ragline.flows.spec import SpecValidationError
 
 EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
 
-SAMPLE_QUESTION = "How does ragline keep the index up to date when documents change?"
+SAMPLE_QUESTION = "What happens to a document that cannot be read?"  # one the packaged 135M model answers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,11 +147,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-seconds", type=float, default=2.0, help="how often the runner looks for new runs")
     p.add_argument("--limit", type=int, help="flow runs at once (default: PREFECT_RUNNER_PROCESS_LIMIT, 5)")
     p.add_argument("--keep-schedules", action="store_true", help="do not pause schedules when serve stops")
+    _start_llm_flag(p)
 
-    p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample) and search it.")
+    p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample), search it and answer "
+                                           "a question with citations.")
     p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
     p.add_argument("question", nargs="?", default=SAMPLE_QUESTION)
+    _start_llm_flag(p)
     return parser
+
+
+def _start_llm_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-start-llm", dest="start_llm", action="store_false",
+                   help="do not start the packaged LLM (vLLM, deploy/vllm/) when the configured local endpoint "
+                        "is down (also RAGLINE_START_LLM=0)")
 
 
 def _orchestration_flags(p: argparse.ArgumentParser, default: bool) -> None:
@@ -378,19 +387,38 @@ def _api(args) -> int:
 def _serve(args) -> int:
     from ragline.flows.serve import serve
 
-    return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
-                 start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
-                 limit=args.limit, pause_on_shutdown=not args.keep_schedules)
+    with _packaged_llms(load_project(args.file), args.start_llm):
+        return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
+                     start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
+                     limit=args.limit, pause_on_shutdown=not args.keep_schedules)
+
+
+@contextlib.contextmanager
+def _packaged_llms(project, enabled: bool):
+    """The packaged model on vLLM for each local LLM endpoint that is down, for this command's life."""
+    from ragline.flows.llm_server import local_llm
+
+    endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
+                 if getattr(spec, "type", None) == "openai_compatible"}
+    with contextlib.ExitStack() as stack:
+        for base_url, model in sorted(endpoints):
+            stack.enter_context(local_llm(base_url, model, enabled=enabled))
+        yield
 
 
 def _quickstart(args) -> int:
-    from ragline.flows import engine
-
     project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
     if report.incomplete:
         return 1
-    print(f"\nsearch: {args.question}\n")
-    passages = engine.run(project.pipeline("search"), {"query": args.question}, orchestrate=True)
+    with _packaged_llms(project, args.start_llm):
+        return _search_and_answer(project, args.question)
+
+
+def _search_and_answer(project, question: str) -> int:
+    from ragline.flows import engine
+
+    print(f"\nsearch: {question}\n")
+    passages = engine.run(project.pipeline("search"), {"query": question}, orchestrate=True)
     _print_passages(passages[:5], as_json=False)
     if "ask" not in project.pipelines or "llm" not in project.spec.resources:
         return 0
@@ -399,7 +427,8 @@ def _quickstart(args) -> int:
         print(f"(no LLM server at {llm.spec.base_url}: start one with `bash deploy/vllm/setup.sh && "
               f"bash deploy/vllm/serve.sh`, then `.venv/bin/ragline ask \"...\"` answers with citations)")
         return 0
-    answer = engine.run(project.pipeline("ask"), {"query": args.question}, orchestrate=True)
+    print(f"\nask: {question}\n")
+    answer = engine.run(project.pipeline("ask"), {"query": question}, orchestrate=True)
     print(f"answer: {answer.text}" + (f"  ({answer.reason})" if answer.refused else ""))
     for source in [] if answer.refused else answer.sources:
         print(f"  [{source.number}] {source.title or source.source_id} — {source.path}")

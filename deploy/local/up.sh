@@ -127,7 +127,7 @@ dask_workers() { curl -fsS -m 5 "http://$HOST:$DASK_DASH_PORT/json/counts.json" 
 wait_for dask-worker dask_workers
 wait_for prefect-services true   # still alive?
 # --- ragline serve: applies the deployments, runs them (the runner), serves the API
-start ragline "$BIN/ragline" serve -f "$PIPELINES" --host $HOST --port "$API_PORT"
+start ragline "$BIN/ragline" serve -f "$PIPELINES" --host $HOST --port "$API_PORT" --no-start-llm
 wait_for ragline http_ok "http://$HOST:$API_PORT/healthz"
 ready=$(curl -sS -m 30 "http://$HOST:$API_PORT/readyz" || true)
 log "readyz: $ready"

@@ -4,9 +4,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,21 +86,25 @@ def test_eval_json_on_a_small_beir_dataset(make_project, mini_beir, capsys):
     assert result["ndcg@10"] > 0.5 and result["recall@100"] == 1.0  # the gold abstracts are in a 30-doc corpus
 
 
-def test_quickstart_console_script_on_the_bundled_sample(tmp_path):
-    """The README's main job, as a user runs it: a real console script and a real Prefect flow run."""
+@pytest.mark.llm
+def test_quickstart_console_script_indexes_the_sample_and_answers_with_citations(tmp_path, vllm_server):
+    """The README's main job, as a user runs it: a real console script, a real Prefect flow run and
+    the packaged model on vLLM (started by the product's own start path, as quickstart does)."""
     shutil.copy(REPO / "pipelines.yaml", tmp_path / "pipelines.yaml")
     shutil.copytree(REPO / "samples", tmp_path / "samples")
     shutil.copytree(REPO / "prompts", tmp_path / "prompts")
-    from tests.flows.resources.test_llm_faults import closed_port
-
-    no_llm = f"http://127.0.0.1:{closed_port()}/v1"
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), RAGLINE_LLM_BASE_URL=no_llm)
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), RAGLINE_LLM_BASE_URL=vllm_server.base_url,
+               RAGLINE_LLM_MODEL=vllm_server.model)
     env.pop("PREFECT_API_URL", None)
     script = shutil.which("ragline", path=os.path.dirname(sys.executable))
     result = subprocess.run([script, "quickstart"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=600)
+                            timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "index: added 4, updated 0, deleted 0, unchanged 0, failed 0" in result.stdout
     first_hit = result.stdout.split("1. [", 1)[1].splitlines()[0]
     assert "Incremental indexing" in first_hit
-    assert f"(no LLM server at {no_llm}: start one with `bash deploy/vllm/setup.sh" in result.stdout
+    answer = result.stdout.split("answer: ", 1)[1]
+    cited = re.findall(r"^  \[(\d+)\] (.+) — (.+)$", answer, flags=re.MULTILINE)
+    assert cited, result.stdout[-2000:]
+    assert all(Path(path).is_relative_to(tmp_path / "samples") for _, _, path in cited)
+    assert "Finished in state" not in result.stdout + result.stderr  # Prefect's task lines stay off the terminal

@@ -65,14 +65,19 @@ def test_conversational_rewrite_with_history(sample_project):
     assert [step for step, _ in trace] == ["rewrite", "dense", "sparse", "fuse", "insert", "answer", "check"]
 
 
+# Contract tests, not quality ones: short generations keep the CPU model's minutes down.
+SHORT_FUSION = {"variants": {"max_tokens": 48}, "hyde": {"max_tokens": 48}, "notes": {"max_tokens": 32},
+                "answer": {"max_tokens": 48}}
+
+
 def test_fusion_pipeline_end_to_end(sample_project):
-    answer = engine.run(sample_project.pipeline("ask_fusion"),
+    answer = engine.run(sample_project.pipeline("ask_fusion").with_overrides(SHORT_FUSION),
                         {"query": "Which retrievers does the search pipeline combine?"}, orchestrate=False)
     assert answer.text and (answer.refused or answer.verdict is not None or answer.sources is not None)
 
 
 def test_active_retrieval_pipeline_end_to_end(sample_project):
-    answer = engine.run(sample_project.pipeline("ask_active"),
+    answer = engine.run(sample_project.pipeline("ask_active").with_overrides({"answer": {"max_tokens": 32}}),
                         {"query": "How are deleted sources handled?"}, orchestrate=False)
     assert answer.text and answer.retrievals >= 0 and not answer.invalid_citations or answer.refused
 
@@ -85,7 +90,7 @@ def test_insert_counts_tokens_with_the_served_tokenizer(sample_project):
 
 def test_pointwise_llm_rerank_scores_from_logprobs(sample_project):
     pipeline = sample_project.pipeline("ask_fusion").with_overrides(
-        {"rerank": {"method": "pointwise", "candidates": 4, "top_k": 2}})
+        {**SHORT_FUSION, "rerank": {"method": "pointwise", "candidates": 4, "top_k": 2}})
     trace: list = []
     engine.run(pipeline, {"query": "What is reciprocal rank fusion?"}, orchestrate=False, trace=trace)
     assert "rerank" in [step for step, _ in trace]

@@ -1,0 +1,133 @@
+"""Time from trigger to result for a query flow run started through its Prefect deployment.
+
+What a client that uses Prefect's REST API waits for: ``POST /api/deployments/{id}/create_flow_run``
+with the question as parameters, polling ``GET /api/flow_runs/{id}`` until it is final, then reading
+the persisted JSON result. ``ragline serve`` (no HTTP API) is the runner, against a real Prefect
+server with its scheduler; the shipped ``search`` pipeline over a small SciFact index. The split
+shows where the time goes: waiting for the runner to pick the run up (its poll interval), the run
+itself in a fresh process (Python, Prefect and the models load each time), and the baseline of the
+same query in-process, measured in the same run.
+
+Usage: .venv/bin/python bench/deployment_trigger.py [--runs 10] [--docs 300] [--poll-seconds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from common import REPO, indexed_workspace, percentile, publish, save
+from ragline.flows import engine
+
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+SERVE = ("import sys; from ragline.flows.serve import serve; "
+         "sys.exit(serve(sys.argv[1], api=False, poll_seconds=float(sys.argv[2])))")
+
+
+def start_serve(project: Path, api_url: str, poll_seconds: float, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PREFECT_API_URL": api_url, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", SERVE, str(project), str(poll_seconds)], cwd=project.parent,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ragline serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        if "ragline serve: Prefect API" in log.read_text(errors="replace"):
+            return proc
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("ragline serve did not start")
+
+
+def seconds_between(start: str, end: str) -> float:
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def trigger_and_wait(client: httpx.Client, deployment_id: str, question: str) -> dict[str, float]:
+    started = time.perf_counter()
+    body = {"parameters": {"inputs": {"query": {"text": question}}}}
+    created = client.post(f"/deployments/{deployment_id}/create_flow_run", json=body)
+    created.raise_for_status()
+    run_id = created.json()["id"]
+    while True:
+        run = client.get(f"/flow_runs/{run_id}").json()
+        if run["state"]["type"] in FINAL:
+            break
+        time.sleep(0.05)
+    if run["state"]["type"] != "COMPLETED":
+        raise RuntimeError(f"flow run {run_id}: {run['state']}")
+    passages = json.loads(Path(run["state"]["data"]["storage_key"]).read_text())
+    total = time.perf_counter() - started
+    assert passages, "a query run with no passages"
+    return {"total": total, "pickup": seconds_between(run["expected_start_time"], run["start_time"]),
+            "run": seconds_between(run["start_time"], run["end_time"])}
+
+
+def ms(values: list[float]) -> dict[str, float]:
+    return {"median_ms": round(1000 * statistics.median(values), 1), "p95_ms": round(1000 * percentile(values, 95), 1)}
+
+
+def measure(project_path: Path, project, questions: list[str], poll_seconds: float) -> dict:
+    from ragline.flows.serve import start_prefect_server
+
+    pipeline = project.pipeline("search")
+    with tempfile.TemporaryDirectory() as home:
+        server = start_prefect_server(Path(home) / "prefect")
+        serve = start_serve(project_path, server.api_url, poll_seconds, Path(home) / "serve.log")
+        try:
+            with httpx.Client(base_url=server.api_url, timeout=60) as client:
+                deployment_id = client.get("/deployments/name/ragline/search").json()["id"]
+                trigger_and_wait(client, deployment_id, questions[0])  # warm the runner and the server
+                triggered = [trigger_and_wait(client, deployment_id, q) for q in questions]
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(60)
+            server.stop()
+    direct = []
+    for question in questions:
+        started = time.perf_counter()
+        engine.run(pipeline, {"query": question}, orchestrate=False)
+        direct.append(time.perf_counter() - started)
+    return {key: ms([t[key] for t in triggered]) for key in ("total", "pickup", "run")} | {"in_process": ms(direct)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--docs", type=int, default=300)
+    parser.add_argument("--poll-seconds", type=float, default=2.0, help="the runner's poll interval (serve's default)")
+    parser.add_argument("--no-readme", action="store_true")
+    args = parser.parse_args()
+    with indexed_workspace(args.docs) as (pipelines_file, project, questions):
+        engine.run(project.pipeline("search"), {"query": questions[0]}, orchestrate=False)  # load the models
+        result = measure(pipelines_file, project, questions[1:args.runs + 1], args.poll_seconds)
+    result.update(runs=args.runs, docs=args.docs, poll_seconds=args.poll_seconds, pipeline="search",
+                  ratio=round(result["total"]["median_ms"] / result["in_process"]["median_ms"], 1))
+    path = save("deployment_trigger", result)
+    rows = {"total": "trigger → result (create_flow_run, poll, read the JSON result)",
+            "pickup": "of which: waiting for the runner (expected start → start)",
+            "run": "of which: the flow run (start → end; a new process loads the models)",
+            "in_process": "the same query in-process (`engine.run`, baseline)"}
+    table = ["| what | median | p95 |", "|---|---|---|"]
+    table += [f"| {label} | {result[k]['median_ms'] / 1000:.2f} s | {result[k]['p95_ms'] / 1000:.2f} s |"
+              for k, label in rows.items()]
+    table.append(f"\n{args.runs} SciFact queries, `search` over {args.docs} abstracts, runner polling every "
+                 f"{args.poll_seconds:g} s; a deployment-triggered query takes {result['ratio']:g}x the in-process "
+                 "one: use `POST /v1/query` for interactive use, the deployment for audited or scheduled queries.")
+    print(f"written to {path.relative_to(REPO)}")
+    publish("trigger", table, readme=not args.no_readme)
+
+
+if __name__ == "__main__":
+    main()
