@@ -429,6 +429,33 @@ async def _sse_query(service: Service, pipeline: CompiledPipeline, query: dict[s
         yield sse("error", service.failure(exc, rid).body())
 
 
+# ----------------------------------------------------------------------------- chat page
+PAGE_HEADERS = {  # the page's own inline script and style only; it talks to this origin alone
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+def page_router() -> APIRouter:
+    """The chat page at ``/``: one static file, served without a token (it asks for one when the
+    API answers 401, and sends it on the /v1 calls it makes)."""
+    from importlib.resources import files
+
+    from fastapi.responses import HTMLResponse
+
+    page = (files("ragline.flows") / "web" / "index.html").read_text(encoding="utf-8")
+    router = APIRouter(tags=["page"])
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def chat_page() -> HTMLResponse:
+        return HTMLResponse(page, headers=PAGE_HEADERS)
+
+    return router
+
+
 # ----------------------------------------------------------------------------- health
 def health_router(service: Service, require_prefect: bool = False) -> APIRouter:
     router = APIRouter(tags=["health"])
@@ -705,6 +732,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     for router in routers:
         app.include_router(router, dependencies=secured)
     app.include_router(health_router(service, require_prefect))
+    app.include_router(page_router())
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes)

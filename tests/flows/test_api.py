@@ -4,148 +4,16 @@ the body limit, readiness per dependency, events, concurrency."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from ragline.flows import engine
-from ragline.flows.compile import load_project
-from tests.conftest import REPO, index_and_search_yaml, scifact_records, write_jsonl
-from tests.scripted_llm import ScriptedLLM
+from tests.flows.api_harness import AUTH, QUESTION, TOKEN, running
 
 pytestmark = pytest.mark.integration
-
-TOKEN = "s3cret-api-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-QUESTION = "How is cerebral white matter development measured in newborns?"
-ASK = """
-  ask:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 10}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 3}}
-      - {id: insert, task: insert, with: {max_tokens: 1500}}
-      - {id: answer, task: generate}
-      - {id: check,  task: verify}
-"""
-
-
-class Script:
-    """What the scripted LLM says: the answer, and the fact check's verdict (Yes keeps it)."""
-
-    def __init__(self) -> None:
-        self.answer, self.verdict = "Diffusion tensor imaging measures it [1].", "Yes"
-
-    def __call__(self, prompt: str) -> str:
-        return self.verdict if "Statement:" in prompt else self.answer
-
-
-def write_project(folder: Path, llm_url: str, name: str = "pipelines.yaml") -> Path:
-    """index/search over docs/ plus an ask pipeline whose LLM is ``llm_url``; the repo's prompts."""
-    llm = f'  llm: {{type: openai_compatible, base_url: "{llm_url}", max_retries: 0, timeout_seconds: 10}}\n'
-    text = index_and_search_yaml().replace("resources:\n", "resources:\n" + llm, 1) + ASK
-    if not (folder / "prompts").exists():
-        shutil.copytree(REPO / "prompts", folder / "prompts")
-    path = folder / name
-    path.write_text(text)
-    return path
-
-
-@contextmanager
-def running(app) -> Iterator[str]:
-    """The app on real uvicorn, on a free loopback port, in a thread; its base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
-_SHARED: dict[str, Any] = {}
-
-
-def shared(request, key: str, make: Callable[[], Any]) -> Any:
-    """One instance per session even when test_api_openai.py imports these fixtures (pytest would
-    otherwise build a module's imported session fixtures again); entered contexts exit at the end."""
-    if key not in _SHARED:
-        made = make()
-        if hasattr(made, "__exit__"):
-            value = made.__enter__()
-            request.session.config.add_cleanup(lambda: made.__exit__(None, None, None))
-        else:
-            value = made
-        _SHARED[key] = value
-    return _SHARED[key]
-
-
-@pytest.fixture(scope="session")
-def script(request) -> Script:
-    return shared(request, "script", Script)
-
-
-@pytest.fixture(scope="session")
-def scripted_llm(request, script) -> ScriptedLLM:
-    return shared(request, "llm", lambda: ScriptedLLM(script, chunk_delay=0.002))
-
-
-@pytest.fixture(scope="session")
-def api_project(request, tmp_path_factory, scripted_llm) -> Path:
-    """A small SciFact corpus, indexed once for every API test."""
-
-    def make() -> Path:
-        folder = tmp_path_factory.mktemp("api")
-        write_jsonl(folder / "docs" / "corpus.jsonl", scifact_records(24))
-        path = write_project(folder, scripted_llm.base_url)
-        report = engine.run(load_project(path).pipeline("index"), orchestrate=False)
-        assert report.added == 24
-        return path
-
-    return shared(request, "project", make)
-
-
-@pytest.fixture(scope="session")
-def served(request, api_project) -> str:
-    from ragline.flows.api import create_app
-
-    return shared(request, "served", lambda: running(create_app(str(api_project), token=TOKEN)))
-
-
-@pytest.fixture(scope="session")
-def down_project(api_project) -> Path:
-    """The same indexes, with the LLM at a closed port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]
-    return write_project(api_project.parent, f"http://127.0.0.1:{closed}/v1", name="down.yaml")
-
-
-@pytest.fixture
-def fresh_script(script):
-    saved = script.answer, script.verdict
-    yield script
-    script.answer, script.verdict = saved
 
 
 def post(url: str, body, headers=AUTH, **kwargs) -> httpx.Response:

@@ -8,18 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.flows.test_api import (  # noqa: F401
-    AUTH,
-    QUESTION,
-    TOKEN,
-    api_project,
-    down_project,
-    fresh_script,
-    running,
-    script,
-    scripted_llm,
-    served,
-)
+from tests.flows.api_harness import AUTH, QUESTION, TOKEN, running
 
 pytestmark = pytest.mark.integration
 

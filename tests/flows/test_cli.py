@@ -51,7 +51,7 @@ def test_index_search_and_run(index_project, tmp_path, capsys):
     assert len(hits) == 3 and hits[0]["title"] == title and hits[0]["score"] > 0
     assert main(["search", title, "-f", str(project), "-k", "1"]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith(f"1. [") and title in printed and "corpus.jsonl" in printed
+    assert printed.startswith("1. [") and title in printed and "corpus.jsonl" in printed
     assert main(["run", "search", "-f", str(project), "--no-prefect", "--input", json.dumps({"query": title}),
                  "--set", "fuse.top_k=2"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 2
