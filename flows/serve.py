@@ -163,6 +163,9 @@ def _serving_server_class():
         def _environment(self) -> dict[str, str]:
             env = super()._environment()
             env.pop("PREFECT__SERVER_EPHEMERAL", None)  # an ephemeral server never schedules runs
+            # the dashboard too, at the server's root, talking to this server's API
+            env.update(PREFECT_UI_ENABLED="1", PREFECT_UI_API_URL=self.api_url,
+                       PREFECT_UI_URL=self.api_url.removesuffix("/api"))
             return env
 
     return ServingPrefectServer
@@ -349,10 +352,8 @@ class Service:
             self.log("ragline serve: starting a local Prefect server (with its scheduler) ...")
             self._prefect_server = start_prefect_server(self.prefect_home)
             url = self._prefect_server.api_url
-            from ragline.flows.prefect_server import dashboard_command
-
             self.log(f"ragline serve: Prefect server on {url} (pid {self._prefect_server.pid}); dashboard: "
-                     f"{dashboard_command(self._prefect_server.home)}")
+                     f"{url.removesuffix('/api')}")
         else:
             _check_api(url)
         use_prefect_api(url, self._stack)

@@ -333,3 +333,75 @@ def test_redactor_hides_the_file_and_the_data_dir(project):
     hidden = redact(message)
     assert str(project) not in hidden and str(base / "idx") not in hidden and "/etc/passwd" not in hidden
     assert str(base / "docs" / "a.md") in hidden  # a configured source stays readable
+
+
+# ----------------------------------------------------------------------------- the dashboard
+CHROMIUM = os.environ.get("RAGLINE_CHROMIUM", "/usr/bin/chromium")
+DASHBOARD_PNG = REPO / "docs" / "img" / "dashboard.png"
+
+
+def _completed_scheduled_run(prefect_api: str, pipeline: str, timeout: float = 150) -> dict:
+    deployment_id = _deployment(prefect_api, pipeline)["id"]
+    body = {"deployments": {"id": {"any_": [deployment_id]}}, "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}},
+                                                                           "tags": {"all_": ["auto-scheduled"]}}}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = httpx.post(f"{prefect_api}/flow_runs/filter", json=body, timeout=30).json()
+        if runs:
+            return runs[0]
+        time.sleep(2)
+    pytest.fail(f"no scheduled run of {pipeline!r} completed")
+
+
+def _visible_text(page, path: str, *expected: str, timeout: float = 60) -> str:
+    """Open a dashboard page (a single-page app that fills itself in) and wait for every text."""
+    page.goto(path)
+    deadline = time.monotonic() + timeout
+    while True:
+        text = page.inner_text("body")
+        if all(e in text for e in expected) or time.monotonic() > deadline:
+            return text
+        page.wait_for_timeout(500)
+
+
+def test_the_dashboard_shows_scheduled_runs_their_task_runs_the_schedule_and_query_events(served, prefect_api):
+    """Prefect's own dashboard (served by the same server) in headless Chromium, as a user opens it."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"no Chromium at {CHROMIUM}: run `bash deploy/bootstrap.sh` (it installs Debian's chromium)")
+    run = _completed_scheduled_run(prefect_api, "index")
+    answered = httpx.post(f"{served}/v1/query", headers=AUTH, timeout=60,
+                          json={"question": "zebrafish fin regeneration", "pipeline": "search"})
+    assert answered.status_code == 200, answered.text
+    deployment = _deployment(prefect_api, "index")
+    root = prefect_api.removesuffix("/api")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            runs = _visible_text(page, f"{root}/runs", "ragline", "index", "Completed")
+            assert "ragline" in runs and "index" in runs and "Completed" in runs, runs[:3000]
+
+            _visible_text(page, f"{root}/runs/flow-run/{run['id']}", "Task Runs")
+            page.get_by_text("Task Runs", exact=True).first.click()
+            steps = ("load", "write.plan", "write.finalize")  # nothing changed since the index was built
+            deadline = time.monotonic() + 60
+            while not all(page.get_by_text(s, exact=False).count() for s in steps) and time.monotonic() < deadline:
+                page.wait_for_timeout(500)
+            task_runs = page.inner_text("body")
+            assert all(step in task_runs for step in steps) and "Completed" in task_runs, task_runs[:3000]
+            if os.environ.get("RAGLINE_SCREENSHOTS") == "1":  # the README's picture
+                DASHBOARD_PNG.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(DASHBOARD_PNG))
+
+            # the deployment page lists its schedule (by slug) and the next run it has scheduled
+            shown = ("Schedules", deployment["schedules"][0]["slug"], "Scheduled for")
+            schedule = _visible_text(page, f"{root}/deployments/deployment/{deployment['id']}", *shown)
+            assert all(s in schedule for s in shown), schedule[:3000]
+
+            feed = _visible_text(page, f"{root}/events", "ragline.query.completed", "ragline.pipeline.search")
+            assert "ragline.query.completed" in feed and "ragline.pipeline.search" in feed, feed[:3000]
+        finally:
+            browser.close()
