@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ragline.flows.contracts import Coverage, Failure
+
+# When the query being run arrived (time.monotonic()); set by engine.run for in-process runs and
+# carried into step threads, so shared resources can serve older queries first (see FairSlots).
+QUERY_ARRIVAL: ContextVar[float | None] = ContextVar("ragline_query_arrival", default=None)
 
 
 @dataclass

@@ -6,10 +6,12 @@ The pieces: ``executors`` (direct and Prefect), ``query_runner`` (query pipeline
 """
 from __future__ import annotations
 
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ragline.flows.context import QUERY_ARRIVAL
 from ragline.flows.contracts import IngestPlan
 from ragline.flows.executors import DirectExecutor, PrefectExecutor, run_with_policy
 from ragline.flows.ingest import run_ingestion
@@ -53,7 +55,11 @@ def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orc
         inputs = coerce_inputs(pipeline, inputs)  # a bad request fails here, before any flow run
     hooks = DriverHooks(progress, on_token, trace)
     if not orchestrate:
-        return execute_pipeline(pipeline, inputs, DirectExecutor(on_token), hooks)
+        arrival = QUERY_ARRIVAL.set(QUERY_ARRIVAL.get() or time.monotonic())
+        try:
+            return execute_pipeline(pipeline, inputs, DirectExecutor(on_token), hooks)
+        finally:
+            QUERY_ARRIVAL.reset(arrival)
     from ragline.flows.entrypoints import run_as_flow
 
     return run_as_flow(pipeline, inputs, hooks)

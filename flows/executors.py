@@ -7,6 +7,7 @@ Independent steps run concurrently in both, and both apply a step's ``retries``,
 """
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +28,7 @@ class DirectExecutor:
 
     def __init__(self, on_token: Callable[[str], None] | None = None):
         self.on_token = on_token
+        self._context = contextvars.copy_context()  # the caller's (e.g. QUERY_ARRIVAL), for every step
 
     def submit(self, step: CompiledStep, call: StepCall, inputs: dict[str, list[Any]], after: list[Any],
                label: str) -> Future:
@@ -41,7 +43,8 @@ class DirectExecutor:
                 out.set_exception(failed.exception())
                 return
             resolved = {port: [r.result() if isinstance(r, Future) else r for r in rs] for port, rs in inputs.items()}
-            job = _POOL.submit(run_with_policy, step, lambda: execute(call, resolved, self.on_token))
+            job = _POOL.submit(self._context.copy().run, run_with_policy, step,
+                               lambda: execute(call, resolved, self.on_token))
             job.add_done_callback(lambda done: _transfer(done, out))
 
         def one_done(_: Future) -> None:

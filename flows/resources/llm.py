@@ -1,7 +1,8 @@
 """One client for every LLM call: an OpenAI-compatible endpoint (vLLM's server), over HTTP only.
 
 Retries with exponential backoff on connection errors, timeouts, 429 and 5xx (the openai
-client's own policy, for /tokenize too), a cap on concurrent requests, token logprobs where a
+client's own policy, for /tokenize too), a cap on concurrent requests served oldest query first
+in two lanes (long generations; short checks and /tokenize: see ``FairSlots``), token logprobs where a
 stage asks for them, streaming, and token counting with the served model's own tokenizer
 (vLLM /tokenize, else a local copy of it; an estimate only where the spec opts in).
 """
@@ -17,7 +18,10 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.resources.fair_slots import FairSlots
+
 log = logging.getLogger("ragline.llm")
+SHORT_CALL_TOKENS = 16  # completions this short (verify: 2, pointwise rerank: 1) take the short lane
 
 
 class LLMSpec(BaseModel):
@@ -29,7 +33,8 @@ class LLMSpec(BaseModel):
     api_key: str = Field("EMPTY", description="bearer token, if the server wants one")
     timeout_seconds: float = Field(120.0, gt=0, description="per request")
     max_retries: int = Field(3, ge=0, le=10, description="retries with exponential backoff")
-    max_concurrency: int = Field(4, ge=1, le=256, description="requests in flight at once")
+    max_concurrency: int = Field(4, ge=1, le=256, description="requests in flight at once, per lane (long "
+                                                              "generations; short checks and /tokenize)")
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(256, ge=1, description="default completion length")
     seed: int | None = Field(0, description="sampling seed, for repeatable answers")
@@ -84,7 +89,11 @@ class LLMClient:
     def __init__(self, spec: LLMSpec, base_dir: Any = None):
         self.spec = spec
         self._client = None
-        self._slots = threading.BoundedSemaphore(spec.max_concurrency)
+        # Two lanes, each served oldest query first: long generations (answers, streams) and short
+        # calls (verification and pointwise relevance: a token or two; /tokenize), so a query's
+        # quick checks never wait behind other queries' long streams.
+        self._long = FairSlots(spec.max_concurrency)
+        self._short = FairSlots(spec.max_concurrency)
         self._local_tokenizer: Any = None
         self._local_tokenizer_tried = False
         self._local_tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share across threads
@@ -115,7 +124,8 @@ class LLMClient:
              stop: list[str] | None = None, json_schema: dict[str, Any] | None = None) -> Completion:
         """One chat completion; ``prompt`` is a user message or a full message list."""
         kwargs = self._request(prompt, max_tokens, temperature, logprobs, top_logprobs, stop, json_schema)
-        response = self._call(lambda: self.client.chat.completions.create(**kwargs))
+        lane = self._short if kwargs["max_tokens"] <= SHORT_CALL_TOKENS else self._long
+        response = self._call(lambda: self.client.chat.completions.create(**kwargs), lane)
         choice = response.choices[0]
         return Completion(text=choice.message.content or "", tokens=_tokens(choice.logprobs),
                           finish_reason=choice.finish_reason)
@@ -129,7 +139,7 @@ class LLMClient:
         pieces: list[str] = []
         tokens: list[TokenLogprob] = []
         finish = None
-        with self._slots:
+        with self._long.slot():
             try:
                 for event in self.client.chat.completions.create(**kwargs):
                     if not event.choices:
@@ -164,8 +174,8 @@ class LLMClient:
                                          "json_schema": {"name": "output", "schema": json_schema}}
         return kwargs
 
-    def _call(self, request: Callable[[], Any]) -> Any:
-        with self._slots:
+    def _call(self, request: Callable[[], Any], lane: FairSlots) -> Any:
+        with lane.slot():
             try:
                 return request()
             except Exception as exc:  # noqa: BLE001 - translated to one clear error
@@ -225,7 +235,7 @@ class LLMClient:
         """One /tokenize request through the openai client: the same retries, backoff and errors."""
         import openai
 
-        with self._slots:
+        with self._short.slot():
             try:
                 body = self.client.post(self.tokenize_url, body={"model": self.spec.model, "prompt": text},
                                         cast_to=str)

@@ -56,7 +56,7 @@ def test_concurrency_is_capped():
         active, peak, lock = [0], [0], threading.Lock()
         original = llm._call
 
-        def counting(request):
+        def counting(request, lane):
             def wrapped():
                 with lock:
                     active[0] += 1
@@ -66,7 +66,7 @@ def test_concurrency_is_capped():
                 finally:
                     with lock:
                         active[0] -= 1
-            return original(wrapped)
+            return original(wrapped, lane)
 
         llm._call = counting
         threads = [threading.Thread(target=llm.chat, args=("hi",)) for _ in range(6)]

@@ -1,0 +1,61 @@
+"""A concurrency limit that serves the oldest query first: how LLM calls share one endpoint.
+
+vLLM batches whatever is in flight, so the client-side limit exists to bound load, not to order
+it; a plain semaphore orders it badly. Under load, a query that has already streamed its answer and
+now needs one short verification call queues behind every newer query's first call, so in-flight
+queries stall while new ones start, and tail latency grows with the queue. ``FairSlots`` hands a
+freed slot to the waiter whose *query* arrived first (``QUERY_ARRIVAL``), then in request order:
+queries finish in the order they came, and none waits for more than the queries ahead of it.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ragline.flows.context import QUERY_ARRIVAL
+
+
+class FairSlots:
+    """At most ``limit`` holders; a freed slot goes to the waiter of the oldest query."""
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.limit = limit
+        self._held = 0
+        self._waiting: list[tuple[float, int, threading.Event]] = []
+        self._order = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @contextmanager
+    def slot(self, arrival: float | None = None) -> Iterator[None]:
+        """Hold one slot for the block; ``arrival`` defaults to the current query's arrival time."""
+        arrival = arrival if arrival is not None else (QUERY_ARRIVAL.get() or time.monotonic())
+        turn: threading.Event | None = None
+        with self._lock:
+            if self._held < self.limit and not self._waiting:
+                self._held += 1
+            else:
+                turn = threading.Event()
+                heapq.heappush(self._waiting, (arrival, next(self._order), turn))
+        if turn is not None:
+            turn.wait()  # the releaser handed its slot over: _held already counts it
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            if self._waiting:
+                heapq.heappop(self._waiting)[2].set()
+            else:
+                self._held -= 1
