@@ -32,8 +32,8 @@ TARGET_MS = 15.0
 SERVER = """
 import sys, uvicorn
 from ragline.flows.api import create_app
-uvicorn.run(create_app(sys.argv[1], token=sys.argv[2]), host="127.0.0.1", port=int(sys.argv[3]),
-            log_level="warning", access_log=False)
+uvicorn.run(create_app(sys.argv[1], token=sys.argv[2], max_concurrent_runs=int(sys.argv[4])), host="127.0.0.1",
+            port=int(sys.argv[3]), log_level="warning", access_log=False)
 """
 
 
@@ -43,9 +43,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(project: Path, port: int) -> subprocess.Popen:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(project), TOKEN, str(port)], env=env, cwd=REPO)
+def start_server(project: Path, port: int, env: dict[str, str] | None = None, runs: int = 32) -> subprocess.Popen:
+    """The API on ``project`` in its own process (``runs`` queries at once); returns once it answers."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(project), TOKEN, str(port), str(runs)], env=env,
+                            cwd=REPO)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
