@@ -60,7 +60,16 @@ def test_the_page_is_served_without_a_token_with_a_strict_policy(served):
     assert not any(ref in page for ref in ('src="http', "href=\"http", "@import", "url(http"))  # no external assets
 
 
-def test_answer_streams_in_and_its_citation_leads_to_the_source_and_passage(page, fresh_script):
+@pytest.fixture
+def paced(scripted_llm):
+    """Words 50 ms apart: at the session's 2 ms a loaded machine can deliver the whole answer in one
+    read, and the page would rightly show it at once."""
+    saved, scripted_llm.chunk_delay = scripted_llm.chunk_delay, 0.05
+    yield
+    scripted_llm.chunk_delay = saved
+
+
+def test_answer_streams_in_and_its_citation_leads_to_the_source_and_passage(page, fresh_script, paced):
     fresh_script.answer = "Diffusion tensor imaging measures white matter development in newborns [1]."
     streamed: list[str] = []
     page.expose_function("sawDraft", lambda text: streamed.append(text))
@@ -116,6 +125,19 @@ def test_without_a_token_the_page_asks_for_one_then_answers(browser, served):
         card = ask(page, "white matter in newborns", pipeline="search")
         assert card.locator("ol.sources li").count() >= 1
         assert page.evaluate("sessionStorage.getItem('ragline.token')") == TOKEN
+    finally:
+        context.close()
+
+
+def test_a_wrong_token_is_forgotten_and_asked_for_again(browser, served):
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.add_init_script("sessionStorage.setItem('ragline.token', 'wrong-token')")
+        page.goto(served + "/")
+        page.locator("#token-box.shown").wait_for(timeout=30_000)
+        assert "refused this token" in page.inner_text("#status")
+        assert page.evaluate("sessionStorage.getItem('ragline.token')") is None
     finally:
         context.close()
 
