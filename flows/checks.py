@@ -31,6 +31,7 @@ from ragline.flows.spec import (
 PIPELINE_INPUTS: dict[str, dict[str, Any]] = {
     "query": {"query": "Query"},
     "ingestion": {},
+    "job": {},
 }
 
 
@@ -114,7 +115,9 @@ class Checker:
             return stage.params.model_validate(step.with_)
         except ValidationError as exc:
             for err in exc.errors():
-                self.error(loc + ("with",) + tuple(err["loc"]), pydantic_message(err))
+                nearest = suggest(str(err["loc"][-1]), list(stage.params.model_fields)) \
+                    if err["type"] == "extra_forbidden" and len(err["loc"]) == 1 else ""
+                self.error(loc + ("with",) + tuple(err["loc"]), pydantic_message(err) + nearest)
             return None
 
     def _resources(self, loc, step: StepSpec, stage: Stage) -> dict[str, str] | None:
@@ -146,6 +149,8 @@ class Checker:
             candidates = [n for n, r in declared.items() if r.type in types]
             if len(candidates) == 1:
                 bound[role] = candidates[0]
+            elif not candidates and role in stage.optional_roles:
+                continue  # the stage works without it (e.g. an LLM only some of its modes need)
             elif not candidates and self.spec._invalid_resources:
                 ok = False  # probably the invalid resource, whose own error is reported
             else:
@@ -186,6 +191,11 @@ class Checker:
                         order.append(other.id)
         if len(order) < len(compiled):
             cyclic = [s for s in compiled if s not in order]
+            while True:  # steps that only wait behind the cycle are not part of it: peel them off
+                blocked = [s for s in cyclic if not any(s in compiled[o].upstream for o in cyclic)]
+                if not blocked:
+                    break
+                cyclic = [s for s in cyclic if s not in blocked]
             first = next(i for i, s in enumerate(pipe.steps) if s.id == cyclic[0])
             self.error(base + ("steps", first, "after"), f"cycle between steps {', '.join(cyclic)}")
             return None

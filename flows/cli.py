@@ -1,4 +1,4 @@
-"""The `ragline` command: validate, index, search, eval, run, quickstart."""
+"""The `ragline` command: validate, index, search, eval, tune, run, quickstart."""
 from __future__ import annotations
 
 import argparse
@@ -27,12 +27,18 @@ def main(argv: list[str] | None = None) -> int:
     terminal = logging.StreamHandler()
     terminal.setLevel(shown)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[terminal])
+    if args.handler in (_ask, _quickstart):  # while the user waits: a slow or hung LLM is said so, every 10 s
+        logging.getLogger("ragline.llm").setLevel(logging.INFO)
+        terminal.setLevel(logging.INFO)
+        terminal.addFilter(lambda record: record.levelno >= shown or record.name == "ragline.llm")
     if not args.verbose:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     if args.allow_module:
         from ragline.flows.registry import set_allowed_modules
 
         set_allowed_modules(args.allow_module)
+    if getattr(args, "no_tuned", False):
+        os.environ["RAGLINE_TUNED"] = "0"  # this process and the ones it starts (flow runs, workers)
     if args.handler is _serve:  # it supervises its runner, API and signals itself
         return _dispatch(args)
     with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
@@ -80,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
                             "[tool.ragline] allow_modules in pyproject.toml); pipelines.yaml can only narrow it")
         p.add_argument("--data-dir", type=Path,
                        help="keep every index (Chroma embedded, BM25, state) in this folder instead of the file's")
+        p.add_argument("--no-tuned", action="store_true",
+                       help="ignore the overlay `ragline tune` wrote (pipelines.tuned.yaml); also RAGLINE_TUNED=0")
         return p
 
     p = command("validate", _validate, "Check a pipelines file and print every error.")
@@ -120,6 +128,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _orchestration_flags(p, default=False)
+
+    p = command("tune", _tune, "Tune hybrid retrieval on pseudo-queries made from the index (no labels) and write "
+                               "the choice as an overlay that search and ask use (pipelines.yaml is never written).")
+    p.add_argument("-p", "--pipeline", default="tune")
+    p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON",
+                   help="override a step parameter, e.g. pairs.n=500 or tune.min_gain=0.01")
+    p.add_argument("--dry-run", action="store_true", help="report the candidates, write nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _orchestration_flags(p, default=True)
 
     p = command("run", _run, "Run any pipeline with JSON inputs.")
     p.add_argument("pipeline")
@@ -198,6 +215,8 @@ def _validate(args) -> int:
         return 1
     project = load_project(path)
     print(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})")
+    if project.overlay is not None:
+        print("\n".join(project.overlay.describe()))
     return 0
 
 
@@ -341,12 +360,9 @@ def _eval_answers(args, project) -> int:
     return 0
 
 
-def _run(args) -> int:
-    from ragline.flows import engine
-
-    project = _project(args)
+def _set_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
     overrides: dict[str, dict[str, Any]] = {}
-    for item in args.set:
+    for item in items:
         target, _, value = item.partition("=")
         step, _, param = target.partition(".")
         if not (step and param and value):
@@ -356,7 +372,35 @@ def _run(args) -> int:
         except json.JSONDecodeError:
             parsed = value
         overrides.setdefault(step, {})[param] = parsed
-    pipeline = project.pipeline(args.pipeline).with_overrides(overrides)
+    return overrides
+
+
+def _tune(args) -> int:
+    from ragline.flows import engine
+    from ragline.flows.contracts import TuneReport
+    from ragline.flows.evaluate import require_kinds
+    from ragline.tasks.tune_retrieval import summary
+
+    project = _project(args)
+    require_kinds(project, job=args.pipeline)
+    pipeline = project.pipeline(args.pipeline)
+    overrides = _set_overrides(args.set)
+    if args.dry_run:
+        for step in pipeline.steps:
+            if "write" in step.stage.params.model_fields:
+                overrides.setdefault(step.id, {})["write"] = False
+    result = engine.run(pipeline.with_overrides(overrides), orchestrate=args.orchestrate)
+    if not isinstance(result, TuneReport):
+        raise ValueError(f"pipeline '{args.pipeline}' does not end in a tune_retrieval step")
+    print(json.dumps(result.model_dump(mode="json")) if args.json else summary(result))
+    return 0
+
+
+def _run(args) -> int:
+    from ragline.flows import engine
+
+    project = _project(args)
+    pipeline = project.pipeline(args.pipeline).with_overrides(_set_overrides(args.set))
     print(_describe(pipeline), file=sys.stderr)
     result = engine.run(pipeline, args.input, orchestrate=args.orchestrate)
     from ragline.flows.contracts import to_json
@@ -368,8 +412,8 @@ def _run(args) -> int:
 def _describe(pipeline) -> str:
     """What `run` is about to do, so an ingestion run (which writes and deletes) is never a surprise."""
     steps = " -> ".join(f"{s.id} ({s.stage.name})" for s in pipeline.steps)
-    if pipeline.kind == "query":
-        return f"running query pipeline '{pipeline.name}': {steps}"
+    if pipeline.kind in ("query", "job"):
+        return f"running {pipeline.kind} pipeline '{pipeline.name}': {steps}"
     load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
     paths = ", ".join(load.params.paths) if load is not None else "its sources"
     return (f"running ingestion pipeline '{pipeline.name}': indexes {paths} (relative to "

@@ -29,6 +29,7 @@ class StepContext:
     failures: list[Failure] = field(default_factory=list)
     covered: list[Coverage] = field(default_factory=list)  # roots a source step listed completely
     seconds: float = 0.0  # wall time of the stage call, for traces and benchmarks
+    project: Any = None  # the compiled Project, for stages that act on the pipelines themselves (`tune`)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property

@@ -115,6 +115,8 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 class Query(BaseModel):
     """A search request as it moves through a query pipeline."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt field ("filter") must not be ignored silently
+
     text: str
     history: list[dict[str, str]] = Field(default_factory=list, description="chat turns: {role, content}")
     filters: dict[str, Any] | None = Field(None, description="Chroma-style metadata `where` filter")
@@ -160,6 +162,44 @@ class Ranking(BaseModel):
     retriever: str
     query: str
     passages: list[Passage]
+
+
+class PseudoQuery(BaseModel):
+    """A (query, relevant document) pair made from the corpus itself, for tuning without labels."""
+
+    text: str = Field(description="the query")
+    source_id: str = Field(description="the document it is relevant to")
+    chunk_id: str = Field(description="the chunk it was made from")
+    strategy: str = Field(description="inverse_cloze, title or llm")
+    cut: str = Field("", description="text cut out of the source (inverse cloze, title): tuning scores the "
+                                     "source without it, so the query does not find it by its own words")
+
+
+class Candidate(BaseModel):
+    """One retrieval setting the tuner tried, with its figures on the pseudo-queries."""
+
+    name: str
+    setting: dict[str, Any] = Field(description="fusion, retriever depth and BM25 parameters")
+    scores: dict[str, float] = Field(default_factory=dict, description="ndcg@10, mrr@10, recall@100")
+
+
+class TuneReport(BaseModel):
+    """What `ragline tune` tried and chose; printed as the run summary."""
+
+    metric: str
+    pairs: int = Field(description="pseudo-queries the candidates were scored on")
+    strategies: dict[str, int] = Field(default_factory=dict, description="pseudo-queries per strategy")
+    chunks: int = Field(0, description="chunks in the index")
+    candidates: list[Candidate] = Field(default_factory=list, description="every candidate, best first")
+    baseline: Candidate | None = Field(None, description="the setting pipelines.yaml has")
+    chosen: Candidate | None = None
+    reason: str = ""
+    overrides: dict[str, Any] = Field(default_factory=dict, description="the overlay's resources and pipelines")
+    overlay: str = Field("", description="the overlay file")
+    written: bool = False
+    seconds: float = 0.0
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
+    budget_exhausted: bool = False
 
 
 class IndexReport(BaseModel):

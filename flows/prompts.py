@@ -176,7 +176,8 @@ def prompt_problems(prompts: PromptLibrary, stage: "Stage", params: "BaseModel |
     for template, variables in templates:
         problem = prompts.check(template)
         if problem:
-            problems.append(problem + suggest(template, prompts.names()))
+            missing = prompts.text(template + SUFFIX) is None  # a broken template needs no other name
+            problems.append(problem + (suggest(template, prompts.names()) if missing else ""))
         elif variables is not None:
             problems += prompts.check_variables(template, variables)
     return problems

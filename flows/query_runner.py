@@ -7,6 +7,7 @@ from pydantic import TypeAdapter, ValidationError
 from ragline.flows.contracts import Query, StepResult
 from ragline.flows.executors import Run, settle
 from ragline.flows.model import CompiledPipeline
+from ragline.flows.resources import filters
 from ragline.flows.steps import PipelineRef
 
 
@@ -19,9 +20,12 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
             query = {"text": query}
         try:
             query = TypeAdapter(Query).validate_python(query)
+            filters.validate(query.filters)  # a bad request, refused before any step runs (not a step failure)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'query'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"pipeline '{pipeline.name}': invalid query ({problems})") from None
+        except filters.FilterError as exc:
+            raise ValueError(f"pipeline '{pipeline.name}': invalid query (filters: {exc})") from None
         inputs = dict(inputs, query=query)
     return inputs
 

@@ -41,7 +41,7 @@ class Stage:
     params: type[BaseModel]
     produces: str
     uses: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    kind: str = "any"  # "ingestion", "query" or "any"
+    kind: str = "any"  # "ingestion", "query", "job" or "any"
     prompt: str | Callable[[Any], str] | None = None  # default template name, or params -> name
     # The variables ``ctx.prompt`` passes (or params -> them); None: undeclared, so not checked.
     prompt_variables: Variables | Callable[[Any], Variables] | None = None
@@ -59,6 +59,12 @@ class Stage:
         hints = typing.get_type_hints(self.fn)
         names = inspect.signature(self.fn).parameters
         return {n: hints.get(n, Any) for n in names if n not in RESERVED_ARGS and n not in self.uses}
+
+    @property
+    def optional_roles(self) -> set[str]:
+        """Resource roles whose parameter has a default: bound when the file has a fitting resource."""
+        params = inspect.signature(self.fn).parameters
+        return {r for r in self.uses if r in params and params[r].default is not inspect.Parameter.empty}
 
     @property
     def optional_inputs(self) -> set[str]:

@@ -9,6 +9,7 @@ pipeline and parameterised with the file's absolute path:
   limit reached") instead of queueing behind it; the next tick catches up, ingestion being
   incremental. The index's writer lease in the state DB is the second guard (it also covers
   ``ragline index`` and other pipelines writing the same index: those wait for the holder).
+- job pipelines (e.g. ``tune``) carry their ``schedule:`` and the same concurrency limit;
 - query pipelines have no schedule: they run when triggered (``POST /api/deployments/{id}/
   create_flow_run`` on the Prefect API, or ``prefect deployment run ragline/<pipeline>``).
 
@@ -126,7 +127,7 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
         entry: dict[str, Any] = {"name": name, "parameters": parameters, "tags": ["ragline", spec.kind],
                                  "description": spec.description or f"ragline {spec.kind} pipeline '{name}'",
                                  "entrypoint_type": EntrypointType.MODULE_PATH}
-        if spec.kind == "ingestion":
+        if spec.kind in ("ingestion", "job"):  # a job (e.g. `tune`) is scheduled like an ingestion
             schedules = []
             if spec.schedule is not None and spec.schedule.cron:
                 schedules.append(Cron(spec.schedule.cron, timezone=spec.schedule.timezone, slug="ragline-cron"))

@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -67,6 +68,76 @@ class ScheduleSpec(BaseModel):
     interval_seconds: float | None = Field(None, gt=0, description="run every N seconds")
     timezone: str = Field("UTC", description="IANA time zone of the cron expression")
 
+    # Checked here, so `ragline validate` reports them with their line; Prefect would only refuse
+    # them when `ragline serve` registers the deployment.
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str | None) -> str | None:
+        problem = cron_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(f"invalid cron expression: {problem}")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        if value not in _timezones():
+            raise ValueError(f"unknown time zone{suggest(value, sorted(_timezones()))}: use an IANA name such as "
+                             f"'Europe/Berlin' or 'UTC'")
+        return value
+
+
+_CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+# minute hour day-of-month month day-of-week [second [year]]: (name, lowest, highest, names from lowest)
+_CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()), ("month", 1, 12, _MONTHS),
+                ("day of week", 0, 7, _DAYS), ("second", 0, 59, ()), ("year", 1970, 2099, ()))
+
+
+def cron_problem(expression: str) -> str | None:
+    """What is wrong with a cron expression, or None: the grammar Prefect's croniter accepts
+    (5 fields, optionally seconds and a year; lists, ranges, steps, names, 'L', 'N#K', '?', and
+    the @hourly-style macros), checked without importing Prefect."""
+    fields = expression.split()
+    if len(fields) == 1 and fields[0].lower() in _CRON_MACROS:
+        return None
+    if not 5 <= len(fields) <= 7:
+        return (f"{expression!r} has {len(fields)} fields; expected 5 (minute hour day-of-month month "
+                f"day-of-week), e.g. '0 * * * *', or one of {', '.join(_CRON_MACROS)}")
+    for text, (name, low, high, names) in zip(fields, _CRON_FIELDS):
+        for item in text.split(","):
+            if not _cron_item_ok(item, name, low, high, names):
+                return f"{item!r} is not a valid {name} (from {low} to {high}) in {expression!r}"
+    return None
+
+
+def _cron_item_ok(item: str, name: str, low: int, high: int, names: tuple[str, ...]) -> bool:
+    def value(text: str) -> bool:
+        if text.isdigit():
+            return low <= int(text) <= high
+        return text.lower() in names
+
+    base, slash, step = item.partition("/")
+    if slash and not (step.isdigit() and int(step) > 0):
+        return False
+    if base == "*" or (base == "?" and name in ("day of month", "day of week")) or \
+            (base == "L" and name == "day of month"):
+        return True
+    if "#" in base and name == "day of week":
+        day, _, nth = base.partition("#")
+        return value(day) and nth in ("1", "2", "3", "4", "5")
+    first, dash, last = base.partition("-")
+    return value(first) and (not dash or value(last))
+
+
+@lru_cache(maxsize=1)
+def _timezones() -> frozenset[str]:
+    """The IANA names Prefect accepts (it checks against the same list)."""
+    import zoneinfo
+
+    return frozenset(zoneinfo.available_timezones())
+
 
 class StepSpec(BaseModel):
     """One step: a registered task with its parameters, resources, prompt and dependencies."""
@@ -89,6 +160,17 @@ class StepSpec(BaseModel):
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("uses", mode="before")
+    @classmethod
+    def _names_or_roles(cls, value: Any) -> Any:
+        """One clear error for a value that fits neither form (not one per form of the union)."""
+        names = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        roles = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        if not (names or roles):
+            raise ValueError("must be a list of resource names, e.g. [store, embedder], or a mapping of roles to "
+                             "resource names, e.g. {store: docs_store}")
+        return value
 
 
 class RunnerSpec(BaseModel):
@@ -132,7 +214,9 @@ class RunnerSpec(BaseModel):
 class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["ingestion", "query"]
+    kind: Literal["ingestion", "query", "job"] = Field(
+        description="ingestion: writes the index; query: answers a request; job: no inputs, reads the index and "
+                    "writes something else (e.g. `tune`), runnable and schedulable like an ingestion")
     description: str = ""
     schedule: ScheduleSpec | None = None
     batch_size: int = Field(256, ge=1, le=100_000, description="documents per ingestion batch")
@@ -145,8 +229,8 @@ class PipelineSpec(BaseModel):
     @field_validator("runner")
     @classmethod
     def _runner_fits_kind(cls, value: RunnerSpec, info) -> RunnerSpec:
-        if info.data.get("kind") == "query" and value.type != "thread":
-            raise ValueError(f"a query pipeline runs in the caller's process: runner '{value.type}' is for "
+        if info.data.get("kind") in ("query", "job") and value.type != "thread":
+            raise ValueError(f"a {info.data['kind']} pipeline runs in the caller's process: runner '{value.type}' is for "
                              f"ingestion pipelines only (use type: thread, or leave 'runner' out)")
         return value
 
@@ -173,31 +257,51 @@ class PipelinesFile(BaseModel):
 class LocatedYaml:
     """A parsed YAML document plus the line of every mapping key and sequence item."""
 
+    MAX_VALUES = 20_000  # a pipelines file holds hundreds; aliases of aliases can multiply them without end
+
     def __init__(self, text: str, file: str):
         self.file = file
         self.lines: dict[Loc, int] = {}
+        self.problems: list[tuple[Loc, str]] = []  # values that are not YAML errors but still wrong
+        self._open: set[int] = set()  # the collections being built: an alias to one of them is a cycle
+        self._values = 0
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         self.data = self._build(node, ()) if node is not None else None
 
     def _build(self, node: yaml.Node, loc: Loc) -> Any:
+        self._values += 1
+        if self._values > self.MAX_VALUES:
+            raise yaml.MarkedYAMLError(problem=f"the file expands to more than {self.MAX_VALUES} values (aliases "
+                                               f"that repeat aliases?)", problem_mark=node.start_mark)
         self.lines.setdefault(loc, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = yaml.SafeLoader(key_node.value).construct_object(key_node) \
-                    if not isinstance(key_node, yaml.ScalarNode) else key_node.value
-                if key in out:
-                    raise yaml.MarkedYAMLError(problem=f"duplicate key '{key}'", problem_mark=key_node.start_mark)
-                self.lines[loc + (key,)] = key_node.start_mark.line + 1
-                out[key] = self._build(value_node, loc + (key,))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self._build(item, loc + (i,)) for i, item in enumerate(node.value)]
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            if id(node) in self._open:
+                raise yaml.MarkedYAMLError(problem="an alias refers to a collection that contains it (a recursive "
+                                                   "alias)", problem_mark=node.start_mark)
+            self._open.add(id(node))
+            try:
+                return self._collection(node, loc)
+            finally:
+                self._open.discard(id(node))
         value = yaml.SafeLoader("").construct_object(node, deep=True)
         try:
             return expand_env(value) if isinstance(value, str) else value
-        except LookupError as exc:
-            raise yaml.MarkedYAMLError(problem=exc.args[0], problem_mark=node.start_mark) from None
+        except LookupError as exc:  # reported with its field by parse_file; the rest is still checked
+            self.problems.append((loc, exc.args[0]))
+            return value
+
+    def _collection(self, node: yaml.MappingNode | yaml.SequenceNode, loc: Loc) -> Any:
+        if isinstance(node, yaml.SequenceNode):
+            return [self._build(item, loc + (i,)) for i, item in enumerate(node.value)]
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = yaml.SafeLoader(key_node.value).construct_object(key_node) \
+                if not isinstance(key_node, yaml.ScalarNode) else key_node.value
+            if key in out:
+                raise yaml.MarkedYAMLError(problem=f"duplicate key '{key}'", problem_mark=key_node.start_mark)
+            self.lines[loc + (key,)] = key_node.start_mark.line + 1
+            out[key] = self._build(value_node, loc + (key,))
+        return out
 
     def line(self, loc: Loc) -> int | None:
         """Line of the deepest known prefix of ``loc``."""
@@ -223,18 +327,29 @@ def expand_env(text: str) -> str:
 
 def _read_yaml(path: Path) -> tuple[LocatedYaml | None, list[SpecError]]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, [SpecError(str(path), None, f"cannot read file: {exc}")]
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, [SpecError(str(path), None, f"cannot read file: {exc.strerror or exc}")]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [SpecError(str(path), data.count(b"\n", 0, exc.start) + 1, f"not valid UTF-8: cannot decode "
+                                f"byte 0x{data[exc.start]:02x} (save the file as UTF-8)")]
     try:
         doc = LocatedYaml(text, str(path))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         message = f"invalid YAML: {exc.problem or exc}"
-        if exc.context_mark is not None and exc.context_mark.line + 1 != line:
+        if "'\\t'" in str(exc.problem) and mark is not None:  # "found character '\t' that cannot start any token"
+            message = f"invalid YAML: a tab at column {mark.column + 1}; YAML indents with spaces, never tabs"
+        elif exc.context_mark is not None and exc.context_mark.line + 1 != line:
             message += f" ({exc.context} started at line {exc.context_mark.line + 1})"
         return None, [SpecError(str(path), line, message)]
+    except yaml.reader.ReaderError as exc:  # a NUL or other control character: no mark, only a position
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return None, [SpecError(str(path), text.count("\n", 0, exc.position) + 1,
+                                f"invalid YAML: control character #x{code:04x} is not allowed in a YAML file")]
     except yaml.YAMLError as exc:
         return None, [SpecError(str(path), None, f"invalid YAML: {exc}")]
     if not isinstance(doc.data, dict):
@@ -289,6 +404,7 @@ def parse_file(path: str | Path) -> tuple[PipelinesFile | None, LocatedYaml | No
     doc, errors = _read_yaml(path)
     if doc is None:
         return None, None, errors
+    errors += [_locate(doc, loc, message) for loc, message in doc.problems]
     data = doc.data
     parts: dict[str, Any] = {}
     if "version" in data:
@@ -378,7 +494,7 @@ def _salvage_pipeline(entry: Any, exc: ValidationError) -> PipelineSpec | None:
         if len(e["loc"]) >= 2 and e["loc"][0] == "steps" and isinstance(e["loc"][1], int):
             by_step.setdefault(e["loc"][1], []).append({**e, "loc": e["loc"][2:]})
     steps = [_salvage_step(raw, i, by_step.get(i, [])) for i, raw in enumerate(entry["steps"])]
-    kind = entry.get("kind") if entry.get("kind") in ("ingestion", "query") else None
+    kind = entry.get("kind") if entry.get("kind") in ("ingestion", "query", "job") else None
     pipe = PipelineSpec.model_construct(kind=kind, steps=steps)
     pipe._invalid = _bad_fields(errors) or {"pipeline"}
     return pipe

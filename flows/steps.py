@@ -112,7 +112,7 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
     step = pipeline.step(call.step)
     ctx = StepContext(pipeline=pipeline.name, step_id=step.id, fingerprint=call.fingerprint,
                       base_dir=str(pipeline.project.base_dir), prompt_name=step.prompt,
-                      render_prompt=pipeline.project.prompts.render, on_token=on_token)
+                      render_prompt=pipeline.project.prompts.render, on_token=on_token, project=pipeline.project)
     values = {port: _join([r.value for r in results]) for port, results in inputs.items()}
     hook = getattr(step.stage, call.hook) if call.hook else None
     value = invoke(pipeline, step, values, ctx, hook=hook)

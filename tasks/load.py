@@ -94,8 +94,8 @@ def _discover(params: Params, ctx: StepContext) -> list[str]:
         expanded = Path(os.path.abspath(os.path.join(ctx.base_dir, os.path.expanduser(given)))).as_posix()
         if GLOB_CHARS & set(given):
             found.update(_glob_root(expanded, given, params, ctx))
-        elif not os.path.lexists(expanded):
-            ctx.fail(expanded, f"no such file or directory (listed as {given!r})", root=True)
+        elif (missing := _unreachable(expanded)) is not None:
+            ctx.fail(expanded, f"{missing} (listed as {given!r})", root=True)
         elif os.path.isdir(expanded):
             found.update(_folder_root(expanded, given, params, ctx))
         else:
@@ -103,6 +103,17 @@ def _discover(params: Params, ctx: StepContext) -> list[str]:
             if not _matches(expanded, params.exclude):  # a file named directly skips `include`
                 found.add(expanded)
     return sorted(found)
+
+
+def _unreachable(path: str) -> str | None:
+    """Why a listed path cannot be reached, in the system's words ('no such file or directory',
+    'file name too long', 'not a directory' under a file), or None when it exists."""
+    try:
+        os.lstat(path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        return reason[:1].lower() + reason[1:]
+    return None
 
 
 def _glob_root(pattern: str, given: str, params: Params, ctx: StepContext) -> set[str]:

@@ -1,8 +1,6 @@
 """RETA-LLM passage extraction: the LLM copies the fragments relevant to the request, window by window."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
@@ -43,8 +41,7 @@ def refine_extract(query: Query, passages: list[Passage], params: Params, ctx: S
             return None
         return passage.model_copy(update={"text": "\n".join(pieces), "original_text": passage.text})
 
-    with ThreadPoolExecutor(max_workers=llm.spec.max_concurrency) as pool:
-        refined = list(pool.map(refine, passages))
+    refined = llm.map(refine, passages)
     dropped = sum(r is None for r in refined)
     if dropped:
         ctx.logger.info("dropped %d passages with nothing relevant", dropped)

@@ -1,8 +1,6 @@
 """Chain-of-note: a note per passage saying whether it answers, gives context, or is irrelevant."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
@@ -35,8 +33,7 @@ def refine_notes(query: Query, passages: list[Passage], params: Params, ctx: Ste
         label = next((lab for lab in LABELS if reply.upper().startswith(lab)), "CONTEXT")
         return label, reply
 
-    with ThreadPoolExecutor(max_workers=llm.spec.max_concurrency) as pool:
-        notes = list(pool.map(note, passages))
+    notes = llm.map(note, passages)
     kept = [(LABELS.index(label), i, p.model_copy(update={"note": text}))
             for i, (p, (label, text)) in enumerate(zip(passages, notes))
             if not (params.drop_irrelevant and label == "IRRELEVANT")]

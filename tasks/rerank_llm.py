@@ -1,7 +1,6 @@
 """LLM reranking: pointwise yes/no relevance from token logprobs, or a listwise permutation of the top few."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from pydantic import Field
@@ -47,5 +46,4 @@ def _pointwise(question: str, passages: list[Passage], ctx: StepContext, llm: LL
         reply = llm.chat(ctx.prompt(question=question, passage=passage), max_tokens=1, logprobs=True, top_logprobs=10)
         return option_probabilities(reply, {"yes": ("yes",), "no": ("no",)}).get("yes", 0.0)
 
-    with ThreadPoolExecutor(max_workers=llm.spec.max_concurrency) as pool:
-        return list(pool.map(judge, passages))
+    return llm.map(judge, passages)

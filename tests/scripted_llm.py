@@ -15,12 +15,18 @@ class ScriptedLLM:
     vLLM's shape counting words); ``paths`` lists every request's path, in order.
 
     ``"stream": true`` requests are answered as server-sent chunks, one per word (``chunk_delay``
-    seconds apart), ending in ``data: [DONE]``; ``GET /health`` and ``GET /v1/models`` answer like vLLM."""
+    seconds apart), ending in ``data: [DONE]``; ``GET /health`` and ``GET /v1/models`` answer like vLLM.
+
+    A hung server: while ``hung`` is true, every request (health checks too) is accepted and read but
+    never answered; its connection is dropped unanswered when ``hung`` is cleared or the server
+    closes. ``hang_after_chunks=N`` hangs each stream after N chunks the same way."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
                  logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None,
-                 chunk_delay: float = 0.0):
+                 chunk_delay: float = 0.0, hung: bool = False, hang_after_chunks: int | None = None):
         self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
+        self.hung, self.hang_after_chunks = hung, hang_after_chunks
+        self._closing = threading.Event()
         self.chunk_delay = chunk_delay
         self.tokenize = tokenize
         self.requests: list[dict] = []
@@ -35,6 +41,8 @@ class ScriptedLLM:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(body)
                 server.paths.append(self.path)
+                if server.hold():
+                    return
                 time.sleep(server.delay)
                 scripted = server.tokenize(body) if server.tokenize and self.path.endswith("/tokenize") else None
                 if scripted is not None:
@@ -61,6 +69,8 @@ class ScriptedLLM:
 
             def do_GET(self):
                 server.paths.append(self.path)
+                if server.hold():
+                    return
                 if self.path.endswith("/health"):
                     self._send(200, {})
                 elif self.path.endswith("/models"):
@@ -78,7 +88,10 @@ class ScriptedLLM:
                 deltas += [({"content": w}, {"content": [{"token": w, "logprob": lp, "top_logprobs": []}]}
                             if body.get("logprobs") else None, None) for w in pieces if w]
                 deltas.append(({}, None, "stop"))
-                for delta, logprobs, finish in deltas:
+                for sent, (delta, logprobs, finish) in enumerate(deltas):
+                    if sent == server.hang_after_chunks:
+                        server._closing.wait()
+                        return
                     choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
                     self.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
                     self.wfile.flush()
@@ -105,6 +118,15 @@ class ScriptedLLM:
         self.thread.start()
         return self
 
+    def hold(self) -> bool:
+        """While ``hung``: wait, answering nothing; True if the request is to be dropped unanswered."""
+        held = False
+        while self.hung and not self._closing.is_set():
+            held = True
+            time.sleep(0.02)
+        return held or self._closing.is_set()
+
     def __exit__(self, *exc) -> None:
+        self._closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -1,27 +1,39 @@
 """One client for every LLM call: an OpenAI-compatible endpoint (vLLM's server), over HTTP only.
 
-Retries with exponential backoff on connection errors, timeouts, 429 and 5xx (the openai
-client's own policy, for /tokenize too), a cap on concurrent requests served oldest query first
-in two lanes (long generations; short checks and /tokenize: see ``FairSlots``), token logprobs where a
-stage asks for them, streaming, and token counting with the served model's own tokenizer
+A hung server is told from a busy one: while a request goes unanswered, the server's health
+check is asked every ``hung_after_seconds / 2``; one that answers it is busy and is waited for (up
+to ``timeout_seconds``, with a line on the ``ragline.llm`` log at each check), one that does not is
+reported at once, after ``hung_after_seconds`` (20 s by default), never retried. Refused connections,
+429 and 5xx are retried with exponential backoff (``max_retries``); a timeout is not (the same
+request would take as long again). Concurrent requests are capped and served oldest query first in
+two lanes (long generations; short checks and /tokenize: see ``FairSlots``). Also: token logprobs
+where a stage asks for them, streaming, and token counting with the served model's own tokenizer
 (vLLM /tokenize, else a local copy of it; an estimate only where the spec opts in).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
+import queue
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.context import QUERY_ARRIVAL
 from ragline.flows.resources.fair_slots import FairSlots
 
 log = logging.getLogger("ragline.llm")
 SHORT_CALL_TOKENS = 16  # completions this short (verify: 2, pointwise rerank: 1) take the short lane
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection (retried: the server may be restarting)
+HEALTH_REUSE_SECONDS = 2.0  # concurrent waiters share one health check
 
 
 class LLMSpec(BaseModel):
@@ -31,8 +43,13 @@ class LLMSpec(BaseModel):
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible API root (vLLM: .../v1)")
     model: str = Field("smollm2", description="served model name")
     api_key: str = Field("EMPTY", description="bearer token, if the server wants one")
-    timeout_seconds: float = Field(120.0, gt=0, description="per request")
-    max_retries: int = Field(3, ge=0, le=10, description="retries with exponential backoff")
+    timeout_seconds: float = Field(120.0, gt=0, description="longest wait for one answer from a server that is up "
+                                                           "(it answers its health check meanwhile); not retried")
+    hung_after_seconds: float = Field(
+        20.0, gt=0, description="a request unanswered this long is given up, not retried, when the server does not "
+                                "answer its health check either (asked every half of this while it is silent)")
+    max_retries: int = Field(3, ge=0, le=10, description="retries with exponential backoff of refused connections, "
+                                                         "429 and 5xx")
     max_concurrency: int = Field(4, ge=1, le=256, description="requests in flight at once, per lane (long "
                                                               "generations; short checks and /tokenize)")
     temperature: float = Field(0.0, ge=0, le=2)
@@ -57,6 +74,8 @@ class _NoTokenizeEndpoint(Exception):
 
 
 TokenCounting = Literal["server", "local", "estimate"]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -99,6 +118,8 @@ class LLMClient:
         self._local_tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share across threads
         self._tokenize_endpoint: bool | None = None  # None: not asked yet; False: the server has none
         self._lock = threading.Lock()
+        self._health_lock = threading.Lock()
+        self._health: tuple[float, bool] = (-math.inf, False)  # (when checked, whether it answered)
         # how the last counts were made, so callers can tell a budget that only holds by an estimate
         self.token_counting: TokenCounting | None = None
         self._estimate_warned = False
@@ -109,13 +130,16 @@ class LLMClient:
 
     @property
     def client(self):
+        """The openai client, retrying nothing itself: ``_attempts`` decides what is worth a retry."""
         if self._client is None:
-            from openai import OpenAI
+            from openai import OpenAI, Timeout
 
             with self._lock:
                 if self._client is None:
-                    self._client = OpenAI(base_url=self.spec.base_url, api_key=self.spec.api_key,
-                                          timeout=self.spec.timeout_seconds, max_retries=self.spec.max_retries)
+                    connect = min(CONNECT_TIMEOUT, self.spec.timeout_seconds)
+                    timeout = Timeout(self.spec.timeout_seconds, connect=connect)
+                    self._client = OpenAI(base_url=self.spec.base_url, api_key=self.spec.api_key, timeout=timeout,
+                                          max_retries=0)
         return self._client
 
     # ------------------------------------------------------------------ generation
@@ -140,21 +164,34 @@ class LLMClient:
         tokens: list[TokenLogprob] = []
         finish = None
         with self._long.slot():
-            try:
-                for event in self.client.chat.completions.create(**kwargs):
-                    if not event.choices:
-                        continue
-                    choice = event.choices[0]
-                    delta = choice.delta.content or ""
-                    if delta:
-                        pieces.append(delta)
-                        if on_token:
-                            on_token(delta)
-                    tokens.extend(_tokens(choice.logprobs))
-                    finish = choice.finish_reason or finish
-            except Exception as exc:  # noqa: BLE001 - translated to one clear error
-                raise self._unavailable(exc) from exc
+            for attempt in range(1, self.spec.max_retries + 2):
+                try:
+                    for event in self._events(kwargs):
+                        if not event.choices:
+                            continue
+                        choice = event.choices[0]
+                        delta = choice.delta.content or ""
+                        if delta:
+                            pieces.append(delta)
+                            if on_token:
+                                on_token(delta)
+                        tokens.extend(_tokens(choice.logprobs))
+                        finish = choice.finish_reason or finish
+                    break
+                except Exception as exc:  # noqa: BLE001 - retried before the first token, else one clear error
+                    if pieces or not self._retry(exc, attempt):
+                        self._raise(exc, "", attempt)
         return Completion(text="".join(pieces), tokens=tokens, finish_reason=finish)
+
+    def map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
+        """``fn`` over ``items`` on up to ``max_concurrency`` threads, in order. Each runs in the caller's
+        context, so its LLM calls queue as the caller's query (``QUERY_ARRIVAL``), not as a new one."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(item) for item in items]
+        context = contextvars.copy_context()
+        with ThreadPoolExecutor(max_workers=min(len(items), self.spec.max_concurrency)) as pool:
+            return list(pool.map(lambda item: context.copy().run(fn, item), items))
 
     def _request(self, prompt, max_tokens, temperature, logprobs, top_logprobs, stop, json_schema) -> dict[str, Any]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -174,25 +211,179 @@ class LLMClient:
                                          "json_schema": {"name": "output", "schema": json_schema}}
         return kwargs
 
-    def _call(self, request: Callable[[], Any], lane: FairSlots) -> Any:
-        with lane.slot():
-            try:
-                return request()
-            except Exception as exc:  # noqa: BLE001 - translated to one clear error
-                raise self._unavailable(exc) from exc
+    def _call(self, request: Callable[[], Any], lane: FairSlots, arrival: float | None = None,
+              what: str = "", keep: Callable[[Exception], bool] = lambda exc: False) -> Any:
+        """``request`` in a slot of ``lane``, watched and retried (see ``_attempts``); errors translated,
+        except those ``keep`` wants as they are."""
+        with lane.slot(arrival):
+            return self._attempts(request, what, keep)
 
-    def _unavailable(self, exc: Exception, request: str = "") -> Exception:
+    def _attempts(self, request: Callable[[], Any], what: str, keep: Callable[[Exception], bool]) -> Any:
+        for attempt in range(1, self.spec.max_retries + 2):
+            try:
+                return self._watched(request, what)
+            except Exception as exc:  # noqa: BLE001 - retried where sensible, else one clear error
+                if keep(exc) or not self._retry(exc, attempt):
+                    self._raise(exc, what, attempt, keep)
+        raise AssertionError("unreachable")
+
+    def _raise(self, exc: Exception, what: str, attempts: int,
+               keep: Callable[[Exception], bool] = lambda exc: False) -> None:
+        failure = exc if keep(exc) else self._failed(exc, what, attempts)
+        if failure is exc:
+            raise exc
+        raise failure from exc
+
+    def _retry(self, exc: Exception, attempt: int) -> bool:
+        """Whether to try again after ``exc`` (sleeping first): refused or dropped connections, 429, 5xx.
+        Not a hung server (``LLMUnavailable``) and not a timeout: the same request would wait as long."""
+        import openai
+
+        if attempt > self.spec.max_retries or isinstance(exc, LLMUnavailable):
+            return False
+        if isinstance(exc, openai.APITimeoutError):  # httpx's or httpx2's, as the openai client uses
+            transient = type(exc.__cause__).__name__ == "ConnectTimeout"
+        else:
+            transient = isinstance(exc, (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError))
+        if not transient:
+            return False
+        delay = min(8.0, 0.5 * 2 ** (attempt - 1))
+        response = getattr(exc, "response", None)
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            delay = min(30.0, max(delay, float(response.headers.get("retry-after"))))
+        log.info("%s: %s; retrying in %.1f s (attempt %d of %d)", self.location, type(exc).__name__, delay,
+                 attempt + 1, self.spec.max_retries + 1)
+        time.sleep(delay)
+        return True
+
+    def _failed(self, exc: Exception, request: str, attempts: int) -> Exception:
         """One clear error naming the endpoint (and ``request``, when it is not a completion)."""
         import openai
 
         where = f" ({request})" if request else ""
+        if isinstance(exc, LLMUnavailable):
+            return exc
+        if isinstance(exc, openai.APITimeoutError) and attempts == 1:
+            return LLMUnavailable(f"{self.location} did not answer within {self.spec.timeout_seconds:g} s "
+                                  f"(timeout_seconds){where}: {type(exc).__name__}: {exc}")
         if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
                             openai.RateLimitError)):
-            return LLMUnavailable(f"{self.location} did not answer after {self.spec.max_retries + 1} attempts"
+            return LLMUnavailable(f"{self.location} did not answer after {attempts} attempt{'s' * (attempts > 1)}"
                                   f"{where}: {type(exc).__name__}: {exc}")
         if isinstance(exc, openai.APIStatusError):
             return RuntimeError(f"{self.location} refused the request{where} (HTTP {exc.status_code}): {exc.message}")
         return exc
+
+    # ------------------------------------------------------------------ hung or busy
+    def _watched(self, request: Callable[[], Any], what: str) -> Any:
+        """``request()`` on a helper thread, awaited here while checking that a silent server is up.
+        A request given up on stays with its thread until its own timeout, unused."""
+        box: dict[str, Any] = {}
+        ended = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = request()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["error"] = exc
+            finally:
+                ended.set()
+
+        threading.Thread(target=run, name="ragline-llm-request", daemon=True).start()
+        self._await(lambda timeout: (ended.wait(timeout), None), what)
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _events(self, kwargs: dict[str, Any]) -> Iterator[Any]:
+        """A streamed completion's events, read on a helper thread; each is awaited like ``_watched``."""
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        opened: list[Any] = []
+        end = object()
+
+        def run() -> None:
+            try:
+                stream = self.client.chat.completions.create(**kwargs)
+                opened.append(stream)
+                for event in stream:
+                    events.put(event)
+                events.put(end)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                events.put(exc)
+
+        def take(timeout: float) -> tuple[bool, Any]:
+            try:
+                return True, events.get(timeout=timeout)
+            except queue.Empty:
+                return False, None
+
+        threading.Thread(target=run, name="ragline-llm-stream", daemon=True).start()
+        finished = False
+        try:
+            while True:
+                item = self._await(take, "")
+                if item is end:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished and opened:  # given up (hung, or the consumer stopped): free the connection
+                with contextlib.suppress(Exception):
+                    opened[0].close()
+
+    def _await(self, poll: Callable[[float], tuple[bool, Any]], what: str) -> Any:
+        """``poll(timeout) -> (ready, value)`` until ready. Every ``hung_after_seconds / 2`` of silence the
+        server's health check is asked: answered, the server is busy and is waited for (the request's own
+        ``timeout_seconds`` bounds it); unanswered, it is hung, and this raises ``LLMUnavailable``."""
+        half = self.spec.hung_after_seconds / 2
+        started = time.monotonic()
+        where = f" ({what})" if what else ""
+        while True:
+            ready, value = poll(half)
+            if ready:
+                return value
+            up = self._answers_health(half, started, where)
+            ready, value = poll(0)
+            if ready:
+                return value
+            silent = time.monotonic() - started
+            if not up:
+                raise LLMUnavailable(
+                    f"{self.location} accepted the request{where} but has not answered in {silent:.0f} s, nor its "
+                    f"health check ({self.health_url}): the server is hung or stopped; not retried "
+                    f"(hung_after_seconds: {self.spec.hung_after_seconds:g})")
+            if silent > self.spec.timeout_seconds + half:  # its own read timeout should have ended it
+                raise LLMUnavailable(f"{self.location} did not answer within {self.spec.timeout_seconds:g} s "
+                                     f"(timeout_seconds){where}")
+
+    @property
+    def health_url(self) -> str:
+        return self.spec.base_url.rstrip("/").removesuffix("/v1") + "/health"
+
+    def _answers_health(self, timeout: float, since: float, where: str) -> bool:
+        """Whether the server's HTTP layer answers at all (any status below 500, even 404: not hung).
+        Waiters share a check made while they were waiting (``since``) and at most 2 s ago; each check
+        is one line on the log, so a user waiting sees what is going on (the CLI shows it)."""
+        import httpx
+
+        with self._health_lock:
+            checked, answered = self._health
+            if checked >= since and time.monotonic() - checked < HEALTH_REUSE_SECONDS:
+                return answered
+            log.info("no answer from %s%s after %.0f s; checking that it is up", self.location, where,
+                     time.monotonic() - since)
+            try:
+                answered = httpx.get(self.health_url, timeout=timeout).status_code < 500
+            except httpx.HTTPError:
+                answered = False
+            self._health = (time.monotonic(), answered)
+            if answered:
+                log.info("%s answers its health check, so it is busy: waiting for the answer (up to %g s, "
+                         "timeout_seconds)", self.location, self.spec.timeout_seconds)
+            return answered
 
     # ------------------------------------------------------------------ tokens
     def count_tokens(self, texts: list[str]) -> list[int]:
@@ -223,28 +414,28 @@ class LLMClient:
         return self.spec.base_url.rstrip("/").removesuffix("/v1") + "/tokenize"
 
     def _count_remote(self, texts: list[str]) -> list[int]:
+        arrival = QUERY_ARRIVAL.get()  # the pool's threads queue for slots as this query, not as a new one
         if len(texts) == 1:
-            return [self._tokenize_remote(texts[0])]
+            return [self._tokenize_remote(texts[0], arrival)]
         pool = ThreadPoolExecutor(max_workers=min(len(texts), self.spec.max_concurrency))
         try:
-            return list(pool.map(self._tokenize_remote, texts))
+            return list(pool.map(lambda text: self._tokenize_remote(text, arrival), texts))
         finally:
             pool.shutdown(cancel_futures=True)
 
-    def _tokenize_remote(self, text: str) -> int:
-        """One /tokenize request through the openai client: the same retries, backoff and errors."""
+    def _tokenize_remote(self, text: str, arrival: float | None = None) -> int:
+        """One /tokenize request through the openai client: the same watch, retries and errors."""
         import openai
 
-        with self._short.slot():
-            try:
-                body = self.client.post(self.tokenize_url, body={"model": self.spec.model, "prompt": text},
-                                        cast_to=str)
-            except openai.APIStatusError as exc:
-                if exc.status_code in (404, 405):
-                    raise _NoTokenizeEndpoint(f"HTTP {exc.status_code}") from exc
-                raise self._unavailable(exc, f"POST {self.tokenize_url}") from exc
-            except Exception as exc:  # noqa: BLE001 - translated to one clear error
-                raise self._unavailable(exc, f"POST {self.tokenize_url}") from exc
+        def absent(exc: Exception) -> bool:
+            return isinstance(exc, openai.APIStatusError) and exc.status_code in (404, 405)
+
+        try:
+            body = self._call(lambda: self.client.post(self.tokenize_url, body={"model": self.spec.model,
+                                                                               "prompt": text}, cast_to=str),
+                              self._short, arrival, f"POST {self.tokenize_url}", keep=absent)
+        except openai.APIStatusError as exc:
+            raise _NoTokenizeEndpoint(f"HTTP {exc.status_code}") from exc
         count = _count_field(body)
         if count is None:
             raise _NoTokenizeEndpoint(f"its answer has no token count: {body[:200]!r}")

@@ -91,3 +91,58 @@ def test_short_llm_calls_are_not_blocked_by_a_long_stream():
         assert streaming.is_alive(), "the stream should still be running"
         streaming.join(10)
         assert short_wait < 1.0  # the stream takes ~2 s
+
+
+def test_token_counts_from_a_pool_queue_as_their_query_not_as_a_new_one():
+    """count_tokens sends /tokenize from pool threads: they still carry their query's arrival."""
+    with ScriptedLLM() as server:
+        llm = LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, max_concurrency=1, max_retries=0))
+        holder = llm._short.slot(arrival=0.0)
+        holder.__enter__()
+
+        def run(arrival: float, call) -> threading.Thread:
+            def target() -> None:
+                QUERY_ARRIVAL.set(arrival)
+                call()
+            thread = threading.Thread(target=target)
+            thread.start()
+            return thread
+
+        newer = run(2.0, lambda: llm.chat("Statement: a check of a newer query", max_tokens=2))
+        _wait_until(lambda: llm._short.waiting == 1)
+        older = run(1.0, lambda: llm.count_tokens(["one two", "three"]))
+        _wait_until(lambda: llm._short.waiting == 2)
+        holder.__exit__(None, None, None)
+        newer.join(10)
+        older.join(10)
+        assert server.paths[0].endswith("/tokenize") and len(server.paths) == 3
+
+
+def test_calls_a_stage_fans_out_with_llm_map_queue_as_their_query():
+    """Pointwise rerank, chain-of-note and extraction fan out with LLMClient.map: same rule."""
+    with ScriptedLLM(lambda prompt: "Yes") as server:
+        llm = LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, max_concurrency=1, max_retries=0))
+        holder = llm._short.slot(arrival=0.0)
+        holder.__enter__()
+        served: list[str] = []
+
+        def judge(name: str) -> None:
+            llm.chat(f"Statement: {name}", max_tokens=1)
+            served.append(name)
+
+        def run(arrival: float, call) -> threading.Thread:
+            def target() -> None:
+                QUERY_ARRIVAL.set(arrival)
+                call()
+            thread = threading.Thread(target=target)
+            thread.start()
+            return thread
+
+        newer = run(2.0, lambda: judge("newer"))
+        _wait_until(lambda: llm._short.waiting == 1)
+        older = run(1.0, lambda: llm.map(judge, ["older 1", "older 2"]))
+        _wait_until(lambda: llm._short.waiting == 2)
+        holder.__exit__(None, None, None)
+        newer.join(10)
+        older.join(10)
+        assert served[0] == "older 1" and sorted(served) == ["newer", "older 1", "older 2"]
