@@ -28,18 +28,22 @@ DEFAULT_FILE = "pipelines.yaml"
 PYPROJECT = "pyproject.toml"
 
 
-def validate_file(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] = ()) -> list[SpecError]:
-    """Every error in the file, in file order; an empty list means it compiles."""
+def validate_file(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] = (),
+                  tuned: bool | None = None) -> list[SpecError]:
+    """Every error in the file (and in its tuned overlay), in file order; empty: it compiles."""
     try:
-        load_project(path, allow_modules=allow_modules)
+        load_project(path, allow_modules=allow_modules, tuned=tuned)
     except SpecValidationError as exc:
         return exc.errors
     return []
 
 
-def load_project(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] = ()) -> Project:
+def load_project(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] = (),
+                 tuned: bool | None = None) -> Project:
     """Parse, validate and compile a pipelines file, or raise SpecValidationError with all errors.
-    ``allow_modules`` adds to the external allowlist of user-stage modules (e.g. a CLI flag)."""
+    ``allow_modules`` adds to the external allowlist of user-stage modules (e.g. a CLI flag).
+    ``tuned``: apply the overlay `ragline tune` wrote beside the data (``flows.overlay``); default:
+    yes unless RAGLINE_TUNED=0."""
     path = Path(path).resolve()
     spec, doc, errors = parse_file(path)
     if spec is None or doc is None:
@@ -54,6 +58,10 @@ def load_project(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] =
             project.pipelines[name] = compiled
     if checker.errors:
         raise SpecValidationError(sorted(checker.errors, key=lambda e: (e.line or 0, e.message)))
+    from ragline.flows import overlay
+
+    if overlay.enabled_by_default() if tuned is None else tuned:
+        return overlay.apply_overlay(project)
     return project
 
 

@@ -91,6 +91,8 @@ class Project:
     pipelines: dict[str, CompiledPipeline] = field(default_factory=dict)
     data_dir: Path | None = None  # where relative resource paths point; default: beside the file
     resource_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by with_resource, for workers
+    untuned: "Project | None" = None  # the project before its tuned overlay (flows.overlay); None: not applied
+    overlay: Any = None  # the AppliedOverlay, when an overlay file was found
 
     @property
     def base_dir(self) -> Path:
@@ -113,6 +115,10 @@ class Project:
 
         if name not in self.spec.resources:
             raise KeyError(f"no resource {name!r}{suggest(name, list(self.spec.resources))}")
+        if self.untuned is not None:  # change the file's setting, then apply the overlay again
+            from ragline.flows.overlay import apply_overlay
+
+            return apply_overlay(self.untuned.with_resource(name, **fields))
         merged = {**self.spec.resources[name].model_dump(), **fields}
         resources = {**self.spec.resources, name: TypeAdapter(ResourceSpec).validate_python(merged)}
         project = self._copy(resources, self.data_dir)
@@ -125,14 +131,19 @@ class Project:
         spec._invalid_resources = set()
         project = Project(self.path, spec, data_dir=data_dir, resource_overrides=dict(self.resource_overrides))
         for pipe_name, pipe in self.pipelines.items():
-            project.pipelines[pipe_name] = CompiledPipeline(pipe.name, pipe.spec, pipe.steps, project, pipe.output)
+            project.pipelines[pipe_name] = CompiledPipeline(pipe.name, pipe.spec, pipe.steps, project, pipe.output,
+                                                            dict(pipe.overrides))
         return project
 
     def relocated(self, data_dir: Path) -> "Project":
         """A copy whose indexes all live under ``data_dir``, whatever the file says: relative paths
         move with it, absolute ones become ``data_dir/<resource name>``, and a Chroma server is
         replaced by an embedded store there. Evaluation and ``--data-dir`` rely on it never writing
-        to the configured index."""
+        to the configured index. A tuned project applies the overlay of the new data folder."""
+        if self.untuned is not None:
+            from ragline.flows.overlay import apply_overlay
+
+            return apply_overlay(self.untuned.relocated(data_dir))
         from pydantic import TypeAdapter
         from ragline.flows.resources import LOCATED_TYPES, ResourceSpec
 

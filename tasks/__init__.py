@@ -1,8 +1,8 @@
 """Builtin stages, one per module. Importing this package registers them (explicitly, here)."""
 from ragline.tasks import (chunk, convert, embed, fuse, generate, generate_flare, index, insert, load,  # noqa: F401
-                   refine_extract, refine_notes, refine_sentences, rerank, rerank_llm, retrieve_dense,
-                   retrieve_sparse, rewrite, verify)
+                   pseudo_queries, refine_extract, refine_notes, refine_sentences, rerank, rerank_llm,
+                   retrieve_dense, retrieve_sparse, rewrite, tune_retrieval, verify)
 
 __all__ = ["chunk", "convert", "embed", "fuse", "generate", "generate_flare", "index", "insert", "load",
-           "refine_extract", "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense",
-           "retrieve_sparse", "rewrite", "verify"]
+           "pseudo_queries", "refine_extract", "refine_notes", "refine_sentences", "rerank", "rerank_llm",
+           "retrieve_dense", "retrieve_sparse", "rewrite", "tune_retrieval", "verify"]

@@ -75,16 +75,8 @@ class BM25Index:
     def location(self) -> str:
         return f"bm25 {self.path}"
 
-    def _stemmer(self):
-        if self.spec.stemmer == "none":
-            return None
-        import Stemmer
-
-        return Stemmer.Stemmer(self.spec.stemmer)
-
     def _tokenize(self, texts: list[str]):
-        return _bm25s().tokenize(texts, stopwords=None if self.spec.stopwords == "none" else self.spec.stopwords,
-                              stemmer=self._stemmer(), show_progress=False, return_ids=False)
+        return tokenize(texts, self.spec.stemmer, self.spec.stopwords)
 
     def published_version(self) -> dict[str, Any] | None:
         pointer = self.path / self.POINTER
@@ -219,6 +211,25 @@ class BM25Index:
                                               weight_mask=None if mask is None else mask.astype(np.float32))
             results.append([(ids[int(d)], float(s), meta[int(d)]) for d, s in zip(docs[0], scores[0]) if s > 0])
         return results
+
+
+def tokenize(texts: list[str], stemmer: str = "english", stopwords: str = "en") -> list[list[str]]:
+    """Texts as BM25 terms, exactly as the index and its searches split them."""
+    stem = None
+    if stemmer != "none":
+        import Stemmer
+
+        stem = Stemmer.Stemmer(stemmer)
+    return _bm25s().tokenize(texts, stopwords=None if stopwords == "none" else stopwords, stemmer=stem,
+                             show_progress=False, return_ids=False)
+
+
+def in_memory(tokens: list[list[str]], spec: BM25Spec):
+    """A bm25s retriever over already tokenized texts, never written anywhere (the tuner scores
+    BM25 settings on it without touching the published index)."""
+    retriever = _bm25s().BM25(k1=spec.k1, b=spec.b, method=spec.method)
+    retriever.index(tokens, show_progress=False)
+    return retriever
 
 
 def _mtime(path: Path) -> float:

@@ -220,6 +220,25 @@ class ChromaStore:
                 return ids
             offset += page
 
+    def vectors(self, ids: list[str]) -> dict[str, np.ndarray]:
+        """The stored embeddings of these chunks (absent ids are left out)."""
+        found: dict[str, np.ndarray] = {}
+        for start in range(0, len(ids), 1000):
+            batch = ids[start:start + 1000]
+            got = self._call("get vectors", lambda c: c.get(ids=batch, include=["embeddings"]))
+            found.update(zip(got["ids"], np.asarray(got["embeddings"], dtype=np.float32)))
+        return found
+
+    def score(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """The score ``query`` gives ``vectors`` as a query's passages carry it (see ``_passage``)."""
+        query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
+        if self.spec.space == "l2":
+            return -((vectors - query) ** 2).sum(axis=-1)
+        if self.spec.space == "ip":
+            return vectors @ query
+        norms = np.linalg.norm(vectors, axis=-1) * max(float(np.linalg.norm(query)), 1e-12)
+        return (vectors @ query) / np.maximum(norms, 1e-12)
+
     def _batch_size(self) -> int:
         """write_batch_size, capped at what the client accepts per call (5461 for embedded Chroma)."""
         if self._max_batch is None:

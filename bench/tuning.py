@@ -1,0 +1,194 @@
+"""Self-tuning retrieval on SciFact without labels: BM25, dense, untuned and tuned hybrid.
+
+Usage: .venv/bin/python bench/tuning.py [--strategies inverse_cloze,inverse_cloze_unmasked,title] [--pairs 300]
+                                        [--no-readme] [--table-only]
+
+1. Indexes the SciFact corpus once in the private evaluation workspace `ragline eval` uses (reused).
+2. Runs the shipped `tune` pipeline there (pseudo-queries from the index, then the tuner): its wall
+   time, and the overlay it writes in that workspace (never beside the repository's pipelines.yaml).
+   The tuner sees no queries and no qrels: `tests/tasks/test_tune_retrieval.py` proves it.
+3. Scores BM25, dense, the untuned hybrid (pipelines.yaml) and the tuned hybrid (pipelines.yaml +
+   overlay) on the test queries (300) by running the real pipelines, and on the train queries (809,
+   the dev split) from cached rankings fused exactly as `fuse` does.
+4. Method check, on the dev split only: every candidate the tuner tried is also scored on the train
+   qrels; agreement = rank correlation (Kendall tau, Spearman) between the candidates' pseudo-query
+   and train scores, and the train/test score of the candidate each ranking picks.
+   Other pseudo-query strategies (`--strategies`) are compared the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from common import OUT, REPO, SCIFACT, publish, save
+
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.evaluate import eval_workspace, load_beir, score, to_run
+from ragline.flows.progress import IngestProgress
+
+STRATEGIES = {  # name -> pseudo_queries parameters
+    "inverse_cloze": {"strategies": ["inverse_cloze"]},
+    "inverse_cloze_unmasked": {"strategies": ["inverse_cloze"], "mask": False},
+    "title": {"strategies": ["title"]},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategies", default="inverse_cloze,inverse_cloze_unmasked,title",
+                        help="pseudo-query strategies to compare (the first one is the shipped default, tuned for real)")
+    parser.add_argument("--pairs", type=int, default=300)
+    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the last run")
+    args = parser.parse_args()
+    if args.table_only:
+        result = json.loads((OUT / "tuning.json").read_text())
+    else:
+        result = run(args.strategies.split(","), args.pairs)
+        save("tuning", result)
+    publish("tuning", table(result), readme=not args.no_readme)
+
+
+def run(strategies: list[str], pairs: int) -> dict:
+    plain = load_project(REPO / "pipelines.yaml", tuned=False)
+    test, train = load_beir(SCIFACT, "test"), load_beir(SCIFACT, "train")
+    workspace = eval_workspace(plain, test, "index")
+    plain = plain.relocated(workspace)
+    progress = IngestProgress("indexing scifact")
+    started = time.perf_counter()
+    report = engine.run(plain.pipeline("index").with_overrides({"load": {"paths": [str(test.corpus.resolve())]}}),
+                        orchestrate=False, progress=progress)
+    progress.close()
+    print(f"index: {report.summary()} in {time.perf_counter() - started:.1f} s", flush=True)
+
+    from ragline.tasks import tune_retrieval as tr
+
+    corpus = tr.Corpus.from_state(plain.resource("state"))
+    by_doc_id = {sid.rsplit("#", 1)[-1]: i for sid, i in corpus.doc_index.items()}
+    splits = {"train": train, "test": test}
+    relevant = {name: [{by_doc_id[d] for d, g in ds.qrels[q].items() if g > 0 and d in by_doc_id}
+                       for q in ds.queries] for name, ds in splits.items()}
+
+    runs, tuned_project = {}, None
+    for i, strategy in enumerate(strategies):
+        overlay = workspace / f"tuned-{strategy}.yaml"
+        pipeline = plain.pipeline("tune").with_overrides({"pairs": {"n": pairs, **STRATEGIES[strategy]},
+                                                          "tune": {"overlay": str(overlay)}})
+        started = time.perf_counter()
+        tuning = engine.run(pipeline, orchestrate=False)
+        wall = time.perf_counter() - started
+        print(f"tune ({strategy}): {tuning.chosen.name} in {wall:.1f} s ({tuning.timings})", flush=True)
+        runs[strategy] = {"wall_seconds": round(wall, 1), "report": tuning}
+        if i == 0:  # the shipped strategy: its overlay becomes the workspace's own, as `ragline tune` writes it
+            default = workspace / "pipelines.tuned.yaml"
+            default.write_text(overlay.read_text())
+            tuned_project = load_project(REPO / "pipelines.yaml", tuned=True).relocated(workspace)
+
+    # every candidate of every strategy, scored on the real queries from cached rankings
+    settings = {c.name: c.setting for r in runs.values() for c in r["report"].candidates}
+    base_setting = next(iter(runs.values()))["report"].baseline.setting
+    variants = list({tr.variant_name(s["bm25"]): s["bm25"] for s in settings.values()}.values())
+    store, embedder = plain.resource("store"), plain.resource("embedder")
+    bm25_spec = plain.spec.resources["sparse"]
+    real: dict[str, dict[str, dict[str, float]]] = {}
+    for name, ds in splits.items():
+        started = time.perf_counter()
+        cache, _ = tr.rank_queries(list(ds.queries.values()), corpus, store, embedder, bm25_spec, variants, 100)
+        scored = tr.score_settings(list(settings.values()), cache, relevant[name], top_k=100)
+        real[name] = {c.name: c.scores for c in scored}
+        print(f"{name}: {len(settings)} candidates scored from cached rankings in "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
+
+    agreement = {s: _agreement(r["report"], real) for s, r in runs.items()}
+    for s, a in agreement.items():
+        print(f"agreement ({s}): {a}", flush=True)
+
+    # headline: the real pipelines on the test queries (train: the same settings from cached rankings)
+    first = runs[strategies[0]]["report"]
+    rows = []
+    for label, project, pipeline, setting in (
+            ("BM25", plain, "search_bm25", None), ("dense", plain, "search_dense", None),
+            ("hybrid, untuned (pipelines.yaml)", plain, "search", base_setting),
+            ("hybrid, tuned (pipelines.yaml + overlay)", tuned_project, "search", first.chosen.setting)):
+        started = time.perf_counter()
+        queries = list(test.queries.items())
+        run_ = {q: to_run(engine.run(project.pipeline(pipeline), {"query": text}, orchestrate=False))
+                for q, text in queries}
+        figures = score(run_, test.qrels)
+        row = {"label": label, "pipeline": pipeline, "test": figures,
+               "query_ms": round(1000 * (time.perf_counter() - started) / len(queries), 1)}
+        if setting is not None:
+            row["train"] = real["train"][tr.setting_name(setting)]
+            row["test_cached"] = real["test"][tr.setting_name(setting)]
+        rows.append(row)
+        print(f"{label:45} test nDCG@10 {figures['ndcg@10']:.4f} R@100 {figures['recall@100']:.4f}", flush=True)
+    singles = {"BM25": tr.setting_name({**base_setting, "dense_weight": 0.0}),
+               "dense": tr.setting_name({**base_setting, "dense_weight": 1.0})}
+    for row in rows:
+        if row["label"] in singles:
+            row["train"] = real["train"].get(singles[row["label"]])
+    return {"machine": platform.processor() or platform.machine(), "pairs": pairs, "rows": rows,
+            "tuning": {s: {"wall_seconds": r["wall_seconds"], "timings": r["report"].timings,
+                           "chosen": r["report"].chosen.name, "reason": r["report"].reason,
+                           "candidates": len(r["report"].candidates),
+                           "pseudo": r["report"].chosen.scores,
+                           "train": real["train"][r["report"].chosen.name],
+                           "test": real["test"][r["report"].chosen.name]} for s, r in runs.items()},
+            "agreement": agreement,
+            "best_on_train": _best(real["train"]), "best_on_test": _best(real["test"])}
+
+
+def _best(scores: dict[str, dict[str, float]]) -> dict:
+    name = max(scores, key=lambda n: scores[n]["ndcg@10"])
+    return {"name": name, **scores[name]}
+
+
+def _agreement(report, real: dict[str, dict[str, dict[str, float]]]) -> dict:
+    """Rank agreement between the candidates' pseudo-query nDCG@10 and their train nDCG@10."""
+    from scipy.stats import kendalltau, spearmanr
+
+    names = [c.name for c in report.candidates]
+    pseudo = [c.scores["ndcg@10"] for c in report.candidates]
+    train = [real["train"][n]["ndcg@10"] for n in names]
+    tau, _ = kendalltau(pseudo, train)
+    rho, _ = spearmanr(pseudo, train)
+    best_train = max(train)
+    chosen = report.chosen.name
+    return {"candidates": len(names), "kendall_tau": round(float(tau), 3), "spearman": round(float(rho), 3),
+            "chosen_train_ndcg": real["train"][chosen]["ndcg@10"], "best_train_ndcg": best_train,
+            "chosen_train_percentile": round(100 * sum(t <= real["train"][chosen]["ndcg@10"] for t in train)
+                                             / len(train), 1)}
+
+
+def table(result: dict) -> list[str]:
+    lines = ["| retrieval | test nDCG@10 | test Recall@100 | train (dev) nDCG@10 | train Recall@100 |",
+             "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        train = r.get("train") or {}
+        lines.append(f"| {r['label']} | **{r['test']['ndcg@10']:.3f}** | {r['test']['recall@100']:.3f} | "
+                     f"{train.get('ndcg@10', float('nan')):.3f} | {train.get('recall@100', float('nan')):.3f} |")
+    first = next(iter(result["tuning"]))
+    t = result["tuning"][first]
+    lines += ["", f"Tuned on {result['pairs']} pseudo-queries ({first}) in **{t['wall_seconds']} s** "
+                  f"({', '.join(f'{k} {v} s' for k, v in t['timings'].items())}); chosen: `{t['chosen']}` "
+                  f"({t['reason']}).", "",
+              "| pseudo-queries | candidates | Kendall tau (pseudo vs train) | Spearman | chosen: pseudo nDCG@10 | "
+              "chosen: train nDCG@10 (percentile) | chosen: test nDCG@10 | wall time |",
+              "|---|---|---|---|---|---|---|---|"]
+    for s, t in result["tuning"].items():
+        a = result["agreement"][s]
+        lines.append(f"| {s} | {a['candidates']} | {a['kendall_tau']:.2f} | {a['spearman']:.2f} | "
+                     f"{t['pseudo']['ndcg@10']:.3f} | {t['train']['ndcg@10']:.3f} ({a['chosen_train_percentile']:.0f}th) | "
+                     f"{t['test']['ndcg@10']:.3f} | {t['wall_seconds']} s |")
+    bt, bs = result["best_on_train"], result["best_on_test"]
+    lines += ["", f"Best candidate with labels (not used by the tuner): train `{bt['name']}` {bt['ndcg@10']:.3f}; "
+                  f"test `{bs['name']}` {bs['ndcg@10']:.3f}."]
+    return lines
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+"""Self-tuning retrieval: score candidate settings on pseudo-queries and write the best as an overlay.
+
+The tuner finds the query pipelines that fuse one dense and one BM25 retriever over this step's
+index (``search`` and ``ask`` in the shipped file), ranks every pseudo-query once per retriever
+(dense from Chroma, BM25 for each candidate k1, b and stemmer on an in-memory index over the
+corpus text, never the published one), then scores every fusion candidate on those cached
+rankings, which is cheap: reciprocal rank fusion with its constant k and the dense/BM25 weight,
+min-max score combination with the same weight, the retrievers' depth. A weight of 0 or 1 is
+BM25 or dense alone, so the best candidate is never below the better single retriever on the
+pseudo-queries. Every candidate is scored exactly as ``fuse`` ranks passages and ``eval`` ranks
+documents (a document at its best chunk), with the source document as the one relevant item.
+
+Bias control: an inverse-cloze or title query is cut out of its document; the source is scored
+without that text (dense: its chunks re-embedded without it; BM25: the in-memory index holds
+them without it), so a query never finds its document by its own words.
+
+The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
+command applies on top of it; pipelines.yaml itself is never written.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Candidate, PseudoQuery, TuneReport
+from ragline.flows.registry import stage
+from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
+from ragline.flows.resources.chroma import ChromaStore
+from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.state import IndexState
+from ragline.tasks.pseudo_queries import without
+
+Metric = Literal["ndcg@10", "mrr@10", "recall@100"]
+METRICS = ("ndcg@10", "mrr@10", "recall@100")
+QUERY_BATCH = 32  # query vectors per Chroma call
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pipelines: list[str] = Field(default_factory=list,
+                                 description="query pipelines to tune; empty: every one that fuses a dense and a "
+                                             "BM25 retriever over this step's index")
+    metric: Metric = Field("ndcg@10", description="what the choice maximises on the pseudo-queries")
+    methods: list[Literal["rrf", "score"]] = Field(["rrf", "score"], min_length=1, description="fusion methods")
+    rrf_k: list[int] = Field([5, 10, 20, 40, 60, 100], min_length=1, description="RRF constants tried")
+    dense_weights: list[float] = Field([0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0], min_length=1,
+                                       description="dense share of the fusion weight (BM25 gets the rest); "
+                                                   "0: BM25 alone, 1: dense alone")
+    depths: list[int] = Field([50, 100], min_length=1, description="passages per retriever tried (k)")
+    bm25_k1: list[float] = Field([0.9, 1.2, 1.5], min_length=1, description="BM25 k1 values tried")
+    bm25_b: list[float] = Field([0.5, 0.75, 0.9], min_length=1, description="BM25 b values tried")
+    bm25_stemmer: list[Literal["english", "none"]] = Field(["english", "none"], min_length=1,
+                                                           description="stemmers tried")
+    bm25_fused: int = Field(3, ge=1, le=50, description="best BM25 variants (alone) that enter fusion, plus the "
+                                                         "current one")
+    min_gain: float = Field(0.0, ge=0.0, le=1.0, description="keep pipelines.yaml's setting unless a candidate "
+                                                              "beats it by more than this on the metric")
+    max_seconds: float | None = Field(600.0, gt=0, description="stop trying BM25 variants after this long")
+    write: bool = Field(True, description="write the overlay (false: report only)")
+    overlay: str | None = Field(None, description="overlay file; default: <pipelines file stem>.tuned.yaml beside "
+                                                  "the data (the pipelines file's folder, or --data-dir)")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A query pipeline the tuner sets: its fuse step and the two retrievers feeding it."""
+
+    pipeline: str
+    fuse: str
+    dense: str
+    sparse: str
+    sparse_resource: str
+
+
+@dataclass
+class Rankings:
+    """Per query, each retriever's ranking at full depth: (chunk index, score) pairs, best first."""
+
+    docs: np.ndarray  # the document index of every chunk index
+    dense: list[list[tuple[int, float]]]
+    sparse: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)  # by BM25 variant name
+
+
+@stage("tune_retrieval", params=Params, produces="tuning", kind="job",
+       uses={"store": ("chroma",), "embedder": ("sentence_transformer",), "sparse": ("bm25",),
+             "state": ("index_state",)})
+def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, store: ChromaStore,
+                   embedder: Embedder, sparse: BM25Index, state: IndexState) -> TuneReport:
+    """Score fusion and BM25 settings on pseudo-queries; write the best as the tuned overlay."""
+    from ragline.flows import overlay
+
+    started = time.perf_counter()
+    project = ctx.project
+    if project is None:
+        raise RuntimeError("tune_retrieval needs the compiled project (run it through the engine)")
+    step = project.pipeline(ctx.pipeline).step(ctx.step_id)
+    plain = project.untuned or project  # pipelines.yaml as written: the setting to beat, whatever was tuned before
+    targets = find_targets(plain, params.pipelines, step.resources)
+    if not pairs:
+        raise ValueError("no pseudo-queries to tune on (is the index empty?)")
+    timings: dict[str, float] = {}
+    bm25_spec = plain.spec.resources[targets[0].sparse_resource]
+    base = current_setting(plain, targets[0], bm25_spec)
+    clock = time.perf_counter()
+    corpus = Corpus.from_state(state)
+    pairs = [p for p in pairs if p.source_id in corpus.doc_index]  # a document deleted since: left out
+    timings["corpus"] = time.perf_counter() - clock
+    deadline = None if params.max_seconds is None else time.monotonic() + params.max_seconds
+    cache, exhausted = rank_pairs(pairs, corpus, store, embedder, bm25_spec, params, base, deadline, ctx, timings)
+    relevant = [{corpus.doc_index[p.source_id]} for p in pairs]
+    top_k = plain.pipeline(targets[0].pipeline).step(targets[0].fuse).params.top_k
+    clock = time.perf_counter()
+    candidates = grid(params, base, cache, relevant, top_k)
+    timings["scoring"] = time.perf_counter() - clock
+    by_name = {c.name: c for c in candidates}
+    baseline = by_name.get(setting_name(base)) or score_settings([base], cache, relevant, top_k)[0]
+    chosen, reason = choose(candidates, baseline, params)
+    overrides = overlay_entries(plain, targets, chosen.setting)
+    path = overlay.overlay_path(project, params.overlay)
+    report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
+                        strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
+                        candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
+                        overrides=overrides, overlay=str(path), budget_exhausted=exhausted,
+                        timings={k: round(v, 2) for k, v in timings.items()})
+    report.seconds = round(time.perf_counter() - started, 2)
+    if params.write:
+        overlay.write_overlay(project, path, report, state_generation=state.generation)
+        report.written = True
+    ctx.logger.info("tune: chose %s (%s %.4f) over %d candidates", chosen.name, params.metric,
+                    chosen.scores[params.metric], len(candidates))
+    return report
+
+
+# ----------------------------------------------------------------------------- targets
+def find_targets(project: Any, names: list[str], resources: dict[str, str]) -> list[Target]:
+    """The query pipelines (named, or all) whose fuse step is fed by one dense and one BM25
+    retriever over the tuner's own store, embedder and BM25 index."""
+    wanted = names or [n for n, p in project.pipelines.items() if p.kind == "query"]
+    targets, problems = [], []
+    for name in wanted:
+        pipeline = project.pipeline(name)  # a named pipeline that does not exist is an error
+        if pipeline.kind != "query":
+            problems.append(f"'{name}' is not a query pipeline")
+            continue
+        for step in pipeline.steps:
+            if step.stage.name != "fuse":
+                continue
+            feeders = [pipeline.step(s) for s in step.wiring.get("rankings", [])]
+            dense = [s for s in feeders if s.stage.name == "retrieve_dense"]
+            bm25 = [s for s in feeders if s.stage.name == "retrieve_sparse"]
+            if len(feeders) != 2 or len(dense) != 1 or len(bm25) != 1:
+                continue
+            same = (dense[0].resources.get("store") == resources.get("store")
+                    and dense[0].resources.get("embedder") == resources.get("embedder")
+                    and bm25[0].resources.get("sparse") == resources.get("sparse"))
+            if not same:
+                problems.append(f"'{name}' searches other resources than the tuner's")
+                continue
+            targets.append(Target(name, step.id, dense[0].id, bm25[0].id, bm25[0].resources["sparse"]))
+            break
+        else:
+            if names:
+                problems.append(f"'{name}' has no fuse step fed by one dense and one BM25 retriever")
+    if names and problems:
+        raise ValueError("cannot tune " + "; ".join(problems))
+    if not targets:
+        raise ValueError("no query pipeline fuses one dense and one BM25 retriever over this index: nothing to tune")
+    return targets
+
+
+def current_setting(project: Any, target: Target, bm25: Any) -> dict[str, Any]:
+    """What the file says now for one target, in the tuner's terms."""
+    pipeline = project.pipeline(target.pipeline)
+    fuse = pipeline.step(target.fuse).params
+    w_dense = fuse.weights.get(target.dense, 1.0)
+    w_sparse = fuse.weights.get(target.sparse, 1.0)
+    total = w_dense + w_sparse
+    return {"method": fuse.method, "k": fuse.k,
+            "dense_weight": round(w_dense / total, 4) if total > 0 else 0.5,
+            "depth_dense": pipeline.step(target.dense).params.k,
+            "depth_sparse": pipeline.step(target.sparse).params.k,
+            "bm25": {"k1": bm25.k1, "b": bm25.b, "stemmer": bm25.stemmer}}
+
+
+def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any]) -> dict[str, Any]:
+    """The overlay for a setting: the BM25 resource's parameters and, per target pipeline, its
+    fuse step's method, constant and weights and its retrievers' depth."""
+    alpha = setting["dense_weight"]
+    pipelines: dict[str, dict[str, dict[str, Any]]] = {}
+    for t in targets:
+        pipelines[t.pipeline] = {
+            t.fuse: {"method": setting["method"], "k": setting["k"],
+                     "weights": {t.dense: round(alpha, 4), t.sparse: round(1.0 - alpha, 4)}},
+            t.dense: {"k": setting["depth_dense"]},
+            t.sparse: {"k": setting["depth_sparse"]},
+        }
+    resources = {name: dict(setting["bm25"]) for name in sorted({t.sparse_resource for t in targets})}
+    return {"resources": resources, "pipelines": pipelines}
+
+
+# ----------------------------------------------------------------------------- the corpus and rankings
+@dataclass
+class Corpus:
+    ids: list[str]  # chunk ids, sorted (fuse breaks score ties by chunk id)
+    texts: list[str]
+    docs: np.ndarray  # document index of each chunk
+    doc_ids: list[str]
+    doc_index: dict[str, int]
+    chunks_of: dict[int, list[int]]
+
+    @classmethod
+    def from_state(cls, state: IndexState) -> "Corpus":
+        rows = sorted(state.chunk_rows(), key=lambda r: r[0])
+        doc_ids = sorted({str(r[2]["source_id"]) for r in rows})
+        doc_index = {d: i for i, d in enumerate(doc_ids)}
+        docs = np.fromiter((doc_index[str(r[2]["source_id"])] for r in rows), dtype=np.int64, count=len(rows))
+        chunks_of: dict[int, list[int]] = {}
+        for i, d in enumerate(docs.tolist()):
+            chunks_of.setdefault(d, []).append(i)
+        return cls([r[0] for r in rows], [r[1] for r in rows], docs, doc_ids, doc_index, chunks_of)
+
+    def masked(self, pairs: list[PseudoQuery]) -> dict[int, str]:
+        """chunk index -> its text without what a pair cut out of its document (changed chunks only)."""
+        changed: dict[int, str] = {}
+        for pair in pairs:
+            if not pair.cut or pair.source_id not in self.doc_index:
+                continue
+            for c in self.chunks_of[self.doc_index[pair.source_id]]:
+                text = without(changed.get(c, self.texts[c]), pair.cut)
+                if text != self.texts[c]:
+                    changed[c] = text
+        return changed
+
+
+def bm25_variants(params: Params, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """The BM25 settings to try, the current one first (it is always tried, whatever the budget)."""
+    grid = [{"k1": k1, "b": b, "stemmer": s}
+            for s, k1, b in itertools.product(params.bm25_stemmer, params.bm25_k1, params.bm25_b)]
+    current = dict(base["bm25"])
+    return [current] + [v for v in grid if v != current]
+
+
+def variant_name(v: dict[str, Any]) -> str:
+    return f"bm25 k1={v['k1']:g} b={v['b']:g} {v['stemmer']}"
+
+
+def rank_pairs(pairs: list[PseudoQuery], corpus: Corpus, store: ChromaStore, embedder: Embedder, spec: Any,
+               params: Params, base: dict[str, Any], deadline: float | None,
+               ctx: StepContext | None = None, timings: dict[str, float] | None = None) -> tuple[Rankings, bool]:
+    """Each retriever's ranking of every pseudo-query, at the deepest depth tried, with every
+    source scored without the text cut out of it."""
+    depth = max([*params.depths, base["depth_dense"], base["depth_sparse"]])
+    return rank_queries([p.text for p in pairs], corpus, store, embedder, spec, bm25_variants(params, base), depth,
+                        corpus.masked(pairs), [corpus.doc_index.get(p.source_id) for p in pairs], deadline,
+                        ctx, timings)
+
+
+def rank_queries(queries: list[str], corpus: Corpus, store: ChromaStore, embedder: Embedder, spec: Any,
+                 variants: list[dict[str, Any]], depth: int, changed: dict[int, str] | None = None,
+                 sources: list[int | None] | None = None, deadline: float | None = None,
+                 ctx: StepContext | None = None, timings: dict[str, float] | None = None) -> tuple[Rankings, bool]:
+    """Dense and BM25 (each variant) rankings of ``queries``, on the corpus with ``changed`` chunk
+    texts; ``sources[i]``: the document query i was cut from, re-scored without the cut."""
+    timings = {} if timings is None else timings
+    changed = changed or {}
+    clock = time.perf_counter()
+    dense = dense_rankings(queries, depth, corpus, store, embedder, changed, sources or [None] * len(queries))
+    cache = Rankings(docs=corpus.docs, dense=dense)
+    timings["dense"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    texts = [changed.get(i, t) for i, t in enumerate(corpus.texts)]
+    exhausted = False
+    tokens: dict[str, list[list[str]]] = {}
+    for variant in variants:
+        if cache.sparse and deadline is not None and time.monotonic() > deadline:
+            exhausted = True
+            if ctx is not None:
+                ctx.logger.warning("tune: time budget spent after %d BM25 variants", len(cache.sparse))
+            break
+        if variant["stemmer"] not in tokens:
+            tokens[variant["stemmer"]] = tokenize(texts, variant["stemmer"], spec.stopwords)
+        vspec = spec.model_copy(update=variant)
+        cache.sparse[variant_name(variant)] = sparse_rankings(queries, depth, tokens[variant["stemmer"]], vspec)
+    timings["bm25"] = time.perf_counter() - clock
+    return cache, exhausted
+
+
+def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: ChromaStore, embedder: Embedder,
+                   changed: dict[int, str], sources: list[int | None]) -> list[list[tuple[int, float]]]:
+    """Chroma's ranking per query; the query's own source document is re-scored from its chunks as
+    they would be without the cut text (re-embedded), and put back in place."""
+    position = {cid: i for i, cid in enumerate(corpus.ids)}
+    vectors = embedder.encode_queries(queries)
+    source_chunks = {c for s in sources if s is not None for c in corpus.chunks_of.get(s, [])}
+    stored = store.vectors([corpus.ids[c] for c in sorted(source_chunks - set(changed))])
+    order = sorted(set(changed) & source_chunks)
+    fresh = dict(zip(order, embedder.encode_documents([changed[c] for c in order]))) if order else {}
+    vector_of = {c: fresh[c] if c in fresh else stored.get(corpus.ids[c]) for c in source_chunks}
+    extra = max((len(corpus.chunks_of.get(s, [])) for s in sources if s is not None), default=0)
+    results = [r for start in range(0, len(vectors), QUERY_BATCH)  # Chroma: a bounded number of SQL variables
+               for r in store.query(vectors[start:start + QUERY_BATCH], depth + extra)]
+    rankings = []
+    for query_vector, passages, source in zip(vectors, results, sources):
+        ranking = [(position[p.chunk_id], p.score) for p in passages if p.chunk_id in position]
+        own = [c for c in corpus.chunks_of.get(source, []) if vector_of.get(c) is not None] \
+            if source is not None else []
+        if own:
+            mine = set(own)
+            ranking = [r for r in ranking if r[0] not in mine]
+            scores = store.score(query_vector, np.stack([vector_of[c] for c in own]))
+            floor = ranking[depth - 1][1] if len(ranking) >= depth else -np.inf
+            ranking += [(c, float(s)) for c, s in zip(own, scores) if s >= floor]
+            ranking.sort(key=lambda r: (-r[1], corpus.ids[r[0]]))
+        rankings.append(ranking[:depth])
+    return rankings
+
+
+def sparse_rankings(queries: list[str], depth: int, tokens: list[list[str]],
+                    spec: Any) -> list[list[tuple[int, float]]]:
+    """BM25's ranking per query on an in-memory index of these tokens (hits scoring 0 dropped, as
+    the published index's search does)."""
+    retriever = in_memory(tokens, spec)
+    query_tokens = tokenize(queries, spec.stemmer, spec.stopwords)
+    k = min(depth, len(tokens))
+    rankings: list[list[tuple[int, float]]] = [[] for _ in queries]
+    asked = [i for i, q in enumerate(query_tokens) if q]
+    if not asked or k == 0:
+        return rankings
+    docs, scores = retriever.retrieve([query_tokens[i] for i in asked], k=k, show_progress=False, n_threads=1)
+    for row, i in enumerate(asked):
+        rankings[i] = [(int(d), float(s)) for d, s in zip(docs[row], scores[row]) if s > 0]
+    return rankings
+
+
+# ----------------------------------------------------------------------------- candidates and scores
+def setting_name(s: dict[str, Any]) -> str:
+    alpha = s["dense_weight"]
+    depth = s["depth_dense"] if s["depth_dense"] == s["depth_sparse"] else f"{s['depth_dense']}/{s['depth_sparse']}"
+    if alpha >= 1.0:
+        return f"dense alone, depth {depth}"
+    bm25 = variant_name(s["bm25"])
+    if alpha <= 0.0:
+        return f"{bm25} alone, depth {depth}"
+    fusion = f"rrf k={s['k']}" if s["method"] == "rrf" else "score"
+    return f"{fusion}, dense weight {alpha:g}, {bm25}, depth {depth}"
+
+
+def grid(params: Params, base: dict[str, Any], cache: Rankings, relevant: list[set[int]],
+         top_k: int) -> list[Candidate]:
+    """Every candidate, scored, best first: each BM25 variant alone, dense alone, and fusion of
+    dense with the best few BM25 variants (and the current one) at every method, constant,
+    weight and depth."""
+    variants = {variant_name(v): v for v in bm25_variants(params, base) if variant_name(v) in cache.sparse}
+    alone = [_setting(base, v, "rrf", 60, 0.0, d) for v in variants.values() for d in params.depths]
+    alone += [_setting(base, base["bm25"], "rrf", 60, 1.0, d) for d in params.depths]
+    scored = score_settings(alone, cache, relevant, top_k)
+    solo = sorted((c for c in scored if c.setting["dense_weight"] == 0.0),
+                  key=lambda c: -c.scores[params.metric])
+    fused_variants = [variant_name(base["bm25"])]
+    for c in solo:
+        name = variant_name(c.setting["bm25"])
+        if name not in fused_variants and len(fused_variants) <= params.bm25_fused:
+            fused_variants.append(name)
+    fusion = []
+    for name in fused_variants:
+        for depth in params.depths:
+            for alpha in params.dense_weights:
+                if alpha <= 0.0 or alpha >= 1.0:
+                    continue  # alone: scored above
+                for method in params.methods:
+                    for k in (params.rrf_k if method == "rrf" else [60]):
+                        fusion.append(_setting(base, variants[name], method, k, alpha, depth))
+    fusion.append(dict(base))  # the file's own setting, exactly (its own depths, constant and weights)
+    scored += score_settings(fusion, cache, relevant, top_k)
+    unique = {c.name: c for c in scored}
+    return sorted(unique.values(), key=lambda c: (-round(c.scores[params.metric], 5), -round(c.scores["mrr@10"], 5),
+                                                  _changes(c.setting, base), -c.setting["depth_dense"], c.name))
+
+
+def _changes(setting: dict[str, Any], base: dict[str, Any]) -> int:
+    """How many settings differ from the file's (ties go to the candidate that changes least)."""
+    flat = lambda s: {**{k: v for k, v in s.items() if k != "bm25"}, **s["bm25"]}  # noqa: E731
+    a, b = flat(setting), flat(base)
+    return sum(a.get(k) != b.get(k) for k in set(a) | set(b))
+
+
+def _setting(base: dict[str, Any], bm25: dict[str, Any], method: str, k: int, alpha: float,
+             depth: int) -> dict[str, Any]:
+    return {"method": method, "k": k if method == "rrf" else base["k"], "dense_weight": alpha,
+            "depth_dense": depth, "depth_sparse": depth, "bm25": dict(bm25)}
+
+
+def choose(candidates: list[Candidate], baseline: Candidate, params: Params) -> tuple[Candidate, str]:
+    """The best candidate; the file's own setting unless the best beats it by more than min_gain."""
+    metric = params.metric
+    best = candidates[0]
+    gain = best.scores[metric] - baseline.scores[metric]
+    if best.name == baseline.name or gain <= params.min_gain:
+        return baseline, (f"no candidate beats the current setting by more than {params.min_gain:g} {metric}"
+                          if best.name != baseline.name else "the current setting is the best candidate")
+    singles = [c for c in candidates if c.setting["dense_weight"] in (0.0, 1.0)]
+    single = max(singles, key=lambda c: c.scores[metric]) if singles else None
+    if best.setting["dense_weight"] in (0.0, 1.0):
+        return best, (f"no fusion beats {best.name} on the pseudo-queries: it is used alone "
+                      f"(+{gain:.4f} {metric} over the current setting)")
+    margin = f", +{best.scores[metric] - single.scores[metric]:.4f} over the best single retriever" if single else ""
+    return best, f"+{gain:.4f} {metric} over the current setting{margin}"
+
+
+def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: list[set[int]],
+                   top_k: int) -> list[Candidate]:
+    """Each setting's mean nDCG@10, MRR@10 and Recall@100 over the queries (documents ranked at
+    their best chunk, as ``eval`` does), fusing the cached rankings exactly as ``fuse`` does."""
+    docs = cache.docs
+    totals = np.zeros((len(settings), 3))
+    groups: dict[tuple[str, int, int], list[int]] = {}
+    for i, s in enumerate(settings):
+        groups.setdefault((variant_name(s["bm25"]), s["depth_dense"], s["depth_sparse"]), []).append(i)
+    for (variant, d_dense, d_sparse), rows in groups.items():
+        sparse = cache.sparse[variant]
+        methods = [settings[i]["method"] for i in rows]
+        ks = np.array([settings[i]["k"] for i in rows], dtype=np.float64)[:, None]
+        alphas = np.array([settings[i]["dense_weight"] for i in rows], dtype=np.float64)[:, None]
+        is_rrf = np.array([m == "rrf" for m in methods])[:, None]
+        for q, rel in enumerate(relevant):
+            fused = _fuse(cache.dense[q][:d_dense], sparse[q][:d_sparse], ks, alphas, is_rrf)
+            if fused is None:
+                continue
+            chunk, scores = fused
+            for row, i in enumerate(rows):
+                order = np.lexsort((chunk, -scores[row]))[:top_k]
+                totals[i] += _metrics(docs[chunk[order]], rel)
+    n = max(1, len(relevant))
+    return [Candidate(name=setting_name(s), setting=s,
+                      scores={m: round(float(v) / n, 5) for m, v in zip(METRICS, totals[i])})
+            for i, s in enumerate(settings)]
+
+
+def _fuse(dense: list[tuple[int, float]], sparse: list[tuple[int, float]], ks: np.ndarray, alphas: np.ndarray,
+          is_rrf: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Fused scores of the union of both lists for every (method, k, weight) row; chunk indexes
+    sort like chunk ids, so ``lexsort((chunk, -score))`` is fuse's (-score, chunk id) order."""
+    union = sorted({c for c, _ in dense} | {c for c, _ in sparse})
+    if not union:
+        return None
+    at = {c: i for i, c in enumerate(union)}
+    n = len(union)
+    parts = []
+    for ranking in (dense, sparse):
+        rank = np.zeros(n)
+        norm = np.zeros(n)
+        present = np.zeros(n, dtype=bool)
+        if ranking:
+            values = np.array([s for _, s in ranking])
+            high, low = values.max(), values.min()
+            spread = high - low
+            for r, (c, s) in enumerate(ranking, start=1):
+                i = at[c]
+                rank[i], present[i] = r, True
+                norm[i] = (s - low) / spread if spread else 1.0
+        parts.append((rank, norm, present))
+    (r_d, n_d, p_d), (r_s, n_s, p_s) = parts
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rrf_d = np.where(p_d, 1.0 / (ks + r_d), 0.0)
+        rrf_s = np.where(p_s, 1.0 / (ks + r_s), 0.0)
+    scores = np.where(is_rrf, alphas * rrf_d + (1 - alphas) * rrf_s, alphas * n_d + (1 - alphas) * n_s)
+    return np.array(union), scores
+
+
+def _metrics(ranked_docs: np.ndarray, relevant: set[int]) -> np.ndarray:
+    """nDCG@10, MRR@10, Recall@100 (binary relevance) of one query from its chunks' documents in
+    fused order; a document ranks where its best chunk does."""
+    unique, first = np.unique(ranked_docs, return_index=True)
+    order = np.sort(first)
+    ranks = []
+    for d in relevant:
+        at = int(np.searchsorted(unique, d))
+        if at < len(unique) and unique[at] == d:
+            ranks.append(int(np.searchsorted(order, first[at])))  # 0-based document rank
+    ranks = sorted(r for r in ranks if r < 100)
+    dcg = sum(1.0 / np.log2(r + 2) for r in ranks if r < 10)
+    ideal = sum(1.0 / np.log2(i + 2) for i in range(min(10, len(relevant))))
+    mrr = 1.0 / (ranks[0] + 1) if ranks and ranks[0] < 10 else 0.0
+    recall = len(ranks) / len(relevant) if relevant else 0.0
+    return np.array([dcg / ideal if ideal else 0.0, mrr, recall])
+
+
+def summary(report: TuneReport, shown: int = 12) -> str:
+    """The run summary: the best candidates, the single retrievers and the file's own setting with
+    their pseudo-query figures, what was chosen and why, the time and the overlay."""
+    metric = report.metric
+    strategies = ", ".join(f"{n} {s}" for s, n in report.strategies.items())
+    lines = [f"tuned on {report.pairs} pseudo-queries ({strategies}) over {report.chunks} chunks in "
+             f"{report.seconds:.1f} s; {len(report.candidates)} candidates, by {metric}"
+             + (" (time budget spent: not every BM25 variant was tried)" if report.budget_exhausted else ""),
+             "",
+             f"  {'rank':>4}  {'nDCG@10':>7}  {'MRR@10':>6}  {'R@100':>6}  candidate"]
+    ranked = {c.name: i for i, c in enumerate(report.candidates, start=1)}
+    singles = [c for c in report.candidates if c.setting.get("dense_weight") in (0.0, 1.0)]
+    best_single = {("dense" if c.setting["dense_weight"] == 1.0 else "bm25"): c for c in reversed(singles)}
+    extra = [c for c in (report.baseline, best_single.get("dense"), best_single.get("bm25"), report.chosen)
+             if c is not None and ranked.get(c.name, 0) > shown]
+    for c in report.candidates[:shown] + list({c.name: c for c in extra}.values()):
+        marks = []
+        if report.chosen and c.name == report.chosen.name:
+            marks.append("chosen")
+        if report.baseline and c.name == report.baseline.name:
+            marks.append("pipelines.yaml")
+        s = c.scores
+        lines.append(f"  {ranked.get(c.name, 0):>4}  {s['ndcg@10']:7.4f}  {s['mrr@10']:6.4f}  {s['recall@100']:6.4f}  "
+                     f"{c.name}" + (f"  <- {', '.join(marks)}" if marks else ""))
+    lines.append("")
+    if report.chosen is not None:
+        lines.append(f"chosen: {report.chosen.name} ({report.reason})")
+    lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
+    lines.append(f"overlay: {report.overlay}" + ("" if report.written else " (not written: dry run)"))
+    if report.written:
+        lines.append("search and ask use it from now on; `ragline validate` shows it, --no-tuned ignores it")
+    return "\n".join(lines)

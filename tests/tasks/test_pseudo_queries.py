@@ -1,0 +1,175 @@
+"""The ``pseudo_queries`` stage: pairs from the index alone, deterministic with a seed, bounded by a
+budget; inverse cloze, title and LLM strategies; the text cut out of a source is removed for scoring."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from ragline.flows import engine
+from ragline.flows.compile import load_project
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Chunk, Document
+from ragline.flows.prompts import library
+from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.tasks.pseudo_queries import Params, body, pseudo_queries, sentences_of, without
+from tests.conftest import scifact_records
+from tests.scripted_llm import ScriptedLLM
+
+REPO_PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
+
+
+@pytest.fixture
+def state(tmp_path) -> IndexState:
+    """An index state holding 40 SciFact abstracts as the index sink records them (title line first)."""
+    state = IndexState(StateSpec(type="index_state", path="state.sqlite"), tmp_path)
+    documents, chunks = [], []
+    for record in scifact_records(40):
+        sid = f"/data/corpus.jsonl#{record['_id']}"
+        documents.append(Document(source_id=sid, text=record["text"], title=record["title"], content_hash="h"))
+        words = record["text"].split()
+        half = max(1, len(words) // 2)
+        for ordinal, piece in enumerate([" ".join(words[:half]), " ".join(words[half - 6:])]):
+            chunks.append(Chunk(chunk_id=f"{record['_id']}-{ordinal}", source_id=sid, ordinal=ordinal,
+                                text=f"{record['title']}\n{piece}", title=record["title"],
+                                metadata={"doc_id": record["_id"], "chunk": ordinal}))
+    state.record("index", "fp", documents, chunks)
+    return state
+
+
+def client(server: ScriptedLLM) -> LLMClient:
+    return LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, max_retries=0))
+
+
+def make(state: IndexState, llm=None, **params):
+    ctx = StepContext(pipeline="tune", step_id="pairs")
+    return pseudo_queries.fn(params=Params(**params), ctx=ctx, state=state, llm=llm)
+
+
+def test_same_seed_same_pairs_other_seed_other_pairs(state):
+    first = make(state, n=10, seed=7)
+    assert [p.model_dump() for p in first] == [p.model_dump() for p in make(state, n=10, seed=7)]
+    other = make(state, n=10, seed=8)
+    assert {p.source_id for p in first} != {p.source_id for p in other}
+
+
+def test_inverse_cloze_cuts_a_sentence_of_its_document(state):
+    pairs = make(state, n=15)
+    assert len(pairs) == 15 and len({p.source_id for p in pairs}) == 15  # at most one pair per document
+    rows = {cid: (text, meta) for cid, text, meta in state.chunk_rows()}
+    for pair in pairs:
+        text, meta = rows[pair.chunk_id]
+        assert meta["source_id"] == pair.source_id and pair.strategy == "inverse_cloze"
+        assert pair.text in " ".join(body(text, meta["title"]).split())
+        assert pair.cut == pair.text and 6 <= len(pair.text.split()) <= 40
+        assert pair.text != meta["title"]
+
+
+def test_budget_in_pairs_and_lengths(state):
+    assert len(make(state, n=3)) == 3
+    short = make(state, n=40, min_words=6, max_words=12)
+    assert short and all(6 <= len(p.text.split()) <= 12 for p in short)
+    assert len(make(state, n=1000)) <= 40  # no more pairs than documents
+
+
+def test_mask_off_records_no_cut(state):
+    assert all(p.cut == "" for p in make(state, n=5, mask=False))
+
+
+def test_title_strategy_and_mixing(state):
+    titles = {meta["source_id"]: meta["title"] for _, _, meta in state.chunk_rows()}
+    pairs = make(state, n=6, strategies=["title", "inverse_cloze"], min_words=3)
+    assert [p.strategy for p in pairs] == ["title", "inverse_cloze"] * 3
+    for pair in pairs[::2]:
+        assert pair.text == titles[pair.source_id] == pair.cut
+
+
+def test_sentences_keep_abbreviations():
+    text = "Cells divide (e.g. T cells). Growth was 3.5 fold in vitro. Smith et al. Found more! Is it 5?"
+    assert sentences_of(text) == ["Cells divide (e.g. T cells).", "Growth was 3.5 fold in vitro.",
+                                  "Smith et al. Found more!", "Is it 5?"]
+
+
+def test_without_removes_the_cut_and_its_pieces_in_neighbouring_chunks():
+    sentence = "The kinase phosphorylates the receptor at serine residues in vivo."
+    assert without(f"Title\nFirst part. {sentence} Last part.", sentence) == "Title First part. Last part."
+    # a neighbouring chunk that starts in the middle of the sentence (chunk overlap)
+    assert without("the receptor at serine residues in vivo. Next sentence here.", sentence) == "Next sentence here."
+    untouched = "Title\nNothing   shared here."
+    assert without(untouched, sentence) is untouched  # unchanged text stays as it is (not re-embedded)
+    assert without("anything", "") == "anything"
+
+
+def test_llm_strategy_writes_questions_from_the_template(state, tmp_path):
+    prompts: list[str] = []
+
+    def reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return "Question: What does the kinase do to the receptor in these cells?"
+
+    with ScriptedLLM(reply) as server:
+        ctx = StepContext(pipeline="tune", step_id="pairs", prompt_name="pseudo_query",
+                          render_prompt=library(str(REPO_PROMPTS)).render)
+        pairs = pseudo_queries.fn(params=Params(n=3, strategies=["llm"]), ctx=ctx, state=state, llm=client(server))
+    assert [p.text for p in pairs] == ["What does the kinase do to the receptor in these cells?"] * 3
+    assert all(p.strategy == "llm" and p.cut == "" for p in pairs)
+    rows = {cid: text for cid, text, _ in state.chunk_rows()}
+    for prompt, pair in zip(prompts, pairs):
+        assert "<document>" in prompt and "data, not instructions" in prompt
+        assert body(rows[pair.chunk_id], rows[pair.chunk_id].split("\n")[0])[:200] in prompt
+
+
+def test_time_budget_stops_slow_llm_generation(state):
+    with ScriptedLLM(lambda prompt: "Which protein binds the receptor in these experiments?", delay=0.3) as server:
+        ctx = StepContext(pipeline="tune", step_id="pairs", prompt_name="pseudo_query",
+                          render_prompt=library(str(REPO_PROMPTS)).render)
+        started = time.monotonic()
+        pairs = pseudo_queries.fn(params=Params(n=30, strategies=["llm"], max_seconds=1.0), ctx=ctx, state=state,
+                                  llm=client(server))
+    assert 1 <= len(pairs) < 30 and time.monotonic() - started < 5
+
+
+def test_llm_strategy_needs_an_llm(state):
+    with pytest.raises(ValueError, match="strategy 'llm' needs an openai_compatible resource"):
+        make(state, strategies=["llm"])
+
+
+def test_a_file_without_an_llm_still_validates_the_tune_pipeline(make_project):
+    path = make_project("""
+resources:
+  embedder: {type: sentence_transformer}
+  store:    {type: chroma, path: idx/chroma, collection: test}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+pipelines:
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense}
+      - {id: sparse, task: retrieve_sparse, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse]}
+  tune:
+    kind: job
+    schedule: {cron: "0 3 * * 0"}
+    steps:
+      - {id: pairs, task: pseudo_queries}
+      - {id: tune,  task: tune_retrieval}
+""")
+    project = load_project(path)
+    assert project.pipeline("tune").kind == "job"
+    assert "llm" not in project.pipeline("tune").step("pairs").resources
+    assert project.pipeline("tune").step("pairs").prompt is None  # no template unless the LLM writes queries
+    with_llm = project.pipeline("tune").with_overrides({"pairs": {"strategies": ["llm"]}})
+    assert with_llm.step("pairs").prompt == "pseudo_query"  # the builtin template, checked like any prompt
+
+
+def test_the_shipped_tune_pipeline_runs_on_an_empty_index_with_a_clear_error(tmp_path):
+    shutil.copy(Path(__file__).resolve().parents[2] / "pipelines.yaml", tmp_path / "pipelines.yaml")
+    (tmp_path / "prompts").symlink_to(REPO_PROMPTS)
+    project = load_project(tmp_path / "pipelines.yaml")
+    with pytest.raises(engine.StepFailed, match="no pseudo-queries"):
+        engine.run(project.pipeline("tune"), orchestrate=False)
+    assert not (tmp_path / "pipelines.tuned.yaml").exists()

@@ -1,0 +1,231 @@
+"""The tuner: candidates scored exactly as `fuse` and `eval` rank; the choice and its guard; end to
+end on a small index, `ragline tune` writes an overlay that `search` then uses; and tuning reads
+only the index, never the queries or judgements next to the corpus."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragline.flows import cli, engine
+from ragline.flows.compile import load_project
+from ragline.flows.contracts import Candidate, Passage, Ranking
+from ragline.flows.evaluate import load_beir, score, to_run
+from ragline.flows.resources import clear_cache
+from ragline.tasks import tune_retrieval as tr
+from ragline.tasks.fuse import Params as FuseParams
+from ragline.tasks.fuse import fuse
+from tests.conftest import SCIFACT, scifact_records, write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+BM25 = {"k1": 1.2, "b": 0.75, "stemmer": "english"}
+
+
+def setting(method="rrf", k=60, alpha=0.5, depth=100, depth_sparse=None, bm25=None):
+    return {"method": method, "k": k, "dense_weight": alpha, "depth_dense": depth,
+            "depth_sparse": depth_sparse or depth, "bm25": bm25 or BM25}
+
+
+def test_candidate_scores_are_what_fuse_and_eval_give():
+    rng = random.Random(3)
+    n_chunks, n_docs = 400, 150
+    docs = np.array(sorted(rng.randrange(n_docs) for _ in range(n_chunks)))
+    dense, sparse, qrels, relevant = [], [], {}, []
+    for q in range(25):
+        picks = rng.sample(range(n_chunks), 60)
+        dense.append([(c, 1.0 - i / 100 + rng.random() / 1000) for i, c in enumerate(picks[:40])])
+        sparse.append([(c, 30.0 - i / 2) for i, c in enumerate(picks[20:])])
+        rel = {int(docs[c]) for c in rng.sample(picks, 2)} | {rng.randrange(n_docs)}
+        relevant.append(rel)
+        qrels[str(q)] = {f"d{d}": 1 for d in rel}
+    cache = tr.Rankings(docs=docs, dense=dense, sparse={tr.variant_name(BM25): sparse})
+    settings = [setting(), setting(k=5, alpha=0.8), setting(method="score", alpha=0.3), setting(alpha=0.0),
+                setting(alpha=1.0, depth=20), setting(method="score", alpha=0.6, depth=25, depth_sparse=30)]
+    ours = tr.score_settings(settings, cache, relevant, top_k=30)
+
+    def passages(ranking, name):
+        return Ranking(retriever=name, query="q", passages=[
+            Passage(chunk_id=f"c{c:05d}", source_id=f"d{docs[c]}", text="", score=s, metadata={"doc_id": f"d{docs[c]}"})
+            for c, s in ranking])
+
+    for s, candidate in zip(settings, ours):
+        params = FuseParams(method=s["method"], k=s["k"], top_k=30,
+                            weights={"dense": s["dense_weight"], "sparse": 1 - s["dense_weight"]})
+        run = {str(q): to_run(fuse.fn(rankings=[passages(dense[q][:s["depth_dense"]], "dense"),
+                                                passages(sparse[q][:s["depth_sparse"]], "sparse")], params=params))
+               for q in range(25)}
+        truth = score(run, qrels)
+        for metric in tr.METRICS:
+            assert candidate.scores[metric] == pytest.approx(truth[metric], abs=2e-5), (candidate.name, metric)
+
+
+def cand(name, alpha, ndcg):
+    return Candidate(name=name, setting=setting(alpha=alpha), scores={"ndcg@10": ndcg, "mrr@10": ndcg,
+                                                                      "recall@100": 1.0})
+
+
+def test_the_choice_is_never_below_the_better_single_retriever():
+    base = cand("file", 0.5, 0.50)
+    params = tr.Params()
+    # a single retriever beats every fusion: it is chosen alone (the other weighted 0)
+    chosen, reason = tr.choose([cand("dense alone", 1.0, 0.60), cand("fusion", 0.6, 0.55), base], base, params)
+    assert chosen.name == "dense alone" and "used alone" in reason
+    chosen, reason = tr.choose([cand("fusion", 0.6, 0.62), cand("dense alone", 1.0, 0.60), base], base, params)
+    assert chosen.name == "fusion" and "+0.0200 over the best single retriever" in reason
+    # min_gain: the file's setting stays unless the gain is large enough
+    chosen, reason = tr.choose([cand("fusion", 0.6, 0.505), base], base, tr.Params(min_gain=0.01))
+    assert chosen is base and "no candidate beats the current setting" in reason
+
+
+def test_overlay_entries_weight_each_pipelines_own_steps():
+    targets = [tr.Target("search", "fuse", "dense", "sparse", "bm25"), tr.Target("ask", "merge", "vec", "kw", "bm25")]
+    entries = tr.overlay_entries(None, targets, setting(method="score", alpha=0.7, depth=50,
+                                                        bm25={"k1": 0.9, "b": 0.4, "stemmer": "none"}))
+    assert entries["resources"] == {"bm25": {"k1": 0.9, "b": 0.4, "stemmer": "none"}}
+    assert entries["pipelines"]["ask"] == {"merge": {"method": "score", "k": 60, "weights": {"vec": 0.7, "kw": 0.3}},
+                                           "vec": {"k": 50}, "kw": {"k": 50}}
+
+
+# ----------------------------------------------------------------------------- end to end
+TUNE_YAML = """
+resources:
+  embedder: {type: sentence_transformer}
+  store:    {type: chroma, path: idx/chroma, collection: test}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+pipelines:
+  index:
+    kind: ingestion
+    steps:
+      - {id: load,    task: load, with: {paths: [dataset/corpus.jsonl]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: 128, overlap: 8}}
+      - {id: embed,   task: embed}
+      - {id: write,   task: index}
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 20}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+  tune:
+    kind: job
+    steps:
+      - {id: pairs, task: pseudo_queries, with: {n: 30}}
+      - {id: tune,  task: tune_retrieval, with: {depths: [10, 20], rrf_k: [10, 60], dense_weights: [0, 0.3, 0.5, 0.7, 1],
+                                                 bm25_k1: [1.2, 1.5], bm25_b: [0.75], bm25_stemmer: [english, none]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory):
+    """A BEIR-layout folder (corpus, queries, qrels) inside a project that indexes its corpus."""
+    if not SCIFACT.exists():
+        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    root = tmp_path_factory.mktemp("tune")
+    dataset = root / "dataset"
+    records = scifact_records(30)
+    write_jsonl(dataset / "corpus.jsonl", records)
+    write_jsonl(dataset / "queries.jsonl", [{"_id": str(i), "text": r["title"]} for i, r in enumerate(records)])
+    (dataset / "qrels").mkdir()
+    (dataset / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{i}\t{r['_id']}\t1\n" for i, r in enumerate(records)))
+    (root / "pipelines.yaml").write_text(TUNE_YAML)
+    (root / "prompts").symlink_to(REPO / "prompts")
+    report = engine.run(load_project(root / "pipelines.yaml").pipeline("index"), orchestrate=False)
+    assert report.added == 30
+    return root
+
+
+def tune(root: Path, *args: str) -> dict:
+    out = root / "report.json"
+    saved = sys.stdout
+    with open(out, "w") as handle:
+        sys.stdout = handle
+        try:
+            assert cli.main(["tune", "-f", str(root / "pipelines.yaml"), "--no-prefect", "--json", *args]) == 0
+        finally:
+            sys.stdout = saved
+    return json.loads(out.read_text())
+
+
+def test_tune_writes_an_overlay_that_search_uses(indexed, capsys, monkeypatch):
+    monkeypatch.setenv("RAGLINE_TUNED", "1")
+    file_before = (indexed / "pipelines.yaml").read_bytes()
+    report = tune(indexed)
+    overlay = indexed / "pipelines.tuned.yaml"
+    try:
+        assert report["written"] and Path(report["overlay"]) == overlay.resolve()
+        assert (indexed / "pipelines.yaml").read_bytes() == file_before
+        assert report["pairs"] == 30 and len(report["candidates"]) > 50
+        chosen = report["chosen"]
+        scores = [c["scores"]["ndcg@10"] for c in report["candidates"]]
+        assert chosen["scores"]["ndcg@10"] == max(scores) == report["candidates"][0]["scores"]["ndcg@10"]
+        singles = [c["scores"]["ndcg@10"] for c in report["candidates"] if c["setting"]["dense_weight"] in (0, 1)]
+        assert chosen["scores"]["ndcg@10"] >= max(singles)  # never below the better single retriever
+
+        expected = report["overrides"]["pipelines"]["search"]
+        tuned = load_project(indexed / "pipelines.yaml")
+        fuse_params = tuned.pipeline("search").step("fuse").params
+        assert fuse_params.model_dump(include={"method", "k", "weights"}) == expected["fuse"]
+        assert tuned.pipeline("search").step("dense").params.k == expected["dense"]["k"]
+        assert tuned.spec.resources["sparse"].model_dump(include={"k1", "b", "stemmer"}) == \
+            report["overrides"]["resources"]["sparse"]
+        # search runs with the chosen setting: the same passages as the file with the chosen values set by hand
+        query = {"query": "cerebral white matter in newborns"}
+        by_hand = load_project(indexed / "pipelines.yaml", tuned=False).with_resource(
+            "sparse", **report["overrides"]["resources"]["sparse"]).pipeline("search").with_overrides(expected)
+        assert [p.chunk_id for p in engine.run(tuned.pipeline("search"), query, orchestrate=False)] == \
+            [p.chunk_id for p in engine.run(by_hand, query, orchestrate=False)]
+
+        assert cli.main(["validate", str(indexed / "pipelines.yaml")]) == 0
+        out = capsys.readouterr().out
+        assert "tuned overlay" in out and f"chosen: {chosen['name']}" in out
+        assert cli.main(["tune", "-f", str(indexed / "pipelines.yaml"), "--no-prefect", "--dry-run"]) == 0
+        summary = capsys.readouterr().out
+        assert "chosen:" in summary and "pipelines.yaml" in summary and "not written: dry run" in summary
+    finally:
+        overlay.unlink(missing_ok=True)
+
+
+def test_tuning_reads_the_index_only_never_queries_or_qrels(indexed, tmp_path, monkeypatch):
+    """Every file the tuning run opens, lists or connects to is recorded (Python audit events): none is
+    in the dataset folder, whose queries and qrels sit next to the corpus. Then the queries and qrels
+    are replaced by different ones (and removed): the tuner's figures and choice do not move."""
+    monkeypatch.setenv("RAGLINE_TUNED", "1")
+    dataset = (indexed / "dataset").resolve()
+    assert load_beir(dataset).qrels  # they are there, readable, for anyone who would look
+    touched: list[str] = []
+    recording = [True]
+
+    def audit(event: str, args: tuple) -> None:
+        if recording[0] and event in ("open", "os.listdir", "os.scandir", "glob.glob", "sqlite3.connect",
+                                      "os.walk", "shutil.copyfile", "os.rename", "os.remove"):
+            for arg in args:
+                if isinstance(arg, (str, bytes, Path)):
+                    touched.append(str(arg if not isinstance(arg, bytes) else arg.decode(errors="replace")))
+
+    clear_cache()  # as a new process: every file the run needs is opened while recording
+    sys.addaudithook(audit)  # cannot be removed: switched off below
+    try:
+        first = tune(indexed, "--dry-run")
+    finally:
+        recording[0] = False
+    assert touched, "the audit hook saw nothing"
+    assert any("state.sqlite" in p for p in touched)  # the index is what it reads
+    assert [p for p in touched if str(dataset) in str(Path(p).resolve()) or "qrels" in p] == []
+
+    (dataset / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n0\tnothing\t1\n")
+    (dataset / "queries.jsonl").write_text('{"_id": "0", "text": "an unrelated question"}\n')
+    second = tune(indexed, "--dry-run")
+    shutil.rmtree(dataset / "qrels")
+    (dataset / "queries.jsonl").unlink()
+    third = tune(indexed, "--dry-run")
+    figures = [[(c["name"], c["scores"]) for c in r["candidates"]] for r in (first, second, third)]
+    assert figures[0] == figures[1] == figures[2]
+    assert first["chosen"] == second["chosen"] == third["chosen"]
