@@ -23,7 +23,7 @@ import platform
 import time
 from pathlib import Path
 
-from common import OUT, REPO, SCIFACT, publish, save
+from common import DATA, OUT, REPO, SCIFACT, publish, save
 
 from ragline.flows import engine
 from ragline.flows.compile import load_project
@@ -109,37 +109,106 @@ def run(strategies: list[str], pairs: int) -> dict:
 
     # headline: the real pipelines on the test queries (train: the same settings from cached rankings)
     first = runs[strategies[0]]["report"]
-    rows = []
-    for label, project, pipeline, setting in (
-            ("BM25", plain, "search_bm25", None), ("dense", plain, "search_dense", None),
-            ("hybrid, untuned (pipelines.yaml)", plain, "search", base_setting),
-            ("hybrid, tuned (pipelines.yaml + overlay)", tuned_project, "search", first.chosen.setting)):
-        started = time.perf_counter()
-        queries = list(test.queries.items())
-        run_ = {q: to_run(engine.run(project.pipeline(pipeline), {"query": text}, orchestrate=False))
-                for q, text in queries}
-        figures = score(run_, test.qrels)
-        row = {"label": label, "pipeline": pipeline, "test": figures,
-               "query_ms": round(1000 * (time.perf_counter() - started) / len(queries), 1)}
+    rows = headline(plain, tuned_project, test)
+    for row, setting in zip(rows, (None, None, base_setting, first.chosen.setting)):
         if setting is not None:
             row["train"] = real["train"][tr.setting_name(setting)]
             row["test_cached"] = real["test"][tr.setting_name(setting)]
-        rows.append(row)
-        print(f"{label:45} test nDCG@10 {figures['ndcg@10']:.4f} R@100 {figures['recall@100']:.4f}", flush=True)
+    gate = gate_figures(tuned_project, first.gate_floor, test)
+    print(f"gate: {gate}", flush=True)
     singles = {"BM25": tr.setting_name({**base_setting, "dense_weight": 0.0}),
                "dense": tr.setting_name({**base_setting, "dense_weight": 1.0})}
     for row in rows:
         if row["label"] in singles:
             row["train"] = real["train"].get(singles[row["label"]])
-    return {"machine": platform.processor() or platform.machine(), "pairs": pairs, "rows": rows,
+    second = second_corpus(pairs)
+    return {"machine": platform.processor() or platform.machine(), "pairs": pairs, "rows": rows, "rgb": second,
             "tuning": {s: {"wall_seconds": r["wall_seconds"], "timings": r["report"].timings,
                            "chosen": r["report"].chosen.name, "reason": r["report"].reason,
                            "candidates": len(r["report"].candidates),
                            "pseudo": r["report"].chosen.scores,
                            "train": real["train"][r["report"].chosen.name],
                            "test": real["test"][r["report"].chosen.name]} for s, r in runs.items()},
-            "agreement": agreement,
+            "agreement": agreement, "gate": gate,
             "best_on_train": _best(real["train"]), "best_on_test": _best(real["test"])}
+
+
+def headline(plain, tuned_project, dataset) -> list[dict]:
+    """BM25, dense, the untuned and the tuned hybrid, run as the real pipelines on ``dataset``."""
+    rows = []
+    for label, project, pipeline in (
+            ("BM25", plain, "search_bm25"), ("dense", plain, "search_dense"),
+            ("hybrid, untuned (pipelines.yaml)", plain, "search"),
+            ("hybrid, tuned (pipelines.yaml + overlay)", tuned_project, "search")):
+        started = time.perf_counter()
+        queries = list(dataset.queries.items())
+        run_ = {q: to_run(engine.run(project.pipeline(pipeline), {"query": text}, orchestrate=False))
+                for q, text in queries}
+        figures = score(run_, dataset.qrels)
+        rows.append({"label": label, "pipeline": pipeline, "test": figures,
+                     "query_ms": round(1000 * (time.perf_counter() - started) / len(queries), 1)})
+        print(f"{label:45} test nDCG@10 {figures['ndcg@10']:.4f} R@100 {figures['recall@100']:.4f}", flush=True)
+    return rows
+
+
+def rgb_as_beir(folder: Path) -> Path:
+    """A second collection, in BEIR layout, from RGB en_fact: every passage of its 100 items (news
+    and web snippets; duplicates once) is the corpus, each question a query whose relevant
+    passages are its item's positives. Written under bench/out at run time, never into the repo."""
+    items = [json.loads(line) for line in (DATA / "rgb" / "en_fact.json").read_text().splitlines() if line.strip()]
+    ids: dict[str, str] = {}
+    for item in items:
+        for kind in ("positive", "negative"):
+            for text in item[kind]:
+                if text.strip():
+                    ids.setdefault(text, f"p{len(ids)}")
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n"
+                                                 for t, i in ids.items()))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{n}", "text": item["query"]}) + "\n"
+                                                  for n, item in enumerate(items)))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{n}\t{ids[t]}\t1\n" for n, item in enumerate(items) for t in dict.fromkeys(item["positive"]) if t.strip()))
+    return folder
+
+
+def second_corpus(pairs: int) -> dict:
+    """The same comparison on the RGB collection: index it, tune on its own pseudo-queries, run."""
+    dataset = load_beir(rgb_as_beir(OUT / "rgb-beir"), "test")
+    plain = load_project(REPO / "pipelines.yaml", tuned=False)
+    workspace = eval_workspace(plain, dataset, "index")
+    plain = plain.relocated(workspace)
+    engine.run(plain.pipeline("index").with_overrides({"load": {"paths": [str(dataset.corpus.resolve())]}}),
+               orchestrate=False)
+    started = time.perf_counter()
+    report = engine.run(plain.pipeline("tune").with_overrides({"pairs": {"n": pairs}}), orchestrate=False)
+    wall = time.perf_counter() - started
+    print(f"tune (rgb): {report.chosen.name} in {wall:.1f} s", flush=True)
+    tuned = load_project(REPO / "pipelines.yaml", tuned=True).relocated(workspace)
+    documents = sum(1 for line in dataset.corpus.read_text().splitlines() if line.strip())
+    return {"documents": documents, "queries": len(dataset.queries),
+            "pairs": report.pairs, "wall_seconds": round(wall, 1), "chosen": report.chosen.name,
+            "reason": report.reason, "rows": headline(plain, tuned, dataset)}
+
+
+def gate_figures(project, floor: float | None, test) -> dict:
+    """What the tuned answerability floor does: the share of SciFact test questions it would refuse
+    (they all have an answer in the corpus) and of RGB's 100 questions asked of SciFact, which are
+    about something else entirely (news, sport, companies). The gate sees the top five passages."""
+    from ragline.tasks.answerable import similarity
+
+    if floor is None:
+        return {}
+    rgb = [json.loads(line)["query"] for line in (DATA / "rgb" / "en_fact.json").read_text().splitlines() if line]
+    embedder, search = project.resource("embedder"), project.pipeline("search")
+    figures = {"floor": floor}
+    for name, questions in (("scifact_test", list(test.queries.values())), ("off_topic_rgb", rgb)):
+        refused = 0
+        for text in questions:
+            passages = engine.run(search, {"query": text}, orchestrate=False)[:5]
+            refused += bool(passages) and similarity(embedder, text, [p.text for p in passages]) < floor
+        figures[name] = {"questions": len(questions), "refused": round(refused / len(questions), 3)}
+    return figures
 
 
 def _best(scores: dict[str, dict[str, float]]) -> dict:
@@ -184,6 +253,22 @@ def table(result: dict) -> list[str]:
         lines.append(f"| {s} | {a['candidates']} | {a['kendall_tau']:.2f} | {a['spearman']:.2f} | "
                      f"{t['pseudo']['ndcg@10']:.3f} | {t['train']['ndcg@10']:.3f} ({a['chosen_train_percentile']:.0f}th) | "
                      f"{t['test']['ndcg@10']:.3f} | {t['wall_seconds']} s |")
+    rgb = result.get("rgb")
+    if rgb:
+        lines += ["", f"A second collection, built from RGB en_fact at run time ({rgb['documents']} news and web "
+                      f"passages, its {rgb['queries']} questions as queries, each item's positive passages as the "
+                      f"relevant ones); tuned on {rgb['pairs']} pseudo-queries of its own in {rgb['wall_seconds']} s, "
+                      f"chosen: `{rgb['chosen']}`:", "",
+                  "| retrieval | nDCG@10 | Recall@100 |", "|---|---|---|"]
+        lines += [f"| {r['label']} | **{r['test']['ndcg@10']:.3f}** | {r['test']['recall@100']:.3f} |"
+                  for r in rgb["rows"]]
+    gate = result.get("gate") or {}
+    if gate:
+        lines += ["", f"Answerability gate: the tuner's similarity floor **{gate['floor']:.3f}** (what 98 % of the "
+                      f"pseudo-queries clear with their own source) refuses "
+                      f"{100 * gate['off_topic_rgb']['refused']:.0f} % of {gate['off_topic_rgb']['questions']} "
+                      f"off-topic questions (RGB's, asked of SciFact) and {100 * gate['scifact_test']['refused']:.1f} % "
+                      f"of the {gate['scifact_test']['questions']} SciFact test questions, before any generation."]
     bt, bs = result["best_on_train"], result["best_on_test"]
     lines += ["", f"Best candidate with labels (not used by the tuner): train `{bt['name']}` {bt['ndcg@10']:.3f}; "
                   f"test `{bs['name']}` {bs['ndcg@10']:.3f}."]

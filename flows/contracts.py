@@ -194,6 +194,8 @@ class TuneReport(BaseModel):
     baseline: Candidate | None = Field(None, description="the setting pipelines.yaml has")
     chosen: Candidate | None = None
     reason: str = ""
+    gate_floor: float | None = Field(None, description="similarity floor given to answerability gates (None: "
+                                                       "none set)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="the overlay's resources and pipelines")
     overlay: str = Field("", description="the overlay file")
     written: bool = False
@@ -247,6 +249,8 @@ class Context(BaseModel):
     documents: list[ContextDocument] = Field(default_factory=list)
     tokens: int = 0
     dropped: int = Field(0, description="passages left out to respect the token budget")
+    withheld: str = Field("", description="why an answerability gate emptied the context (generation refuses)")
+    answerability: dict[str, float | None] | None = Field(None, description="the gate's signals, when one ran")
 
     def by_number(self) -> dict[int, ContextDocument]:
         return {d.number: d for d in self.documents}

@@ -34,7 +34,7 @@ class Params(BaseModel):
 def generate(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient) -> Answer:
     """Generate from the numbered references; record token logprobs for the confidence check."""
     if not context.documents:
-        return refusal(query, params.refusal, "no relevant documents were found")
+        return refusal(query, params.refusal, context.withheld or "no relevant documents were found")
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
                         documents=context.documents, refusal=params.refusal)
     if params.stream:

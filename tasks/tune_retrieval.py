@@ -60,6 +60,10 @@ class Params(BaseModel):
                                                            description="stemmers tried")
     bm25_fused: int = Field(3, ge=1, le=50, description="best BM25 variants (alone) that enter fusion, plus the "
                                                          "current one")
+    gate_keep: float | None = Field(0.98, gt=0.5, lt=1.0,
+                                    description="answerability gates get the similarity floor that this share of "
+                                                "pseudo-queries clears with their own source; null: leave gates "
+                                                "as the file sets them")
     min_gain: float = Field(0.0, ge=0.0, le=1.0, description="keep pipelines.yaml's setting unless a candidate "
                                                               "beats it by more than this on the metric")
     max_seconds: float | None = Field(600.0, gt=0, description="stop trying BM25 variants after this long")
@@ -77,6 +81,7 @@ class Target:
     dense: str
     sparse: str
     sparse_resource: str
+    gate: str | None = None  # its answerability step, whose similarity floor the tuner sets
 
 
 @dataclass
@@ -86,6 +91,9 @@ class Rankings:
     docs: np.ndarray  # the document index of every chunk index
     dense: list[list[tuple[int, float]]]
     sparse: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)  # by BM25 variant name
+    # per query, the cosine similarity of its source's closest chunk (without the cut): what an
+    # answerability gate sees when the question is answerable (None: no source)
+    source_similarity: list[float | None] = field(default_factory=list)
 
 
 @stage("tune_retrieval", params=Params, produces="tuning", kind="job",
@@ -122,12 +130,14 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     by_name = {c.name: c for c in candidates}
     baseline = by_name.get(setting_name(base)) or score_settings([base], cache, relevant, top_k)[0]
     chosen, reason = choose(candidates, baseline, params)
-    overrides = overlay_entries(plain, targets, chosen.setting)
+    floor = similarity_floor(cache.source_similarity, params.gate_keep)
+    overrides = overlay_entries(plain, targets, chosen.setting, floor)
     path = overlay.overlay_path(project, params.overlay)
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
                         overrides=overrides, overlay=str(path), budget_exhausted=exhausted,
+                        gate_floor=floor if any(t.gate for t in targets) else None,
                         timings={k: round(v, 2) for k, v in timings.items()})
     report.seconds = round(time.perf_counter() - started, 2)
     if params.write:
@@ -163,7 +173,8 @@ def find_targets(project: Any, names: list[str], resources: dict[str, str]) -> l
             if not same:
                 problems.append(f"'{name}' searches other resources than the tuner's")
                 continue
-            targets.append(Target(name, step.id, dense[0].id, bm25[0].id, bm25[0].resources["sparse"]))
+            gate = next((s.id for s in pipeline.steps if s.stage.name == "answerable"), None)
+            targets.append(Target(name, step.id, dense[0].id, bm25[0].id, bm25[0].resources["sparse"], gate))
             break
         else:
             if names:
@@ -189,9 +200,19 @@ def current_setting(project: Any, target: Target, bm25: Any) -> dict[str, Any]:
             "bm25": {"k1": bm25.k1, "b": bm25.b, "stemmer": bm25.stemmer}}
 
 
-def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any]) -> dict[str, Any]:
+def similarity_floor(similarities: list[float | None], keep: float | None) -> float | None:
+    """The question-passage similarity that ``keep`` of the pseudo-queries clear with their own
+    source: below it, a question is unlike anything answerable in this collection."""
+    values = [v for v in similarities if v is not None]
+    if keep is None or len(values) < 20:  # too few to place a low quantile
+        return None
+    return round(float(np.quantile(values, 1.0 - keep)), 4)
+
+
+def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any],
+                    floor: float | None = None) -> dict[str, Any]:
     """The overlay for a setting: the BM25 resource's parameters and, per target pipeline, its
-    fuse step's method, constant and weights and its retrievers' depth."""
+    fuse step's method, constant and weights, its retrievers' depth and its gate's floor."""
     alpha = setting["dense_weight"]
     pipelines: dict[str, dict[str, dict[str, Any]]] = {}
     for t in targets:
@@ -201,6 +222,8 @@ def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any]
             t.dense: {"k": setting["depth_dense"]},
             t.sparse: {"k": setting["depth_sparse"]},
         }
+        if t.gate is not None and floor is not None:
+            pipelines[t.pipeline][t.gate] = {"min_similarity": floor}
     resources = {name: dict(setting["bm25"]) for name in sorted({t.sparse_resource for t in targets})}
     return {"resources": resources, "pipelines": pipelines}
 
@@ -271,8 +294,10 @@ def rank_queries(queries: list[str], corpus: Corpus, store: ChromaStore, embedde
     timings = {} if timings is None else timings
     changed = changed or {}
     clock = time.perf_counter()
-    dense = dense_rankings(queries, depth, corpus, store, embedder, changed, sources or [None] * len(queries))
-    cache = Rankings(docs=corpus.docs, dense=dense)
+    similarity: list[float | None] = []
+    dense = dense_rankings(queries, depth, corpus, store, embedder, changed, sources or [None] * len(queries),
+                           similarity)
+    cache = Rankings(docs=corpus.docs, dense=dense, source_similarity=similarity)
     timings["dense"] = time.perf_counter() - clock
     clock = time.perf_counter()
     texts = [changed.get(i, t) for i, t in enumerate(corpus.texts)]
@@ -293,9 +318,11 @@ def rank_queries(queries: list[str], corpus: Corpus, store: ChromaStore, embedde
 
 
 def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: ChromaStore, embedder: Embedder,
-                   changed: dict[int, str], sources: list[int | None]) -> list[list[tuple[int, float]]]:
+                   changed: dict[int, str], sources: list[int | None],
+                   similarity: list[float | None] | None = None) -> list[list[tuple[int, float]]]:
     """Chroma's ranking per query; the query's own source document is re-scored from its chunks as
-    they would be without the cut text (re-embedded), and put back in place."""
+    they would be without the cut text (re-embedded), and put back in place. ``similarity``
+    receives each query's cosine similarity to its source's closest chunk."""
     position = {cid: i for i, cid in enumerate(corpus.ids)}
     vectors = embedder.encode_queries(queries)
     source_chunks = {c for s in sources if s is not None for c in corpus.chunks_of.get(s, [])}
@@ -311,6 +338,8 @@ def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: Chroma
         ranking = [(position[p.chunk_id], p.score) for p in passages if p.chunk_id in position]
         own = [c for c in corpus.chunks_of.get(source, []) if vector_of.get(c) is not None] \
             if source is not None else []
+        if similarity is not None:
+            similarity.append(_cosine(query_vector, np.stack([vector_of[c] for c in own])) if own else None)
         if own:
             mine = set(own)
             ranking = [r for r in ranking if r[0] not in mine]
@@ -320,6 +349,13 @@ def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: Chroma
             ranking.sort(key=lambda r: (-r[1], corpus.ids[r[0]]))
         rankings.append(ranking[:depth])
     return rankings
+
+
+def _cosine(query: np.ndarray, vectors: np.ndarray) -> float:
+    """The highest cosine similarity between ``query`` and one of ``vectors`` (as the gate computes it)."""
+    query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1) * max(float(np.linalg.norm(query)), 1e-12)
+    return float(np.max(vectors @ query / np.maximum(norms, 1e-12)))
 
 
 def sparse_rankings(queries: list[str], depth: int, tokens: list[list[str]],
@@ -519,6 +555,9 @@ def summary(report: TuneReport, shown: int = 12) -> str:
     lines.append("")
     if report.chosen is not None:
         lines.append(f"chosen: {report.chosen.name} ({report.reason})")
+    if report.gate_floor is not None:
+        lines.append(f"answerability gate: refuses questions with no reference above {report.gate_floor:.3f} "
+                     f"similarity (what the pseudo-queries' own sources clear)")
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
     lines.append(f"overlay: {report.overlay}" + ("" if report.written else " (not written: dry run)"))
     if report.written:

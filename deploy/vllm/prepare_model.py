@@ -62,7 +62,12 @@ def main() -> Path:
         if not getattr(tok, "chat_template", None):
             raise RuntimeError("tokenizer lost its chat template")
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the server may run as another user
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # prepared meanwhile by a concurrent setup: keep that one
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

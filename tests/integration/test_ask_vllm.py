@@ -62,7 +62,8 @@ def test_conversational_rewrite_with_history(sample_project):
                         {"query": {"text": "And how does it keep them up to date?", "history": history}},
                         orchestrate=False, trace=trace)
     assert answer.question == "And how does it keep them up to date?"
-    assert [step for step, _ in trace] == ["rewrite", "dense", "sparse", "fuse", "insert", "answer", "check"]
+    assert [step for step, _ in trace] == ["rewrite", "dense", "sparse", "fuse", "insert", "gate", "answer",
+                                        "check"]
 
 
 # Contract tests, not quality ones: short generations keep the CPU model's minutes down.

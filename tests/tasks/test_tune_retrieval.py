@@ -91,6 +91,13 @@ def test_overlay_entries_weight_each_pipelines_own_steps():
                                            "vec": {"k": 50}, "kw": {"k": 50}}
 
 
+def test_the_gate_floor_is_a_low_quantile_of_the_sources_similarity_and_needs_enough_pairs():
+    values = [i / 100 for i in range(100)] + [None] * 5  # a pair without a source has no similarity
+    assert tr.similarity_floor(values, 0.98) == pytest.approx(0.0198)
+    assert tr.similarity_floor(values, 0.9) == pytest.approx(0.099)
+    assert tr.similarity_floor(values[:19], 0.98) is None and tr.similarity_floor(values, None) is None
+
+
 # ----------------------------------------------------------------------------- end to end
 TUNE_YAML = """
 resources:
@@ -98,6 +105,7 @@ resources:
   store:    {type: chroma, path: idx/chroma, collection: test}
   sparse:   {type: bm25, path: idx/bm25}
   state:    {type: index_state, path: idx/state.sqlite}
+  llm:      {type: openai_compatible, base_url: "http://127.0.0.1:9/v1"}  # never called: the gate's floor needs none
 pipelines:
   index:
     kind: ingestion
@@ -113,6 +121,14 @@ pipelines:
       - {id: dense,  task: retrieve_dense, with: {k: 20}}
       - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+  gated:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 20}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+      - {id: insert, task: insert}
+      - {id: gate,   task: answerable}
   tune:
     kind: job
     steps:
@@ -182,6 +198,14 @@ def test_tune_writes_an_overlay_that_search_uses(indexed, capsys, monkeypatch):
             "sparse", **report["overrides"]["resources"]["sparse"]).pipeline("search").with_overrides(expected)
         assert [p.chunk_id for p in engine.run(tuned.pipeline("search"), query, orchestrate=False)] == \
             [p.chunk_id for p in engine.run(by_hand, query, orchestrate=False)]
+
+        # the gate's similarity floor: what 98 % of the pseudo-queries clear with their own source
+        floor = report["gate_floor"]
+        assert 0.0 < floor < 1.0 and report["overrides"]["pipelines"]["gated"]["gate"] == {"min_similarity": floor}
+        assert "gate" not in report["overrides"]["pipelines"]["search"]
+        assert tuned.pipeline("gated").step("gate").params.min_similarity == floor
+        assert load_project(indexed / "pipelines.yaml", tuned=False).pipeline("gated").step("gate").params \
+            .min_similarity == 0.0
 
         assert cli.main(["validate", str(indexed / "pipelines.yaml")]) == 0
         out = capsys.readouterr().out
