@@ -19,12 +19,17 @@ class ScriptedLLM:
 
     A hung server: while ``hung`` is true, every request (health checks too) is accepted and read but
     never answered; its connection is dropped unanswered when ``hung`` is cleared or the server
-    closes. ``hang_after_chunks=N`` hangs each stream after N chunks the same way."""
+    closes. ``hang_after_chunks=N`` hangs each stream after N chunks the same way.
+
+    A broken server: ``malformed`` answers 200 with a body that is not JSON; ``cut_after_chunks=N``
+    closes each stream's connection after N chunks, without the end of the answer or [DONE]."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
                  logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None,
-                 chunk_delay: float = 0.0, hung: bool = False, hang_after_chunks: int | None = None):
+                 chunk_delay: float = 0.0, hung: bool = False, hang_after_chunks: int | None = None,
+                 malformed: bool = False, cut_after_chunks: int | None = None):
         self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
+        self.malformed, self.cut_after_chunks = malformed, cut_after_chunks
         self.hung, self.hang_after_chunks = hung, hang_after_chunks
         self._closing = threading.Event()
         self.chunk_delay = chunk_delay
@@ -50,6 +55,9 @@ class ScriptedLLM:
                     return
                 if server.status != 200:
                     self._send(server.status, {"error": {"message": "scripted failure", "type": "server_error"}})
+                    return
+                if server.malformed:
+                    self._send(200, None, raw=b'{"id": "x", "choices": [{"index": 0, "message": {"content": "Par')
                     return
                 if self.path.endswith("/tokenize"):
                     self._send(200, {"count": len(body["prompt"].split()), "max_model_len": 2048})
@@ -92,6 +100,9 @@ class ScriptedLLM:
                     if sent == server.hang_after_chunks:
                         server._closing.wait()
                         return
+                    if sent == server.cut_after_chunks:
+                        self.close_connection = True
+                        return
                     choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
                     self.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
                     self.wfile.flush()
@@ -99,8 +110,8 @@ class ScriptedLLM:
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 
-            def _send(self, status, payload):
-                data = json.dumps(payload).encode()
+            def _send(self, status, payload, raw: bytes | None = None):
+                data = raw if raw is not None else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import logging
 import math
 import queue
@@ -67,6 +68,10 @@ class LLMSpec(BaseModel):
 
 class LLMUnavailable(RuntimeError):
     """The endpoint did not answer after every retry; the message names it."""
+
+
+class _StreamCut(Exception):
+    """A streamed answer ended without a finish reason: the connection closed mid-answer."""
 
 
 class _NoTokenizeEndpoint(Exception):
@@ -177,6 +182,9 @@ class LLMClient:
                                 on_token(delta)
                         tokens.extend(_tokens(choice.logprobs))
                         finish = choice.finish_reason or finish
+                    if finish is None:  # vLLM ends every answer with a finish reason; without one it was cut
+                        raise _StreamCut(f"the streamed answer stopped after {len(''.join(pieces))} characters "
+                                         f"without an end (the connection closed mid-answer)")
                     break
                 except Exception as exc:  # noqa: BLE001 - retried before the first token, else one clear error
                     if pieces or not self._retry(exc, attempt):
@@ -243,8 +251,9 @@ class LLMClient:
             return False
         if isinstance(exc, openai.APITimeoutError):  # httpx's or httpx2's, as the openai client uses
             transient = type(exc.__cause__).__name__ == "ConnectTimeout"
-        else:
-            transient = isinstance(exc, (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError))
+        else:  # a malformed body or a cut stream may be a proxy's or a restart's: worth another try
+            transient = isinstance(exc, (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError,
+                                         json.JSONDecodeError, openai.APIResponseValidationError, _StreamCut))
         if not transient:
             return False
         delay = min(8.0, 0.5 * 2 ** (attempt - 1))
@@ -272,6 +281,12 @@ class LLMClient:
                                   f"{where}: {type(exc).__name__}: {exc}")
         if isinstance(exc, openai.APIStatusError):
             return RuntimeError(f"{self.location} refused the request{where} (HTTP {exc.status_code}): {exc.message}")
+        tried = f" ({attempts} attempt{'s' * (attempts > 1)})"
+        if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
+            return LLMUnavailable(f"{self.location} sent a malformed response{where}{tried}: {type(exc).__name__}: "
+                                  f"{exc}")
+        if isinstance(exc, _StreamCut) or _is_transport_error(exc):  # a stream's connection dropped mid-answer
+            return LLMUnavailable(f"{self.location}{where}{tried}: {exc}; the partial answer is discarded")
         return exc
 
     # ------------------------------------------------------------------ hung or busy
@@ -494,6 +509,14 @@ class LLMClient:
             return httpx.get(f"{root}/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+def _is_transport_error(exc: Exception) -> bool:
+    """An HTTP transport failure raised while reading a stream (the openai client wraps only those
+    raised before the response started)."""
+    import httpx
+
+    return isinstance(exc, httpx.TransportError)
 
 
 def _count_field(body: str) -> int | None:

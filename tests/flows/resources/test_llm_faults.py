@@ -42,6 +42,33 @@ def test_server_errors_are_retried_then_reported():
         assert len(server.requests) == 3
 
 
+def test_a_malformed_response_is_retried_then_named():
+    with ScriptedLLM(lambda p: "Paris", malformed=True) as server:
+        with pytest.raises(LLMUnavailable, match=r"\(model 'smollm2'\) sent a malformed response \(2 attempts\): "
+                                                 r"JSONDecodeError"):
+            client(server.base_url, max_retries=1).chat("hello")
+        assert len(server.requests) == 2
+        server.malformed = False  # the server is fixed: the same client answers
+        assert client(server.base_url, max_retries=1).chat("hello").text == "Paris"
+
+
+def test_a_stream_cut_mid_answer_is_an_error_not_a_short_answer():
+    """Words already streamed to the caller cannot be taken back, so a cut stream is not retried;
+    one cut before the first word is."""
+    tokens: list[str] = []
+    with ScriptedLLM(lambda p: "Paris is the capital of France", cut_after_chunks=3) as server:
+        with pytest.raises(LLMUnavailable, match=r"stopped after 9 characters without an end .*partial answer is "
+                                                 r"discarded"):
+            client(server.base_url, max_retries=2).stream("hello", on_token=tokens.append)
+        assert tokens == ["Paris ", "is "] and len(server.requests) == 1
+        server.cut_after_chunks = 1  # cut after the role chunk: nothing was shown, so it is tried again
+        with pytest.raises(LLMUnavailable, match=r"\(3 attempts\): the streamed answer stopped after 0 characters"):
+            client(server.base_url, max_retries=2).stream("hello")
+        assert len(server.requests) == 4
+        server.cut_after_chunks = None
+        assert client(server.base_url).stream("hello").text == "Paris is the capital of France"
+
+
 def test_bad_request_is_not_retried():
     with ScriptedLLM(status=400) as server:
         with pytest.raises(RuntimeError, match=r"refused the request \(HTTP 400\)"):
