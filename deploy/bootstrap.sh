@@ -24,7 +24,7 @@ fi
 stamp=.venv/.ragline-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[dev,onnx,dask]"
+  .venv/bin/python -m pip install --quiet -e ".[dev,onnx,dask,adapt]"
   .venv/bin/python -m pip check
   touch "$stamp"
 fi
