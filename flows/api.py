@@ -12,6 +12,10 @@ One ASGI guard in front of every route gives each request an id (``X-Request-ID`
 bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
 ``max_body_bytes`` (413 beyond it, chunked bodies included) and turns any unexpected exception
 into a generic 500 naming the request id (the traceback goes to the log, never to the client).
+A question longer than ``max_question_chars`` (10,000 by default) is refused naming its field
+(422 on ``/v1/query``, 400 on the OpenAI route, code ``question_too_long``) before any step runs:
+the pipeline would read only its start (prompts clip a question to ~2,000 characters, the embedder
+to 256 tokens) and answer a question the client did not ask, while BM25 scored every word.
 Error bodies are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``; messages
 never show the pipelines file or the data dir (``api_runs.Redactor``).
 
@@ -55,6 +59,7 @@ KEEPALIVE_SECONDS = 15.0  # an SSE comment while a long step (retrieval, a slow 
 CHECK_TIMEOUT_SECONDS = 5.0
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+DEFAULT_MAX_QUESTION_CHARS = 10_000
 REPLACED_NOTICE = ("verification replaced the streamed draft with the refusal text: discard the streamed tokens "
                    "and show answer.text")
 
@@ -101,7 +106,8 @@ class HistoryTurn(BaseModel):
 class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(description="the question or search text", examples=["How are deleted sources handled?"])
+    question: str = Field(description="the question or search text (at most the server's max_question_chars, "
+                                      "10,000 characters by default)", examples=["How are deleted sources handled?"])
     pipeline: str = Field("ask", min_length=1, description="a query pipeline of the served file")
     history: list[HistoryTurn] = Field(default_factory=list, description="earlier chat turns, oldest first")
     filters: dict[str, Any] | None = Field(None, description='Chroma-style metadata `where`, e.g. '
@@ -183,12 +189,24 @@ class Outcome:
 
 
 class Events:
-    """Prefect events after each query, off the response path (one background thread)."""
+    """Prefect events after each query, off the response path (one background thread).
+
+    Before handing an event to Prefect the thread checks that the API answers (``GET /health``, at
+    most every ``PROBE_SECONDS``): Prefect's own client queues the event, reports it sent, and
+    loses it later on its websocket, so with the API unreachable every event was counted
+    ``emitted`` and ragline never said that they were lost (issue 9: a closed PREFECT_API_URL
+    port). Now an event for an API that does not answer is counted ``failed`` (in /readyz), with
+    one warning line per outage and an info line when the API answers again."""
+
+    PROBE_SECONDS = 5.0
+    PROBE_TIMEOUT_SECONDS = 2.0
 
     def __init__(self, prefect_url: str | None, context: contextvars.Context):
         self.url, self._context = prefect_url, context
         self.emitted = self.failed = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragline-events") if prefect_url else None
+        self._probed_at: float | None = None
+        self._down: str | None = None  # why the API did not answer at the last probe
 
     def query_done(self, pipeline: str, status: str, latency_ms: float, timings: dict[str, float],
                    question_chars: int, surface: str, error: str | None = None) -> None:
@@ -201,9 +219,35 @@ class Events:
         name = "ragline.query.failed" if status == "failed" else "ragline.query.completed"
         self._pool.submit(self._context.copy().run, self._emit, name, pipeline, payload)
 
+    def _reachable(self) -> bool:
+        """Whether the Prefect API answered its last probe (any HTTP status counts: it is there)."""
+        import httpx
+
+        now = time.monotonic()
+        if self._probed_at is not None and now - self._probed_at < self.PROBE_SECONDS:
+            return self._down is None
+        self._probed_at = now
+        was_down = self._down
+        try:
+            httpx.get(f"{self.url.rstrip('/')}/health", timeout=self.PROBE_TIMEOUT_SECONDS)
+        except httpx.HTTPError as exc:
+            self._down = f"{type(exc).__name__}: {exc or 'no answer'}"
+            if was_down is None:
+                log.warning("Prefect API %s unreachable (%s): query events are not sent (queries are answered); "
+                            "lost events are counted in /readyz", self.url, self._down)
+            return False
+        self._down = None
+        if was_down is not None:
+            log.info("Prefect API %s answers again: query events are sent again (%d lost)", self.url, self.failed)
+        return True
+
     def _emit(self, name: str, pipeline: str, payload: dict[str, Any]) -> None:
         from prefect.events import emit_event
 
+        if not self._reachable():
+            self.failed += 1
+            log.debug("Prefect event %s lost: the API %s is unreachable (%s)", name, self.url, self._down)
+            return
         try:
             sent = emit_event(event=name, payload=payload, resource={
                 "prefect.resource.id": f"ragline.pipeline.{pipeline}", "prefect.resource.name": pipeline,
@@ -225,10 +269,12 @@ class Events:
 class Service:
     """The compiled project and what every route shares: pipelines, the driver threads, events."""
 
-    def __init__(self, project: Project, *, max_concurrent_runs: int = 32):
+    def __init__(self, project: Project, *, max_concurrent_runs: int = 32,
+                 max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS):
         from ragline.flows.api_runs import Redactor
 
         self.project = project
+        self.max_question_chars = max_question_chars
         self.redact = Redactor(project)
         self.queries = {n: p for n, p in project.pipelines.items() if p.kind == "query"}
         self.streaming = {n: _streaming(p) for n, p in self.queries.items()}
@@ -246,6 +292,13 @@ class Service:
             raise ApiError(400, f"field '{param}': pipeline '{name}' is an ingestion pipeline; query pipelines: "
                                 f"{', '.join(self.queries) or 'none'}", param=param, code="not_a_query_pipeline")
         return self.streaming[name] if stream else self.queries[name]
+
+    def check_question(self, text: str, param: str, status: int) -> None:
+        """A question longer than the limit is refused, not clipped: the answer would be to its start."""
+        if len(text) > self.max_question_chars:
+            raise ApiError(status, f"field '{param}': the question is {len(text):,} characters long; the limit is "
+                                   f"{self.max_question_chars:,} (max_question_chars): shorten it",
+                           param=param, code="question_too_long")
 
     def answers(self, name: str) -> bool:
         """Whether a pipeline's output is an Answer (its output step produces ``answer``)."""
@@ -395,6 +448,7 @@ def query_router(service: Service) -> APIRouter:
         `data: {"error": {...}}`. Comment lines (`: keep-alive`) may arrive while a step runs."""
         rid = request_id(request)
         try:
+            service.check_question(body.question, "question", 422)
             pipeline = service.pipeline(body.pipeline, stream=body.stream)
             if body.stream and not service.answers(body.pipeline):
                 raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
@@ -707,7 +761,8 @@ _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <toke
 
 def create_app(project_path: str, *, token: str | None = None, routers: Iterable[APIRouter] = (),
                max_body_bytes: int = 1_000_000, cors_origins: Iterable[str] = (), data_dir: str | None = None,
-               require_prefect: bool = False, max_concurrent_runs: int = 32) -> FastAPI:
+               require_prefect: bool = False, max_concurrent_runs: int = 32,
+               max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> FastAPI:
     """The API of one pipelines file, compiled now (an invalid file fails here, not per request).
     ``routers`` are mounted under the same token, body limit and error shapes."""
     if token is not None and not token.strip():
@@ -715,7 +770,9 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     project = load_project(project_path)
     if data_dir:
         project = project.relocated(data_dir)
-    service = Service(project, max_concurrent_runs=max_concurrent_runs)
+    if max_question_chars < 1:
+        raise ValueError(f"max_question_chars must be at least 1, got {max_question_chars}")
+    service = Service(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
@@ -766,7 +823,8 @@ def is_loopback(host: str) -> bool:
 
 def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
               data_dir: str | None = None, routers: Iterable[APIRouter] = (), max_body_bytes: int = 1_000_000,
-              cors_origins: Iterable[str] = (), log_level: str = "info") -> None:
+              cors_origins: Iterable[str] = (), log_level: str = "info",
+              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> None:
     """Serve the API with uvicorn until stopped. ``token`` defaults to ``RAGLINE_API_TOKEN``; off
     loopback a token is required: anyone who can reach the port could otherwise run queries."""
     token = token or os.environ.get("RAGLINE_API_TOKEN") or None
@@ -776,5 +834,5 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
     import uvicorn
 
     app = create_app(project_path, token=token, routers=routers, max_body_bytes=max_body_bytes,
-                     cors_origins=cors_origins, data_dir=data_dir)
+                     cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -149,6 +149,7 @@ def _parse(service: Service, body: ChatRequest) -> tuple[Any, dict[str, Any]]:
     question = _text(last, len(body.messages) - 1)
     if not question.strip():
         raise ApiError(400, "field 'messages': the last user message is empty", param="messages")
+    service.check_question(question, f"messages[{len(body.messages) - 1}].content", 400)
     history = [{"role": m.role, "content": _text(m, i)} for i, m in enumerate(body.messages[:-1])
                if m.role in ("user", "assistant")]
     try:

@@ -82,7 +82,7 @@ class Redactor:
     """Replaces the pipelines file, the data dir (indexes, results) and any absolute path outside
     the configured source roots in a message."""
 
-    PATH = re.compile(r"(?<![\w.~])/(?:[^\s'\"`,;:()\[\]{}<>]+)")
+    PATH = re.compile(r"(?<![\w.~/])/(?!/)(?:[^\s'\"`,;:()\[\]{}<>]+)")  # not the //host of a URL
 
     def __init__(self, project: Project):
         from ragline.flows.serve import data_dir_of, results_dir

@@ -20,7 +20,13 @@ from ragline.flows.query_runner import coerce_inputs, run_query
 from ragline.flows.steps import StepFailed, invoke
 
 __all__ = ["run", "execute_pipeline", "DriverHooks", "DRIVER", "StepFailed", "IngestPlan", "invoke",
-           "DirectExecutor", "PrefectExecutor", "run_with_policy", "coerce_inputs", "run_query", "run_ingestion"]
+           "DirectExecutor", "PrefectExecutor", "run_with_policy", "coerce_inputs", "run_query", "run_ingestion",
+           "PrefectUnavailable"]
+
+
+class PrefectUnavailable(RuntimeError):
+    """An orchestrated run could not reach the Prefect API it is configured with; the message
+    names the API and what to do, on one line."""
 
 
 @dataclass
@@ -62,4 +68,38 @@ def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orc
             QUERY_ARRIVAL.reset(arrival)
     from ragline.flows.entrypoints import run_as_flow
 
-    return run_as_flow(pipeline, inputs, hooks)
+    try:
+        return run_as_flow(pipeline, inputs, hooks)
+    except StepFailed:
+        raise
+    except Exception as exc:
+        unreachable = _prefect_unreachable(exc)
+        if unreachable is None:
+            raise
+        raise unreachable from exc
+
+
+def _prefect_unreachable(exc: BaseException) -> PrefectUnavailable | None:
+    """A PrefectUnavailable when ``exc`` is the Prefect client failing to connect to its API, else
+    None. Why: Prefect says only ``Failed to reach API at http://...`` (not which API, nor what to
+    do), and a configured API on a closed port is the commonest way to meet it (issue 9)."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    url = (PREFECT_API_URL.value() or "").rstrip("/")
+    chain, current = [], exc
+    while current is not None and len(chain) < 20:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    transport = next((e for e in chain if isinstance(e, httpx.TransportError)), None)
+    said = any(str(e).startswith("Failed to reach API at") for e in chain)
+    try:
+        target = str(transport.request.url) if transport is not None else ""
+    except RuntimeError:  # an httpx error without its request
+        target = ""
+    if not (said or (url and target.startswith(url))):
+        return None
+    cause = f" ({type(transport).__name__}: {transport})" if transport is not None else ""
+    return PrefectUnavailable(
+        f"Prefect API {url or '(not configured)'} unreachable{cause}: start it, or point PREFECT_API_URL at a "
+        f"running server (unset, ragline starts its own), or run in this process with --no-prefect")

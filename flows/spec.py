@@ -385,13 +385,16 @@ def _structure_errors(doc: LocatedYaml, exc: ValidationError, prefix: Loc = ()) 
             message = f"unknown field '{loc[-1]}'"
         elif err["type"] == "union_tag_invalid":
             message = f"unknown resource type '{err['ctx']['tag']}'; valid types: {err['ctx']['expected_tags']}"
-        elif err["type"] != "missing" and isinstance(err.get("input"), (str, int, float, bool)):
+        elif err["type"] != "missing" and isinstance(err.get("input"), (str, int, float, bool)) \
+                and not _SECRET_FIELD.search(str(loc[-1]) if loc else ""):  # an api_key: 12345 is not echoed
             message += f" (got {err['input']!r})"
         errors.append(_locate(doc, loc, message))
     return errors
 
 
 _UNION_TAGS: set[str] = set()  # filled by flows.resources with its discriminator tags
+_SECRET_FIELD = re.compile(r"^(?:key|token)$|(?:^|_)(?:api_?key|secret|password|access_token|auth_token)$",
+                           re.I)  # fields whose values are never shown in errors
 
 
 def parse_file(path: str | Path) -> tuple[PipelinesFile | None, LocatedYaml | None, list[SpecError]]:

@@ -142,16 +142,33 @@ class BM25Index:
         if rows:
             retriever = bm25s.BM25(k1=self.spec.k1, b=self.spec.b, method=self.spec.method)
             retriever.index(self._tokenize([r[1] for r in rows]), show_progress=False)
-        folder.mkdir(parents=True, exist_ok=True)  # only now: the folder's age runs from its first write
-        if retriever is not None:
-            retriever.save(str(folder), show_progress=False)
-        _write_json(folder / "ids.json", ids)
-        _write_json(folder / "meta.json", [{**r[2], "text": r[1]} for r in rows])
-        failpoints.hit("bm25.before_pointer")
-        _write_json(self.path / self.POINTER, {"version": version, "generation": generation,
-                                               "settings": settings, "count": len(ids)})
+        try:
+            folder.mkdir(parents=True, exist_ok=True)  # only now: the folder's age runs from its first write
+            if retriever is not None:
+                retriever.save(str(folder), show_progress=False)
+            _write_json(folder / "ids.json", ids)
+            _write_json(folder / "meta.json", [{**r[2], "text": r[1]} for r in rows])
+            failpoints.hit("bm25.before_pointer")
+            _write_json(self.path / self.POINTER, {"version": version, "generation": generation,
+                                                   "settings": settings, "count": len(ids)})
+        except OSError as exc:
+            fault = self._unpublished(exc, folder)
+            if fault is None:
+                raise
+            raise fault from exc
         self._remove_stale()
         return len(ids)
+
+    def _unpublished(self, exc: OSError, folder: Path) -> OSError | None:
+        """A version that could not be written whole (a full or read-only disk) is never published:
+        the pointer still names the previous one. Its folder is removed at once (it would otherwise
+        hold the space it took for the grace period); returns the error naming the folder and the
+        reason (numpy's and json's own ``[Errno 28] No space left on device`` or ``19738 requested
+        and 16352 written`` name neither), or None when the disk is not at fault."""
+        shutil.rmtree(folder, ignore_errors=True)
+        from ragline.flows.resources.state import disk_fault
+
+        return disk_fault(exc, folder, "bm25 version not published, writing")
 
     def _remove_stale(self) -> None:
         """Delete versions that are neither published nor younger than the grace period: a young
@@ -241,6 +258,11 @@ def _mtime(path: Path) -> float:
 
 
 def _write_json(path: Path, data: Any) -> None:
+    """Write to a temporary file, then rename over ``path``; a failed write leaves neither half."""
     tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -118,7 +118,11 @@ class ChromaStore:
                     self._client = client
                 else:
                     self.path.mkdir(parents=True, exist_ok=True)
-                    self._client = chromadb.PersistentClient(path=str(self.path), settings=self._settings())
+                    try:
+                        self._client = chromadb.PersistentClient(path=str(self.path), settings=self._settings())
+                    except Exception:
+                        _forget_failed_system(str(self.path))
+                        raise
             return self._client
 
     def _settings(self):
@@ -150,7 +154,7 @@ class ChromaStore:
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call``; against a server, retry connection failures with backoff up to the deadline."""
         if not self.spec.host:
-            return call()  # embedded: no connection to lose
+            return self._on_disk(what, call)  # embedded: no connection to lose
         import tenacity
 
         retrying = tenacity.Retrying(
@@ -169,6 +173,31 @@ class ChromaStore:
                 f"Chroma server {self.server} unreachable: {what} failed {err.last_attempt.attempt_number} times "
                 f"in {time.monotonic() - started:.1f}s ({type(cause).__name__}: {cause}); is it running? "
                 f"(retries={self.spec.retries}, retry_max_seconds={self.spec.retry_max_seconds})") from cause
+
+    def _on_disk(self, what: str, call: Callable[[], T]) -> T:
+        """Run an embedded call; a full, read-only or forbidden disk becomes a StorageError naming
+        the store's folder and the reason. Why: Chroma reports ENOSPC as ``Error in compaction:
+        Failed to apply logs to the metadata segment`` or ``(code: 13) database or disk is full``
+        and EROFS as ``attempt to write a readonly database``, never with the folder. The client
+        is closed (Chroma stops its engine for the folder once no client uses it): the engine that
+        failed a compaction sometimes hung on its next call, once the disk had room again (2 of 5
+        runs), so the next call opens the store afresh."""
+        try:
+            return call()
+        except Exception as exc:
+            from ragline.flows.resources.state import disk_fault
+
+            fault = disk_fault(exc, self.path, f"chroma {what} in")
+            if fault is None:
+                raise
+            with self._lock:
+                client, self._collection, self._client = self._client, None, None
+            if client is not None:
+                try:
+                    client.close()
+                except Exception as close_error:  # noqa: BLE001 - the disk fault is the error to report
+                    log.warning("%s: could not close the client after %s: %s", self.location, what, close_error)
+            raise fault from exc
 
     def _log_retry(self, what: str, state: Any) -> None:
         exc = state.outcome.exception()
@@ -283,6 +312,21 @@ class ChromaStore:
             for ids, docs, metas, dists in zip(result["ids"], result["documents"],
                                                result["metadatas"], result["distances"])
         ]
+
+
+def _forget_failed_system(path: str) -> None:
+    """Chroma (1.5) keeps the engine of a PersistentClient that failed to start (a read-only or
+    full folder) in its per-folder cache, and every later client for that folder, in this process,
+    gets the broken one ("'RustBindingsAPI' object has no attribute 'bindings'") even once the
+    folder is writable again. Drop it when no client holds it. (Private attributes: skipped
+    silently if a Chroma release renames them.)"""
+    try:
+        from chromadb.api.shared_system_client import SharedSystemClient
+
+        if not SharedSystemClient._identifier_to_refcount.get(path):
+            SharedSystemClient._identifier_to_system.pop(path, None)
+    except Exception:  # noqa: BLE001 - best effort, the original error is the one to report
+        pass
 
 
 def _set_http_timeout(client: Any, seconds: float) -> None:

@@ -43,7 +43,7 @@ class LLMSpec(BaseModel):
     type: Literal["openai_compatible"]
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible API root (vLLM: .../v1)")
     model: str = Field("smollm2", description="served model name")
-    api_key: str = Field("EMPTY", description="bearer token, if the server wants one")
+    api_key: str = Field("EMPTY", repr=False, description="bearer token, if the server wants one (never shown)")
     timeout_seconds: float = Field(120.0, gt=0, description="longest wait for one answer from a server that is up "
                                                            "(it answers its health check meanwhile); not retried")
     hung_after_seconds: float = Field(

@@ -7,8 +7,11 @@ are fully written, and ``reconcile`` removes whatever the stores hold beyond it.
 """
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -22,6 +25,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Document
+
+log = logging.getLogger("ragline.state")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (
@@ -41,6 +46,100 @@ CREATE TABLE IF NOT EXISTS lease (
 
 class IndexBusy(RuntimeError):
     """Another ingestion run holds the index's writer lease."""
+
+
+class StorageError(OSError):
+    """The disk under the data folder refused a write: full, read-only or not permitted. The
+    message names the store, its path and the reason, with the store's own error after it.
+
+    Why: SQLite says ``disk I/O error`` or ``unable to open database file`` and embedded Chroma
+    ``Error in compaction: Failed to apply logs to the metadata segment`` for a full or read-only
+    disk, naming neither the file nor the cause (ENOSPC and EROFS provoked on a real tmpfs,
+    tests/flows/test_dependency_faults.py). An OSError, so callers that tolerate a store they
+    cannot write (``retrieve_sparse.catch_up``) still do."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+DISK_REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large (over the size limit for files)",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+_DISK_WORDS = (  # what stores print instead of an errno (SQLite, Chroma's Rust core, Python)
+    ("no space left", errno.ENOSPC), ("disk is full", errno.ENOSPC), ("os error 28", errno.ENOSPC),
+    ("quota exceeded", errno.EDQUOT), ("os error 122", errno.EDQUOT),
+    ("file too large", errno.EFBIG), ("os error 27", errno.EFBIG),
+    ("read-only file system", errno.EROFS), ("os error 30", errno.EROFS),
+    ("permission denied", errno.EACCES), ("os error 13", errno.EACCES),
+)
+_OPAQUE_WORDS = ("disk i/o error", "unable to open database file", "readonly database", "error in compaction",
+                 "failed to apply logs", "error returned from database", "io error")
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")  # a short write: out of space, or over RLIMIT_FSIZE
+LOW_SPACE_BYTES = 64 << 20  # an opaque store error with less free than this is put down to a full disk
+
+
+def disk_fault(exc: BaseException, path: Path, what: str) -> StorageError | None:
+    """``exc`` as a StorageError naming ``what`` (the store), ``path`` and the reason, when it is
+    the disk refusing a write; None for any other error (re-raise it unchanged).
+
+    The reason is the errno of an OSError in the chain, else words in the messages ("database or
+    disk is full", "os error 28"); an opaque store error (SQLite's ``disk I/O error``, Chroma's
+    compaction failure) counts when the file system is read-only or has under 64 MiB free, and a
+    short write (numpy's ``N requested and M written``) is a full disk or the file size limit."""
+    chain, seen = [], set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    if any(isinstance(e, StorageError) for e in chain):
+        return None  # already said
+    code = next((e.errno for e in chain if isinstance(e, OSError) and e.errno in DISK_REASONS), None)
+    text = " ".join(str(e) for e in chain).lower()
+    if code is None:
+        code = next((c for words, c in _DISK_WORDS if words in text), None)
+    folder = _existing_folder(path)
+    try:
+        fs = os.statvfs(folder)
+        read_only, free = bool(fs.f_flag & os.ST_RDONLY), fs.f_bavail * fs.f_frsize
+    except OSError:
+        read_only, free = False, None
+    if read_only and code in (None, errno.EACCES, errno.EPERM):
+        code = errno.EROFS  # SQLite's "attempt to write a readonly database" on a read-only mount
+    if code is None and any(words in text for words in _OPAQUE_WORDS):
+        if free is not None and free < LOW_SPACE_BYTES:
+            code = errno.ENOSPC
+        elif not os.access(folder, os.W_OK):
+            code = errno.EACCES
+    if code is None and _SHORT_WRITE.search(text):  # numpy's "N requested and M written": no errno
+        code = errno.ENOSPC if free is not None and free < LOW_SPACE_BYTES else errno.EFBIG
+    if code is None:
+        return None
+    space = f"; {_size(free)} free on its file system" if free is not None and code in (
+        errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+    fault = StorageError(code, f"{what} {path}: {DISK_REASONS[code]}{space} ({type(exc).__name__}: {exc})")
+    fault.filename = str(path)
+    return fault
+
+
+def _existing_folder(path: Path) -> Path:
+    path = Path(path)
+    while not path.is_dir() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 @dataclass(frozen=True)
@@ -94,30 +193,61 @@ class IndexState:
 
     @property
     def conn(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.executescript(SCHEMA)
-            self._conn = conn
-        return self._conn
+        with self._guarded():
+            if self._conn is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=FULL")
+                    conn.executescript(SCHEMA)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._conn = conn
+            return self._conn
+
+    @contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """Hold the lock; a full, read-only or forbidden disk becomes a StorageError naming the file
+        (SQLite says only "disk I/O error" or "unable to open database file"). The connection is
+        dropped then, so a later call (once space is freed) starts from a fresh one."""
+        with self._lock:
+            try:
+                yield
+            except (sqlite3.Error, OSError) as exc:
+                fault = disk_fault(exc, self.path, "index state")
+                if fault is None:
+                    raise
+                self._drop_connection()
+                raise fault from exc
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._guarded():
             conn = self.conn
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:  # e.g. a full disk: closing the connection rolls back instead
+                    self._drop_connection()
                 raise
             conn.execute("COMMIT")
 
     # ------------------------------------------------------------------ meta
     def get_meta(self, key: str, default: str | None = None) -> str | None:
-        with self._lock:
+        with self._guarded():
             row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else default
 
@@ -143,13 +273,13 @@ class IndexState:
         sql, args = "SELECT source_id, content_hash, fingerprint FROM sources", ()
         if origin is not None:
             sql, args = sql + " WHERE origin=?", (origin,)
-        with self._lock:
+        with self._guarded():
             return {r[0]: (r[1], r[2]) for r in self.conn.execute(sql, args)}
 
     def known(self, source_ids: Iterable[str]) -> set[str]:
         """Which of these sources the state already has."""
         found: set[str] = set()
-        with self._lock:
+        with self._guarded():
             for batch in _batched(list(source_ids), 500):
                 marks = ",".join("?" * len(batch))
                 found.update(r[0] for r in self.conn.execute(
@@ -157,7 +287,7 @@ class IndexState:
         return found
 
     def chunk_ids(self, source_ids: Iterable[str] | None = None) -> set[str]:
-        with self._lock:
+        with self._guarded():
             if source_ids is None:
                 return {r[0] for r in self.conn.execute("SELECT chunk_id FROM chunks")}
             ids: set[str] = set()
@@ -169,7 +299,7 @@ class IndexState:
 
     def chunk_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(chunk_id, text, metadata) of every chunk, in a stable order, for the BM25 rebuild."""
-        with self._lock:
+        with self._guarded():
             rows = self.conn.execute(
                 "SELECT chunk_id, text, metadata, source_id, title FROM chunks ORDER BY chunk_id").fetchall()
         return [(cid, text, {**json.loads(meta), "source_id": sid, "title": title or ""})
@@ -177,7 +307,7 @@ class IndexState:
 
     def chunks_by_id(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
-        with self._lock:
+        with self._guarded():
             for batch in _batched(ids, 500):
                 marks = ",".join("?" * len(batch))
                 for cid, sid, text, title, meta in self.conn.execute(
@@ -187,7 +317,7 @@ class IndexState:
         return out
 
     def counts(self) -> tuple[int, int]:
-        with self._lock:
+        with self._guarded():
             return (self.conn.execute("SELECT COUNT(*) FROM sources").fetchone()[0],
                     self.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
 
@@ -218,7 +348,7 @@ class IndexState:
 
     # ------------------------------------------------------------------ writer lease
     def lease_holder(self, name: str = "writer") -> LeaseHolder | None:
-        with self._lock:
+        with self._guarded():
             row = self.conn.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?",
                                     (name,)).fetchone()
         return LeaseHolder(*row) if row else None
@@ -272,9 +402,14 @@ class IndexState:
         return None
 
     def _heartbeat(self, name: str, token: str, every: float, stop: threading.Event) -> None:
+        """Keep the lease fresh. A beat the disk refuses (full, read-only) is skipped with a warning:
+        the run's own writes fail on that disk and say so; a traceback from this thread would not."""
         while not stop.wait(every):
-            with self.transaction() as tx:
-                tx.execute("UPDATE lease SET heartbeat_at=? WHERE name=? AND token=?", (time.time(), name, token))
+            try:
+                with self.transaction() as tx:
+                    tx.execute("UPDATE lease SET heartbeat_at=? WHERE name=? AND token=?", (time.time(), name, token))
+            except StorageError as exc:
+                log.warning("writer lease heartbeat skipped: %s", exc)
 
     def close(self) -> None:
         with self._lock:
