@@ -24,7 +24,8 @@ One server per ragline process, never shared: a server that outlived the command
 
 ``interrupt_guard()`` bounds Ctrl-C: the first SIGINT raises KeyboardInterrupt as usual, and if
 the process has not ended ``INTERRUPT_GRACE`` seconds later (a task thread inside an embedding
-batch, which Prefect's task runner joins) it exits 130 at once. The CLI::
+batch, which Prefect's task runner joins) it exits 130 at once. SIGTERM is handled alike (``terminated``,
+exit 143). The CLI::
 
     with prefect_server.interrupt_guard():                  # main thread, outermost
         try:
@@ -392,23 +393,26 @@ def _drain_prefect_workers(timeout: float) -> None:
 
 # ----------------------------------------------------------------------------- Ctrl-C
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what shells report for a job stopped by Ctrl-C
+TERMINATED_EXIT = 143  # 128 + SIGTERM (kill, systemd stop, docker stop): handled like Ctrl-C
 INTERRUPT_GRACE = 5.0  # seconds a Ctrl-C'd process may take to unwind before it is ended at once
 
 _interrupt_lock = threading.Lock()
 _interrupt_reported = False
+_interrupt_signal = signal.SIGINT  # the signal that interrupted this process (SIGTERM: "terminated", 143)
 
 
-def interrupted_exit(message: str = "interrupted") -> int:
-    """Print ``message`` to stderr (once per process) and return 130: the CLI's
-    ``except KeyboardInterrupt`` clause returns this."""
+def interrupted_exit(message: str | None = None) -> int:
+    """Print ``message`` (default ``interrupted``, or ``terminated`` after SIGTERM) to stderr once per
+    process and return 130 (143 after SIGTERM): the CLI's ``except KeyboardInterrupt`` clause returns this."""
     global _interrupt_reported
+    terminated = _interrupt_signal == signal.SIGTERM
     with _interrupt_lock:
         first, _interrupt_reported = not _interrupt_reported, True
     if first:
         with contextlib.suppress(Exception):
             sys.stderr.flush()
-        _write_stderr(message)
-    return INTERRUPTED_EXIT
+        _write_stderr(message or ("terminated" if terminated else "interrupted"))
+    return TERMINATED_EXIT if terminated else INTERRUPTED_EXIT
 
 
 def _write_stderr(message: str) -> None:
@@ -437,6 +441,8 @@ def interrupt_guard(grace_seconds: float = INTERRUPT_GRACE, quiet: bool = True) 
     (best effort), prints ``interrupted``, stops the local server and exits 130 at once
     (``os._exit``: for the indexes this is a kill -9, which ingestion is built to survive).
 
+    SIGTERM is handled the same way (it prints ``terminated`` and exits 143).
+
     Enter it in the main thread (elsewhere it does nothing), outside ``local_api()``."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -445,9 +451,11 @@ def interrupt_guard(grace_seconds: float = INTERRUPT_GRACE, quiet: bool = True) 
     run_ids: list[object] = []
 
     def on_sigint(signum, frame):
+        global _interrupt_signal
         if armed.is_set():  # second Ctrl-C: no more waiting
             _hard_exit(run_ids)
         armed.set()
+        _interrupt_signal = signum
         if quiet:
             import logging
 
@@ -460,6 +468,7 @@ def interrupt_guard(grace_seconds: float = INTERRUPT_GRACE, quiet: bool = True) 
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, on_sigint)
+    previous_term = signal.signal(signal.SIGTERM, on_sigint)
     try:
         yield
     finally:
@@ -467,6 +476,8 @@ def interrupt_guard(grace_seconds: float = INTERRUPT_GRACE, quiet: bool = True) 
         # joins non-daemon threads (task workers) too.
         with contextlib.suppress(ValueError, TypeError):
             signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(signal.SIGTERM, previous_term if previous_term is not None else signal.SIG_DFL)
 
 
 def _current_flow_run_id():
@@ -487,17 +498,17 @@ def _deadline(grace_seconds: float, run_ids: list[object]) -> None:
 
 
 def _hard_exit(run_ids: list[object]) -> None:
-    """Report the interrupted flow run, stop the local server, exit 130 now."""
+    """Report the interrupted flow run, stop the local server, exit 130 (143 after SIGTERM) now."""
     server = _server
     if run_ids and server is not None:
         reporter = threading.Thread(target=_report_crashed, args=(list(run_ids),), daemon=True)
         reporter.start()
         reporter.join(2.0)
-    interrupted_exit()
+    code = interrupted_exit()
     if server is not None:
         with contextlib.suppress(Exception):
             server.stop(timeout=2.0)
-    os._exit(INTERRUPTED_EXIT)
+    os._exit(code)
 
 
 def _report_crashed(run_ids: list[object]) -> None:

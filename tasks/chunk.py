@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.registry import stage
@@ -72,6 +73,7 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
         if not pieces:
             ctx.fail(doc.source_id, "no text to chunk")
     ctx.progress("chunks", len(chunks))
+    failpoints.hit("chunk.after_batch")
     return chunks
 
 

@@ -1,6 +1,7 @@
 """Embedding of chunks with the shared sentence-transformers model (loaded once per process)."""
 from __future__ import annotations
 
+from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk
 from ragline.flows.registry import stage
@@ -14,5 +15,6 @@ def embed(chunks: list[Chunk], ctx: StepContext, embedder: Embedder) -> list[Chu
         ctx.progress("embedded", 0)
         return []
     vectors = embedder.encode_documents([c.text for c in chunks])
+    failpoints.hit("embed.after_batch")
     ctx.progress("embedded", len(chunks))
     return [c.model_copy(update={"embedding": v.tolist()}) for c, v in zip(chunks, vectors)]

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Iterator
 from pydantic import BaseModel, Field, StringConstraints, field_validator
 from pypdf import PdfReader
 
+from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document, Metadata, content_hash
 from ragline.flows.registry import stage
@@ -77,6 +78,7 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
         for document in _load_file(path, params, ctx):
             documents.append(document)
             ctx.progress("documents", 1)
+            failpoints.hit("load.after_read")
     return sorted(documents, key=lambda d: d.source_id)
 
 
