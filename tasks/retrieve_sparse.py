@@ -13,6 +13,7 @@ from ragline.tasks.retrieve_dense import Params, combined_filter
 
 LEASE_STALE_SECONDS = 30.0  # as the index sink's lease: a holder silent this long is gone
 BEHIND = "BM25 index is behind the index state (interrupted ingestion?): rebuilding"
+RESET = "BM25 settings changed since the index was built (pipelines.yaml or its tuned overlay): rebuilding"
 
 
 @stage("retrieve_sparse", params=Params, produces="rankings", kind="query",
@@ -49,7 +50,9 @@ def catch_up(sparse: BM25Index, state: IndexState, ctx: StepContext) -> bool:
             ctx.logger.info("the index is being updated by %s: BM25 searches the last published version",
                             holder.describe())
             return False
-        return sparse.sync(state, on_rebuild=lambda: ctx.logger.warning(BEHIND))
+        published = sparse.published_version()
+        behind = published is None or published["generation"] != state.generation
+        return sparse.sync(state, on_rebuild=lambda: ctx.logger.warning(BEHIND) if behind else ctx.logger.info(RESET))
     except (OSError, sqlite3.Error) as exc:
         ctx.logger.error("could not bring BM25 in step with the index state (%s: %s): searching the "
                          "published version", type(exc).__name__, exc)

@@ -11,7 +11,7 @@ from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.filters import FilterError
 from ragline.flows.resources.state import IndexState, StateSpec
 from ragline.tasks.retrieve_dense import Params, combined_filter, retrieve_dense
-from ragline.tasks.retrieve_sparse import BEHIND, retrieve_sparse
+from ragline.tasks.retrieve_sparse import BEHIND, RESET, retrieve_sparse
 
 CORPUS = [
     ("penguin", "Penguins are flightless seabirds that live in the southern hemisphere.", "en", 2021),
@@ -182,6 +182,19 @@ def test_sparse_catches_up_with_a_state_that_moved_without_a_publish(tmp_path, c
     with caplog.at_level("WARNING", logger="ragline.search.bm25"):
         assert ids(sparse_search(Query(text="penguins"), index, st, k=1)[0]) == ["penguin"]
     assert caplog.records == []  # in step again: no rebuild, no warning
+    st.close()
+
+
+def test_changed_bm25_settings_rebuild_with_a_note_not_a_warning(tmp_path, chunks, caplog):
+    """A tuned overlay that sets k1 and b makes the next search rebuild BM25: not an interrupted run."""
+    st = open_state(tmp_path)
+    record(st, chunks)
+    BM25Index(BM25Spec(type="bm25", path="b"), base_dir=tmp_path).sync(st)
+    tuned = BM25Index(BM25Spec(type="bm25", path="b", k1=1.5, b=0.9), base_dir=tmp_path)
+    with caplog.at_level("INFO", logger="ragline.search.bm25"):
+        assert ids(sparse_search(Query(text="penguins"), tuned, st, k=1)[0]) == ["penguin"]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", RESET)]
+    assert tuned.published_version()["settings"] == tuned.settings
     st.close()
 
 
