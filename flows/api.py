@@ -566,9 +566,11 @@ async def _check_llm(service: Service, name: str) -> DependencyStatus:
     """The endpoint's /health (vLLM), as ``LLMClient.health()`` asks it, else its /models; with the error."""
     import httpx
 
+    from ragline.flows.resources.llm import without_credentials
+
     llm = service.project.resource(name)
     root = llm.spec.base_url.rstrip("/").removesuffix("/v1")
-    detail = {"base_url": llm.spec.base_url, "model": llm.spec.model}
+    detail = {"base_url": without_credentials(llm.spec.base_url), "model": llm.spec.model}
     try:
         async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_SECONDS) as client:
             response = await client.get(f"{root}/health")

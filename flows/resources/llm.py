@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -131,7 +132,7 @@ class LLMClient:
 
     @property
     def location(self) -> str:
-        return f"LLM endpoint {self.spec.base_url} (model '{self.spec.model}')"
+        return f"LLM endpoint {without_credentials(self.spec.base_url)} (model '{self.spec.model}')"
 
     @property
     def client(self):
@@ -509,6 +510,11 @@ class LLMClient:
             return httpx.get(f"{root}/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+def without_credentials(url: str) -> str:
+    """The URL with any ``user:password@`` replaced, so messages and logs never carry them."""
+    return re.sub(r"(?<=://)[^/@\s]+@", "<credentials>@", url)
 
 
 def _is_transport_error(exc: Exception) -> bool:

@@ -110,3 +110,11 @@ def test_logprobs_and_token_counting_over_http():
         assert reply.text == "Yes indeed" and [t.token for t in reply.tokens] == ["Yes ", "indeed"]
         assert reply.mean_prob() == pytest.approx(0.905, abs=1e-3)
         assert llm.count_tokens(["one two three", "four"]) == [3, 1]
+
+
+def test_credentials_in_the_endpoint_url_never_reach_a_message():
+    url = f"http://alice:s3cret@127.0.0.1:{closed_port()}/v1"
+    with pytest.raises(LLMUnavailable) as failure:
+        client(url, max_retries=0).chat("hello")
+    assert "s3cret" not in str(failure.value) and "alice" not in str(failure.value)
+    assert "http://<credentials>@127.0.0.1:" in str(failure.value)
