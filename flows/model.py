@@ -51,6 +51,10 @@ class CompiledPipeline:
     def kind(self) -> str:
         return self.spec.kind
 
+    def moved_to(self, project: "Project") -> "CompiledPipeline":
+        """The same compiled steps over another project's resources (a relocated or tuned copy)."""
+        return CompiledPipeline(self.name, self.spec, self.steps, project, self.output, dict(self.overrides))
+
     def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> "CompiledPipeline":
         """A copy whose steps' params are updated (e.g. the CLI's folder for `load`), re-validated."""
         steps = []
@@ -131,8 +135,7 @@ class Project:
         spec._invalid_resources = set()
         project = Project(self.path, spec, data_dir=data_dir, resource_overrides=dict(self.resource_overrides))
         for pipe_name, pipe in self.pipelines.items():
-            project.pipelines[pipe_name] = CompiledPipeline(pipe.name, pipe.spec, pipe.steps, project, pipe.output,
-                                                            dict(pipe.overrides))
+            project.pipelines[pipe_name] = pipe.moved_to(project)
         return project
 
     def relocated(self, data_dir: Path) -> "Project":

@@ -150,17 +150,15 @@ def apply_overlay(project: "Project") -> "Project":
             raise SpecValidationError(errors)
         for note in applied.notes:
             log.warning("%s: %s", path.name, note)
-    tuned = _rebuilt(plain, resources, resource_overrides)
+    tuned = plain._copy(resources, plain.data_dir)
+    tuned.resource_overrides = resource_overrides
     errors = []
-    for pipe_name, pipe in plain.pipelines.items():
-        if pipe_name in step_overrides:
-            try:
-                pipe = pipe.with_overrides(step_overrides[pipe_name])
-            except SpecValidationError as exc:
-                errors += [SpecError(str(path), _line(doc, pipe_name, e), e.message, e.pipeline, e.step, e.field)
-                           for e in exc.errors]
-                continue
-        tuned.pipelines[pipe_name] = _rehomed(pipe, tuned)
+    for pipe_name, overrides in step_overrides.items():
+        try:
+            tuned.pipelines[pipe_name] = plain.pipelines[pipe_name].with_overrides(overrides).moved_to(tuned)
+        except SpecValidationError as exc:
+            errors += [SpecError(str(path), _line(doc, pipe_name, e), e.message, e.pipeline, e.step, e.field)
+                       for e in exc.errors]
     if errors:
         raise SpecValidationError(errors)
     tuned.untuned, tuned.overlay = plain, applied
@@ -183,20 +181,6 @@ def _line(doc: LocatedYaml | None, pipeline: str, error: SpecError) -> int | Non
         if error.field and error.field.startswith("with."):
             loc += tuple(error.field[5:].split("."))
     return doc.line(loc)
-
-
-def _rebuilt(plain: "Project", resources: dict[str, Any], resource_overrides: dict[str, dict[str, Any]]) -> "Project":
-    from ragline.flows.model import Project
-
-    spec = plain.spec.model_copy(update={"resources": resources})
-    spec._invalid_resources = set()
-    return Project(plain.path, spec, data_dir=plain.data_dir, resource_overrides=resource_overrides)
-
-
-def _rehomed(pipe: Any, project: "Project") -> Any:
-    from ragline.flows.model import CompiledPipeline
-
-    return CompiledPipeline(pipe.name, pipe.spec, pipe.steps, project, pipe.output, dict(pipe.overrides))
 
 
 def _read(path: Path) -> tuple[LocatedYaml, OverlayFile]:

@@ -77,10 +77,15 @@ def answerable(query: Query, context: Context, params: Params, ctx: StepContext,
 
 def similarity(embedder: Embedder, question: str, texts: list[str]) -> float:
     """The highest cosine similarity between the question and one of the texts."""
-    query = np.asarray(embedder.encode_queries([question])[0], dtype=np.float32)
-    passages = np.asarray(embedder.encode_documents(texts), dtype=np.float32)
-    norms = np.linalg.norm(passages, axis=1) * max(float(np.linalg.norm(query)), 1e-12)
-    return float(np.max(passages @ query / np.maximum(norms, 1e-12)))
+    return max_cosine(embedder.encode_queries([question])[0], embedder.encode_documents(texts))
+
+
+def max_cosine(query: np.ndarray, vectors: np.ndarray) -> float:
+    """The highest cosine similarity between ``query`` and one of ``vectors`` (what the gate's floor
+    is compared with; the tuner places the floor with the same measure)."""
+    query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1) * max(float(np.linalg.norm(query)), 1e-12)
+    return float(np.max(vectors @ query / np.maximum(norms, 1e-12)))
 
 
 def probability(llm: LLMClient, prompt: str) -> float:

@@ -34,6 +34,7 @@ from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.state import IndexState
+from ragline.tasks.answerable import max_cosine
 from ragline.tasks.pseudo_queries import without
 
 Metric = Literal["ndcg@10", "mrr@10", "recall@100"]
@@ -339,7 +340,7 @@ def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: Chroma
         own = [c for c in corpus.chunks_of.get(source, []) if vector_of.get(c) is not None] \
             if source is not None else []
         if similarity is not None:
-            similarity.append(_cosine(query_vector, np.stack([vector_of[c] for c in own])) if own else None)
+            similarity.append(max_cosine(query_vector, np.stack([vector_of[c] for c in own])) if own else None)
         if own:
             mine = set(own)
             ranking = [r for r in ranking if r[0] not in mine]
@@ -349,13 +350,6 @@ def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: Chroma
             ranking.sort(key=lambda r: (-r[1], corpus.ids[r[0]]))
         rankings.append(ranking[:depth])
     return rankings
-
-
-def _cosine(query: np.ndarray, vectors: np.ndarray) -> float:
-    """The highest cosine similarity between ``query`` and one of ``vectors`` (as the gate computes it)."""
-    query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1) * max(float(np.linalg.norm(query)), 1e-12)
-    return float(np.max(vectors @ query / np.maximum(norms, 1e-12)))
 
 
 def sparse_rankings(queries: list[str], depth: int, tokens: list[list[str]],

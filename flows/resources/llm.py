@@ -29,7 +29,6 @@ from typing import Any, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragline.flows.context import QUERY_ARRIVAL
 from ragline.flows.resources.fair_slots import FairSlots
 
 log = logging.getLogger("ragline.llm")
@@ -199,8 +198,11 @@ class LLMClient:
         if len(items) <= 1:
             return [fn(item) for item in items]
         context = contextvars.copy_context()
-        with ThreadPoolExecutor(max_workers=min(len(items), self.spec.max_concurrency)) as pool:
+        pool = ThreadPoolExecutor(max_workers=min(len(items), self.spec.max_concurrency))
+        try:
             return list(pool.map(lambda item: context.copy().run(fn, item), items))
+        finally:  # after a failure, the items not started yet are not started at all
+            pool.shutdown(cancel_futures=True)
 
     def _request(self, prompt, max_tokens, temperature, logprobs, top_logprobs, stop, json_schema) -> dict[str, Any]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -220,11 +222,11 @@ class LLMClient:
                                          "json_schema": {"name": "output", "schema": json_schema}}
         return kwargs
 
-    def _call(self, request: Callable[[], Any], lane: FairSlots, arrival: float | None = None,
-              what: str = "", keep: Callable[[Exception], bool] = lambda exc: False) -> Any:
+    def _call(self, request: Callable[[], Any], lane: FairSlots, what: str = "",
+              keep: Callable[[Exception], bool] = lambda exc: False) -> Any:
         """``request`` in a slot of ``lane``, watched and retried (see ``_attempts``); errors translated,
         except those ``keep`` wants as they are."""
-        with lane.slot(arrival):
+        with lane.slot():
             return self._attempts(request, what, keep)
 
     def _attempts(self, request: Callable[[], Any], what: str, keep: Callable[[Exception], bool]) -> Any:
@@ -430,16 +432,9 @@ class LLMClient:
         return self.spec.base_url.rstrip("/").removesuffix("/v1") + "/tokenize"
 
     def _count_remote(self, texts: list[str]) -> list[int]:
-        arrival = QUERY_ARRIVAL.get()  # the pool's threads queue for slots as this query, not as a new one
-        if len(texts) == 1:
-            return [self._tokenize_remote(texts[0], arrival)]
-        pool = ThreadPoolExecutor(max_workers=min(len(texts), self.spec.max_concurrency))
-        try:
-            return list(pool.map(lambda text: self._tokenize_remote(text, arrival), texts))
-        finally:
-            pool.shutdown(cancel_futures=True)
+        return self.map(self._tokenize_remote, texts)  # queued as this query (``map`` carries its context)
 
-    def _tokenize_remote(self, text: str, arrival: float | None = None) -> int:
+    def _tokenize_remote(self, text: str) -> int:
         """One /tokenize request through the openai client: the same watch, retries and errors."""
         import openai
 
@@ -449,7 +444,7 @@ class LLMClient:
         try:
             body = self._call(lambda: self.client.post(self.tokenize_url, body={"model": self.spec.model,
                                                                                "prompt": text}, cast_to=str),
-                              self._short, arrival, f"POST {self.tokenize_url}", keep=absent)
+                              self._short, f"POST {self.tokenize_url}", keep=absent)
         except openai.APIStatusError as exc:
             raise _NoTokenizeEndpoint(f"HTTP {exc.status_code}") from exc
         count = _count_field(body)

@@ -93,6 +93,16 @@ def test_short_llm_calls_are_not_blocked_by_a_long_stream():
         assert short_wait < 1.0  # the stream takes ~2 s
 
 
+def in_query_thread(arrival: float, call) -> threading.Thread:
+    """``call`` on a thread of a query that arrived at ``arrival``, as engine.run sets it."""
+    def target() -> None:
+        QUERY_ARRIVAL.set(arrival)
+        call()
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread
+
+
 def test_token_counts_from_a_pool_queue_as_their_query_not_as_a_new_one():
     """count_tokens sends /tokenize from pool threads: they still carry their query's arrival."""
     with ScriptedLLM() as server:
@@ -100,17 +110,9 @@ def test_token_counts_from_a_pool_queue_as_their_query_not_as_a_new_one():
         holder = llm._short.slot(arrival=0.0)
         holder.__enter__()
 
-        def run(arrival: float, call) -> threading.Thread:
-            def target() -> None:
-                QUERY_ARRIVAL.set(arrival)
-                call()
-            thread = threading.Thread(target=target)
-            thread.start()
-            return thread
-
-        newer = run(2.0, lambda: llm.chat("Statement: a check of a newer query", max_tokens=2))
+        newer = in_query_thread(2.0, lambda: llm.chat("Statement: a check of a newer query", max_tokens=2))
         _wait_until(lambda: llm._short.waiting == 1)
-        older = run(1.0, lambda: llm.count_tokens(["one two", "three"]))
+        older = in_query_thread(1.0, lambda: llm.count_tokens(["one two", "three"]))
         _wait_until(lambda: llm._short.waiting == 2)
         holder.__exit__(None, None, None)
         newer.join(10)
@@ -130,17 +132,9 @@ def test_calls_a_stage_fans_out_with_llm_map_queue_as_their_query():
             llm.chat(f"Statement: {name}", max_tokens=1)
             served.append(name)
 
-        def run(arrival: float, call) -> threading.Thread:
-            def target() -> None:
-                QUERY_ARRIVAL.set(arrival)
-                call()
-            thread = threading.Thread(target=target)
-            thread.start()
-            return thread
-
-        newer = run(2.0, lambda: judge("newer"))
+        newer = in_query_thread(2.0, lambda: judge("newer"))
         _wait_until(lambda: llm._short.waiting == 1)
-        older = run(1.0, lambda: llm.map(judge, ["older 1", "older 2"]))
+        older = in_query_thread(1.0, lambda: llm.map(judge, ["older 1", "older 2"]))
         _wait_until(lambda: llm._short.waiting == 2)
         holder.__exit__(None, None, None)
         newer.join(10)
