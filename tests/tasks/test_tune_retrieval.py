@@ -20,7 +20,7 @@ from ragline.flows.resources import clear_cache
 from ragline.tasks import tune_retrieval as tr
 from ragline.tasks.fuse import Params as FuseParams
 from ragline.tasks.fuse import fuse
-from tests.conftest import SCIFACT, scifact_records, write_jsonl
+from tests.conftest import SCIFACT, index_and_search_yaml, scifact_records, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 BM25 = {"k1": 1.2, "b": 0.75, "stemmer": "english"}
@@ -99,29 +99,11 @@ def test_the_gate_floor_is_a_low_quantile_of_the_sources_similarity_and_needs_en
 
 
 # ----------------------------------------------------------------------------- end to end
-TUNE_YAML = """
-resources:
-  embedder: {type: sentence_transformer}
-  store:    {type: chroma, path: idx/chroma, collection: test}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
+TUNE_YAML = index_and_search_yaml().replace("paths: [docs]", "paths: [dataset/corpus.jsonl]").replace(
+    "\npipelines:\n", """
   llm:      {type: openai_compatible, base_url: "http://127.0.0.1:9/v1"}  # never called: the gate's floor needs none
 pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [dataset/corpus.jsonl]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 20}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
-  gated:
+""", 1) + """  gated:
     kind: query
     steps:
       - {id: dense,  task: retrieve_dense, with: {k: 20}}
