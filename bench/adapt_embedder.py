@@ -82,7 +82,8 @@ def run(args) -> dict:
                               state=base.resource("state"))
     seconds["pairs"] = time.perf_counter() - started
     params = ae.Params(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                       hard_negatives=args.hard_negatives, max_seq_length=args.max_seq_length, max_seconds=None)
+                       hard_negatives=args.hard_negatives, max_seq_length=args.max_seq_length, max_seconds=None,
+                       write=False)  # the evaluation workspace's overlay stays bench/tuning.py's
     started = time.perf_counter()
     report = ae.adapt_embedder.fn(pairs=pairs, params=params,
                                   ctx=StepContext(pipeline="adapt", step_id="adapt", project=base),

@@ -382,6 +382,9 @@ class Service:
         if isinstance(exc, StepFailed) and type(cause).__name__ in ("LLMUnavailable", "ChromaUnavailable"):
             return ApiError(503, message, "service_unavailable_error", code="dependency_unavailable",
                             headers=no_retry)
+        if isinstance(exc, StepFailed) and type(cause).__name__ == "EmbedderMismatch":  # re-embedding pending
+            return ApiError(503, message, "service_unavailable_error", code="index_needs_reembedding",
+                            headers=no_retry)
         if isinstance(exc, StepFailed) and cause is None and "timed out after" in message:
             return ApiError(504, message, "server_error", code="step_timeout", headers=no_retry)
         if isinstance(exc, StepFailed):

@@ -46,6 +46,9 @@ class Chunk(BaseModel):
     title: str = ""
     metadata: Metadata = Field(default_factory=dict)
     embedding: list[float] | None = None
+    embedder_key: str = Field("", description="what made `embedding` (EmbedderSpec.vectors_key): the store "
+                                              "records it, so retrieval can refuse another embedder's queries")
+    embedder_model: str = Field("", description="that embedder's model, for messages")
 
 
 class Failure(BaseModel):

@@ -9,7 +9,11 @@ settings were tuned on (the pipelines file's folder, or the ``--data-dir`` folde
   user has changed in pipelines.yaml since then is not applied (the file wins, with a note in
   ``ragline validate`` and a warning), nor is one whose pipeline, step or resource is gone;
 - ``tuned``: provenance (when, on how many chunks and pseudo-queries, the figure of the chosen
-  setting and of the file's own) and ``candidates``: every setting tried with its figures.
+  setting and of the file's own) and ``candidates``: every setting tried with its figures;
+- ``adapted``: written by the ``adapt`` job (``adapt_embedder``): the embedder resource it points at
+  the domain-adapted model, and that model's provenance. Each writer keeps the other's entries:
+  tuning after adapting keeps the adapted model (and tunes with it), adapting after tuning keeps
+  the tuned settings.
 
 ``load_project`` applies it unless ``tuned=False`` (``ragline --no-tuned``, ``RAGLINE_TUNED=0``).
 The applied values are recorded as the pipelines' overrides and the project's resource overrides,
@@ -33,6 +37,7 @@ from ragline.flows.spec import LocatedYaml, SpecError, SpecValidationError, pyda
 if TYPE_CHECKING:
     from ragline.flows.contracts import TuneReport
     from ragline.flows.model import Project
+    from ragline.tasks.adapt_embedder import AdaptReport
 
 ENV = "RAGLINE_TUNED"
 SUFFIX = ".tuned.yaml"
@@ -60,6 +65,7 @@ class OverlayFile(BaseModel):
 
     version: int = 1
     tuned: dict[str, Any] = Field(default_factory=dict)
+    adapted: dict[str, Any] = Field(default_factory=dict)
     resources: dict[str, dict[str, Any]] = Field(default_factory=dict)
     pipelines: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
     replaces: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
@@ -72,15 +78,23 @@ class AppliedOverlay:
 
     path: Path
     tuned: dict[str, Any]
+    adapted: dict[str, Any] = field(default_factory=dict)
     changes: list[str] = field(default_factory=list)  # "pipelines search, step fuse: k 60 -> 20"
     notes: list[str] = field(default_factory=list)  # entries not applied
 
     def describe(self) -> list[str]:
-        info = self.tuned
-        when = info.get("at", "?")
-        pairs = (info.get("pseudo_queries") or {}).get("count", "?")
-        lines = [f"tuned overlay {self.path} (ragline tune, {when}, {pairs} pseudo-queries; "
+        info, adapted = self.tuned, self.adapted
+        writers = []
+        if info:
+            writers.append(f"ragline tune, {info.get('at', '?')}, "
+                           f"{(info.get('pseudo_queries') or {}).get('count', '?')} pseudo-queries")
+        if adapted:
+            writers.append(f"adapt, {adapted.get('at', '?')}, {adapted.get('pairs', '?')} pairs")
+        lines = [f"tuned overlay {self.path} ({'; '.join(writers) or 'empty'}; "
                  f"--no-tuned or {ENV}=0 ignores it):"]
+        if adapted:
+            lines.append(f"  adapted embedder: {adapted.get('model')} (from {adapted.get('base_model')}; "
+                         f"the next ingestion re-embeds with it)")
         chosen, baseline, metric = info.get("chosen") or {}, info.get("baseline") or {}, info.get("metric", "")
         if chosen:
             lines.append(f"  chosen: {chosen.get('name')} ({metric} {chosen.get(metric)}; pipelines.yaml's own "
@@ -104,13 +118,17 @@ def apply_overlay(project: "Project") -> "Project":
     doc: LocatedYaml | None = None
     if path.is_file():
         doc, overlay = _read(path)
-        applied = AppliedOverlay(path, overlay.tuned)
+        applied = AppliedOverlay(path, overlay.tuned, overlay.adapted)
         errors: list[SpecError] = []
         for name, fields in overlay.resources.items():
             if name not in resources:
                 applied.notes.append(f"resource '{name}' is no longer in {plain.path.name}")
                 continue
             current = resources[name].model_dump()
+            if name == overlay.adapted.get("resource") and not Path(str(fields.get("model", "."))).exists():
+                applied.notes.append(f"resource '{name}': the adapted model {fields['model']} is gone; kept "
+                                     f"{plain.path.name}'s (run the adapt job again)")
+                continue
             drift = _drift(current, fields, overlay.replaces.get("resources", {}).get(name, {}))
             if drift:
                 applied.notes.append(f"resource '{name}': {plain.path.name} changed {drift} since tuning; "
@@ -198,26 +216,16 @@ def _read(path: Path) -> tuple[LocatedYaml, OverlayFile]:
 
 # ----------------------------------------------------------------------------- writing
 def write_overlay(project: "Project", path: Path, report: "TuneReport", state_generation: int | None = None) -> Path:
-    """Write the report's choice as the overlay, atomically. Refuses to write over the pipelines
-    file or over any file that is not an overlay ragline wrote."""
+    """Write the tuner's choice as the overlay, atomically, keeping an adapted embedder the file
+    names. Refuses to write over the pipelines file or over any file ragline did not write."""
     plain = project.untuned or project
-    path = Path(path).resolve()
-    if path == plain.path.resolve() or path.suffix not in (".yaml", ".yml"):
-        raise ValueError(f"refusing to write the tuned overlay to {path}: it must be a separate .yaml file")
-    if path.exists() and not path.read_text(encoding="utf-8", errors="replace").startswith(HEADER):
-        raise ValueError(f"refusing to overwrite {path}: it was not written by `ragline tune`")
+    path = _writable(plain, path)
     resources, pipelines = report.overrides.get("resources", {}), report.overrides.get("pipelines", {})
-    replaces = {
-        "resources": {name: {k: plain.spec.resources[name].model_dump(mode="json").get(k) for k in fields}
-                      for name, fields in resources.items()},
-        "pipelines": {p: {sid: {k: plain.pipeline(p).step(sid).params.model_dump(mode="json").get(k) for k in fields}
-                          for sid, fields in steps.items()} for p, steps in pipelines.items()},
-    }
     chosen, baseline = report.chosen, report.baseline
     document = {
         "version": 1,
         "tuned": {
-            "at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "at": _now(),
             "pipelines_file": plain.path.name,
             "index": {"chunks": report.chunks, "generation": state_generation},
             "pseudo_queries": {"count": report.pairs, "strategies": report.strategies},
@@ -229,12 +237,83 @@ def write_overlay(project: "Project", path: Path, report: "TuneReport", state_ge
         },
         "resources": resources,
         "pipelines": pipelines,
-        "replaces": replaces,
+        "replaces": _replaced(plain, resources, pipelines),
         "candidates": [{"name": c.name, **c.scores} for c in report.candidates],
     }
-    header = (f"{HEADER} from pseudo-queries made from the index (no labels); every ragline command applies it\n"
-              f"# on top of {plain.path.name}, which is never written. `ragline validate` shows what it changes;\n"
-              f"# --no-tuned or {ENV}=0 ignores it; delete it to go back to {plain.path.name} as written.\n")
+    previous = _previous(path)
+    if previous is not None and previous.adapted:
+        _keep_adaptation(plain, document, previous)
+    return _write(path, plain, document)
+
+
+def write_adaptation(project: "Project", path: Path, report: "AdaptReport") -> Path:
+    """Point the report's embedder resource at the adapted model in the overlay, atomically,
+    keeping whatever ``ragline tune`` wrote there."""
+    plain = project.untuned or project
+    path = _writable(plain, path)
+    previous = _previous(path)
+    document = previous.model_dump() if previous is not None else OverlayFile().model_dump()
+    document["resources"].setdefault(report.embedder, {})["model"] = report.model_path
+    replaced = _replaced(plain, {report.embedder: {"model": report.model_path}}, {})["resources"][report.embedder]
+    document["replaces"].setdefault("resources", {}).setdefault(report.embedder, {}).update(replaced)
+    document["adapted"] = {"at": _now(), "resource": report.embedder, "model": report.model_path,
+                           "base_model": report.base_model, "key": report.key, "pairs": report.pairs,
+                           "strategies": report.strategies, "chunks": report.chunks,
+                           "train_seconds": report.timings.get("training"), "stopped_early": report.stopped_early}
+    return _write(path, plain, document)
+
+
+def _keep_adaptation(plain: "Project", document: dict[str, Any], previous: OverlayFile) -> None:
+    """Carry the adapted model's entry (and what it replaced) into a document the tuner wrote."""
+    name = previous.adapted.get("resource")
+    model = previous.resources.get(name, {}).get("model")
+    if name not in plain.spec.resources or model is None:
+        return
+    document["adapted"] = previous.adapted
+    document["resources"].setdefault(name, {})["model"] = model
+    before = previous.replaces.get("resources", {}).get(name, {}).get("model")
+    document["replaces"].setdefault("resources", {}).setdefault(name, {})["model"] = before
+
+
+def _replaced(plain: "Project", resources: dict[str, dict[str, Any]],
+              pipelines: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The values pipelines.yaml has for the fields an overlay sets (to notice later edits)."""
+    return {
+        "resources": {name: {k: plain.spec.resources[name].model_dump(mode="json").get(k) for k in fields}
+                      for name, fields in resources.items()},
+        "pipelines": {p: {sid: {k: plain.pipeline(p).step(sid).params.model_dump(mode="json").get(k) for k in fields}
+                          for sid, fields in steps.items()} for p, steps in pipelines.items()},
+    }
+
+
+def _writable(plain: "Project", path: Path) -> Path:
+    path = Path(path).resolve()
+    if path == plain.path.resolve() or path.suffix not in (".yaml", ".yml"):
+        raise ValueError(f"refusing to write the tuned overlay to {path}: it must be a separate .yaml file")
+    if path.exists() and not path.read_text(encoding="utf-8", errors="replace").startswith(HEADER):
+        raise ValueError(f"refusing to overwrite {path}: it was not written by `ragline tune`")
+    return path
+
+
+def _previous(path: Path) -> OverlayFile | None:
+    """The overlay already at ``path`` (ours, see ``_writable``), or None; an unreadable one is replaced."""
+    if not path.is_file():
+        return None
+    try:
+        return _read(path)[1]
+    except SpecValidationError as exc:
+        log.warning("%s: replacing an unreadable overlay (%s)", path.name, exc)
+        return None
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _write(path: Path, plain: "Project", document: dict[str, Any]) -> Path:
+    header = (f"{HEADER} (and the adapt job) from pseudo-queries made from the index (no labels); every ragline\n"
+              f"# command applies it on top of {plain.path.name}, which is never written. `ragline validate` shows\n"
+              f"# what it changes; --no-tuned or {ENV}=0 ignores it; delete it to go back to {plain.path.name}.\n")
     text = header + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=160, allow_unicode=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -14,10 +14,14 @@ The model is saved as a versioned local folder, ``<index folder>/models/<base>-a
 where the key hashes the base model, the training rows and the training parameters: the same
 pairs on the same index with the same seed give the same folder, and a finished one is reused.
 A manifest (``ragline-adapt.json``) beside the weights records the base model, the pairs, the
-parameters and the training time. The stage never points the embedder at the model by itself:
-its report carries the overlay snippet that does (``resources: {embedder: {model: <path>}}``).
-Because the model is part of the embedder's settings fingerprint, the next ingestion after
-that re-embeds every chunk. Adapting from an adapted model starts again from its base model.
+parameters and the training time. The stage then points the embedder at the model in the tuned
+overlay (``flows.overlay.write_adaptation``: ``resources: {embedder: {model: <path>}}``, keeping
+what ``ragline tune`` wrote there; ``write: false`` only reports the entry). Because the model is
+part of the embedder's settings fingerprint, the next ingestion re-embeds every chunk; until it
+has, dense retrieval refuses to compare the adapted model's queries with the old vectors
+(``ChromaStore.check_embedder``). Similarities change with the model, so run ``ragline tune``
+again after that ingestion (its gate floor is one). Adapting from an adapted model starts again
+from its base model.
 
 Only the index is read (its chunks and the BM25 settings), never queries or judgements; nothing
 is downloaded (HF_HUB_OFFLINE) and nothing is reported anywhere (``report_to`` is empty).
@@ -74,6 +78,10 @@ class Params(BaseModel):
                                                  "relative paths are relative to the data folder")
     overwrite: bool = Field(False, description="train again even when a finished model with this key exists")
     progress: bool = Field(True, description="show the trainer's progress bar (only on a terminal)")
+    write: bool = Field(True, description="point the embedder at the model in the tuned overlay (false: report "
+                                          "the entry only)")
+    overlay: str | None = Field(None, description="overlay file; default: <pipelines file stem>.tuned.yaml beside "
+                                                  "the data")
 
 
 class AdaptReport(BaseModel):
@@ -96,6 +104,7 @@ class AdaptReport(BaseModel):
     overlay: dict[str, Any] = Field(default_factory=dict, description="the overlay entries that point the "
                                                                       "embedder at the model")
     overlay_yaml: str = ""
+    overlay_path: str = Field("", description="the overlay file written (empty: not written)")
     seconds: float = 0.0
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
     created: str = ""
@@ -158,6 +167,13 @@ def adapt_embedder(pairs: list[PseudoQuery], params: Params, ctx: StepContext, e
     report.overlay = {"resources": {resource: {"model": str(folder)}}}
     report.overlay_yaml = overlay_yaml(report.overlay)
     report.timings = {k: round(v, 2) for k, v in timings.items()}
+    if params.write and ctx.project is not None:
+        from ragline.flows import overlay
+
+        report.overlay_path = str(overlay.write_adaptation(ctx.project, overlay.overlay_path(ctx.project,
+                                                                                             params.overlay), report))
+        ctx.logger.info("adapt: %s now points the embedder '%s' at the model; the next ingestion re-embeds, "
+                        "then run `ragline tune` again", report.overlay_path, resource)
     report.seconds = round(time.perf_counter() - started, 2)
     ctx.progress("pairs", report.pairs)
     ctx.logger.info("adapt: %s from %s on %d pairs in %.1f s%s", folder, base, report.pairs, report.seconds,

@@ -17,4 +17,5 @@ def embed(chunks: list[Chunk], ctx: StepContext, embedder: Embedder) -> list[Chu
     vectors = embedder.encode_documents([c.text for c in chunks])
     failpoints.hit("embed.after_batch")
     ctx.progress("embedded", len(chunks))
-    return [c.model_copy(update={"embedding": v.tolist()}) for c, v in zip(chunks, vectors)]
+    made_by = {"embedder_key": embedder.spec.vectors_key(), "embedder_model": embedder.spec.model}
+    return [c.model_copy(update={"embedding": v.tolist(), **made_by}) for c, v in zip(chunks, vectors)]

@@ -53,7 +53,10 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
     failpoints.hit("index.after_forget")
     store.delete(sorted(old_ids - new_ids))
     failpoints.hit("index.after_delete")
-    store.upsert([c for c in chunks if c.embedding is not None])
+    embedded = [c for c in chunks if c.embedding is not None]
+    store.upsert(embedded)
+    if embedded and embedded[0].embedder_key:
+        store.record_embedder(embedded[0].embedder_key, embedded[0].embedder_model)
     failpoints.hit("index.after_upsert")
     state.record(ctx.pipeline, ctx.fingerprint, documents, chunks)
     failpoints.hit("index.after_record")

@@ -37,6 +37,7 @@ def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: Chroma
                    embedder: Embedder) -> list[Ranking]:
     """Nearest chunks by embedding, per search text, honouring metadata filters."""
     texts = query.dense_texts()
+    store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
     vectors = embedder.encode_queries(texts)
     results = store.query(vectors, params.k, where=combined_filter(params.where, query.filters), retriever=ctx.step_id)
     return [Ranking(retriever=ctx.step_id, query=t, passages=r) for t, r in zip(texts, results)]

@@ -325,6 +325,7 @@ def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: Chroma
     they would be without the cut text (re-embedded), and put back in place. ``similarity``
     receives each query's cosine similarity to its source's closest chunk."""
     position = {cid: i for i, cid in enumerate(corpus.ids)}
+    store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
     vectors = embedder.encode_queries(queries)
     source_chunks = {c for s in sources if s is not None for c in corpus.chunks_of.get(s, [])}
     stored = store.vectors([corpus.ids[c] for c in sorted(source_chunks - set(changed))])

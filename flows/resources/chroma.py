@@ -58,6 +58,15 @@ class ChromaUnavailable(RuntimeError):
     """The Chroma server did not answer within the retry budget; the message names it."""
 
 
+class EmbedderMismatch(RuntimeError):
+    """The collection's vectors were made by another embedder than the one asked to search them
+    (the model changed, e.g. pointed at an adapted one, and ingestion has not re-embedded yet)."""
+
+
+# Collection metadata naming the embedder whose vectors it holds (EmbedderSpec.vectors_key).
+EMBEDDER_KEY, EMBEDDER_MODEL = "ragline:embedder", "ragline:embedder_model"
+
+
 def is_transient(exc: BaseException | None) -> bool:
     """A failure to reach the server (worth retrying), as opposed to a request it refused."""
     import httpx
@@ -238,6 +247,32 @@ class ChromaStore:
 
     def count(self) -> int:
         return self._call("count", lambda c: c.count())
+
+    def record_embedder(self, key: str, model: str) -> None:
+        """Name the embedder whose vectors the collection holds (written with its first vectors)."""
+        meta = dict(self.collection.metadata or {})
+        if meta.get(EMBEDDER_KEY) != key:
+            meta.update({EMBEDDER_KEY: key, EMBEDDER_MODEL: model})
+            self._call("record the embedder", lambda c: c.modify(metadata=meta))
+
+    def check_embedder(self, key: str, model: str) -> None:
+        """Refuse to compare ``model``'s vectors with vectors another embedder made: the scores
+        would be meaningless, silently. A collection that names no embedder (written before this
+        check existed) is trusted. The handle's metadata may predate a re-embedding by another
+        process, so a mismatch is confirmed on a freshly opened handle."""
+        stored = (self.collection.metadata or {}).get(EMBEDDER_KEY)
+        if stored in (None, key):
+            return
+        with self._lock:
+            self._collection = None
+        meta = self.collection.metadata or {}
+        if meta.get(EMBEDDER_KEY) in (None, key):
+            return
+        raise EmbedderMismatch(
+            f"{self.location}: the collection '{self.spec.collection}' holds vectors of embedder "
+            f"{meta.get(EMBEDDER_MODEL)!r} (settings {meta.get(EMBEDDER_KEY)}), not of this pipeline's {model!r} "
+            f"(settings {key}): run the ingestion pipeline (e.g. `ragline run index`) to re-embed, or point "
+            f"the embedder back at the model the index was built with")
 
     def all_ids(self) -> set[str]:
         ids: set[str] = set()

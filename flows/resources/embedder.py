@@ -1,7 +1,9 @@
 """Sentence-transformers embedder, loaded once per process and shared by stages."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import threading
 from pathlib import Path
@@ -33,6 +35,13 @@ class EmbedderSpec(BaseModel):
     def fingerprint_fields(self) -> dict[str, object]:
         """Settings that change the vectors; the batch size and device do not."""
         return self.model_dump(include={"model", "backend", "normalize", "max_seq_length", "document_prefix"})
+
+    def vectors_key(self) -> str:
+        """Short hash of the settings that make document vectors comparable with query vectors:
+        the store records it with the vectors, retrieval checks it (``ChromaStore.check_embedder``)."""
+        fields = self.model_dump(include={"model", "normalize", "max_seq_length", "document_prefix"})
+        fields["model"] = PACKAGED_MODELS.get(self.model, self.model)  # two names of one packaged model
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def resolve_model_path(model: str) -> str:

@@ -225,6 +225,23 @@ def test_readyz_reports_every_dependency(served, down_project):
         assert post(url, {"question": QUESTION, "pipeline": "search"}).status_code == 200  # no LLM needed
 
 
+def test_an_index_of_another_embedder_is_a_503_that_says_re_embed(api_project, served):
+    """The embedder was changed (e.g. adapted) and ingestion has not re-embedded yet: no silent nonsense."""
+    from ragline.flows.api import create_app
+
+    other = api_project.with_name("other-embedder.yaml")
+    text = api_project.read_text()
+    assert "type: sentence_transformer" in text
+    other.write_text(text.replace("type: sentence_transformer", "type: sentence_transformer, normalize: false", 1))
+    with running(create_app(str(other), token=TOKEN)) as url:
+        failed = post(url, {"question": QUESTION, "pipeline": "search"})
+        assert failed.status_code == 503, failed.text
+        error = failed.json()["error"]
+        assert error["code"] == "index_needs_reembedding" and "re-embed" in error["message"]
+        assert str(api_project.parent) not in failed.text
+    assert post(served, {"question": QUESTION, "pipeline": "search"}).status_code == 200  # its own embedder
+
+
 def test_events_after_each_query_never_block_or_fail_it(api_project, scripted_llm, monkeypatch):
     import prefect.events
     from prefect.settings import PREFECT_API_URL, temporary_settings

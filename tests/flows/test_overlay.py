@@ -203,3 +203,53 @@ def test_a_job_pipeline_takes_no_cluster_runner(make_project):
     path = make_project(PIPELINES + textwrap.indent("runner: {type: dask}\n", "    "))
     with pytest.raises(SpecValidationError, match="a job pipeline runs in the caller's process"):
         load_project(path)
+
+
+def adaptation(model_path, **changes):
+    from ragline.tasks.adapt_embedder import AdaptReport
+
+    fields = {"base_model": "all-MiniLM-L6-v2", "key": "abc123", "pairs": 300, "strategies": {"inverse_cloze": 300},
+              "chunks": 42, "timings": {"training": 61.5}}
+    return AdaptReport(model_path=str(model_path), **{**fields, **changes})
+
+
+def test_the_adapted_model_and_the_tuned_settings_keep_each_other(project_file, capsys):
+    path = project_file.parent / "pipelines.tuned.yaml"
+    model = project_file.parent / "idx" / "models" / "all-MiniLM-L6-v2-adapted-abc123"
+    model.mkdir(parents=True)
+    plain = load_project(project_file, tuned=False)
+    overlay.write_adaptation(plain, path, adaptation(model))
+    adapted = load_project(project_file)
+    assert adapted.spec.resources["embedder"].model == str(model)
+    assert adapted.overlay.adapted["base_model"] == "all-MiniLM-L6-v2" and adapted.overlay.adapted["pairs"] == 300
+    assert any("adapted embedder" in line and str(model) in line for line in adapted.overlay.describe())
+
+    overlay.write_overlay(adapted, path, report())  # tuning afterwards keeps the model, and sets its own
+    both = load_project(project_file)
+    assert both.spec.resources["embedder"].model == str(model)
+    assert fuse_params(both).k == 20 and both.spec.resources["sparse"].k1 == 0.9
+
+    overlay.write_adaptation(both, path, adaptation(model, key="def456"))  # adapting again keeps the tuning
+    again = load_project(project_file)
+    assert again.overlay.adapted["key"] == "def456" and fuse_params(again).k == 20
+    assert again.overlay.tuned["chosen"]["name"] == "rrf k=20"
+
+    assert cli.main(["validate", str(project_file)]) == 0
+    out = capsys.readouterr().out
+    assert "adapted embedder" in out and "ragline tune" in out and "adapt," in out
+
+    # the user points the embedder elsewhere in pipelines.yaml: the file wins, the tuning still applies
+    project_file.write_text(PIPELINES.replace("{type: sentence_transformer}",
+                                              "{type: sentence_transformer, model: /models/mine}"))
+    mine = load_project(project_file)
+    assert mine.spec.resources["embedder"].model == "/models/mine" and fuse_params(mine).k == 20
+    assert any("resource 'embedder'" in note and "changed" in note for note in mine.overlay.notes)
+
+
+def test_a_deleted_adapted_model_is_not_applied(project_file):
+    path = project_file.parent / "pipelines.tuned.yaml"
+    gone = project_file.parent / "idx" / "models" / "gone"
+    overlay.write_adaptation(load_project(project_file, tuned=False), path, adaptation(gone))
+    project = load_project(project_file)
+    assert project.spec.resources["embedder"].model == "all-MiniLM-L6-v2"
+    assert any("the adapted model" in note and "is gone" in note for note in project.overlay.notes)

@@ -1,7 +1,8 @@
 """The ``adapt_embedder`` stage on a small index: it trains and saves a loadable model whose vectors
 differ from the base model's; the same pairs and seed give the same folder and the same weights;
-hard negatives are BM25's best chunks of other documents, never of the source; and pointing the
-embedder at the saved model changes the settings fingerprint, so the next ingestion re-embeds."""
+hard negatives are BM25's best chunks of other documents, never of the source; and it points the
+embedder at the saved model in the tuned overlay, which changes the settings fingerprint, so the
+next ingestion re-embeds (until then, dense retrieval refuses to mix the two models' vectors)."""
 from __future__ import annotations
 
 import json
@@ -44,6 +45,11 @@ pipelines:
       - {{id: chunk,   task: chunk, with: {{size: 128, overlap: 8}}}}
       - {{id: embed,   task: embed}}
       - {{id: write,   task: index}}
+  search:
+    kind: query
+    steps:
+      - {{id: dense, task: retrieve_dense, with: {{k: 5}}}}
+      - {{id: fuse,  task: fuse, after: [dense], with: {{top_k: 5}}}}
   adapt:
     kind: job
     steps:
@@ -107,12 +113,14 @@ def test_it_trains_and_saves_a_loadable_model_that_embeds_differently(project, a
 def test_same_pairs_and_seed_same_folder_and_weights(project, adapted, tmp_path):
     again = engine.run(project.pipeline("adapt"), orchestrate=False)
     assert again.reused and again.model_path == adapted.model_path and again.key == adapted.key
+    assert again.overlay_path == adapted.overlay_path
     assert again.timings["training"] == 0.0
 
     # trained again into another folder: the same weights
-    elsewhere = engine.run(project.pipeline("adapt").with_overrides({"adapt": {"output": str(tmp_path / "m")}}),
-                           orchestrate=False)
+    to_m = {"adapt": {"output": str(tmp_path / "m"), "write": False}}
+    elsewhere = engine.run(project.pipeline("adapt").with_overrides(to_m), orchestrate=False)
     assert not elsewhere.reused and elsewhere.key == adapted.key and elsewhere.model_path == str(tmp_path / "m")
+    assert elsewhere.overlay_path == ""  # write: false reports the entry only
     first = json.loads((Path(adapted.model_path) / ae.MANIFEST).read_text())
     second = json.loads((tmp_path / "m" / ae.MANIFEST).read_text())
     for volatile in ("created", "train_seconds"):
@@ -174,7 +182,7 @@ def test_hard_negatives_are_bm25s_best_chunks_of_other_documents(project):
 
 def test_a_short_budget_stops_early_and_is_not_reused(project, tmp_path):
     pipeline = project.pipeline("adapt").with_overrides({"adapt": {"output": str(tmp_path / "short"),
-                                                                   "max_seconds": 0.001}})
+                                                                   "max_seconds": 0.001, "write": False}})
     report = engine.run(pipeline, orchestrate=False)
     assert report.stopped_early and report.steps == 1
     assert json.loads((tmp_path / "short" / ae.MANIFEST).read_text())["stopped_early"] is True
@@ -182,15 +190,26 @@ def test_a_short_budget_stops_early_and_is_not_reused(project, tmp_path):
     assert not again.reused and again.stopped_early  # an unfinished model is trained again
 
 
-def test_pointing_the_embedder_at_it_re_embeds_on_the_next_ingestion(project, adapted):
+def test_the_overlay_points_the_embedder_at_it_and_the_next_ingestion_re_embeds(project, adapted):
     from sentence_transformers import SentenceTransformer
 
+    from ragline.flows.engine import StepFailed
+    from ragline.flows.resources.chroma import EmbedderMismatch
+
     index = project.pipeline("index")
-    moved = project.with_resource("embedder", **adapted.overlay["resources"]["embedder"])
+    assert Path(adapted.overlay_path) == (project.base_dir / "pipelines.tuned.yaml").resolve()
+    moved = load_project(project.path)  # with the overlay the adapt job wrote
     assert moved.spec.resources["embedder"].model == adapted.model_path
+    assert moved.overlay.adapted["key"] == adapted.key
     assert moved.pipeline("index").fingerprint(moved.pipeline("index").steps) != index.fingerprint(index.steps)
     same = project.with_resource("embedder", model="all-MiniLM-L6-v2")
     assert same.pipeline("index").fingerprint(same.pipeline("index").steps) == index.fingerprint(index.steps)
+
+    question = {"query": "white matter of preterm infants"}
+    assert engine.run(project.pipeline("search"), question, orchestrate=False)  # the base model's own index
+    with pytest.raises(StepFailed) as refused:  # adapted queries against base-model vectors: refused, not wrong
+        engine.run(moved.pipeline("search"), question, orchestrate=False)
+    assert isinstance(refused.value.__cause__, EmbedderMismatch) and "re-embed" in str(refused.value)
 
     def vectors(project) -> dict[str, np.ndarray]:  # by chunk text: chunk ids need not survive re-chunking
         rows = project.resource("state").chunk_rows()
@@ -209,3 +228,6 @@ def test_pointing_the_embedder_at_it_re_embeds_on_the_next_ingestion(project, ad
     some = sorted(after)[:3]
     assert np.allclose(model.encode(some, normalize_embeddings=True), [after[t] for t in some], atol=1e-4)
     assert engine.run(moved.pipeline("index"), orchestrate=False).unchanged == DOCS
+    assert engine.run(moved.pipeline("search"), question, orchestrate=False)  # re-embedded: answered
+    with pytest.raises(StepFailed, match="all-MiniLM-L6-v2"):  # ... and now the base model is the stranger
+        engine.run(project.pipeline("search"), question, orchestrate=False)

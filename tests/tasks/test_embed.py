@@ -30,7 +30,9 @@ def test_vectors_attached_in_order(minilm):
     for before, after in zip(items, out):
         assert after.embedding is not None and len(after.embedding) == 384
         assert all(isinstance(x, float) for x in after.embedding)
-        assert after.model_dump(exclude={"embedding"}) == before.model_dump(exclude={"embedding"})
+        made_by = {"embedding", "embedder_key", "embedder_model"}
+        assert after.model_dump(exclude=made_by) == before.model_dump(exclude=made_by)
+        assert (after.embedder_key, after.embedder_model) == (minilm.spec.vectors_key(), "all-MiniLM-L6-v2")
         assert before.embedding is None  # the input chunks are not modified
 
 

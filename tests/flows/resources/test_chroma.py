@@ -11,7 +11,8 @@ import pytest
 from chromadb.errors import InvalidArgumentError
 
 from ragline.flows.contracts import Chunk, Passage
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore, ChromaUnavailable, chroma_metadata, is_transient
+from ragline.flows.resources.chroma import (ChromaSpec, ChromaStore, ChromaUnavailable, EmbedderMismatch,
+                                            chroma_metadata, is_transient)
 from tests.integration.harness import free_port
 
 DIM = 8
@@ -241,6 +242,24 @@ def test_stale_collection_handle_is_reopened(tmp_path, filled):
     assert filled.all_ids() == {"new"}
     filled.upsert([chunk("more", basis(3))])
     assert other.all_ids() == {"new", "more"}
+
+
+def test_vectors_of_another_embedder_are_refused_until_re_embedded(tmp_path, filled):
+    filled.check_embedder("aaaa", "all-MiniLM-L6-v2")  # written before embedders were recorded: trusted
+    filled.record_embedder("aaaa", "all-MiniLM-L6-v2")
+    filled.check_embedder("aaaa", "all-MiniLM-L6-v2")
+    with pytest.raises(EmbedderMismatch) as caught:
+        filled.check_embedder("bbbb", "/models/adapted")
+    message = str(caught.value)
+    assert "'all-MiniLM-L6-v2'" in message and "'/models/adapted'" in message and "re-embed" in message
+    assert filled.spec.collection in message and "ragline run index" in message
+    # another process re-embeds with the new model: this handle's metadata is stale, the check re-reads it
+    other = make(tmp_path)
+    other.record_embedder("bbbb", "/models/adapted")
+    filled.check_embedder("bbbb", "/models/adapted")
+    assert make(tmp_path).collection.configuration["hnsw"]["space"] == "cosine"  # the metadata kept it
+    filled.reset()  # a new collection names no embedder yet
+    filled.check_embedder("cccc", "other")
 
 
 # ----------------------------------------------------------------------------- server-mode faults (no server)

@@ -137,3 +137,13 @@ def test_chunking_and_encoding_can_run_in_parallel(minilm):
         counts = [pool.submit(tokenize) for _ in range(8)]
         assert all(f.result().shape == (len(texts), 384) for f in encodes)
         assert len({f.result() for f in counts}) == 1
+
+
+def test_the_vectors_key_follows_what_makes_vectors_comparable():
+    base = EmbedderSpec(type="sentence_transformer")
+    for same in ({"batch_size": 8}, {"device": "cuda"}, {"backend": "onnx_int8"}, {"query_prefix": "query: "},
+                 {"model": "sentence-transformers/all-MiniLM-L6-v2"}):
+        assert base.model_copy(update=same).vectors_key() == base.vectors_key(), same
+    for other in ({"model": "/models/adapted"}, {"normalize": False}, {"max_seq_length": 128},
+                  {"document_prefix": "passage: "}):
+        assert base.model_copy(update=other).vectors_key() != base.vectors_key(), other
