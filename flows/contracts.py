@@ -199,6 +199,9 @@ class TuneReport(BaseModel):
     reason: str = ""
     gate_floor: float | None = Field(None, description="similarity floor given to answerability gates (None: "
                                                        "none set)")
+    gate_probability_floor: float | None = Field(None, description="P(answerable) threshold given to "
+                                                                   "answerability gates (None: none set)")
+    gate_llm_pairs: int = Field(0, description="pseudo-queries the gates' LLM check was calibrated on")
     overrides: dict[str, Any] = Field(default_factory=dict, description="the overlay's resources and pipelines")
     overlay: str = Field("", description="the overlay file")
     written: bool = False

@@ -14,6 +14,14 @@ Bias control: an inverse-cloze or title query is cut out of its document; the so
 without that text (dense: its chunks re-embedded without it; BM25: the in-memory index holds
 them without it), so a query never finds its document by its own words.
 
+Answerability gates (``answerable`` steps of the tuned pipelines) get their thresholds from the
+same pseudo-queries, which are answerable by construction: ``min_similarity`` is the similarity
+that ``gate_keep`` of them clear with their own source; with ``gate_llm_pairs``, ``min_probability``
+is the P(answerable) that ``gate_keep`` of them clear when the gate's own LLM check is asked, as
+the gate asks it, with their source (without the cut) among the references. Neither needs a label,
+and both keep answerable questions by construction; how many unanswerable ones they refuse depends
+on how well the embedder and the LLM read.
+
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
 """
@@ -33,6 +41,7 @@ from ragline.flows.registry import stage
 from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
 from ragline.tasks.answerable import max_cosine
 from ragline.tasks.pseudo_queries import without
@@ -40,6 +49,7 @@ from ragline.tasks.pseudo_queries import without
 Metric = Literal["ndcg@10", "mrr@10", "recall@100"]
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
 QUERY_BATCH = 32  # query vectors per Chroma call
+GATE_DOCUMENTS = 3  # references per LLM calibration question: its source and the closest other documents
 
 
 class Params(BaseModel):
@@ -65,6 +75,11 @@ class Params(BaseModel):
                                     description="answerability gates get the similarity floor that this share of "
                                                 "pseudo-queries clears with their own source; null: leave gates "
                                                 "as the file sets them")
+    gate_llm_pairs: int = Field(0, ge=0, le=2000,
+                                description="pseudo-queries put through the gates' LLM check (one 1-token call "
+                                            "each) to set min_probability to what gate_keep of them clear; 0: "
+                                            "leave min_probability as the file sets it (it needs a model that "
+                                            "reads: the packaged ones do not)")
     min_gain: float = Field(0.0, ge=0.0, le=1.0, description="keep pipelines.yaml's setting unless a candidate "
                                                               "beats it by more than this on the metric")
     max_seconds: float | None = Field(600.0, gt=0, description="stop trying BM25 variants after this long")
@@ -99,9 +114,10 @@ class Rankings:
 
 @stage("tune_retrieval", params=Params, produces="tuning", kind="job",
        uses={"store": ("chroma",), "embedder": ("sentence_transformer",), "sparse": ("bm25",),
-             "state": ("index_state",)})
+             "state": ("index_state",), "llm": ("openai_compatible",)})
 def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, store: ChromaStore,
-                   embedder: Embedder, sparse: BM25Index, state: IndexState) -> TuneReport:
+                   embedder: Embedder, sparse: BM25Index, state: IndexState,
+                   llm: LLMClient | None = None) -> TuneReport:
     """Score fusion and BM25 settings on pseudo-queries; write the best as the tuned overlay."""
     from ragline.flows import overlay
 
@@ -131,14 +147,24 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     by_name = {c.name: c for c in candidates}
     baseline = by_name.get(setting_name(base)) or score_settings([base], cache, relevant, top_k)[0]
     chosen, reason = choose(candidates, baseline, params)
-    floor = similarity_floor(cache.source_similarity, params.gate_keep)
-    overrides = overlay_entries(plain, targets, chosen.setting, floor)
+    floor = kept_floor(cache.source_similarity, params.gate_keep)
+    gate = next((t for t in targets if t.gate), None)
+    p_floor, asked = None, 0
+    if params.gate_llm_pairs and params.gate_keep is not None and gate is not None:
+        if llm is None:
+            raise ValueError("gate_llm_pairs needs an openai_compatible resource (llm) in the file, or set it to 0")
+        clock = time.perf_counter()
+        values = gate_probabilities(pairs, corpus, cache, llm, plain, gate, params.gate_llm_pairs)
+        p_floor, asked = kept_floor(values, params.gate_keep), len(values)
+        timings["gate_llm"] = time.perf_counter() - clock
+    overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor)
     path = overlay.overlay_path(project, params.overlay)
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
                         overrides=overrides, overlay=str(path), budget_exhausted=exhausted,
-                        gate_floor=floor if any(t.gate for t in targets) else None,
+                        gate_floor=floor if gate is not None else None, gate_probability_floor=p_floor,
+                        gate_llm_pairs=asked,
                         timings={k: round(v, 2) for k, v in timings.items()})
     report.seconds = round(time.perf_counter() - started, 2)
     if params.write:
@@ -201,19 +227,19 @@ def current_setting(project: Any, target: Target, bm25: Any) -> dict[str, Any]:
             "bm25": {"k1": bm25.k1, "b": bm25.b, "stemmer": bm25.stemmer}}
 
 
-def similarity_floor(similarities: list[float | None], keep: float | None) -> float | None:
-    """The question-passage similarity that ``keep`` of the pseudo-queries clear with their own
-    source: below it, a question is unlike anything answerable in this collection."""
-    values = [v for v in similarities if v is not None]
+def kept_floor(scores: list[float | None], keep: float | None) -> float | None:
+    """The score (a gate's similarity or P(answerable)) that ``keep`` of the pseudo-queries clear
+    with their own source: below it, a question is unlike anything answerable in this collection."""
+    values = [v for v in scores if v is not None]
     if keep is None or len(values) < 20:  # too few to place a low quantile
         return None
     return round(float(np.quantile(values, 1.0 - keep)), 4)
 
 
 def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any],
-                    floor: float | None = None) -> dict[str, Any]:
+                    floor: float | None = None, probability_floor: float | None = None) -> dict[str, Any]:
     """The overlay for a setting: the BM25 resource's parameters and, per target pipeline, its
-    fuse step's method, constant and weights, its retrievers' depth and its gate's floor."""
+    fuse step's method, constant and weights, its retrievers' depth and its gate's thresholds."""
     alpha = setting["dense_weight"]
     pipelines: dict[str, dict[str, dict[str, Any]]] = {}
     for t in targets:
@@ -223,10 +249,39 @@ def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any]
             t.dense: {"k": setting["depth_dense"]},
             t.sparse: {"k": setting["depth_sparse"]},
         }
-        if t.gate is not None and floor is not None:
-            pipelines[t.pipeline][t.gate] = {"min_similarity": floor}
+        thresholds = {"min_similarity": floor, "min_probability": probability_floor}
+        if t.gate is not None and any(v is not None for v in thresholds.values()):
+            pipelines[t.pipeline][t.gate] = {k: v for k, v in thresholds.items() if v is not None}
     resources = {name: dict(setting["bm25"]) for name in sorted({t.sparse_resource for t in targets})}
     return {"resources": resources, "pipelines": pipelines}
+
+
+def gate_probabilities(pairs: list[PseudoQuery], corpus: "Corpus", cache: "Rankings", llm: LLMClient,
+                       project: Any, target: Target, n: int) -> list[float]:
+    """P(answerable) from ``target``'s gate, asked exactly as it asks (its prompt, its clipping) for
+    up to ``n`` pseudo-queries, questions first (LLM-written, then titles, then inverse cloze): the
+    references are the query's source chunk without the cut, among the closest chunks of other
+    documents (its place varies, so a model's position bias does not set the threshold)."""
+    from ragline.flows.contracts import ContextDocument, Passage
+    from ragline.flows.llm_output import clip
+    from ragline.tasks.answerable import probability
+
+    step = project.pipeline(target.pipeline).step(target.gate)
+    position = {cid: i for i, cid in enumerate(corpus.ids)}
+    rank = {"llm": 0, "title": 1}
+    prompts = []
+    for i in sorted(range(len(pairs)), key=lambda i: rank.get(pairs[i].strategy, 2))[:n]:
+        pair = pairs[i]
+        source = corpus.doc_index[pair.source_id]
+        own = position.get(pair.chunk_id, corpus.chunks_of[source][0])
+        chunks = [c for c, _ in cache.dense[i] if int(corpus.docs[c]) != source][:GATE_DOCUMENTS - 1]
+        texts = [corpus.texts[c] for c in chunks]
+        texts.insert(i % (len(texts) + 1), without(corpus.texts[own], pair.cut))
+        documents = [ContextDocument(number=k, passage=Passage(chunk_id=str(k), source_id=str(k), text=t))
+                     for k, t in enumerate(texts, start=1)]
+        prompts.append(project.prompts.render(step.prompt, question=clip(pair.text, step.params.max_request_chars),
+                                              documents=documents))
+    return llm.map(lambda prompt: probability(llm, prompt), prompts)
 
 
 # ----------------------------------------------------------------------------- the corpus and rankings
@@ -553,6 +608,9 @@ def summary(report: TuneReport, shown: int = 12) -> str:
     if report.gate_floor is not None:
         lines.append(f"answerability gate: refuses questions with no reference above {report.gate_floor:.3f} "
                      f"similarity (what the pseudo-queries' own sources clear)")
+    if report.gate_probability_floor is not None:
+        lines.append(f"answerability gate: refuses questions the LLM gives below {report.gate_probability_floor:.3f} "
+                     f"P(answerable) (what {report.gate_llm_pairs} pseudo-queries clear with their own source)")
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
     lines.append(f"overlay: {report.overlay}" + ("" if report.written else " (not written: dry run)"))
     if report.written:

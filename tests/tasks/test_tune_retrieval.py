@@ -93,9 +93,9 @@ def test_overlay_entries_weight_each_pipelines_own_steps():
 
 def test_the_gate_floor_is_a_low_quantile_of_the_sources_similarity_and_needs_enough_pairs():
     values = [i / 100 for i in range(100)] + [None] * 5  # a pair without a source has no similarity
-    assert tr.similarity_floor(values, 0.98) == pytest.approx(0.0198)
-    assert tr.similarity_floor(values, 0.9) == pytest.approx(0.099)
-    assert tr.similarity_floor(values[:19], 0.98) is None and tr.similarity_floor(values, None) is None
+    assert tr.kept_floor(values, 0.98) == pytest.approx(0.0198)
+    assert tr.kept_floor(values, 0.9) == pytest.approx(0.099)
+    assert tr.kept_floor(values[:19], 0.98) is None and tr.kept_floor(values, None) is None
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -235,3 +235,44 @@ def test_tuning_reads_the_index_only_never_queries_or_qrels(indexed, tmp_path, m
     figures = [[(c["name"], c["scores"]) for c in r["candidates"]] for r in (first, second, third)]
     assert figures[0] == figures[1] == figures[2]
     assert first["chosen"] == second["chosen"] == third["chosen"]
+
+
+def test_the_gates_llm_threshold_is_what_the_pseudo_queries_clear_with_their_own_source(indexed):
+    """gate_llm_pairs asks the gate's own LLM check, as the gate asks it, about pseudo-queries whose
+    source (without the cut) is among the references: min_probability is what 98 % of them clear."""
+    from tests.scripted_llm import ScriptedLLM
+
+    doubts = [2]  # a model that doubts two of them
+
+    def reply(prompt: str) -> str:
+        doubts[0] -= 1
+        return "No" if doubts[0] >= 0 else "Yes"
+
+    with ScriptedLLM(reply, logprob=-0.2) as llm:
+        scripted = indexed / "scripted.yaml"
+        scripted.write_text(TUNE_YAML.replace("http://127.0.0.1:9/v1", llm.base_url))
+        job = load_project(scripted, tuned=False).pipeline("tune")
+        report = engine.run(job.with_overrides({"tune": {"gate_llm_pairs": 25, "write": False}}), orchestrate=False)
+        prompts = [r["messages"][-1]["content"] for r in llm.requests]
+    assert len(prompts) == report.gate_llm_pairs == 25
+    assert all("Do the documents above contain the answer to this question?" in p for p in prompts)
+    assert all(p.count("<document") >= 2 for p in prompts)  # the source among other documents' closest chunks
+    # 98 % must pass: with two of 25 doubted (8 %), the threshold falls to the doubters' 0
+    assert report.gate_probability_floor == 0.0
+    assert report.overrides["pipelines"]["gated"]["gate"] == {"min_similarity": report.gate_floor,
+                                                              "min_probability": 0.0}
+
+    with ScriptedLLM(lambda prompt: "Yes", logprob=-0.2) as llm:  # a model sure of every answerable one
+        scripted.write_text(TUNE_YAML.replace("http://127.0.0.1:9/v1", llm.base_url))
+        job = load_project(scripted, tuned=False).pipeline("tune")
+        report = engine.run(job.with_overrides({"tune": {"gate_llm_pairs": 20, "write": False}}), orchestrate=False)
+    assert 0.5 < report.gate_probability_floor <= 1.0
+    assert report.overrides["pipelines"]["gated"]["gate"]["min_probability"] == report.gate_probability_floor
+    assert "P(answerable)" in tr.summary(report)
+
+    ungated = TUNE_YAML[:TUNE_YAML.index("  gated:")] + TUNE_YAML[TUNE_YAML.index("  tune:"):]
+    scripted.write_text(ungated)
+    job = load_project(scripted, tuned=False).pipeline("tune").with_overrides({"tune": {"gate_llm_pairs": 20}})
+    assert engine.run(job.with_overrides({"tune": {"write": False}}), orchestrate=False).gate_probability_floor \
+        is None  # no gate, nothing to calibrate: the LLM (at a closed port) is never called
+    scripted.unlink()
