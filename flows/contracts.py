@@ -186,6 +186,18 @@ class Candidate(BaseModel):
     scores: dict[str, float] = Field(default_factory=dict, description="ndcg@10, mrr@10, recall@100")
 
 
+class GateCalibration(BaseModel):
+    """The answerability gate's LLM check on pseudo-queries asked with and without their source."""
+
+    pairs: int = Field(0, description="pseudo-queries asked (twice each)")
+    threshold: float | None = Field(None, description="the P(answerable) gate_keep of them clear with their source")
+    auc: float | None = Field(None, description="how well P(answerable) separates with-source from without")
+    refused_unanswerable: float | None = Field(None, description="share refused at the threshold, without source")
+    refused_answerable: float | None = Field(None, description="share refused at the threshold, with source")
+    enabled: bool = Field(False, description="the threshold was set (it refuses enough without the source)")
+    reason: str = ""
+
+
 class TuneReport(BaseModel):
     """What `ragline tune` tried and chose; printed as the run summary."""
 
@@ -201,7 +213,8 @@ class TuneReport(BaseModel):
                                                        "none set)")
     gate_probability_floor: float | None = Field(None, description="P(answerable) threshold given to "
                                                                    "answerability gates (None: none set)")
-    gate_llm_pairs: int = Field(0, description="pseudo-queries the gates' LLM check was calibrated on")
+    gate_llm: GateCalibration | None = Field(None, description="how the gates' LLM check did on pseudo-queries "
+                                                                 "(None: not calibrated)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="the overlay's resources and pipelines")
     overlay: str = Field("", description="the overlay file")
     written: bool = False

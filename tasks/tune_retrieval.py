@@ -16,11 +16,13 @@ them without it), so a query never finds its document by its own words.
 
 Answerability gates (``answerable`` steps of the tuned pipelines) get their thresholds from the
 same pseudo-queries, which are answerable by construction: ``min_similarity`` is the similarity
-that ``gate_keep`` of them clear with their own source; with ``gate_llm_pairs``, ``min_probability``
-is the P(answerable) that ``gate_keep`` of them clear when the gate's own LLM check is asked, as
-the gate asks it, with their source (without the cut) among the references. Neither needs a label,
-and both keep answerable questions by construction; how many unanswerable ones they refuse depends
-on how well the embedder and the LLM read.
+that ``gate_keep`` of them clear with their own source. With ``gate_llm_pairs``, the gate's own LLM
+check is asked, as the gate asks it, about each pseudo-query twice: with its source (without the
+cut) among the closest chunks of other documents (answerable), and with those chunks only (on the
+topic, not answering: unanswerable, like RGB's negatives). ``min_probability`` is the P(answerable)
+that ``gate_keep`` of the answerable ones clear, and it is set only if it refuses at least
+``gate_llm_min_refusal`` of the unanswerable ones: a model that cannot tell them apart would cost a
+call per question for nothing, so its check stays off (the report says why). No label is read.
 
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
@@ -36,7 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Candidate, PseudoQuery, TuneReport
+from ragline.flows.contracts import Candidate, GateCalibration, PseudoQuery, TuneReport
 from ragline.flows.registry import stage
 from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
 from ragline.flows.resources.chroma import ChromaStore
@@ -80,6 +82,9 @@ class Params(BaseModel):
                                             "each) to set min_probability to what gate_keep of them clear; 0: "
                                             "leave min_probability as the file sets it (it needs a model that "
                                             "reads: the packaged ones do not)")
+    gate_llm_min_refusal: float = Field(0.25, ge=0, le=1,
+                                        description="set min_probability only if it refuses at least this share "
+                                                    "of the pseudo-queries asked without their source")
     min_gain: float = Field(0.0, ge=0.0, le=1.0, description="keep pipelines.yaml's setting unless a candidate "
                                                               "beats it by more than this on the metric")
     max_seconds: float | None = Field(600.0, gt=0, description="stop trying BM25 variants after this long")
@@ -149,14 +154,15 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     chosen, reason = choose(candidates, baseline, params)
     floor = kept_floor(cache.source_similarity, params.gate_keep)
     gate = next((t for t in targets if t.gate), None)
-    p_floor, asked = None, 0
+    calibration = None
     if params.gate_llm_pairs and params.gate_keep is not None and gate is not None:
         if llm is None:
             raise ValueError("gate_llm_pairs needs an openai_compatible resource (llm) in the file, or set it to 0")
         clock = time.perf_counter()
-        values = gate_probabilities(pairs, corpus, cache, llm, plain, gate, params.gate_llm_pairs)
-        p_floor, asked = kept_floor(values, params.gate_keep), len(values)
+        calibration = calibrate_gate(gate_probabilities(pairs, corpus, cache, llm, plain, gate, params.gate_llm_pairs),
+                                     params.gate_keep, params.gate_llm_min_refusal)
         timings["gate_llm"] = time.perf_counter() - clock
+    p_floor = calibration.threshold if calibration is not None and calibration.enabled else None
     overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor)
     path = overlay.overlay_path(project, params.overlay)
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
@@ -164,7 +170,7 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
                         overrides=overrides, overlay=str(path), budget_exhausted=exhausted,
                         gate_floor=floor if gate is not None else None, gate_probability_floor=p_floor,
-                        gate_llm_pairs=asked,
+                        gate_llm=calibration,
                         timings={k: round(v, 2) for k, v in timings.items()})
     report.seconds = round(time.perf_counter() - started, 2)
     if params.write:
@@ -256,12 +262,33 @@ def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any]
     return {"resources": resources, "pipelines": pipelines}
 
 
+def calibrate_gate(probabilities: tuple[list[float], list[float]], keep: float, min_refusal: float) -> GateCalibration:
+    """The threshold ``keep`` of the answerable pseudo-queries clear, what it refuses of the
+    unanswerable ones, the check's AUC, and whether that is worth a call per question."""
+    answerable, unanswerable = probabilities
+    threshold = kept_floor(answerable, keep)
+    pairs = [(a > u) + 0.5 * (a == u) for a in answerable for u in unanswerable]
+    calibration = GateCalibration(pairs=len(answerable), threshold=threshold,
+                                  auc=round(sum(pairs) / len(pairs), 4) if pairs else None)
+    if threshold is None:
+        calibration.reason = f"too few pseudo-queries ({len(answerable)}; 20 or more place the threshold)"
+        return calibration
+    calibration.refused_unanswerable = round(float(np.mean([u < threshold for u in unanswerable])), 4)
+    calibration.refused_answerable = round(float(np.mean([a < threshold for a in answerable])), 4)
+    calibration.enabled = calibration.refused_unanswerable >= min_refusal
+    calibration.reason = (f"at {threshold:.3f} the check refuses {calibration.refused_unanswerable:.0%} of the "
+                          f"pseudo-queries asked without their source and {calibration.refused_answerable:.0%} with it "
+                          f"(AUC {calibration.auc:.2f}): "
+                          + ("set" if calibration.enabled else f"left off (under {min_refusal:.0%})"))
+    return calibration
+
+
 def gate_probabilities(pairs: list[PseudoQuery], corpus: "Corpus", cache: "Rankings", llm: LLMClient,
-                       project: Any, target: Target, n: int) -> list[float]:
+                       project: Any, target: Target, n: int) -> tuple[list[float], list[float]]:
     """P(answerable) from ``target``'s gate, asked exactly as it asks (its prompt, its clipping) for
-    up to ``n`` pseudo-queries, questions first (LLM-written, then titles, then inverse cloze): the
-    references are the query's source chunk without the cut, among the closest chunks of other
-    documents (its place varies, so a model's position bias does not set the threshold)."""
+    up to ``n`` pseudo-queries, questions first (LLM-written, then titles, then inverse cloze): with
+    the query's source chunk (without the cut) among the closest chunks of other documents (its
+    place varies, so a model's position bias does not set the threshold), and with those only."""
     from ragline.flows.contracts import ContextDocument, Passage
     from ragline.flows.llm_output import clip
     from ragline.tasks.answerable import probability
@@ -269,19 +296,30 @@ def gate_probabilities(pairs: list[PseudoQuery], corpus: "Corpus", cache: "Ranki
     step = project.pipeline(target.pipeline).step(target.gate)
     position = {cid: i for i, cid in enumerate(corpus.ids)}
     rank = {"llm": 0, "title": 1}
-    prompts = []
+    def prompt(question: str, texts: list[str]) -> str:
+        documents = [ContextDocument(number=k, passage=Passage(chunk_id=str(k), source_id=str(k), text=t))
+                     for k, t in enumerate(texts, start=1)]
+        return project.prompts.render(step.prompt, question=clip(question, step.params.max_request_chars),
+                                      documents=documents)
+
+    with_source, without_source = [], []
     for i in sorted(range(len(pairs)), key=lambda i: rank.get(pairs[i].strategy, 2))[:n]:
         pair = pairs[i]
         source = corpus.doc_index[pair.source_id]
         own = position.get(pair.chunk_id, corpus.chunks_of[source][0])
-        chunks = [c for c, _ in cache.dense[i] if int(corpus.docs[c]) != source][:GATE_DOCUMENTS - 1]
-        texts = [corpus.texts[c] for c in chunks]
+        others = []  # the closest chunk of each other document
+        for c, _ in cache.dense[i]:
+            if int(corpus.docs[c]) != source and int(corpus.docs[c]) not in {int(corpus.docs[o]) for o in others}:
+                others.append(c)
+            if len(others) == GATE_DOCUMENTS:
+                break
+        texts = [corpus.texts[c] for c in others]
+        without_source.append(prompt(pair.text, texts))
+        texts = texts[:GATE_DOCUMENTS - 1]
         texts.insert(i % (len(texts) + 1), without(corpus.texts[own], pair.cut))
-        documents = [ContextDocument(number=k, passage=Passage(chunk_id=str(k), source_id=str(k), text=t))
-                     for k, t in enumerate(texts, start=1)]
-        prompts.append(project.prompts.render(step.prompt, question=clip(pair.text, step.params.max_request_chars),
-                                              documents=documents))
-    return llm.map(lambda prompt: probability(llm, prompt), prompts)
+        with_source.append(prompt(pair.text, texts))
+    values = llm.map(lambda text: probability(llm, text), with_source + without_source)
+    return values[:len(with_source)], values[len(with_source):]
 
 
 # ----------------------------------------------------------------------------- the corpus and rankings
@@ -608,9 +646,8 @@ def summary(report: TuneReport, shown: int = 12) -> str:
     if report.gate_floor is not None:
         lines.append(f"answerability gate: refuses questions with no reference above {report.gate_floor:.3f} "
                      f"similarity (what the pseudo-queries' own sources clear)")
-    if report.gate_probability_floor is not None:
-        lines.append(f"answerability gate: refuses questions the LLM gives below {report.gate_probability_floor:.3f} "
-                     f"P(answerable) (what {report.gate_llm_pairs} pseudo-queries clear with their own source)")
+    if report.gate_llm is not None:
+        lines.append(f"answerability gate, LLM check ({report.gate_llm.pairs} pseudo-queries): {report.gate_llm.reason}")
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
     lines.append(f"overlay: {report.overlay}" + ("" if report.written else " (not written: dry run)"))
     if report.written:

@@ -14,6 +14,7 @@ import pytest
 
 from ragline.flows import cli, engine
 from ragline.flows.compile import load_project
+from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, Passage, Ranking
 from ragline.flows.evaluate import load_beir, score, to_run
 from ragline.flows.resources import clear_cache
@@ -238,41 +239,53 @@ def test_tuning_reads_the_index_only_never_queries_or_qrels(indexed, tmp_path, m
 
 
 def test_the_gates_llm_threshold_is_what_the_pseudo_queries_clear_with_their_own_source(indexed):
-    """gate_llm_pairs asks the gate's own LLM check, as the gate asks it, about pseudo-queries whose
-    source (without the cut) is among the references: min_probability is what 98 % of them clear."""
+    """gate_llm_pairs asks the gate's own LLM check, as the gate asks it, about pseudo-queries with
+    their source (without the cut) among the references and without it: min_probability is what 98 %
+    of them clear with it, set only if it refuses enough of them without it."""
     from tests.scripted_llm import ScriptedLLM
 
-    doubts = [2]  # a model that doubts two of them
+    def tune_with(reply, n: int, **more):
+        with ScriptedLLM(reply, logprob=-0.2) as llm:
+            scripted.write_text(TUNE_YAML.replace("http://127.0.0.1:9/v1", llm.base_url))
+            job = load_project(scripted, tuned=False).pipeline("tune")
+            report = engine.run(job.with_overrides({"tune": {"gate_llm_pairs": n, "write": False, **more}}),
+                                orchestrate=False)
+            return report, [r["messages"][-1]["content"] for r in llm.requests]
 
-    def reply(prompt: str) -> str:
-        doubts[0] -= 1
-        return "No" if doubts[0] >= 0 else "Yes"
+    scripted = indexed / "scripted.yaml"
+    cut_texts = {}
 
-    with ScriptedLLM(reply, logprob=-0.2) as llm:
-        scripted = indexed / "scripted.yaml"
-        scripted.write_text(TUNE_YAML.replace("http://127.0.0.1:9/v1", llm.base_url))
-        job = load_project(scripted, tuned=False).pipeline("tune")
-        report = engine.run(job.with_overrides({"tune": {"gate_llm_pairs": 25, "write": False}}), orchestrate=False)
-        prompts = [r["messages"][-1]["content"] for r in llm.requests]
-    assert len(prompts) == report.gate_llm_pairs == 25
+    def reads(prompt: str) -> str:  # a model that reads: yes when the source is among the references
+        question = prompt.rsplit("Question:", 1)[1].split("\n")[0].strip()
+        return "Yes" if cut_texts.get(question, "\0") in prompt else "No"
+
+    from ragline.tasks.pseudo_queries import Params as PairParams
+    from ragline.tasks.pseudo_queries import pseudo_queries
+
+    state = load_project(indexed / "pipelines.yaml", tuned=False).resource("state")
+    for pair in pseudo_queries.fn(params=PairParams(n=30), ctx=StepContext(pipeline="tune", step_id="pairs"),
+                                  state=state):
+        source = state.chunks_by_id([pair.chunk_id])[pair.chunk_id]["text"]
+        cut_texts[pair.text] = " ".join(tr.without(source, pair.cut).split()[:6])  # words of the source left
+    report, prompts = tune_with(reads, 25)
+    assert len(prompts) == 50 and report.gate_llm.pairs == 25
     assert all("Do the documents above contain the answer to this question?" in p for p in prompts)
-    assert all(p.count("<document") >= 2 for p in prompts)  # the source among other documents' closest chunks
-    # 98 % must pass: with two of 25 doubted (8 %), the threshold falls to the doubters' 0
-    assert report.gate_probability_floor == 0.0
-    assert report.overrides["pipelines"]["gated"]["gate"] == {"min_similarity": report.gate_floor,
-                                                              "min_probability": 0.0}
-
-    with ScriptedLLM(lambda prompt: "Yes", logprob=-0.2) as llm:  # a model sure of every answerable one
-        scripted.write_text(TUNE_YAML.replace("http://127.0.0.1:9/v1", llm.base_url))
-        job = load_project(scripted, tuned=False).pipeline("tune")
-        report = engine.run(job.with_overrides({"tune": {"gate_llm_pairs": 20, "write": False}}), orchestrate=False)
+    assert all(p.count("<document") == tr.GATE_DOCUMENTS for p in prompts)
+    assert report.gate_llm.auc > 0.9 and report.gate_llm.enabled
+    assert report.gate_llm.refused_unanswerable > 0.9 and report.gate_llm.refused_answerable <= 0.04
     assert 0.5 < report.gate_probability_floor <= 1.0
-    assert report.overrides["pipelines"]["gated"]["gate"]["min_probability"] == report.gate_probability_floor
-    assert "P(answerable)" in tr.summary(report)
+    assert report.overrides["pipelines"]["gated"]["gate"] == {"min_similarity": report.gate_floor,
+                                                              "min_probability": report.gate_probability_floor}
+    assert "LLM check" in tr.summary(report) and "set" in report.gate_llm.reason
+
+    report, prompts = tune_with(lambda prompt: "Yes", 20)  # a model that says yes to everything: left off
+    assert report.gate_llm.auc == 0.5 and not report.gate_llm.enabled and report.gate_probability_floor is None
+    assert report.overrides["pipelines"]["gated"]["gate"] == {"min_similarity": report.gate_floor}
+    assert "left off" in report.gate_llm.reason
 
     ungated = TUNE_YAML[:TUNE_YAML.index("  gated:")] + TUNE_YAML[TUNE_YAML.index("  tune:"):]
     scripted.write_text(ungated)
     job = load_project(scripted, tuned=False).pipeline("tune").with_overrides({"tune": {"gate_llm_pairs": 20}})
-    assert engine.run(job.with_overrides({"tune": {"write": False}}), orchestrate=False).gate_probability_floor \
+    assert engine.run(job.with_overrides({"tune": {"write": False}}), orchestrate=False).gate_llm \
         is None  # no gate, nothing to calibrate: the LLM (at a closed port) is never called
     scripted.unlink()
