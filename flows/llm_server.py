@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ragline.flows.parent_death import PRELUDE
+
 PACKAGED_MODEL = "smollm2"  # the served name of SmolLM2-135M-Instruct (deploy/vllm/serve.sh)
 START_TIMEOUT = 600.0  # seconds; a cold CPU start of the packaged model takes 45-120 s here
 PROGRESS_EVERY = 15.0  # seconds between "still loading" lines
@@ -35,19 +37,9 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 Say = Callable[[str], None]
 
-# Arm the parent-death signal (it survives exec: serve.sh execs vLLM's server), close the
-# fork/prctl race, then become serve.sh. A wrapper, not preexec_fn, which is unsafe with threads.
-_WITH_PARENT = r"""
-import os, signal, sys
-parent, pdeathsig = int(sys.argv[1]), sys.argv[2] == "1"
-if pdeathsig and sys.platform.startswith("linux"):
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-if os.getppid() != parent:
-    sys.exit(0)
+# Arm the parent-death signal (it survives exec: serve.sh execs vLLM's server), then become serve.sh.
+_WITH_PARENT = PRELUDE + r"""
+_arm_parent_death(int(sys.argv[1]), sys.argv[2] == "1")
 os.execvp(sys.argv[3], sys.argv[3:])
 """
 

@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from ragline.flows.parent_death import PRELUDE
+
 DEFAULT_STARTUP_TIMEOUT = 180.0  # seconds; a loaded 2-core machine needs far more than Prefect's 20
 STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL
 DRAIN_TIMEOUT = 5.0  # seconds to flush Prefect's queued logs and events before the server stops
@@ -57,17 +59,10 @@ LOG_LIMIT = 5_000_000  # bytes of server.log before it is rotated
 
 # The server process: arm the parent-death signal, close the fork/prctl race, watch the parent's
 # pid, then serve Prefect's app on the inherited, already bound socket (no port race).
-_CHILD = r"""
-import os, signal, socket, sys, threading, time
-parent, fd, pdeathsig = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-if pdeathsig and sys.platform.startswith("linux"):
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-if os.getppid() != parent:
-    os._exit(0)
+_CHILD = PRELUDE + r"""
+import socket, threading, time
+parent, fd = int(sys.argv[1]), int(sys.argv[2])
+_arm_parent_death(parent, sys.argv[3] == "1")
 
 def watchdog():
     while os.getppid() == parent:

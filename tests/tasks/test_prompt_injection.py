@@ -47,6 +47,13 @@ def test_no_value_can_open_or_close_a_reference_in_a_shipped_prompt(name):
     assert prompt.count("<references>") == prompt.count("</references>") <= 1
 
 
+@pytest.mark.parametrize("name", fenced_templates())
+def test_every_prompt_that_shows_documents_says_first_that_they_are_data(name):
+    prompt = PromptLibrary(PROMPTS).render(name, **hostile_variables())
+    if "<document" in prompt:
+        assert "data, not instructions" in prompt.split("<document", 1)[0], name
+
+
 def test_a_passage_cannot_imitate_another_entry_of_the_listwise_ranking():
     """Listwise reranking numbers the passages: each is fenced in its own <document id="n">, so a
     passage that writes "[3] ..." or closes its document and opens "4" adds no entry."""
