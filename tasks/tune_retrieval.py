@@ -296,6 +296,7 @@ def gate_probabilities(pairs: list[PseudoQuery], corpus: "Corpus", cache: "Ranki
     step = project.pipeline(target.pipeline).step(target.gate)
     position = {cid: i for i, cid in enumerate(corpus.ids)}
     rank = {"llm": 0, "title": 1}
+
     def prompt(question: str, texts: list[str]) -> str:
         documents = [ContextDocument(number=k, passage=Passage(chunk_id=str(k), source_id=str(k), text=t))
                      for k, t in enumerate(texts, start=1)]
@@ -307,19 +308,27 @@ def gate_probabilities(pairs: list[PseudoQuery], corpus: "Corpus", cache: "Ranki
         pair = pairs[i]
         source = corpus.doc_index[pair.source_id]
         own = position.get(pair.chunk_id, corpus.chunks_of[source][0])
-        others = []  # the closest chunk of each other document
-        for c, _ in cache.dense[i]:
-            if int(corpus.docs[c]) != source and int(corpus.docs[c]) not in {int(corpus.docs[o]) for o in others}:
-                others.append(c)
-            if len(others) == GATE_DOCUMENTS:
-                break
-        texts = [corpus.texts[c] for c in others]
+        texts = [corpus.texts[c] for c in closest_of_other_documents(cache.dense[i], corpus.docs, source)]
         without_source.append(prompt(pair.text, texts))
         texts = texts[:GATE_DOCUMENTS - 1]
         texts.insert(i % (len(texts) + 1), without(corpus.texts[own], pair.cut))
         with_source.append(prompt(pair.text, texts))
     values = llm.map(lambda text: probability(llm, text), with_source + without_source)
     return values[:len(with_source)], values[len(with_source):]
+
+
+def closest_of_other_documents(ranking: list[tuple[int, float]], docs: np.ndarray, source: int,
+                               n: int = GATE_DOCUMENTS) -> list[int]:
+    """The best-ranked chunk of each of the first ``n`` documents in ``ranking`` other than ``source``."""
+    seen, chunks = {source}, []
+    for chunk, _ in ranking:
+        doc = int(docs[chunk])
+        if doc not in seen:
+            seen.add(doc)
+            chunks.append(chunk)
+            if len(chunks) == n:
+                break
+    return chunks
 
 
 # ----------------------------------------------------------------------------- the corpus and rankings
