@@ -197,7 +197,7 @@ class _Runs:
 
         if pipeline not in self.deployment_ids:
             try:
-                deployment = await client.read_deployment_by_name(deployment_name(pipeline))
+                deployment = await client.read_deployment_by_name(deployment_name(self.project, pipeline))
             except ObjectNotFound:
                 return None
             if (deployment.parameters or {}).get("file") != self.file:

@@ -103,9 +103,9 @@ def served_flow(project: Project):
     return run_pipeline.with_options(persist_result=True, result_serializer="json", result_storage=folder)
 
 
-def deployment_name(pipeline: str) -> str:
-    """The full Prefect name: ``GET /api/deployments/name/ragline/<pipeline>``."""
-    return f"{FLOW_NAME}/{pipeline}"
+def deployment_name(project: Project, pipeline: str) -> str:
+    """The full Prefect name: ``GET /api/deployments/name/ragline/<prefix><pipeline>``."""
+    return f"{FLOW_NAME}/{project.spec.settings.deployment_prefix}{pipeline}"
 
 
 def deployment_options(project: Project, data_dir: Path | None = None) -> dict[str, dict[str, Any]]:
@@ -124,7 +124,8 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
         if data_dir is not None:
             parameters["data_dir"] = str(Path(data_dir).resolve())
         spec = pipeline.spec
-        entry: dict[str, Any] = {"name": name, "parameters": parameters, "tags": ["ragline", spec.kind],
+        entry: dict[str, Any] = {"name": deployment_name(project, name).split("/", 1)[1], "parameters": parameters,
+                                 "tags": ["ragline", spec.kind],
                                  "description": spec.description or f"ragline {spec.kind} pipeline '{name}'",
                                  "entrypoint_type": EntrypointType.MODULE_PATH}
         if spec.kind in ("ingestion", "job"):  # a job (e.g. `tune`) is scheduled like an ingestion
@@ -139,6 +140,27 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
                 limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
         options[name] = entry
     return options
+
+
+def _refuse_foreign_deployments(project: Project, options: dict[str, dict[str, Any]]) -> None:
+    """Refuse to take over deployments another pipelines file registered under the same names:
+    Prefect would update them in place, and both files' runners would then run this file's pipelines."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    mine = str(project.path.resolve())
+    with get_client(sync_client=True) as client:
+        for name in options:
+            full = deployment_name(project, name)
+            try:
+                deployment = client.read_deployment_by_name(full)
+            except ObjectNotFound:
+                continue
+            theirs = (deployment.parameters or {}).get("file")
+            if theirs and theirs != mine:
+                raise ServeError(f"the Prefect deployment '{full}' serves {theirs}, not {mine}: give this file its "
+                                 f"own names with `settings: {{deployment_prefix: <name>-}}`, or, if that file is "
+                                 f"gone, delete its deployments (`prefect deployment delete {full}`)")
 
 
 def build_deployments(project_path: str | Path, data_dir: str | Path | None = None) -> list[Any]:
@@ -311,6 +333,7 @@ class Service:
         sock = _bind(self.host, self.port) if self.api else None  # a port in use fails before anything starts
         self._stack.callback(lambda: sock is not None and sock.close())
         self._connect_prefect()
+        _refuse_foreign_deployments(project, options)
         flow = served_flow(project)
         context = contextvars.copy_context()  # the Prefect settings chosen above, for the threads
         self._spawn("runner", lambda: context.run(self._run_runner, flow, options))
@@ -327,7 +350,7 @@ class Service:
             context = contextvars.copy_context()
             self._spawn("api", lambda: context.run(self._uvicorn.run, sockets=[sock]))
             self._await_ready(lambda: self._uvicorn.started, "api", "the HTTP API did not start")
-        served = ", ".join(f"{name} ({self._describe(opts)})" for name, opts in options.items())
+        served = ", ".join(f"{opts['name']} ({self._describe(opts)})" for opts in options.values())
         self.log(f"ragline serve: {len(options)} deployment(s) of flow '{FLOW_NAME}': {served}")
         self.log(f"ragline serve: Prefect API {self.prefect_api_url}; runner polls every {self.poll_seconds:g} s"
                  + (f"; HTTP API {self.api_url}" if self.api_url else ""))

@@ -239,6 +239,9 @@ class ProjectSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompts_dir: str = Field("prompts", description="folder of Jinja2 templates, relative to this file")
+    deployment_prefix: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62})?$",
+                                   description="prefix of this file's Prefect deployment names (ragline/<prefix>"
+                                               "<pipeline>): each file served on one Prefect server needs its own")
     allow_modules: list[Annotated[str, Field(pattern=MODULE_PATTERN)]] | None = Field(
         None, description="narrows the external allowlist (RAGLINE_ALLOW_MODULES ...) for this file; never widens it")
 

@@ -194,6 +194,12 @@ def test_a_wrong_type_or_value_names_pipeline_step_and_field(make_project, old, 
     assert (error.pipeline, error.step, error.field) == where and fragment in error.message, str(error)
 
 
+def test_a_deployment_prefix_that_prefect_could_not_name_is_refused(make_project):
+    text = "settings: {deployment_prefix: 'my docs/'}\n" + GOOD
+    error = the_error(make_project, text, "deployment_prefix")
+    assert error.field == "settings.deployment_prefix" and "pattern" in error.message, str(error)
+
+
 def test_uses_of_the_wrong_shape_is_one_error_not_one_per_form(make_project):
     """Regression: `uses: 5` gave two errors on fields 'uses.list[str]' and 'uses.dict[str,str]'."""
     error = the_error(make_project, changed("after: []}", "after: [], uses: {sparse: [a, b]}}"), "uses:")

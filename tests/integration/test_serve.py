@@ -321,6 +321,28 @@ def test_stops_cleanly_on_a_signal(prefect_api, tmp_path, sig, code):
     assert _deployment(prefect_api, f"{name}_index")["paused"] is True  # pause_on_shutdown: no Late pile-up
 
 
+def test_a_second_file_never_takes_over_the_first_files_deployments(served, prefect_api, project, tmp_path):
+    """Two pipelines files, one Prefect server: the same pipeline names would update the first file's
+    deployments in place (both runners would then run the second file). Refused, naming both files;
+    with its own deployment_prefix the second file serves beside the first."""
+    other = tmp_path / "pipelines.yaml"
+    other.write_text(textwrap.dedent(PIPELINES))
+    with pytest.raises(RuntimeError, match="exited with 2") as refused:
+        _start(other, prefect_api, tmp_path / "refused.log")
+    message = str(refused.value)
+    assert f"'ragline/index' serves {project.resolve()}, not {other.resolve()}" in message
+    assert "deployment_prefix" in message
+    assert _deployment(prefect_api, "index")["parameters"]["file"] == str(project.resolve())  # untouched
+
+    other.write_text("settings: {deployment_prefix: other-}\n" + textwrap.dedent(PIPELINES))
+    process, _ = _start(other, prefect_api, tmp_path / "prefixed.log", api=False)
+    try:
+        assert _deployment(prefect_api, "other-index")["parameters"]["file"] == str(other.resolve())
+        assert _deployment(prefect_api, "index")["parameters"]["file"] == str(project.resolve())
+    finally:
+        _stop(process)
+
+
 def test_redactor_hides_the_file_and_the_data_dir(project):
     from ragline.flows.api_runs import Redactor
     from ragline.flows.compile import load_project
