@@ -164,6 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-seconds", type=float, default=2.0, help="how often the runner looks for new runs")
     p.add_argument("--limit", type=int, help="flow runs at once (default: PREFECT_RUNNER_PROCESS_LIMIT, 5)")
     p.add_argument("--keep-schedules", action="store_true", help="do not pause schedules when serve stops")
+    p.add_argument("--keep-results-days", type=_keep_days, default=30.0, metavar="DAYS",
+                   help="delete served runs' JSON results older than this (at start, then hourly); 0: keep all")
     _start_llm_flag(p)
 
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample), search it and answer "
@@ -428,13 +430,21 @@ def _api(args) -> int:
     return 0
 
 
+def _keep_days(value: str) -> float:
+    days = float(value)
+    if not days >= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of days, 0 or more")
+    return days
+
+
 def _serve(args) -> int:
     from ragline.flows.serve import serve
 
     with _packaged_llms(load_project(args.file), args.start_llm):
         return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
                      start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
-                     limit=args.limit, pause_on_shutdown=not args.keep_schedules)
+                     limit=args.limit, pause_on_shutdown=not args.keep_schedules,
+                     keep_results_days=args.keep_results_days or None)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ ragline owns, ``<data dir>/.ragline/results`` (the data dir is the pipelines fil
 ``--data-dir`` moves the indexes), so an API-triggered run's result can be read back: with
 Prefect's client (``state.result()``), from the file that ``state.data.storage_key`` names on the
 REST API (the value itself, plain JSON; ``state.data.serializer.type`` is ``json``), or through
-ragline's ``GET /v1/runs/{id}``. Nothing deletes old results: prune the folder as you see fit.
+ragline's ``GET /v1/runs/{id}``. Results older than ``keep_results_days`` (30; ``--keep-results-days``)
+are deleted when serve starts and hourly after that; such a run's ``result`` is then null.
 
 This process is the worker: a Prefect ``Runner`` polls the API every ``poll_seconds`` (2 s;
 Prefect's default is 10) and starts each flow run in a new Python process (at most ``limit`` at
@@ -64,6 +65,8 @@ logger = logging.getLogger("ragline.serve")
 FLOW_NAME = "ragline"  # run_pipeline's flow name: deployments are "ragline/<pipeline>"
 DEFAULT_POLL_SECONDS = 2.0
 RESULTS_DIR = Path(".ragline") / "results"
+KEEP_RESULTS_DAYS = 30.0
+PRUNE_EVERY = 3600.0  # seconds between prunings of old results
 STOP_GRACE = 5.0  # seconds runs in flight get to stop when cancelled (Prefect waits 30) before they are killed
 STOP_TIMEOUT = 10.0  # seconds each component then gets to finish stopping before the process exits anyway
 START_TIMEOUT = 120.0  # seconds to apply the deployments and start the API
@@ -90,6 +93,22 @@ def data_dir_of(project: Project) -> Path:
 def results_dir(project: Project) -> Path:
     """The folder served runs persist their JSON results in."""
     return data_dir_of(project) / RESULTS_DIR
+
+
+def prune_results(folder: Path, keep_days: float | None, now: float | None = None) -> int:
+    """Delete result files older than ``keep_days`` (None: keep all); returns how many went."""
+    if keep_days is None or not folder.is_dir():
+        return 0
+    cutoff = (time.time() if now is None else now) - keep_days * 86400
+    removed = 0
+    for path in folder.iterdir():
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # removed meanwhile (another serve of the same data)
+            continue
+    return removed
 
 
 def served_flow(project: Project):
@@ -291,11 +310,13 @@ class Service:
                  token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
                  poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
                  pause_on_shutdown: bool = True, prefect_home: Path | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, keep_results_days: float | None = KEEP_RESULTS_DAYS):
         self.project_path = Path(project_path).resolve()
         self.api, self.host, self.port, self.token = api, host, port, token
         self.start_prefect, self.data_dir = start_prefect, data_dir
         self.poll_seconds, self.limit, self.pause_on_shutdown = poll_seconds, limit, pause_on_shutdown
+        self.keep_results_days = keep_results_days
+        self._results: Path | None = None
         self.prefect_home = prefect_home
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.deployment_ids: dict[str, Any] = {}
@@ -328,6 +349,8 @@ class Service:
                              f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
         project = _project(self.project_path, self.data_dir)
         options = deployment_options(project, self.data_dir)
+        self._results = results_dir(project)
+        self._prune()
         if not options:
             raise ServeError(f"{self.project_path.name} defines no pipeline to serve")
         sock = _bind(self.host, self.port) if self.api else None  # a port in use fails before anything starts
@@ -437,6 +460,7 @@ class Service:
         answered for ``API_DEAD_AFTER`` seconds). None when stopped, or at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last_answer = next_check = time.monotonic()
+        next_prune = last_answer + PRUNE_EVERY
         while not self._stopping.is_set():
             for name, thread in self._threads.items():
                 if not thread.is_alive():
@@ -453,11 +477,25 @@ class Service:
                 elif now - last_answer > API_DEAD_AFTER:
                     self._api_gone = f"{self.prefect_api_url} has not answered for {API_DEAD_AFTER:g} s"
                     return "Prefect API"
+            if now >= next_prune:
+                next_prune = now + PRUNE_EVERY
+                self._prune()
             if deadline is not None and now > deadline:
                 return None
             self._wake.wait(0.5)
             self._wake.clear()
         return None
+
+    def _prune(self) -> None:
+        if self._results is None:
+            return
+        try:
+            removed = prune_results(self._results, self.keep_results_days)
+        except OSError as exc:  # never a reason to stop serving
+            self.log(f"ragline serve: could not prune old results in {self._results}: {exc}")
+            return
+        if removed:
+            self.log(f"ragline serve: removed {removed} result file(s) older than {self.keep_results_days:g} days")
 
     def failure(self, name: str) -> str:
         if name == "Prefect API" and self._api_gone:
@@ -538,13 +576,13 @@ def _default_limit() -> int | None:
 def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
           poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
-          pause_on_shutdown: bool = True) -> int:
+          pause_on_shutdown: bool = True, keep_results_days: float | None = KEEP_RESULTS_DAYS) -> int:
     """Serve a pipelines file until SIGTERM (exit 0) or Ctrl-C (exit 130); 1 if the runner or the
     API stopped by itself, 2 if it cannot start (no Prefect API, port in use, invalid file: the
     message says why). Call it from the main thread: it handles SIGTERM and SIGINT itself."""
     service = Service(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
                       data_dir=data_dir, poll_seconds=poll_seconds, limit=limit,
-                      pause_on_shutdown=pause_on_shutdown)
+                      pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days)
     received: list[int] = []
 
     def on_signal(signum, frame) -> None:

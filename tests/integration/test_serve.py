@@ -127,6 +127,10 @@ def served(project, prefect_api):
     from tests.integration.harness import run_index
 
     run_index(project)  # in-process, no Prefect: the query tests need passages
+    stale = project.parent / ".ragline" / "results" / "stale-result.json"  # a result 40 days old: pruned
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("{}")
+    os.utime(stale, (time.time() - 40 * 86400,) * 2)
     log = project.parent / "serve.log"
     process, url = _start(project, prefect_api, log)
     try:
@@ -180,6 +184,11 @@ def test_serve_creates_one_deployment_per_pipeline(served, prefect_api, project)
         assert ingestion["global_concurrency_limit"]["limit"] == 1
         assert ingestion["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert search["schedules"] == [] and search["global_concurrency_limit"] is None
+
+
+def test_results_older_than_30_days_are_pruned_at_start(served, project):
+    assert not (project.parent / ".ragline" / "results" / "stale-result.json").exists()
+    assert "removed 1 result file(s) older than 30 days" in (project.parent / "serve.log").read_text()
 
 
 def test_query_deployment_triggered_over_rest_returns_json(served, prefect_api, project):
