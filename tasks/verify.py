@@ -76,7 +76,8 @@ def verify(query: Query, answer: Answer, context: Context, params: Params, ctx: 
 
 STOPWORDS = frozenset("""a an the of in on at to for is was were are be been being by with and or as it its this that
 these those from which who whom what when where why how did does do not no i you he she they we there here answer
-question documents document according reference references""".split())
+question documents document according reference references yes true false correct incorrect""".split())
+# (a yes/no verdict is the answer to a yes/no question, not a fabricated fact the references should hold)
 
 
 def grounding(answer: str, question: str, context: Context) -> tuple[int, int]:
