@@ -211,14 +211,14 @@ def training_rows(pairs: list[PseudoQuery], corpus: Corpus, bm25: Any, negatives
         passage = _passage(pair, chunk, corpus)
         if passage is not None:
             usable.append((pair, *passage))
-    mined = _mine(usable, corpus, bm25, negatives, skip) if negatives else [[] for _ in usable]
+    mined = _mine(usable, corpus, bm25, negatives + skip) if negatives else [[] for _ in usable]
     for (pair, chunk, text), hits in zip(usable, mined):
         source = corpus.doc_index[pair.source_id]
-        picked = hits[:negatives]
+        picked = hits[skip:skip + negatives]
         rows.mined += len(picked)
         if len(picked) < negatives:  # too few BM25 hits: random chunks of other documents
             rng = random.Random(f"{seed}:{pair.source_id}:{pair.chunk_id}")
-            taken = {int(corpus.docs[c]) for c in picked}
+            taken = {int(corpus.docs[c]) for c in hits}  # the passed-over hits may be unlabelled positives
             for c in rng.sample(range(len(corpus.ids)), len(corpus.ids)):
                 if len(picked) >= negatives:
                     break
@@ -254,13 +254,13 @@ def _passage(pair: PseudoQuery, chunk: int, corpus: Corpus) -> tuple[int, str] |
     return c, t
 
 
-def _mine(usable: list[tuple[PseudoQuery, int, str]], corpus: Corpus, bm25: Any, negatives: int,
-          skip: int) -> list[list[int]]:
-    """Per pair, chunk indexes of other documents in BM25 order (best chunk per document, score > 0)."""
+def _mine(usable: list[tuple[PseudoQuery, int, str]], corpus: Corpus, bm25: Any, wanted: int) -> list[list[int]]:
+    """Per pair, up to ``wanted`` chunk indexes of other documents in BM25 order (best chunk per
+    document, score > 0)."""
     retriever = in_memory(tokenize(corpus.texts, bm25.stemmer, bm25.stopwords), bm25)
     queries = tokenize([p.text for p, _, _ in usable], bm25.stemmer, bm25.stopwords)
     longest = max(len(c) for c in corpus.chunks_of.values())
-    k = min(len(corpus.ids), (skip + negatives) * longest + longest + 20)
+    k = min(len(corpus.ids), wanted * longest + longest + 20)
     asked = [i for i, q in enumerate(queries) if q]
     found: list[list[int]] = [[] for _ in usable]
     if not asked:
@@ -271,13 +271,14 @@ def _mine(usable: list[tuple[PseudoQuery, int, str]], corpus: Corpus, bm25: Any,
         source = corpus.doc_index[pair.source_id]
         seen: set[int] = set()
         hits: list[int] = []
-        for c, s in zip(docs[row].tolist(), scores[row].tolist()):
+        # equal scores in chunk order: bm25s orders ties by its partial sort, which depends on k
+        for c, s in sorted(zip(docs[row].tolist(), scores[row].tolist()), key=lambda hit: (-hit[1], hit[0])):
             doc = int(corpus.docs[c])
             if s <= 0 or doc == source or doc in seen or corpus.texts[c] == text:
                 continue
             seen.add(doc)
             hits.append(int(c))
-        found[i] = hits[skip:skip + negatives]
+        found[i] = hits[:wanted]
     return found
 
 

@@ -155,6 +155,7 @@ def test_hard_negatives_are_bm25s_best_chunks_of_other_documents(project):
     queries = tokenize(rows.anchors, spec.stemmer, spec.stopwords)
     ranked, scores = retriever.retrieve(queries, k=len(corpus.ids), show_progress=False, n_threads=1)
     source_first = mined = 0
+    two_or_more: list[int] = []  # pairs for which BM25 finds two other documents or more
     for i, pair in enumerate(rows.pairs):
         source = corpus.doc_index[pair.source_id]
         negatives = rows.negative_chunks[i]
@@ -164,9 +165,12 @@ def test_hard_negatives_are_bm25s_best_chunks_of_other_documents(project):
         # the passage is the pair's own chunk without the text cut out of it
         assert int(corpus.docs[rows.positive_chunks[i]]) == source and pair.cut not in rows.positives[i]
         # BM25's order: the first negative is the best-ranked chunk not of the source document
-        hits = [int(c) for c, s in zip(ranked[i], scores[i]) if s > 0]
+        in_order = sorted(zip(ranked[i], scores[i]), key=lambda h: (-h[1], h[0]))  # equal scores: chunk order
+        hits = [int(c) for c, s in in_order if s > 0]
         source_first += int(corpus.docs[hits[0]]) == source
         others = [c for c in hits if int(corpus.docs[c]) != source]
+        if len({int(corpus.docs[c]) for c in others}) >= 2:
+            two_or_more.append(i)
         if others:
             assert negatives[0] == others[0]
             mined += 1
@@ -175,8 +179,14 @@ def test_hard_negatives_are_bm25s_best_chunks_of_other_documents(project):
     assert source_first >= len(rows.pairs) // 2  # the exclusion matters: the source usually ranks first
     assert mined >= len(rows.pairs) // 2
 
+    assert len(two_or_more) >= len(rows.pairs) // 2
     skipped = ae.training_rows(pairs, corpus, spec, negatives=1, skip=1)
-    assert [n[0] for n in skipped.negative_chunks] == [n[1] for n in rows.negative_chunks]
+    assert [skipped.negative_chunks[i][0] for i in two_or_more] == [rows.negative_chunks[i][1] for i in two_or_more]
+    # passed-over hits (they may be unlabelled positives) are never taken as random negatives either
+    both = ae.training_rows(pairs, corpus, spec, negatives=1, skip=2)
+    for i in two_or_more:
+        assert {int(corpus.docs[c]) for c in rows.negative_chunks[i][:2]}.isdisjoint(
+            {int(corpus.docs[both.negative_chunks[i][0]])})
     assert ae.training_rows(pairs, corpus, spec, negatives=0).negatives == [[] for _ in rows.anchors]
 
 
