@@ -19,23 +19,29 @@ def _wait_until(condition, timeout: float = 10) -> None:
 
 
 def test_never_more_holders_than_the_limit():
-    slots, held, peak, lock = FairSlots(3), [0], [0], threading.Lock()
+    """Holders keep their slot until released, so the limit is reached however slowly the threads
+    start on a loaded machine (a fixed 10 ms hold let each finish before the next began)."""
+    slots, held, peak, lock, release = FairSlots(3), [0], [0], threading.Lock(), threading.Event()
 
     def work() -> None:
         with slots.slot():
             with lock:
                 held[0] += 1
                 peak[0] = max(peak[0], held[0])
-            time.sleep(0.01)
+            release.wait(30)
             with lock:
                 held[0] -= 1
 
     threads = [threading.Thread(target=work) for _ in range(20)]
     for t in threads:
         t.start()
+    _wait_until(lambda: held[0] == 3 and slots.waiting == 17)
+    time.sleep(0.05)  # a fourth holder, if the limit leaked, would show up now
+    assert held[0] == 3
+    release.set()
     for t in threads:
         t.join()
-    assert peak[0] == 3 and slots.waiting == 0
+    assert peak[0] == 3 and slots.waiting == 0 and held[0] == 0
 
 
 def test_a_freed_slot_goes_to_the_oldest_query_then_in_request_order():
