@@ -33,6 +33,7 @@ from ragline.flows.compile import load_project
 from ragline.flows.contracts import ContextDocument, Passage
 from ragline.flows.evaluate import eval_workspace, load_beir
 from ragline.tasks.answerable import probability, similarity
+from ragline.tasks.tune_retrieval import auc
 
 
 def main() -> None:
@@ -92,10 +93,9 @@ def run(llm_items: int, calibrate: int) -> dict:
 
 def signal(positive: list[float], negative: list[float], floor: float | None) -> dict:
     """AUC, refusal rates at ``floor``, and at the labelled threshold passing 95 % of positives."""
-    pairs = [(p > n) + 0.5 * (p == n) for p in positive for n in negative]
     ranked = sorted(positive)
     best = ranked[int(0.05 * len(ranked))]  # 95 % of positives at or above it
-    out = {"items": len(positive), "auc": round(sum(pairs) / len(pairs), 3),
+    out = {"items": len(positive), "auc": round(auc(positive, negative), 3),
            "oracle_threshold": round(best, 4),
            "oracle_refused_with_negatives": round(sum(n < best for n in negative) / len(negative), 3),
            "oracle_refused_with_positives": round(sum(p < best for p in positive) / len(positive), 3)}

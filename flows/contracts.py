@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 Metadata = dict[str, str | int | float | bool]
 
@@ -211,8 +211,6 @@ class TuneReport(BaseModel):
     reason: str = ""
     gate_floor: float | None = Field(None, description="similarity floor given to answerability gates (None: "
                                                        "none set)")
-    gate_probability_floor: float | None = Field(None, description="P(answerable) threshold given to "
-                                                                   "answerability gates (None: none set)")
     gate_llm: GateCalibration | None = Field(None, description="how the gates' LLM check did on pseudo-queries "
                                                                  "(None: not calibrated)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="the overlay's resources and pipelines")
@@ -221,6 +219,12 @@ class TuneReport(BaseModel):
     seconds: float = 0.0
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
     budget_exhausted: bool = False
+
+    @computed_field
+    @property
+    def gate_probability_floor(self) -> float | None:
+        """The P(answerable) threshold given to answerability gates (None: none set)."""
+        return self.gate_llm.threshold if self.gate_llm is not None and self.gate_llm.enabled else None
 
 
 class IndexReport(BaseModel):

@@ -122,9 +122,11 @@ def served_flow(project: Project):
     return run_pipeline.with_options(persist_result=True, result_serializer="json", result_storage=folder)
 
 
-def deployment_name(project: Project, pipeline: str) -> str:
-    """The full Prefect name: ``GET /api/deployments/name/ragline/<prefix><pipeline>``."""
-    return f"{FLOW_NAME}/{project.spec.settings.deployment_prefix}{pipeline}"
+def deployment_name(project: Project, pipeline: str, full: bool = True) -> str:
+    """The Prefect name of a pipeline's deployment, ``<prefix><pipeline>``; in full (what
+    ``GET /api/deployments/name/...`` takes) with its flow: ``ragline/<prefix><pipeline>``."""
+    name = f"{project.spec.settings.deployment_prefix}{pipeline}"
+    return f"{FLOW_NAME}/{name}" if full else name
 
 
 def deployment_options(project: Project, data_dir: Path | None = None) -> dict[str, dict[str, Any]]:
@@ -143,7 +145,7 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
         if data_dir is not None:
             parameters["data_dir"] = str(Path(data_dir).resolve())
         spec = pipeline.spec
-        entry: dict[str, Any] = {"name": deployment_name(project, name).split("/", 1)[1], "parameters": parameters,
+        entry: dict[str, Any] = {"name": deployment_name(project, name, full=False), "parameters": parameters,
                                  "tags": ["ragline", spec.kind],
                                  "description": spec.description or f"ragline {spec.kind} pipeline '{name}'",
                                  "entrypoint_type": EntrypointType.MODULE_PATH}

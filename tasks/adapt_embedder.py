@@ -48,7 +48,7 @@ from ragline.flows.registry import stage
 from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec, resolve_model_path
 from ragline.flows.resources.state import IndexState
-from ragline.tasks.tune_retrieval import Corpus
+from ragline.tasks.tune_retrieval import Corpus, closest_of_other_documents
 
 MANIFEST = "ragline-adapt.json"
 VERSION = 1  # of the training recipe: part of the folder's key
@@ -268,17 +268,10 @@ def _mine(usable: list[tuple[PseudoQuery, int, str]], corpus: Corpus, bm25: Any,
     docs, scores = retriever.retrieve([queries[i] for i in asked], k=k, show_progress=False, n_threads=1)
     for row, i in enumerate(asked):
         pair, _, text = usable[i]
-        source = corpus.doc_index[pair.source_id]
-        seen: set[int] = set()
-        hits: list[int] = []
         # equal scores in chunk order: bm25s orders ties by its partial sort, which depends on k
-        for c, s in sorted(zip(docs[row].tolist(), scores[row].tolist()), key=lambda hit: (-hit[1], hit[0])):
-            doc = int(corpus.docs[c])
-            if s <= 0 or doc == source or doc in seen or corpus.texts[c] == text:
-                continue
-            seen.add(doc)
-            hits.append(int(c))
-        found[i] = hits[:wanted]
+        ranking = sorted(zip(docs[row].tolist(), scores[row].tolist()), key=lambda hit: (-hit[1], hit[0]))
+        found[i] = closest_of_other_documents([(c, s) for c, s in ranking if s > 0 and corpus.texts[c] != text],
+                                              corpus.docs, corpus.doc_index[pair.source_id], wanted)
     return found
 
 

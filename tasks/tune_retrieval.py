@@ -169,8 +169,7 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
                         overrides=overrides, overlay=str(path), budget_exhausted=exhausted,
-                        gate_floor=floor if gate is not None else None, gate_probability_floor=p_floor,
-                        gate_llm=calibration,
+                        gate_floor=floor if gate is not None else None, gate_llm=calibration,
                         timings={k: round(v, 2) for k, v in timings.items()})
     report.seconds = round(time.perf_counter() - started, 2)
     if params.write:
@@ -267,9 +266,7 @@ def calibrate_gate(probabilities: tuple[list[float], list[float]], keep: float, 
     unanswerable ones, the check's AUC, and whether that is worth a call per question."""
     answerable, unanswerable = probabilities
     threshold = kept_floor(answerable, keep)
-    pairs = [(a > u) + 0.5 * (a == u) for a in answerable for u in unanswerable]
-    calibration = GateCalibration(pairs=len(answerable), threshold=threshold,
-                                  auc=round(sum(pairs) / len(pairs), 4) if pairs else None)
+    calibration = GateCalibration(pairs=len(answerable), threshold=threshold, auc=auc(answerable, unanswerable))
     if threshold is None:
         calibration.reason = f"too few pseudo-queries ({len(answerable)}; 20 or more place the threshold)"
         return calibration
@@ -281,6 +278,13 @@ def calibrate_gate(probabilities: tuple[list[float], list[float]], keep: float, 
                           f"(AUC {calibration.auc:.2f}): "
                           + ("set" if calibration.enabled else f"left off (under {min_refusal:.0%})"))
     return calibration
+
+
+def auc(positive: list[float], negative: list[float]) -> float | None:
+    """The chance that a positive scores above a negative (ties count half): 1.0 separates them
+    perfectly, 0.5 is chance; None without both."""
+    pairs = [(p > n) + 0.5 * (p == n) for p in positive for n in negative]
+    return round(sum(pairs) / len(pairs), 4) if pairs else None
 
 
 def gate_probabilities(pairs: list[PseudoQuery], corpus: "Corpus", cache: "Rankings", llm: LLMClient,
