@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import uuid
@@ -838,6 +839,10 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
                              f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")
     import uvicorn
 
+    from ragline.flows.chroma_server import serve_stores
+
     app = create_app(project_path, token=token, routers=routers, max_body_bytes=max_body_bytes,
                      cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
+        serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

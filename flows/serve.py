@@ -319,6 +319,7 @@ class Service:
         self.poll_seconds, self.limit, self.pause_on_shutdown = poll_seconds, limit, pause_on_shutdown
         self.keep_results_days = keep_results_days
         self._results: Path | None = None
+        self._stores: list[Any] = []
         self.prefect_home = prefect_home
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.deployment_ids: dict[str, Any] = {}
@@ -357,6 +358,7 @@ class Service:
             raise ServeError(f"{self.project_path.name} defines no pipeline to serve")
         sock = _bind(self.host, self.port) if self.api else None  # a port in use fails before anything starts
         self._stack.callback(lambda: sock is not None and sock.close())
+        self._serve_stores(project)
         self._connect_prefect()
         _refuse_foreign_deployments(project, options)
         flow = served_flow(project)
@@ -379,6 +381,16 @@ class Service:
         self.log(f"ragline serve: {len(options)} deployment(s) of flow '{FLOW_NAME}': {served}")
         self.log(f"ragline serve: Prefect API {self.prefect_api_url}; runner polls every {self.poll_seconds:g} s"
                  + (f"; HTTP API {self.api_url}" if self.api_url else ""))
+
+    def _serve_stores(self, project: Project) -> None:
+        """One Chroma server per embedded store, before any flow run or query opens it: the API and
+        every flow-run process then read and write through it (flows/chroma_server.py says why)."""
+        from ragline.flows.chroma_server import serve_stores
+
+        try:
+            self._stores = serve_stores(project, self._stack, self.log)
+        except RuntimeError as exc:
+            raise ServeError(str(exc)) from None
 
     @staticmethod
     def _describe(options: dict[str, Any]) -> str:

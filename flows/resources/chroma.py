@@ -89,17 +89,25 @@ class ChromaStore:
         self._client = None
         self._max_batch: int | None = None
         self._lock = threading.RLock()
+        self._owner = None  # the managed server that owned the folder when this process connected
+        self._owner_resolved = False
 
     @property
     def server(self) -> str | None:
-        """The server's URL in server mode, else None."""
-        if not self.spec.host:
-            return None
-        return f"{'https' if self.spec.ssl else 'http'}://{self.spec.host}:{self.spec.port}"
+        """The server's URL in server mode (configured, or the managed one that owns the embedded
+        folder), else None."""
+        if self.spec.host:
+            return f"{'https' if self.spec.ssl else 'http'}://{self.spec.host}:{self.spec.port}"
+        return self._owner.url if self._owner is not None else None
 
     @property
     def location(self) -> str:
-        where = f"server {self.server}" if self.server else str(self.path)
+        if self.spec.host:
+            where = f"server {self.server}"
+        elif self._owner is not None:
+            where = f"{self.path} (served by {self._owner.url})"
+        else:
+            where = str(self.path)
         return f"chroma {where} collection {self.spec.collection}"
 
     @property
@@ -125,6 +133,11 @@ class ChromaStore:
                                                  settings=self._settings())
                     _set_http_timeout(client, self.spec.timeout_seconds)
                     self._client = client
+                elif self._served_by() is not None:
+                    client = chromadb.HttpClient(host=self._owner.host, port=self._owner.port,
+                                                 settings=self._settings())
+                    _set_http_timeout(client, self.spec.timeout_seconds)
+                    self._client = client
                 else:
                     self.path.mkdir(parents=True, exist_ok=True)
                     try:
@@ -134,13 +147,27 @@ class ChromaStore:
                         raise
             return self._client
 
+    def _served_by(self):
+        """The managed server (``flows/chroma_server.py``) that owns the embedded folder, decided once
+        per process at the first call: while a ``ragline serve``/``api`` owns the folder, every
+        process goes through its server instead of opening the files itself."""
+        if self.spec.host:
+            return None
+        with self._lock:
+            if not self._owner_resolved:
+                from ragline.flows.chroma_server import owner_of
+
+                self._owner = owner_of(self.path)
+                self._owner_resolved = True
+            return self._owner
+
     def _settings(self):
         """Telemetry off in both modes; a token goes through Chroma's own provider, read from the env."""
         from chromadb.config import Settings
 
         options: dict[str, Any] = {"anonymized_telemetry": False, "allow_reset": False}
         name = self.spec.auth_token_env
-        if self.spec.host and name:
+        if self.spec.host and name:  # (a managed server of an embedded folder has no token)
             token = os.environ.get(name)
             if not token:
                 raise ValueError(f"{self.location}: environment variable {name} (the auth token) is not set")
@@ -162,7 +189,7 @@ class ChromaStore:
     # ------------------------------------------------------------------ faults
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call``; against a server, retry connection failures with backoff up to the deadline."""
-        if not self.spec.host:
+        if not self.spec.host and self._served_by() is None:
             return self._on_disk(what, call)  # embedded: no connection to lose
         import tenacity
 

@@ -1,0 +1,215 @@
+"""`ragline serve` answers from the index its own runs write (issue 15, item 1).
+
+The default, embedded store, served as users run it: one `ragline serve` subprocess with a real
+Prefect server; ingestion as real flow runs in child processes (POST /v1/ingest, a Prefect REST
+trigger) and as a terminal `ragline index`; the API's next query must see exactly the new index on
+both retrievers, with no restart, and 50 queries during an ingestion must all succeed."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import scifact_records, write_jsonl
+from tests.integration.test_serve import (AUTH, FINAL, _create_flow_run, _deployment, _start, _stop,
+                                          _wait_flow_run, _wait_status)
+
+pytestmark = pytest.mark.integration
+
+PIPELINES = """
+resources:
+  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
+  store:    {type: chroma, path: idx/chroma, collection: main}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+
+pipelines:
+  index:
+    kind: ingestion
+    schedule: {cron: "0 4 * * *"}
+    steps:
+      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: 128, overlap: 8}}
+      - {id: embed,   task: embed}
+      - {id: write,   task: index}
+  dense:
+    kind: query
+    steps:
+      - {id: dense, task: retrieve_dense, with: {k: 1000}}
+  bm25:
+    kind: query
+    steps:
+      - {id: sparse, task: retrieve_sparse, with: {k: 1000}}
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 10}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 5}}
+"""
+
+ZEBRAFISH = "# Zebrafish\n\nZebrafish regenerate their fins and their heart after injury.\n"
+AXOLOTL = "# Zebrafish\n\nAxolotl salamanders regrow whole limbs, a trick zebrafish cannot match.\n"
+OKAPI = "# Okapi\n\nThe okapi is a forest giraffid of the Congo with striped legs.\n"
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    from ragline.flows.serve import start_prefect_server
+
+    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
+    try:
+        yield server.api_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("served-index")
+    write_jsonl(root / "docs" / "corpus.jsonl", scifact_records(12))
+    (root / "docs" / "zebrafish.md").write_text(ZEBRAFISH)
+    path = root / "pipelines.yaml"
+    path.write_text(textwrap.dedent(PIPELINES))
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(project, prefect_api):
+    """`ragline serve` on a project that was never indexed."""
+    process, url = _start(project, prefect_api, project.parent / "serve.log")
+    try:
+        yield url
+    finally:
+        _stop(process)
+
+
+def query(served: str, pipeline: str, question: str) -> list[dict]:
+    response = httpx.post(f"{served}/v1/query", json={"pipeline": pipeline, "question": question},
+                          headers=AUTH, timeout=120)
+    assert response.status_code == 200, response.text
+    items = response.json()["passages"]  # a lone retriever gives one ranking per search text
+    return [p for item in items for p in (item["passages"] if "passages" in item else [item])]
+
+
+def sources(passages: list[dict]) -> set[str]:
+    return {p["source_id"] for p in passages}
+
+
+def documents(project: Path) -> set[str]:
+    """The source ids the index state holds (what both retrievers must agree on)."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{project.parent / 'idx' / 'state.sqlite'}?mode=ro", uri=True) as conn:
+        return {row[0] for row in conn.execute("SELECT source_id FROM sources")}
+
+
+def ingest(served: str) -> dict:
+    started = httpx.post(f"{served}/v1/ingest", json={"pipeline": "index"}, headers=AUTH, timeout=30)
+    assert started.status_code == 202, started.text
+    status = _wait_status(served, started.json()["run_id"], FINAL, timeout=600)
+    assert status["state"] == "COMPLETED", status
+    return status
+
+
+def assert_agree(served: str, project: Path) -> set[str]:
+    """Dense search sees every indexed document and nothing else; no passage is empty."""
+    expected = documents(project)
+    dense = query(served, "dense", "cells")
+    assert sources(dense) == expected
+    assert all(p["text"].strip() and p["source_id"] for p in dense)
+    return expected
+
+
+def the(name: str, found: set[str]) -> str | None:
+    return next((s for s in found if s.endswith(name)), None)
+
+
+def test_first_ingestion_into_an_empty_project_is_seen_by_both_retrievers(served, project):
+    assert httpx.get(f"{served}/readyz", timeout=30).json()["checks"]["store"]["status"] == "up"
+    ingest(served)
+    expected = assert_agree(served, project)
+    assert len(expected) == 13
+    assert the("zebrafish.md", sources(query(served, "dense", "fish that regrow fins")))
+    assert the("zebrafish.md", sources(query(served, "bm25", "zebrafish fins")))
+    assert the("zebrafish.md", sources(query(served, "search", "zebrafish fins")))
+
+
+def test_an_update_with_50_queries_during_it(served, project):
+    before = documents(project)
+    (project.parent / "docs" / "zebrafish.md").write_text(AXOLOTL)
+    write_jsonl(project.parent / "docs" / "more.jsonl", scifact_records(150, offset=12))
+    started = httpx.post(f"{served}/v1/ingest", json={"pipeline": "index"}, headers=AUTH, timeout=30)
+    assert started.status_code == 202, started.text
+
+    def ask(i: int) -> set[str]:
+        return sources(query(served, ("search", "dense", "bm25")[i % 3], f"cells and proteins {i}"))
+
+    with ThreadPoolExecutor(8) as pool:
+        seen = list(pool.map(ask, range(50)))  # every one answers 200 (asserted in query)
+    status = _wait_status(served, started.json()["run_id"], FINAL, timeout=600)
+    assert status["state"] == "COMPLETED", status
+    after = assert_agree(served, project)
+    assert len(after) == 13 + 150
+    for found in seen:  # old or new documents, nothing else
+        assert found <= before | after
+    dense = query(served, "dense", "salamanders regrow limbs")
+    assert the("zebrafish.md", sources(dense[:3]))
+    assert not any("fins" in p["text"] for p in dense if p["source_id"].endswith("zebrafish.md"))
+    assert the("zebrafish.md", sources(query(served, "bm25", "axolotl salamanders")))
+
+
+def test_a_deletion_by_a_prefect_triggered_run(served, prefect_api, project):
+    (project.parent / "docs" / "zebrafish.md").unlink()
+    run = _wait_flow_run(prefect_api, _create_flow_run(prefect_api, _deployment(prefect_api, "index")["id"], {}),
+                         timeout=600)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    found = assert_agree(served, project)
+    assert the("zebrafish.md", found) is None
+    for pipeline in ("dense", "bm25", "search"):
+        passages = query(served, pipeline, "axolotl salamanders zebrafish")
+        assert the("zebrafish.md", sources(passages)) is None
+        assert all(p["text"].strip() for p in passages)
+
+
+def test_a_terminal_index_beside_the_service(served, project):
+    """A user's `ragline index` in another terminal goes through the service's Chroma server."""
+    (project.parent / "docs" / "okapi.md").write_text(OKAPI)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    ragline = Path(sys.executable).with_name("ragline")
+    done = subprocess.run([str(ragline), "index", "-f", str(project), "--no-prefect"], cwd=project.parent,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "added 1" in done.stdout
+    assert_agree(served, project)
+    assert the("okapi.md", sources(query(served, "dense", "striped forest giraffe")[:3]))
+    assert the("okapi.md", sources(query(served, "bm25", "okapi congo")))
+
+
+def test_the_chroma_server_is_supervised(served, project):
+    """Killed, it is reported and restarted on the same port; the next queries are answered."""
+    from ragline.flows.chroma_server import owner_of
+
+    owner = owner_of(project.parent / "idx" / "chroma")
+    assert owner is not None
+    os.kill(owner.pid, 9)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        again = owner_of(project.parent / "idx" / "chroma")
+        if again is not None and again.pid != owner.pid:
+            break
+        time.sleep(0.5)
+    assert again is not None and again.pid != owner.pid and again.port == owner.port
+    assert the("okapi.md", sources(query(served, "dense", "striped forest giraffe")[:3]))
+    log = (project.parent / "serve.log").read_text()
+    assert "exited with code" in log and "restarting it" in log
