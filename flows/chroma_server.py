@@ -88,7 +88,10 @@ def owner_of(store_path: Path) -> Endpoint | None:
         info = json.loads(server_file(store_path).read_text())
         endpoint = Endpoint(str(info["host"]), int(info["port"]), int(info["pid"]))
         started = info.get("started")
+        host = info.get("hostname")
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host is not None and host != socket.gethostname():  # a data folder shared with another machine
         return None
     if not _same_process(endpoint.pid, started):
         return None
@@ -196,7 +199,8 @@ class ManagedChroma:
     def _publish(self) -> None:
         """Write the server file atomically, readable by this user only."""
         info = {"host": self.host, "port": self.port, "pid": self.process.pid, "owner": os.getpid(),
-                "started": _start_time(self.process.pid), "path": str(self.path)}
+                "started": _start_time(self.process.pid), "path": str(self.path),
+                "hostname": socket.gethostname()}
         target = server_file(self.path)
         tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
