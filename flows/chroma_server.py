@@ -297,27 +297,48 @@ def serve_stores(project: Any, stack: contextlib.ExitStack, say: Callable[[str],
     folders = embedded_stores(project)
     if not folders:
         return servers
-    with contextlib.ExitStack() as writers:
-        _hold_writer_leases(project, writers, say)
-        for folder in folders:
-            server = _serve_one(folder, say)
-            if server is not None:
-                stack.callback(server.stop)
-                servers.append(server)
+    _wait_for_embedded_writers(project, say)
+    for folder in folders:
+        server = _serve_one(folder, say)
+        if server is not None:
+            stack.callback(server.stop)
+            servers.append(server)
     return servers
 
 
-def _hold_writer_leases(project: Any, stack: contextlib.ExitStack, say: Callable[[str], None]) -> None:
-    """Wait for a run writing the store embedded (a terminal ``ragline index``) to finish, and keep
-    new ones out until the server file is published: they then open the store through the server.
-    (A server started under a live embedded writer would never see that writer's vectors.)"""
+def _wait_for_embedded_writers(project: Any, say: Callable[[str], None], poll: float = 0.5) -> None:
+    """Wait while a run writes the store embedded (a terminal ``ragline index`` holds the state's
+    writer lease): a server started under it would never see that writer's vectors. Read-only (the
+    API must not write the state); a writer that starts after this check opens the store at its
+    first Chroma call, inside its lease, and by then finds the published server."""
     for name, spec in project.spec.resources.items():
-        if getattr(spec, "type", None) == "index_state":
-            state = project.resource(name)
-            stack.enter_context(state.lease(
-                "ragline serve (starting its Chroma server)",
-                on_wait=lambda holder: say(f"ragline: waiting for {holder.describe()} to finish writing the index "
-                                           f"before serving its store")))
+        if getattr(spec, "type", None) != "index_state":
+            continue
+        path = project.resource(name).path
+        told = False
+        while (holder := _live_writer(path)) is not None:
+            if not told:
+                say(f"ragline: waiting for {holder.describe()} to finish writing the index before serving its store")
+                told = True
+            time.sleep(poll)
+
+
+def _live_writer(state_path: Path):
+    """The live holder of the writer lease of the state at ``state_path`` (read-only), else None."""
+    import sqlite3
+
+    from ragline.flows.resources.state import LeaseHolder
+
+    if not state_path.exists():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{state_path}?mode=ro", uri=True, timeout=10)) as conn:
+            row = conn.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease "
+                               "WHERE name='writer'").fetchone()
+    except sqlite3.Error:  # no lease table yet, or a damaged state: the writer's own run reports that
+        return None
+    holder = LeaseHolder(*row) if row else None
+    return holder if holder is not None and not holder.stale(time.time(), 30.0) else None
 
 
 def _serve_one(folder: Path, say: Callable[[str], None]) -> ManagedChroma | None:

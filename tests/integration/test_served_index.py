@@ -6,9 +6,9 @@ trigger) and as a terminal `ragline index`; the API's next query must see exactl
 both retrievers, with no restart, and 50 queries during an ingestion must all succeed."""
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import scifact_records, write_jsonl
-from tests.integration.test_serve import (AUTH, FINAL, _create_flow_run, _deployment, _start, _stop,
+from tests.integration.test_serve import (AUTH, FINAL, TOKEN as AUTH_TOKEN, _create_flow_run, _deployment, _start, _stop,
                                           _wait_flow_run, _wait_status)
 
 pytestmark = pytest.mark.integration
@@ -213,3 +213,55 @@ def test_the_chroma_server_is_supervised(served, project):
     assert the("okapi.md", sources(query(served, "dense", "striped forest giraffe")[:3]))
     log = (project.parent / "serve.log").read_text()
     assert "exited with code" in log and "restarting it" in log
+
+
+def test_ragline_api_beside_a_terminal_index_that_adds_and_deletes(tmp_path):
+    """`ragline api` (no Prefect) and a user's `ragline index` in another terminal: the API's next
+    query finds the added file and never returns the deleted one (it came back as an empty passage)."""
+    from tests.integration.harness import free_port, run_index
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "zebrafish.md").write_text(ZEBRAFISH)
+    write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(6))
+    project = tmp_path / "pipelines.yaml"
+    project.write_text(textwrap.dedent(PIPELINES))
+    run_index(project)
+    ragline = Path(sys.executable).with_name("ragline")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    port = free_port()
+    log = open(tmp_path / "api.log", "wb")
+    api = subprocess.Popen([str(ragline), "api", "-f", str(project), "--port", str(port), "--token", AUTH_TOKEN],
+                           cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert api.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        assert the("zebrafish.md", sources(query(url, "dense", "fish that regrow fins")[:3]))
+        (tmp_path / "docs" / "zebrafish.md").unlink()
+        (tmp_path / "docs" / "okapi.md").write_text(OKAPI)
+        done = subprocess.run([str(ragline), "index", "-f", str(project), "--no-prefect"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "added 1" in done.stdout and "deleted 1" in done.stdout
+        assert_agree(url, project)
+        for pipeline in ("dense", "search"):
+            passages = query(url, pipeline, "fish that regrow fins; striped forest giraffe")
+            assert the("zebrafish.md", sources(passages)) is None and all(p["text"].strip() for p in passages)
+            assert the("okapi.md", sources(passages))
+    finally:
+        api.send_signal(signal.SIGTERM)
+        api.wait(60)
+        log.close()
+    assert owner_of_gone(project)
+
+
+def owner_of_gone(project: Path) -> bool:
+    from ragline.flows.chroma_server import owner_of, server_file
+
+    folder = project.parent / "idx" / "chroma"
+    return owner_of(folder) is None and not server_file(folder).exists()
