@@ -386,6 +386,8 @@ class Service:
         if isinstance(exc, StepFailed) and type(cause).__name__ == "EmbedderMismatch":  # re-embedding pending
             return ApiError(503, message, "service_unavailable_error", code="index_needs_reembedding",
                             headers=no_retry)
+        if isinstance(exc, StepFailed) and type(cause).__name__ in ("StoreDamaged", "StoreMissing"):  # issue 16
+            return ApiError(503, message, "service_unavailable_error", code="index_damaged", headers=no_retry)
         if isinstance(exc, StepFailed) and cause is None and "timed out after" in message:
             return ApiError(504, message, "server_error", code="step_timeout", headers=no_retry)
         if isinstance(exc, StepFailed):
@@ -543,7 +545,7 @@ async def readiness(service: Service, require_prefect: bool) -> dict[str, Depend
     resources = service.project.spec.resources
     jobs: dict[str, Any] = {}
     for name, spec in resources.items():
-        if spec.type == "chroma":
+        if spec.type in ("chroma", "bm25"):
             jobs[name] = _check_store(service, name)
         elif spec.type == "openai_compatible":
             jobs[name] = _check_llm(service, name)
@@ -553,17 +555,59 @@ async def readiness(service: Service, require_prefect: bool) -> dict[str, Depend
 
 
 async def _check_store(service: Service, name: str) -> DependencyStatus:
-    """A cheap call on the store (the collection's count), on a thread, with a time limit."""
-    store = service.project.resource(name)
+    """The store against the index state it belongs to, on a thread, with a time limit: Chroma's
+    count (and BM25's published count) must be the state's chunk count; a store that is missing,
+    unreadable or short while the state holds chunks is down, with the reason and the remedy.
+    Read-only, as every query path: nothing is created or rebuilt here."""
+    kind = service.project.spec.resources[name].type
     try:
-        count = await asyncio.wait_for(asyncio.to_thread(store.count), CHECK_TIMEOUT_SECONDS)
+        detail = await asyncio.wait_for(asyncio.to_thread(_store_against_state, service.project, name),
+                                        CHECK_TIMEOUT_SECONDS)
     except TimeoutError:
-        return DependencyStatus(status="down", required=True, type="chroma",
+        return DependencyStatus(status="down", required=True, type=kind,
                                 error=f"no answer within {CHECK_TIMEOUT_SECONDS:g} s")
     except Exception as exc:  # noqa: BLE001 - reported, redacted
-        return DependencyStatus(status="down", required=True, type="chroma",
+        return DependencyStatus(status="down", required=True, type=kind,
                                 error=service.redact(f"{type(exc).__name__}: {exc}"))
-    return DependencyStatus(status="up", required=True, type="chroma", detail={"chunks": count})
+    problem = detail.pop("problem", None)
+    if problem:
+        return DependencyStatus(status="down", required=True, type=kind, detail=detail,
+                                error=service.redact(problem))
+    return DependencyStatus(status="up", required=True, type=kind, detail=detail)
+
+
+def _store_against_state(project: Any, name: str) -> dict[str, Any]:
+    """{"chunks": what the store holds, "state_chunks": what the state names, "problem": why they
+    disagree (absent when they agree)}."""
+    from ragline.flows.check import indexes
+    from ragline.flows.resources.state import REMEDY, StoreMissing
+
+    store = project.resource(name)
+    states = {i.state for i in indexes(project) if name in (i.store, i.sparse)}
+    state = project.resource(states.pop()) if len(states) == 1 else None
+    try:
+        expected = state.counts()[1] if state is not None else None
+    except StoreMissing:
+        expected = 0
+    detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
+    if store.spec.type == "bm25":
+        problem = store.problem(state)
+        published = None if problem else store.published_version()
+        detail["chunks"] = published.get("count", 0) if published else 0
+        if problem:
+            detail["problem"] = f"{problem}; {REMEDY}" if REMEDY not in problem else problem
+        return detail
+    try:
+        detail["chunks"] = store.count()
+    except StoreMissing as exc:
+        detail["chunks"] = 0
+        if expected:
+            detail["problem"] = f"{exc} while the index state holds {expected} chunks"
+        return detail
+    if expected is not None and detail["chunks"] != expected:
+        detail["problem"] = (f"{store.location} holds {detail['chunks']} vectors, the index state names {expected} "
+                             f"chunks; {REMEDY}")
+    return detail
 
 
 async def _check_llm(service: Service, name: str) -> DependencyStatus:

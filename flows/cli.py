@@ -168,12 +168,43 @@ def _parser() -> argparse.ArgumentParser:
                    help="delete served runs' JSON results older than this (at start, then hourly); 0: keep all")
     _start_llm_flag(p)
 
+    _check_command(command)
+
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample), search it and answer "
                                            "a question with citations.")
     p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
     p.add_argument("question", nargs="?", default=SAMPLE_QUESTION)
     _start_llm_flag(p)
     return parser
+
+
+# ----------------------------------------------------------------------------- ragline check (issue 16)
+def _check_command(command) -> None:
+    p = command("check", _check, "Compare every store (Chroma, BM25) with the index state: all ids, counts, the "
+                                 "BM25 version, the embedder. Exit 0: they agree; 1: problems found; 2: bad "
+                                 "configuration.")
+    p.add_argument("--repair", action="store_true",
+                   help="repair what the state allows (delete stray vectors, rebuild BM25, re-embed sources whose "
+                        "vectors are missing) and check again")
+
+
+def _check(args) -> int:
+    from ragline.flows.check import check
+
+    project = _project(args)
+
+    def reindex(pipeline: str) -> None:
+        _, report = index_paths(args, [], pipeline, orchestrate=False)
+        if report.incomplete:
+            raise RuntimeError(f"re-indexing with '{pipeline}' could not reach every source: nothing was deleted")
+
+    remaining = check(project, args.repair, say=lambda line: print(line), reindex=reindex)
+    if not remaining:
+        print("ok: every store agrees with the index state")
+        return 0
+    print(f"{len(remaining)} problem(s)" + ("" if args.repair else ": `ragline check --repair` repairs what the "
+                                                                   "state allows"), file=sys.stderr)
+    return 1
 
 
 def _start_llm_flag(p: argparse.ArgumentParser) -> None:

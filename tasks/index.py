@@ -6,6 +6,11 @@ sources with their new chunks (commit). A crash anywhere leaves the state naming
 complete sources; the next run re-indexes the rest and, because the run was marked dirty,
 ``reconcile`` deletes vectors the state does not name. BM25 is rebuilt from the state
 whenever its published generation differs from the state's.
+
+Every run also checks, under its lease, that the stores still agree with the state (counts and
+a sample of ids: ``integrity.compare``) and repairs what a lost or damaged store needs, one
+warning line each: a deleted Chroma folder is re-embedded, a deleted or garbled BM25 version
+rebuilt. What it cannot repair (a damaged state file) fails the run naming the file and the remedy.
 """
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexRep
 from ragline.flows.contracts import IngestPlan
 from ragline.flows.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
+from ragline.flows.resources import integrity
 from ragline.flows.resources.chroma import ChromaStore
+from ragline.flows.resources.integrity import reconcile
 from ragline.flows.resources.state import IndexState, LeaseHolder
 
 DIRTY = "dirty"
@@ -78,10 +85,12 @@ def session(params: Params, ctx: StepContext, state: IndexState) -> Iterator[Non
 
 @index.on_plan
 def plan(documents: list[Document], failures: list[Failure], covered: list[Coverage], params: Params,
-         ctx: StepContext, store: ChromaStore, state: IndexState) -> IngestPlan:
-    """Decide what changed since the last run, after repairing an interrupted one."""
+         ctx: StepContext, store: ChromaStore, sparse: BM25Index, state: IndexState) -> IngestPlan:
+    """Decide what changed since the last run, after repairing an interrupted one and any store
+    that no longer agrees with the state."""
     if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
-        reconcile(store, state, ctx)
+        reconcile(store, state, ctx.logger.warning)
+    integrity.repair(integrity.compare(store, sparse, state), store, sparse, state, ctx.logger.warning)
     state.set_meta(DIRTY, "1")
     everything = state.sources()
     plan = IngestPlan(to_index=[])
@@ -122,21 +131,6 @@ def finalize(plan: IngestPlan, ctx: StepContext, store: ChromaStore, sparse: BM2
     failpoints.hit("finalize.after_publish")
     state.set_meta(DIRTY, "0")
     return IndexReport(deleted=len(plan.removed), chunks_deleted=len(removed_ids))
-
-
-def reconcile(store: ChromaStore, state: IndexState, ctx: StepContext) -> None:
-    """Make Chroma hold exactly the chunks the state names (after a crash, or on request)."""
-    stored = store.all_ids()
-    expected = state.chunk_ids()
-    extra = stored - expected
-    if extra:
-        ctx.logger.warning("removing %d vectors left by an interrupted run", len(extra))
-        store.delete(sorted(extra))
-    missing = expected - stored
-    if missing:
-        sources = {meta["source_id"] for meta in state.chunks_by_id(sorted(missing)).values()}
-        ctx.logger.warning("re-indexing %d sources whose vectors are missing", len(sources))
-        state.forget(sources)
 
 
 def _ensure_dimension(store: ChromaStore, state: IndexState, chunks: list[Chunk], ctx: StepContext) -> None:

@@ -1,4 +1,10 @@
-"""Dense retrieval from Chroma for every search text of the query (one batched call)."""
+"""Dense retrieval from Chroma for every search text of the query (one batched call).
+
+Read-only: a missing store or collection is never created here. When Chroma is missing, empty
+or unreadable while the index state holds chunks, a dense-only pipeline fails and a hybrid one
+warns and answers from its other retriever (``store_fault``), in one line naming the store and
+the remedy. A store missing while nothing was ever indexed is an empty answer.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -11,6 +17,7 @@ from ragline.flows.registry import stage
 from ragline.flows.resources import filters
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing
 
 
 class Params(BaseModel):
@@ -37,7 +44,74 @@ def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: Chroma
                    embedder: Embedder) -> list[Ranking]:
     """Nearest chunks by embedding, per search text, honouring metadata filters."""
     texts = query.dense_texts()
-    store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
-    vectors = embedder.encode_queries(texts)
-    results = store.query(vectors, params.k, where=combined_filter(params.where, query.filters), retriever=ctx.step_id)
+    where = combined_filter(params.where, query.filters)
+    try:
+        store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
+        vectors = embedder.encode_queries(texts)
+        results = store.query(vectors, params.k, where=where, retriever=ctx.step_id)
+        if not any(results) and store.count() == 0:
+            _empty_store(store, ctx)
+    except StoreMissing as exc:
+        if indexed_chunks(ctx):
+            store_fault(ctx, exc)
+        else:
+            ctx.logger.info("nothing is indexed yet: %s", exc)
+        results = [[] for _ in texts]
+    except StoreDamaged as exc:
+        store_fault(ctx, exc)
+        results = [[] for _ in texts]
+    except Exception as exc:
+        store_fault(ctx, _unreadable(store, exc))
+        results = [[] for _ in texts]
     return [Ranking(retriever=ctx.step_id, query=t, passages=r) for t, r in zip(texts, results)]
+
+
+def _empty_store(store: ChromaStore, ctx: StepContext) -> None:
+    chunks = indexed_chunks(ctx)
+    if chunks:
+        raise StoreDamaged(f"{store.location}: the collection is empty while the index state holds {chunks} "
+                           f"chunks; {REMEDY}")
+
+
+def _unreadable(store: ChromaStore, exc: Exception) -> Exception:
+    """Chroma's own error for a damaged embedded store (``database disk image is malformed``) as
+    one line naming the folder and the remedy; any other error unchanged."""
+    from chromadb.errors import InternalError
+
+    if store.spec.host or not isinstance(exc, InternalError):
+        raise exc
+    return StoreDamaged(f"{store.location} is unreadable ({exc}): move it aside (mv {store.path} "
+                        f"{store.path}.damaged) and run `ragline index` to re-embed every source")
+
+
+def indexed_chunks(ctx: StepContext) -> int:
+    """Chunks the project's index state names (read-only; 0 without a state, or with several: then
+    which one goes with this store is unknown)."""
+    project = ctx.project
+    if project is None:
+        return 0
+    names = [n for n, spec in project.spec.resources.items() if spec.type == "index_state"]
+    if len(names) != 1:
+        return 0
+    state: IndexState = project.resource(names[0])
+    try:
+        return state.counts()[1]
+    except StoreMissing:
+        return 0
+
+
+def store_fault(ctx: StepContext, exc: StoreDamaged) -> None:
+    """A store that is missing or damaged while the state says otherwise: a pipeline with another
+    retriever answers from it with a warning; a pipeline with only this one fails (never a
+    silently empty or one-sided answer)."""
+    if not _hybrid(ctx):
+        raise exc
+    ctx.logger.warning("%s; answering from the other retrievers only", exc)
+
+
+def _hybrid(ctx: StepContext) -> bool:
+    project = ctx.project
+    if project is None or ctx.pipeline not in project.pipelines:
+        return False
+    retrievers = [s for s in project.pipeline(ctx.pipeline).steps if s.stage.name.startswith("retrieve_")]
+    return len(retrievers) > 1

@@ -1,19 +1,28 @@
-"""Sparse BM25 retrieval (bm25s) for every search text of the query."""
+"""Sparse BM25 retrieval (bm25s) for every search text of the query.
+
+A query only reads: the published BM25 version is searched as it is. A version that lags the
+index state (an ingestion run died before publishing, or the tuned settings changed since) is
+reported, never rebuilt here: rebuilding is the writers' job (ingestion, ``ragline tune``,
+``ragline check --repair``), so a query can never publish over the index (once, a query after
+the state file was lost published an empty version and deleted the valid one). A version that
+is missing or unreadable while the state holds chunks fails a BM25-only pipeline and is a
+warning in a hybrid one (``retrieve_dense.store_fault``).
+"""
 from __future__ import annotations
 
-import sqlite3
 import time
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query, Ranking
 from ragline.flows.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
-from ragline.flows.resources.state import IndexState
-from ragline.tasks.retrieve_dense import Params, combined_filter
+from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing
+from ragline.tasks.retrieve_dense import Params, combined_filter, store_fault
 
 LEASE_STALE_SECONDS = 30.0  # as the index sink's lease: a holder silent this long is gone
-BEHIND = "BM25 index is behind the index state (interrupted ingestion?): rebuilding"
-RESET = "BM25 settings changed since the index was built (pipelines.yaml or its tuned overlay): rebuilding"
+BEHIND = f"BM25 index is behind the index state (an interrupted ingestion?): searching the published version; {REMEDY}"
+RESET = ("BM25 settings changed since the index was built (pipelines.yaml or its tuned overlay): searching the "
+         f"version built with the old ones; {REMEDY}")
 
 
 @stage("retrieve_sparse", params=Params, produces="rankings", kind="query",
@@ -21,9 +30,14 @@ RESET = "BM25 settings changed since the index was built (pipelines.yaml or its 
 def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,
                     state: IndexState) -> list[Ranking]:
     """Best BM25 matches per search text; the same metadata filters as dense retrieval."""
-    catch_up(sparse, state, ctx)
     texts = query.search_texts()
-    hits = sparse.search(texts, params.k, where=combined_filter(params.where, query.filters))
+    where = combined_filter(params.where, query.filters)
+    try:
+        report_lag(sparse, state, ctx)
+        hits = sparse.search(texts, params.k, where=where)
+    except StoreDamaged as exc:
+        store_fault(ctx, exc)
+        hits = [[] for _ in texts]
     rankings = []
     for text, results in zip(texts, hits):
         passages = []
@@ -36,24 +50,30 @@ def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: BM25
     return rankings
 
 
-def catch_up(sparse: BM25Index, state: IndexState, ctx: StepContext) -> bool:
-    """Rebuild BM25 when it lags the state, so hybrid search never silently runs dense-only after
-    an ingestion run that died before publishing. One meta read per query when in step; concurrent
-    queries rebuild once (``sync`` re-checks under its lock). True if this call rebuilt.
+def report_lag(sparse: BM25Index, state: IndexState, ctx: StepContext) -> None:
+    """Say (never repair) when the published version is not the state's; raise StoreDamaged when
+    there is none, or it is unreadable, while the state holds chunks. Read-only: a pointer read, a
+    meta read, and a count only when nothing is published.
 
     While an ingestion run holds the writer lease, the state moves batch by batch and that run
-    publishes BM25 itself at its end: the published version is searched, with a note in the log.
-    An index this process cannot write (a read-only copy) is searched as published, loudly."""
-    try:
-        holder = state.lease_holder()
-        if holder is not None and not holder.stale(time.time(), LEASE_STALE_SECONDS) and sparse.lags(state):
-            ctx.logger.info("the index is being updated by %s: BM25 searches the last published version",
-                            holder.describe())
-            return False
-        published = sparse.published_version()
-        behind = published is None or published["generation"] != state.generation
-        return sparse.sync(state, on_rebuild=lambda: ctx.logger.warning(BEHIND) if behind else ctx.logger.info(RESET))
-    except (OSError, sqlite3.Error) as exc:
-        ctx.logger.error("could not bring BM25 in step with the index state (%s: %s): searching the "
-                         "published version", type(exc).__name__, exc)
-        return False
+    publishes BM25 itself at its end: that lag is only a note in the log."""
+    published = sparse.published_version()  # StoreDamaged when the pointer is garbage
+    if not state.exists():
+        return  # nothing indexed (or the state is lost: ingestion says so); the published version is searched
+    if published is None:
+        chunks = state.counts()[1]
+        if chunks:
+            raise StoreMissing(f"{sparse.location}: no BM25 index is published while the index state holds "
+                               f"{chunks} chunks; {REMEDY}")
+        return
+    behind = published["generation"] != state.generation
+    if not behind and published["settings"] == sparse.settings:
+        return
+    holder = state.lease_holder()
+    if holder is not None and not holder.stale(time.time(), LEASE_STALE_SECONDS):
+        ctx.logger.info("the index is being updated by %s: BM25 searches the last published version",
+                        holder.describe())
+    elif behind:
+        ctx.logger.warning(BEHIND)
+    else:
+        ctx.logger.warning(RESET)

@@ -139,7 +139,8 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     bm25_spec = plain.spec.resources[targets[0].sparse_resource]
     base = current_setting(plain, targets[0], bm25_spec)
     clock = time.perf_counter()
-    corpus = Corpus.from_state(state)
+    generation, rows = consistent_read(state, ctx)
+    corpus = Corpus.from_rows(rows)
     pairs = [p for p in pairs if p.source_id in corpus.doc_index]  # a document deleted since: left out
     timings["corpus"] = time.perf_counter() - clock
     deadline = None if params.max_seconds is None else time.monotonic() + params.max_seconds
@@ -172,12 +173,51 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
                         gate_floor=floor if gate is not None else None, gate_llm=calibration,
                         timings={k: round(v, 2) for k, v in timings.items()})
     report.seconds = round(time.perf_counter() - started, 2)
+    if state.generation != generation:
+        ctx.logger.warning("the index changed while tuning (generation %d -> %d): the overlay records %d, the "
+                           "generation the settings were tuned on; run `ragline tune` again", generation,
+                           state.generation, generation)
     if params.write:
-        overlay.write_overlay(project, path, report, state_generation=state.generation)
+        overlay.write_overlay(project, path, report, state_generation=generation)
         report.written = True
+        publish_tuned_bm25(project, targets, state, ctx)
     ctx.logger.info("tune: chose %s (%s %.4f) over %d candidates", chosen.name, params.metric,
                     chosen.scores[params.metric], len(candidates))
     return report
+
+
+WRITER_WAIT_SECONDS = 3600.0  # how long tune waits for an ingestion run to finish before reading
+
+
+def consistent_read(state: IndexState, ctx: StepContext) -> tuple[int, list[tuple[str, str, dict[str, Any]]]]:
+    """The generation and the chunks of one published state: wait while an ingestion run writes
+    (its batches move the state and Chroma apart), then read both in one transaction. The
+    overlay records this generation. Read-only: no lease is taken, nothing is written."""
+    from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
+
+    told, deadline = False, time.monotonic() + WRITER_WAIT_SECONDS
+    while (holder := state.lease_holder()) is not None and not holder.stale(time.time(), LEASE_STALE_SECONDS):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the index is still being written by {holder.describe()}: try `ragline tune` later")
+        if not told:
+            ctx.logger.warning("waiting: the index is being written by %s; tune reads it when that run ends",
+                               holder.describe())
+            told = True
+        time.sleep(0.5)
+    return state.snapshot()
+
+
+def publish_tuned_bm25(project: Any, targets: list[Target], state: IndexState, ctx: StepContext) -> None:
+    """Rebuild BM25 with the settings the overlay now sets, as a writer (under the lease): queries
+    never rebuild it, and a version built with other settings (a stemmer changed) would not match
+    the queries' terms."""
+    from ragline.flows.overlay import apply_overlay
+
+    tuned = apply_overlay(project.untuned or project)
+    with state.lease(f"{ctx.pipeline} (publishing tuned BM25)"):
+        for name in sorted({t.sparse_resource for t in targets}):
+            if tuned.resource(name).sync(state):
+                ctx.logger.info("BM25 %s rebuilt with the tuned settings", name)
 
 
 # ----------------------------------------------------------------------------- targets
@@ -347,7 +387,11 @@ class Corpus:
 
     @classmethod
     def from_state(cls, state: IndexState) -> "Corpus":
-        rows = sorted(state.chunk_rows(), key=lambda r: r[0])
+        return cls.from_rows(state.chunk_rows())
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple[str, str, dict[str, Any]]]) -> "Corpus":
+        rows = sorted(rows, key=lambda r: r[0])
         doc_ids = sorted({str(r[2]["source_id"]) for r in rows})
         doc_index = {d: i for i, d in enumerate(doc_ids)}
         docs = np.fromiter((doc_index[str(r[2]["source_id"])] for r in rows), dtype=np.int64, count=len(rows))

@@ -36,6 +36,7 @@ def _bm25s():
 
 from ragline.flows import failpoints
 from ragline.flows.resources.filters import matches
+from ragline.flows.resources.state import REMEDY, StoreDamaged, StoreMissing
 
 
 class BM25Spec(BaseModel):
@@ -79,10 +80,44 @@ class BM25Index:
         return tokenize(texts, self.spec.stemmer, self.spec.stopwords)
 
     def published_version(self) -> dict[str, Any] | None:
+        """The pointer's record (version, generation, settings, count), or None if nothing was
+        published; an unreadable pointer raises StoreDamaged naming it (a rebuild replaces it)."""
         pointer = self.path / self.POINTER
         if not pointer.exists():
             return None
-        return json.loads(pointer.read_text())
+        try:
+            info = json.loads(pointer.read_text(encoding="utf-8"))
+            if not isinstance(info, dict) or not {"version", "generation", "settings"} <= info.keys():
+                raise ValueError("not a BM25 version record")
+            return info
+        except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise StoreDamaged(f"bm25 pointer {pointer} is unreadable ({type(exc).__name__}: {exc}); "
+                               f"{REMEDY} to rebuild BM25 from the index state") from exc
+
+    def problem(self, state: IndexState | None = None) -> str | None:
+        """Why the published version cannot be searched as the state says it should, in one line, or
+        None. Cheap (the pointer, a stat, two counts): run by every ingestion run and query check.
+        Without a state only the pointer and its folder are checked."""
+        try:
+            published = self.published_version()
+        except StoreDamaged as exc:
+            return str(exc)
+        chunks = None
+        if state is not None:
+            try:
+                chunks = state.counts()[1]
+            except StoreMissing:
+                chunks = 0
+        if published is None:
+            return None if not chunks else (f"{self.location}: nothing is published while the index state "
+                                             f"holds {chunks} chunks")
+        folder = self.path / published["version"]
+        if not (folder / "ids.json").is_file():
+            return f"{self.location}: the published version {folder} is missing"
+        if chunks is not None and published.get("count") != chunks and published["generation"] == state.generation:
+            return (f"{self.location}: the published version holds {published.get('count')} passages, the index "
+                    f"state {chunks} chunks")
+        return None
 
     @property
     def settings(self) -> str:
@@ -92,21 +127,28 @@ class BM25Index:
     def lags(self, state: IndexState) -> bool:
         """True when the published version is not the state's generation built with these settings.
         An empty state with nothing published is in step: there is nothing to build."""
-        published = self.published_version()
+        try:
+            published = self.published_version()
+        except StoreDamaged:
+            return True
         generation = state.generation
         if published is None:
             return generation != 0
+        if not (self.path / published["version"] / "ids.json").is_file():
+            return True  # the published folder was deleted: rebuild it
         return published["generation"] != generation or published["settings"] != self.settings
 
-    def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None) -> bool:
-        """Rebuild from the state and publish when the published version lags it; True if it did.
+    def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None, force: bool = False) -> bool:
+        """Rebuild from the state and publish when the published version lags it (or ``force``);
+        True if it did. Only writers call it (ingestion, tune, ``ragline check --repair``): a query
+        never builds or publishes.
 
         Checked again under the build lock, so concurrent callers (threads or processes) rebuild
         once; ``on_rebuild`` runs just before a rebuild (e.g. to log why)."""
-        if not self.lags(state):
+        if not force and not self.lags(state):
             return False
         with self._exclusive():
-            if not self.lags(state):
+            if not force and not self.lags(state):
                 return False
             if on_rebuild is not None:
                 on_rebuild()
@@ -173,7 +215,10 @@ class BM25Index:
     def _remove_stale(self) -> None:
         """Delete versions that are neither published nor younger than the grace period: a young
         folder may belong to a builder that does not take the lock, or be mid-load by a reader."""
-        published = self.published_version()
+        try:
+            published = self.published_version()
+        except StoreDamaged:
+            return  # a pointer this builder just wrote went bad: remove nothing
         current = published["version"] if published else None
         cutoff = time.time() - self.GRACE_SECONDS
         for child in self.path.iterdir():
@@ -189,10 +234,21 @@ class BM25Index:
                 return None
             try:
                 return self._load(info["version"])
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
                 if attempt == 2:
-                    raise
+                    raise StoreDamaged(f"{self.location}: the published version {self.path / info['version']} "
+                                       f"is missing; {REMEDY} to rebuild BM25 from the index state") from exc
+            except ValueError as exc:  # a damaged ids.json or meta.json
+                raise StoreDamaged(f"{self.location}: the published version {self.path / info['version']} is "
+                                   f"unreadable ({type(exc).__name__}: {exc}); {REMEDY} to rebuild it") from exc
         return None
+
+    def published_ids(self) -> list[str]:
+        """The chunk ids of the published version (``ragline check`` compares them with the state)."""
+        info = self.published_version()
+        if info is None:
+            return []
+        return self._current()[2]
 
     def _load(self, version: str):
         with self._lock:

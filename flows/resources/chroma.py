@@ -175,12 +175,27 @@ class ChromaStore:
                            chroma_auth_token_transport_header=self.spec.auth_header)
         return Settings(**options)
 
-    def _open(self):
+    def _open(self, create: bool = True):
+        """The collection; ``create=False`` (read paths) creates nothing: no store folder, no
+        collection, StoreMissing naming them instead."""
         with self._lock:
             if self._collection is None:
                 self._collection = self._connect().get_or_create_collection(
-                    self.spec.collection, embedding_function=None, configuration=self._configuration())
+                    self.spec.collection, embedding_function=None, configuration=self._configuration()) \
+                    if create else self._existing()
             return self._collection
+
+    def _existing(self):
+        from chromadb.errors import NotFoundError
+
+        from ragline.flows.resources.state import REMEDY, StoreMissing
+
+        if not self.spec.host and not (self.path / "chroma.sqlite3").is_file():
+            raise StoreMissing(f"{self.location}: there is no store at {self.path}; {REMEDY}")
+        try:
+            return self._connect().get_collection(self.spec.collection, embedding_function=None)
+        except NotFoundError as exc:
+            raise StoreMissing(f"{self.location}: the collection does not exist; {REMEDY}") from exc
 
     def _configuration(self) -> dict[str, Any]:
         return {"hnsw": {"space": self.spec.space, "ef_construction": self.spec.ef_construction,
@@ -240,14 +255,15 @@ class ChromaStore:
         log.warning("Chroma server %s: %s failed (%s: %s); retry %d/%d in %.2fs", self.server, what,
                     type(exc).__name__, exc, state.attempt_number, self.spec.retries, state.upcoming_sleep)
 
-    def _call(self, what: str, op: Callable[[Any], T]) -> T:
-        """Apply ``op`` to the collection, with retries; re-open a stale handle once."""
-        return self._retrying(what, lambda: self._fresh(what, op))
+    def _call(self, what: str, op: Callable[[Any], T], create: bool = True) -> T:
+        """Apply ``op`` to the collection, with retries; re-open a stale handle once. Reads pass
+        ``create=False``: a query never creates the store or its collection."""
+        return self._retrying(what, lambda: self._fresh(what, op, create))
 
-    def _fresh(self, what: str, op: Callable[[Any], T]) -> T:
+    def _fresh(self, what: str, op: Callable[[Any], T], create: bool = True) -> T:
         from chromadb.errors import NotFoundError
 
-        handle = self._open()
+        handle = self._open(create)
         try:
             return op(handle)
         except NotFoundError:
@@ -255,7 +271,7 @@ class ChromaStore:
                 if self._collection is handle:
                     self._collection = None
             log.warning("%s: collection handle went stale during %s; re-opening it", self.location, what)
-            return op(self._open())
+            return op(self._open(create))
 
     # ------------------------------------------------------------------ operations
     def reset(self) -> None:
@@ -273,7 +289,18 @@ class ChromaStore:
             self._collection = None
 
     def count(self) -> int:
-        return self._call("count", lambda c: c.count())
+        return self._call("count", lambda c: c.count(), create=False)
+
+    def present(self, ids: list[str]) -> set[str]:
+        """Which of these chunk ids the collection holds (the integrity check's sample)."""
+        if not ids:
+            return set()
+        return set(self._call("get ids", lambda c: c.get(ids=ids, include=[])["ids"], create=False))
+
+    def stored_embedder(self) -> str | None:
+        """The embedder key the collection's vectors were made with (None: not recorded)."""
+        meta = self._retrying("open the collection", lambda: self._open(create=False)).metadata or {}
+        return meta.get(EMBEDDER_KEY)
 
     def record_embedder(self, key: str, model: str) -> None:
         """Name the embedder whose vectors the collection holds (written with its first vectors)."""
@@ -287,12 +314,12 @@ class ChromaStore:
         would be meaningless, silently. A collection that names no embedder (written before this
         check existed) is trusted. The handle's metadata may predate a re-embedding by another
         process, so a mismatch is confirmed on a freshly opened handle."""
-        stored = (self.collection.metadata or {}).get(EMBEDDER_KEY)
+        stored = self.stored_embedder()
         if stored in (None, key):
             return
         with self._lock:
             self._collection = None
-        meta = self.collection.metadata or {}
+        meta = self._retrying("open the collection", lambda: self._open(create=False)).metadata or {}
         if meta.get(EMBEDDER_KEY) in (None, key):
             return
         raise EmbedderMismatch(
@@ -316,7 +343,7 @@ class ChromaStore:
         found: dict[str, np.ndarray] = {}
         for start in range(0, len(ids), 1000):
             batch = ids[start:start + 1000]
-            got = self._call("get vectors", lambda c: c.get(ids=batch, include=["embeddings"]))
+            got = self._call("get vectors", lambda c: c.get(ids=batch, include=["embeddings"]), create=False)
             found.update(zip(got["ids"], np.asarray(got["embeddings"], dtype=np.float32)))
         return found
 
@@ -367,7 +394,8 @@ class ChromaStore:
         if len(vectors) == 0:
             return []
         result = self._call("query", lambda c: c.query(query_embeddings=vectors, n_results=k, where=where or None,
-                                                       include=["documents", "metadatas", "distances"]))
+                                                       include=["documents", "metadatas", "distances"]),
+                            create=False)
         return [
             [_passage(cid, doc, meta, dist, self.spec.space, retriever)
              for cid, doc, meta, dist in zip(ids, docs, metas, dists)]

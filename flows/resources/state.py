@@ -48,6 +48,20 @@ class IndexBusy(RuntimeError):
     """Another ingestion run holds the index's writer lease."""
 
 
+class StoreDamaged(RuntimeError):
+    """A store (Chroma, BM25 or the state itself) is unreadable, or disagrees with the index state;
+    the message names the store, its path and the remedy."""
+
+
+class StoreMissing(StoreDamaged):
+    """A store does not exist (never written, or lost). Only a fault when the state says it should
+    hold data: an index never built is empty, not damaged."""
+
+
+REMEDY = "run `ragline index` (or `ragline check --repair`)"
+_DAMAGED_WORDS = ("malformed", "not a database", "file is encrypted", "no such table")
+
+
 class StorageError(OSError):
     """The disk under the data folder refused a write: full, read-only or not permitted. The
     message names the store, its path and the reason, with the store's own error after it.
@@ -185,6 +199,7 @@ class IndexState:
         self.spec = spec
         self.base_dir = base_dir or Path.cwd()
         self._conn: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
         self._lock = threading.RLock()
 
     @property
@@ -198,7 +213,7 @@ class IndexState:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
                 try:
-                    conn.execute("PRAGMA journal_mode=WAL")
+                    _rollback_journal(conn)
                     conn.execute("PRAGMA synchronous=FULL")
                     conn.executescript(SCHEMA)
                 except BaseException:
@@ -206,6 +221,34 @@ class IndexState:
                     raise
                 self._conn = conn
             return self._conn
+
+    @property
+    def reader(self) -> sqlite3.Connection:
+        """The connection reads go through: the writer's once this process has written, else a
+        read-only one (``mode=ro``) that never creates, migrates or touches the file, so a query
+        never changes the index. A missing file raises StoreMissing."""
+        with self._guarded():
+            if self._conn is not None:
+                return self._conn
+            if self._reader is None:
+                if not self.path.is_file():
+                    raise StoreMissing(f"index state {self.path} does not exist: nothing is indexed yet, or it was "
+                                       f"lost; {REMEDY}")
+                conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                       isolation_level=None, timeout=60)
+                if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is None:
+                    conn.close()
+                    raise StoreMissing(f"index state {self.path} holds no index (empty file): {REMEDY}")
+                self._reader = conn
+            return self._reader
+
+    def exists(self) -> bool:
+        """Whether there is a state to read (query paths: no state means nothing indexed)."""
+        try:
+            self.reader
+        except StoreMissing:
+            return False
+        return True
 
     @contextmanager
     def _guarded(self) -> Iterator[None]:
@@ -217,18 +260,28 @@ class IndexState:
                 yield
             except (sqlite3.Error, OSError) as exc:
                 fault = disk_fault(exc, self.path, "index state")
+                if fault is None and isinstance(exc, sqlite3.DatabaseError) \
+                        and any(w in str(exc).lower() for w in _DAMAGED_WORDS):
+                    fault = self.damaged(exc)
                 if fault is None:
                     raise
                 self._drop_connection()
                 raise fault from exc
 
+    def damaged(self, exc: BaseException) -> StoreDamaged:
+        """The one line for a state file SQLite cannot read: it names the file and the way out (the
+        state is rebuilt from the sources; the other stores are reconciled against it)."""
+        return StoreDamaged(f"index state {self.path} is damaged ({exc}): move it aside (mv {self.path} "
+                            f"{self.path}.damaged) and run `ragline index` to re-index every source")
+
     def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except sqlite3.Error:
-                pass
+        for conn in (self._conn, self._reader):
+            if conn is not None:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+        self._conn = self._reader = None
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -248,7 +301,7 @@ class IndexState:
     # ------------------------------------------------------------------ meta
     def get_meta(self, key: str, default: str | None = None) -> str | None:
         with self._guarded():
-            row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            row = self.reader.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else default
 
     def set_meta(self, key: str, value: str, conn: sqlite3.Connection | None = None) -> None:
@@ -274,7 +327,7 @@ class IndexState:
         if origin is not None:
             sql, args = sql + " WHERE origin=?", (origin,)
         with self._guarded():
-            return {r[0]: (r[1], r[2]) for r in self.conn.execute(sql, args)}
+            return {r[0]: (r[1], r[2]) for r in self.reader.execute(sql, args)}
 
     def known(self, source_ids: Iterable[str]) -> set[str]:
         """Which of these sources the state already has."""
@@ -282,26 +335,29 @@ class IndexState:
         with self._guarded():
             for batch in _batched(list(source_ids), 500):
                 marks = ",".join("?" * len(batch))
-                found.update(r[0] for r in self.conn.execute(
+                found.update(r[0] for r in self.reader.execute(
                     f"SELECT source_id FROM sources WHERE source_id IN ({marks})", batch))
         return found
 
     def chunk_ids(self, source_ids: Iterable[str] | None = None) -> set[str]:
         with self._guarded():
             if source_ids is None:
-                return {r[0] for r in self.conn.execute("SELECT chunk_id FROM chunks")}
+                return {r[0] for r in self.reader.execute("SELECT chunk_id FROM chunks")}
             ids: set[str] = set()
             for batch in _batched(list(source_ids), 500):
                 marks = ",".join("?" * len(batch))
-                ids.update(r[0] for r in self.conn.execute(
+                ids.update(r[0] for r in self.reader.execute(
                     f"SELECT chunk_id FROM chunks WHERE source_id IN ({marks})", batch))
             return ids
 
     def chunk_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(chunk_id, text, metadata) of every chunk, in a stable order, for the BM25 rebuild."""
         with self._guarded():
-            rows = self.conn.execute(
-                "SELECT chunk_id, text, metadata, source_id, title FROM chunks ORDER BY chunk_id").fetchall()
+            return self._rows(self.reader)
+
+    @staticmethod
+    def _rows(conn: sqlite3.Connection) -> list[tuple[str, str, dict[str, Any]]]:
+        rows = conn.execute("SELECT chunk_id, text, metadata, source_id, title FROM chunks ORDER BY chunk_id").fetchall()
         return [(cid, text, {**json.loads(meta), "source_id": sid, "title": title or ""})
                 for cid, text, meta, sid, title in rows]
 
@@ -310,7 +366,7 @@ class IndexState:
         with self._guarded():
             for batch in _batched(ids, 500):
                 marks = ",".join("?" * len(batch))
-                for cid, sid, text, title, meta in self.conn.execute(
+                for cid, sid, text, title, meta in self.reader.execute(
                         f"SELECT chunk_id, source_id, text, title, metadata FROM chunks "
                         f"WHERE chunk_id IN ({marks})", batch):
                     out[cid] = {"source_id": sid, "text": text, "title": title or "", "metadata": json.loads(meta)}
@@ -318,8 +374,32 @@ class IndexState:
 
     def counts(self) -> tuple[int, int]:
         with self._guarded():
-            return (self.conn.execute("SELECT COUNT(*) FROM sources").fetchone()[0],
-                    self.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
+            return (self.reader.execute("SELECT COUNT(*) FROM sources").fetchone()[0],
+                    self.reader.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
+
+    def sample_chunk_ids(self, n: int) -> list[str]:
+        """Up to ``n`` chunk ids picked at random: the cheap check that a store holds what the state names."""
+        with self._guarded():
+            return [r[0] for r in self.reader.execute("SELECT chunk_id FROM chunks ORDER BY RANDOM() LIMIT ?", (n,))]
+
+    def snapshot(self) -> tuple[int, list[tuple[str, str, dict[str, Any]]]]:
+        """The generation and every chunk row, read in one transaction: a consistent view even while
+        an ingestion run writes (a reader's for ``ragline tune``)."""
+        with self._guarded():
+            conn = self.reader
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+                rows = self._rows(conn)
+            finally:
+                conn.execute("COMMIT")
+        return (int(row[0]) if row else 0), rows
+
+    def quick_check(self) -> str | None:
+        """SQLite's own integrity check of the file (reads every page): None when sound, else its finding."""
+        with self._guarded():
+            result = self.reader.execute("PRAGMA quick_check").fetchone()[0]
+        return None if result == "ok" else result
 
     # ------------------------------------------------------------------ writes
     def forget(self, source_ids: Iterable[str]) -> None:
@@ -349,8 +429,8 @@ class IndexState:
     # ------------------------------------------------------------------ writer lease
     def lease_holder(self, name: str = "writer") -> LeaseHolder | None:
         with self._guarded():
-            row = self.conn.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?",
-                                    (name,)).fetchone()
+            row = self.reader.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?",
+                                      (name,)).fetchone()
         return LeaseHolder(*row) if row else None
 
     @contextmanager
@@ -413,9 +493,18 @@ class IndexState:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._drop_connection()
+
+
+def _rollback_journal(conn: sqlite3.Connection) -> None:
+    """Rollback-journal mode, not WAL: a WAL file's readers create and keep its -wal and -shm files,
+    so a query would change the index folder. A WAL file left by an older version is converted when
+    no other connection holds it (else it stays WAL until a later run)."""
+    try:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
 
 
 def _batched(items: list[Any], size: int) -> Iterator[list[Any]]:

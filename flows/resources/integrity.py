@@ -1,0 +1,182 @@
+"""Do the stores hold what the index state says? Findings, and repairs from the state and the sources.
+
+The state record is the truth: Chroma must hold a vector for every chunk it names and nothing
+else, and the published BM25 version must be the state's chunks. A store deleted, truncated or
+overwritten behind ragline's back used to be noticed by nobody (dense retrieval silently gone,
+every ingestion run "unchanged"). Three depths:
+
+- ``compare(..., full=False)``: counts and a random sample of ids (each ingestion run, under its
+  writer lease; milliseconds on 50k chunks, never a full scan);
+- ``compare(..., full=True)``: every id, SQLite's quick_check, the embedder key (``ragline check``);
+- ``repair``: what can be rebuilt is: vectors the state names but Chroma lacks are re-embedded
+  (their sources are forgotten, so the ingestion plan re-indexes them), vectors it does not name are
+  deleted, BM25 is rebuilt. A damaged state file or an unreadable Chroma store cannot be repaired in
+  place: the finding says which file to move aside.
+
+Only writers repair (ingestion, ``ragline check --repair``); queries only read (``state.reader``,
+``ChromaStore._open(create=False)``).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from ragline.flows.resources.bm25 import BM25Index
+from ragline.flows.resources.chroma import ChromaStore, ChromaUnavailable
+from ragline.flows.resources.state import REMEDY, IndexState, StorageError, StoreDamaged, StoreMissing
+
+SAMPLE = 32  # chunk ids checked in Chroma per ingestion run
+Repair = Literal["reconcile", "reembed_all", "rebuild_bm25"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One disagreement between a store and the state, and how it is repaired (None: by hand)."""
+
+    store: Literal["state", "chroma", "bm25"]
+    message: str  # one line naming the store and its path
+    repair: Repair | None
+
+    @property
+    def line(self) -> str:
+        how = {"reconcile": "re-embed the missing sources and delete the vectors the state does not name",
+               "reembed_all": "re-embed every source", "rebuild_bm25": "rebuild BM25 from the index state",
+               None: "cannot be repaired in place"}[self.repair]
+        return f"{self.store}: {self.message} ({how})"
+
+
+def compare(store: ChromaStore, sparse: BM25Index | None, state: IndexState, *, full: bool = False,
+            embedder_key: str | None = None) -> list[Finding]:
+    """Every disagreement found; cheap unless ``full``. A damaged state stops the comparison."""
+    try:
+        chunks = state.counts()[1]
+        if full and (problem := state.quick_check()):
+            return [Finding("state", str(state.damaged(problem)), None)]
+    except StoreMissing:
+        chunks = 0
+    except StoreDamaged as exc:
+        return [Finding("state", str(exc), None)]
+    findings = _chroma(store, state, chunks, full, embedder_key)
+    if sparse is not None:
+        findings += _bm25(sparse, state, chunks, full)
+    return findings
+
+
+def _chroma(store: ChromaStore, state: IndexState, chunks: int, full: bool,
+            embedder_key: str | None) -> list[Finding]:
+    try:
+        count = store.count()
+    except StoreMissing as exc:
+        return [Finding("chroma", f"{exc} while the index state holds {chunks} chunks".replace(f"; {REMEDY}", ""),
+                        "reconcile")] if chunks else []
+    except (ChromaUnavailable, StorageError):
+        raise  # a server that is down or a full disk is not damage: the run fails saying so
+    except Exception as exc:  # noqa: BLE001 - e.g. "database disk image is malformed" from Chroma's own SQLite
+        if store.spec.host:
+            raise
+        return [Finding("chroma", f"{store.location} is unreadable ({type(exc).__name__}: {exc}): move it aside "
+                                  f"(mv {store.path} {store.path}.damaged) and run `ragline index` to re-embed "
+                                  f"every source", None)]
+    if count != chunks:
+        return [Finding("chroma", f"{store.location} holds {count} vectors, the index state names {chunks} chunks",
+                        "reconcile")]
+    findings = []
+    if full:
+        stored, expected = store.all_ids(), _state_ids(state)
+        if stored != expected:
+            findings.append(Finding("chroma", f"{store.location} lacks {len(expected - stored)} of the state's "
+                                              f"chunks and holds {len(stored - expected)} it does not name",
+                                    "reconcile"))
+    elif chunks:
+        sample = state.sample_chunk_ids(SAMPLE)
+        absent = set(sample) - store.present(sample)
+        if absent:
+            findings.append(Finding("chroma", f"{store.location} lacks {len(absent)} of {len(sample)} sampled chunks "
+                                              f"the index state names", "reconcile"))
+    if full and embedder_key and count:
+        stored_key = store.stored_embedder()
+        if stored_key not in (None, embedder_key):
+            findings.append(Finding("chroma", f"{store.location} holds vectors of embedder settings {stored_key}, the "
+                                              f"ingestion pipeline embeds with {embedder_key}", "reembed_all"))
+    return findings
+
+
+def _state_ids(state: IndexState) -> set[str]:
+    try:
+        return state.chunk_ids()
+    except StoreMissing:
+        return set()
+
+
+def _bm25(sparse: BM25Index, state: IndexState, chunks: int, full: bool) -> list[Finding]:
+    problem = sparse.problem(state)
+    if problem is not None:
+        return [Finding("bm25", problem.replace(f"; {REMEDY} to rebuild BM25 from the index state", ""),
+                        "rebuild_bm25")]
+    if not full:
+        return []
+    published = sparse.published_version()
+    generation = _generation(state)
+    if published is None:
+        return [Finding("bm25", f"{sparse.location}: nothing is published, the index state is at generation "
+                                f"{generation}", "rebuild_bm25")] if generation else []
+    findings = []
+    if published["generation"] != generation:
+        findings.append(Finding("bm25", f"{sparse.location}: the published version is generation "
+                                        f"{published['generation']}, the index state's is {generation}",
+                                "rebuild_bm25"))
+    elif set(sparse.published_ids()) != _state_ids(state):
+        findings.append(Finding("bm25", f"{sparse.location}: the published version's chunk ids differ from the "
+                                        f"index state's", "rebuild_bm25"))
+    if published["settings"] != sparse.settings:
+        findings.append(Finding("bm25", f"{sparse.location}: the published version was built with other settings "
+                                        f"than pipelines.yaml (and its tuned overlay) set", "rebuild_bm25"))
+    return findings
+
+
+def _generation(state: IndexState) -> int:
+    try:
+        return state.generation
+    except StoreMissing:
+        return 0
+
+
+def repair(findings: list[Finding], store: ChromaStore, sparse: BM25Index | None, state: IndexState,
+           say: Callable[[str], Any]) -> None:
+    """Repair what the findings allow, saying one line each; raise StoreDamaged naming the first
+    finding that needs a hand (a damaged state file, an unreadable Chroma store). The caller holds
+    the writer lease."""
+    by_hand = [f for f in findings if f.repair is None]
+    if by_hand:
+        raise StoreDamaged(by_hand[0].message)
+    for finding in findings:
+        say(f"repairing {finding.line}")
+    actions = {f.repair for f in findings}
+    if "reembed_all" in actions:
+        state.forget(list(state.sources()))
+        store.reset()
+    elif "reconcile" in actions:
+        reconcile(store, state, say)
+    if sparse is not None and "rebuild_bm25" in actions:
+        sparse.sync(state, force=True)
+
+
+def reconcile(store: ChromaStore, state: IndexState, say: Callable[[str], Any] | None = None) -> set[str]:
+    """Make Chroma hold exactly the chunks the state names: delete the vectors it does not name, and
+    forget the sources whose vectors are missing, so the ingestion plan re-embeds them. Returns
+    the sources forgotten. Full scan: run after a crash, on a finding, or on request."""
+    say = say or logging.getLogger("ragline.integrity").warning
+    stored = store.all_ids()
+    expected = _state_ids(state)
+    extra = stored - expected
+    if extra:
+        say(f"removing {len(extra)} vectors the index state does not name (an interrupted run, or a lost state)")
+        store.delete(sorted(extra))
+    missing = expected - stored
+    sources: set[str] = set()
+    if missing:
+        sources = {meta["source_id"] for meta in state.chunks_by_id(sorted(missing)).values()}
+        say(f"re-indexing {len(sources)} sources whose vectors are missing")
+        state.forget(sources)
+    return sources
