@@ -61,8 +61,10 @@ def add_documents(pipelines_file, docs: int, added: int) -> list[str]:
     with open(corpus, "a", encoding="utf-8") as out:
         out.writelines(json.dumps(r) + "\n" for r in records)
     ragline = REPO / ".venv" / "bin" / "ragline"
-    subprocess.run([str(ragline), "index", "-f", str(pipelines_file), "--no-prefect"], check=True,
-                   capture_output=True, cwd=pipelines_file.parent)
+    done = subprocess.run([str(ragline), "index", str(corpus), "-f", str(pipelines_file), "--no-prefect"],
+                          capture_output=True, text=True, cwd=pipelines_file.parent)
+    if done.returncode != 0:
+        raise RuntimeError(f"ragline index failed: {done.stderr[-2000:]}")
     return [r["title"] for r in records if r.get("title")]
 
 
