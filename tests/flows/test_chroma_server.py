@@ -92,3 +92,33 @@ def test_restarts_are_bounded(tmp_path):
     server._restart(server.process.returncode)
     assert server.process is None and server.health()["up"] is False
     assert "stays down" in said[-1] and "exited with code 0" in server.health()["error"]
+
+
+def test_the_service_waits_for_an_embedded_writer_before_serving_the_store(make_project):
+    import contextlib
+    import threading
+
+    from ragline.flows.chroma_server import serve_stores
+    from ragline.flows.compile import load_project
+    from tests.conftest import index_and_search_yaml
+
+    project = load_project(make_project(index_and_search_yaml()))
+    holding, said = threading.Event(), []
+
+    def terminal_index() -> None:
+        with project.resource("state").lease("terminal index"):
+            holding.set()
+            time.sleep(2.0)
+
+    writer = threading.Thread(target=terminal_index)
+    writer.start()
+    holding.wait(10)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        [server] = serve_stores(project, stack, said.append)
+        waited = time.monotonic() - started
+        assert owner_of(server.path).port == server.port
+    writer.join()
+    assert waited >= 1.0 and "waiting for terminal index" in said[0] and "Chroma server for" in said[1]
+    assert owner_of(server.path) is None
+    assert project.resource("state").lease_holder() is None
