@@ -152,7 +152,8 @@ class DependencyStatus(BaseModel):
 
 class Readiness(BaseModel):
     status: Literal["ready", "not_ready"]
-    checks: dict[str, DependencyStatus] = Field(description="by resource name, plus `prefect`")
+    checks: dict[str, DependencyStatus] = Field(description="by resource name, plus `prefect` and `config` "
+                                                            "(the pipelines file served)")
     events: dict[str, int] = Field(description="Prefect events emitted and failed since start-up")
 
 
