@@ -153,7 +153,8 @@ class DependencyStatus(BaseModel):
 
 class Readiness(BaseModel):
     status: Literal["ready", "not_ready"]
-    checks: dict[str, DependencyStatus] = Field(description="by resource name, plus `prefect`")
+    checks: dict[str, DependencyStatus] = Field(description="by resource name, plus `prefect` and `config` "
+                                                            "(the pipelines file served)")
     events: dict[str, int] = Field(description="Prefect events emitted and failed since start-up")
 
 
@@ -282,6 +283,9 @@ class Service:
         self.drivers = ThreadPoolExecutor(max_workers=max_concurrent_runs, thread_name_prefix="ragline-api")
         self.events = Events(_prefect_url(), contextvars.copy_context())
         self.started = int(time.time())
+        from ragline.flows.steps import digest_of
+
+        self.config_digest = digest_of(project.source or project.path)  # the text this server compiled
 
     # -- choosing a pipeline
     def pipeline(self, name: str, param: str = "pipeline", stream: bool = False) -> CompiledPipeline:
@@ -550,6 +554,7 @@ async def readiness(service: Service, require_prefect: bool) -> dict[str, Depend
         elif spec.type == "openai_compatible":
             jobs[name] = _check_llm(service, name)
     jobs["prefect" if "prefect" not in jobs else "prefect_api"] = _check_prefect(service.events.url, require_prefect)
+    jobs["config" if "config" not in jobs else "pipelines_config"] = _check_config(service)
     results = await asyncio.gather(*jobs.values())
     return dict(zip(jobs, results))
 
@@ -632,6 +637,24 @@ async def _check_llm(service: Service, name: str) -> DependencyStatus:
         return DependencyStatus(status="down", required=True, type="openai_compatible", detail=detail,
                                 error=f"{llm.location} answered HTTP {response.status_code}")
     return DependencyStatus(status="up", required=True, type="openai_compatible", detail=detail)
+
+
+async def _check_config(service: Service) -> DependencyStatus:
+    """The pipelines file this server serves (by digest) and whether the file on disk still says
+    the same. Never a reason to be unready: an edit is applied by a restart, not half-way."""
+    from ragline.flows.steps import digest_of
+
+    project = service.project
+    on_disk = await asyncio.to_thread(digest_of, project.path)
+    changed = on_disk != service.config_digest
+    policy = "pinned" if project.source is not None else "read at start"
+    detail = {"digest": service.config_digest, "policy": policy, "file_digest": on_disk or None,
+              "changed_on_disk": changed}
+    if changed:
+        detail["note"] = (f"{project.path.name} changed since this server started; the API"
+                          f"{' and its deployment runs' if project.source is not None else ''} keep serving "
+                          f"{service.config_digest}: restart to apply the edit")
+    return DependencyStatus(status="up", required=False, type="config", detail=detail)
 
 
 async def _check_prefect(url: str | None, required: bool) -> DependencyStatus:
@@ -812,12 +835,13 @@ _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <toke
 def create_app(project_path: str, *, token: str | None = None, routers: Iterable[APIRouter] = (),
                max_body_bytes: int = 1_000_000, cors_origins: Iterable[str] = (), data_dir: str | None = None,
                require_prefect: bool = False, max_concurrent_runs: int = 32,
-               max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> FastAPI:
+               max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, source: str | None = None) -> FastAPI:
     """The API of one pipelines file, compiled now (an invalid file fails here, not per request).
-    ``routers`` are mounted under the same token, body limit and error shapes."""
+    ``routers`` are mounted under the same token, body limit and error shapes; ``source``: the
+    file's text pinned by ``ragline serve`` (``steps.pin_file``), compiled instead of the file."""
     if token is not None and not token.strip():
         raise ValueError("the API token is empty")
-    project = load_project(project_path)
+    project = load_project(project_path, source=source)
     if data_dir:
         project = project.relocated(data_dir)
     if max_question_chars < 1:

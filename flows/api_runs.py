@@ -17,10 +17,13 @@ runs beside the Prefect runner serving the file's deployments (``flows/serve.py`
   passages of a query run), the ingestion summary line, per-document failures, the failure
   message, and for a running ingestion run its progress (see ``progress``). 404 for any other id.
 
-Progress comes from what the run already records, read live: completed ``<sink>[batch n]`` task
-runs on the Prefect API (each is one batch written), the steps running now, the documents the
-state DB recorded since the run started (each batch is recorded as it is written) and the writer
-lease's heartbeat (every 5 s while the run holds the index). No change to the engine was needed.
+Progress comes from what the run records, read live: its phase (waiting for the lease, listing,
+then converting/chunking/embedding/writing as its steps run, publishing) and the documents it
+planned, indexed and the chunks it wrote, which the run sets as labels of its flow run
+(``entrypoints.RunProgress``, fed by the ingestion's progress hooks); completed ``<sink>[batch n]``
+task runs on the Prefect API (each is one batch written), the steps running now, the documents the
+state DB recorded since the run started and the writer lease's heartbeat (every 5 s while the run
+holds the index).
 
 Nothing returned names the pipelines file or the data dir: messages and failure reasons have
 those paths (and any absolute path outside the configured source roots) replaced.
@@ -45,6 +48,7 @@ from ragline.flows.compile import Project, load_project
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
 LEASE_STALE_SECONDS = 30.0  # as IndexState.lease: a holder silent this long has lost the lease
+STEP_PHASES = {"convert": "converting", "chunk": "chunking", "embed": "embedding"}  # by stage, in pipeline order
 
 
 class IngestRequest(BaseModel):
@@ -287,6 +291,7 @@ class _Runs:
             task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=["RUNNING"]))),
             limit=20)
         out["running_steps"] = sorted(t.name for t in running)
+        out.update(self.recorded_progress(flow_run, pipeline, out["running_steps"]))
         if flow_run.start_time is not None:
             out["documents_written"] = await asyncio.to_thread(self.documents_written_since, pipeline,
                                                                flow_run.start_time)
@@ -294,6 +299,39 @@ class _Runs:
         if holder is not None:
             out["lease_heartbeat_seconds_ago"] = round(max(0.0, time.time() - holder.heartbeat_at), 1)
         return out
+
+    def recorded_progress(self, flow_run: Any, pipeline: str, running_steps: list[str]) -> dict[str, Any]:
+        """What the run records on itself (``entrypoints.RunProgress``: flow-run labels): the
+        documents it planned to index, those done, chunks written, and its phase, made exact
+        while batches run by the steps running now (the furthest along the pipeline)."""
+        from ragline.flows.entrypoints import PROGRESS_LABEL
+
+        labels = {k.removeprefix(PROGRESS_LABEL): v for k, v in (flow_run.labels or {}).items()
+                  if k.startswith(PROGRESS_LABEL)}
+        out = {key: labels.get(key) for key in ("documents_planned", "documents_done", "chunks_written")}
+        order = ["listing", *STEP_PHASES.values(), "writing", "publishing"]
+        running = [p for p in (self.phase_of(pipeline, name) for name in running_steps) if p in order]
+        recorded = labels.get("phase")
+        out["phase"] = max(running, key=order.index) if running and recorded in (None, "indexing") else recorded
+        return out
+
+    def phase_of(self, pipeline: str, task_run: str) -> str:
+        """A task run's phase: ``load``/``write.plan`` listing, ``convert[batch 2]`` converting, ...,
+        the sink's batches writing, its ``finalize`` publishing."""
+        step_id, _, rest = task_run.partition("[")
+        step_id, _, hook = step_id.partition(".")
+        sink = self.sinks.get(pipeline)
+        if hook == "plan" or not rest and not hook:
+            return "listing"
+        if hook == "finalize":
+            return "publishing"
+        if sink is not None and step_id == sink.id:
+            return "writing"
+        try:
+            stage = self.project.pipeline(pipeline).step(step_id).stage.name
+        except (KeyError, StopIteration, ValueError):
+            return step_id
+        return STEP_PHASES.get(stage, step_id)
 
     async def status(self, client: Any, flow_run: Any) -> RunStatus:
         from ragline.flows.contracts import IndexReport
@@ -332,10 +370,12 @@ def _iso(value: datetime.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None) -> APIRouter:
+def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
+                source: str | Path | None = None) -> APIRouter:
     """The ``/v1/ingest`` and ``/v1/runs/{id}`` endpoints for the pipelines of one file (its
-    deployments ``ragline/<pipeline>``, as ``ragline serve`` creates them)."""
-    project = load_project(project_path)
+    deployments ``ragline/<pipeline>``, as ``ragline serve`` creates them); ``source``: the pinned
+    copy of the file (``steps.pin_file``)."""
+    project = load_project(project_path, source=source)
     if data_dir:
         project = project.relocated(Path(data_dir))
     runs = _Runs(project)

@@ -39,19 +39,20 @@ def validate_file(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] 
 
 
 def load_project(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] = (),
-                 tuned: bool | None = None) -> Project:
+                 tuned: bool | None = None, source: str | Path | None = None) -> Project:
     """Parse, validate and compile a pipelines file, or raise SpecValidationError with all errors.
     ``allow_modules`` adds to the external allowlist of user-stage modules (e.g. a CLI flag).
     ``tuned``: apply the overlay `ragline tune` wrote beside the data (``flows.overlay``); default:
-    yes unless RAGLINE_TUNED=0."""
+    yes unless RAGLINE_TUNED=0. ``source``: the file's text pinned elsewhere (``ragline serve``'s
+    snapshot); paths still resolve beside ``path``."""
     path = Path(path).resolve()
-    spec, doc, errors = parse_file(path)
+    spec, doc, errors = parse_file(path, source)
     if spec is None or doc is None:
         raise SpecValidationError(errors)
     allowed, allow_errors = external_allowlist(path, allow_modules)
     checker = Checker(spec, doc, path, allowed)
     checker.errors.extend(errors + allow_errors)
-    project = Project(path, spec)
+    project = Project(path, spec, source=Path(source).resolve() if source else None)
     for name, pipe in spec.pipelines.items():
         compiled = checker.pipeline(name, pipe, project)
         if compiled is not None:

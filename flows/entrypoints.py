@@ -7,19 +7,25 @@ upstream futures, so a thread, Dask or Ray task runner can run it.
 """
 from __future__ import annotations
 
+import json
+import logging
+import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import TaskRunner
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ragline.flows import engine
 from ragline.flows.compile import CompiledPipeline
 from ragline.flows.contracts import IndexReport, StepResult, to_json
 from ragline.flows.spec import RunnerSpec
-from ragline.flows.steps import PipelineRef, StepCall, digest_of, execute
+from ragline.flows.steps import PipelineRef, StepCall, digest_of, execute, served_copy
+
+FLOW_NAME = "ragline"  # deployments are "ragline/<name>"
 
 
 @task(name="step", cache_policy=NO_CACHE, persist_result=False)
@@ -33,24 +39,210 @@ def run_step(call: StepCall, inputs: dict[str, list[StepResult]]) -> StepResult:
 @flow(name="ragline", flow_run_name="{pipeline}", validate_parameters=False, persist_result=False, log_prints=False)
 def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str = "pipelines.yaml",
                  overrides: dict[str, dict[str, Any]] | None = None,
-                 resources: dict[str, dict[str, Any]] | None = None, data_dir: str | None = None) -> Any:
+                 resources: dict[str, dict[str, Any]] | None = None, data_dir: str | None = None,
+                 digest: str | None = None) -> Any:
     """Run one pipeline of a pipelines file; the result as JSON (an ingestion run's report, the
     passages of a search, the answer of an ask pipeline). An ingestion run that could not reach one
-    of its roots ends Failed, with its report as the state's data."""
+    of its roots ends Failed, with its report as the state's data. ``digest``: run the copy of the
+    file that ``ragline serve`` pinned (``steps.pin_file``), not the file as it is now.
+
+    A run of a deployment takes only what the deployment allows (``deployment_refusal``): anything
+    else ends Failed before the file is read."""
+    from prefect.states import Failed
+
+    given = dict(pipeline=pipeline, inputs=inputs, file=file, overrides=overrides, resources=resources,
+                 data_dir=data_dir, digest=digest)
+    refusal = deployment_refusal(given)
+    if refusal is not None:
+        return Failed(message=refusal)
     path = Path(file).resolve()
-    ref = PipelineRef(str(path), pipeline, overrides or {}, resources or {}, data_dir, digest_of(path))
+    source = str(served_copy(path, data_dir, digest)) if digest else None
+    if source is not None and not Path(source).is_file():
+        return Failed(message=f"the pipelines file this deployment was served with ({digest}) is gone from "
+                              f"{Path(source).parent}: restart `ragline serve`")
+    ref = PipelineRef(str(path), pipeline, overrides or {}, resources or {}, data_dir,
+                      digest or digest_of(path), source)
     compiled = ref.resolve()
+    if refusal := _query_refusal(compiled, inputs):
+        return Failed(message=refusal)
     runner = task_runner(compiled.spec.runner)
+    driver = engine.DRIVER.get()
+    hooks = engine.DriverHooks(_run_progress(driver.progress) if compiled.kind == "ingestion" else driver.progress,
+                               driver.on_token, driver.trace)
     with _api_for_workers(runner), engine.PrefectExecutor(runner) as executor:
-        result = engine.execute_pipeline(compiled, inputs or {}, executor, engine.DRIVER.get())
+        result = engine.execute_pipeline(compiled, inputs or {}, executor, hooks)
     payload = to_json(result)
     if isinstance(result, IndexReport) and result.incomplete:
-        from prefect.states import Failed
-
         unreachable = ", ".join(f.source_id for f in result.incomplete)
         return Failed(message=f"source path(s) could not be reached ({unreachable}): nothing was deleted",
                       data=payload)
     return payload
+
+
+# ----------------------------------------------------------------------------- what a deployment may run
+SERVED_ENV = "RAGLINE_SERVED_DEPLOYMENTS"  # {deployment name: parameters}, set by `ragline serve` for its runs
+PINNED = ("pipeline", "file", "overrides", "resources", "data_dir", "digest")  # fixed by the deployment
+_DEFAULTS: dict[str, Any] = {"file": "pipelines.yaml"}
+
+
+@contextmanager
+def served_deployments(parameters: dict[str, dict[str, Any]]) -> Iterator[None]:
+    """Tell the flow-run processes this runner starts what each deployment was created with, so a
+    run compares its parameters with that, not with what the Prefect API says now (anyone who can
+    reach the API can also change a deployment's stored parameters)."""
+    previous = os.environ.get(SERVED_ENV)
+    os.environ[SERVED_ENV] = json.dumps(parameters)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(SERVED_ENV, None)
+        else:
+            os.environ[SERVED_ENV] = previous
+
+
+def deployment_refusal(given: dict[str, Any]) -> str | None:
+    """Why a deployment's run must not run with ``given`` (None: it may, or it is no deployment's
+    run: the CLI and in-process runs take overrides). Every parameter but ``inputs`` must be the
+    one the deployment was created with; ``inputs`` is checked once the pipeline's kind is known."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    deployment_id = context.flow_run.deployment_id if context is not None and context.flow_run else None
+    if deployment_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment(deployment_id)
+    name = f"{FLOW_NAME}/{deployment.name}"
+    served = json.loads(os.environ.get(SERVED_ENV) or "{}")
+    expected = served.get(name, deployment.parameters or {})
+    for parameter in PINNED:
+        if _normal(given.get(parameter)) != _normal(expected.get(parameter, _DEFAULTS.get(parameter))):
+            return (f"deployment '{name}' refuses parameter '{parameter}': a deployment runs only what it was "
+                    f"created with (change pipelines.yaml and restart `ragline serve`, or run `ragline` locally)")
+    return None
+
+
+def _normal(value: Any) -> Any:
+    return None if value in (None, {}, "") else value
+
+
+def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) -> str | None:
+    """A deployment's query run takes the question, its history and filters, checked as the HTTP
+    API checks them (length, roles, filter shape); an ingestion or job run takes no inputs."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
+        return None
+    if pipeline.kind != "query":
+        return None if not inputs else (f"pipeline '{pipeline.name}' ({pipeline.kind}) refuses parameter 'inputs': "
+                                        f"its deployment takes no parameters")
+    try:
+        DeployedInputs.model_validate(inputs or {})
+    except ValidationError as exc:
+        problems = "; ".join(f"'{'.'.join(['inputs', *map(str, e['loc'])])}': {e['msg']}" for e in exc.errors())
+        return f"pipeline '{pipeline.name}' refuses parameter {problems}"
+    return None
+
+
+class DeployedTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant", "system"]
+    content: str
+
+
+class DeployedQuery(BaseModel):
+    """What a triggered query may carry: the API's question, history and filters, nothing else
+    (not the pipeline-internal fields of ``Query``: variants, instruction, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    history: list[DeployedTurn] = Field(default_factory=list)
+    filters: dict[str, Any] | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _question(cls, value: str) -> str:
+        from ragline.flows.api import DEFAULT_MAX_QUESTION_CHARS
+
+        if not value.strip():
+            raise ValueError("the question is empty")
+        if len(value) > DEFAULT_MAX_QUESTION_CHARS:
+            raise ValueError(f"the question is {len(value):,} characters long; the limit is "
+                             f"{DEFAULT_MAX_QUESTION_CHARS:,}")
+        return value
+
+    @field_validator("filters")
+    @classmethod
+    def _filters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from ragline.flows.resources.filters import validate
+
+        validate(value)
+        return value
+
+
+class DeployedInputs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: DeployedQuery
+
+    @field_validator("query", mode="before")
+    @classmethod
+    def _plain_text(cls, value: Any) -> Any:
+        return {"text": value} if isinstance(value, str) else value
+
+
+# ----------------------------------------------------------------------------- progress on the flow run
+PROGRESS_LABEL = "ragline.progress."  # flow-run labels: phase, documents_planned, documents_done, chunks_written
+
+
+class RunProgress:
+    """An ingestion run's progress as labels of its flow run (what ``GET /v1/runs/{id}`` and the
+    dashboard read: the run is another process), passed on to the driver's bar when there is one.
+    Best effort: a label that cannot be written never fails the run."""
+
+    def __init__(self, flow_run_id: Any, driver: Any = None):
+        self.flow_run_id, self.driver = flow_run_id, driver
+        self.done = self.chunks = 0
+
+    def phase(self, name: str) -> None:
+        self._label(phase=name)
+        if self.driver is not None and hasattr(self.driver, "phase"):
+            self.driver.phase(name)
+
+    def start(self, total_documents: int) -> None:
+        self._label(documents_planned=total_documents, documents_done=0, chunks_written=0)
+        if self.driver is not None:
+            self.driver.start(total_documents)
+
+    def advance(self, documents: int, chunks: int) -> None:
+        self.done += documents
+        self.chunks += chunks
+        self._label(documents_done=self.done, chunks_written=self.chunks)
+        if self.driver is not None:
+            self.driver.advance(documents, chunks)
+
+    def _label(self, **values: Any) -> None:
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                client.update_flow_run_labels(self.flow_run_id, {PROGRESS_LABEL + k: v for k, v in values.items()})
+        except Exception as exc:  # noqa: BLE001 - progress is a courtesy
+            logging.getLogger("ragline.progress").debug("could not record progress %s: %s", values, exc)
+
+
+def _run_progress(driver: Any) -> Any:
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return driver
+    return RunProgress(context.flow_run.id, driver)
 
 
 def task_runner(runner: RunnerSpec) -> TaskRunner | None:

@@ -29,6 +29,7 @@ def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = Non
     if sink is None or sink.stage.session is None:
         return _ingest(pipeline, executor, progress)
     ctx = StepContext(pipeline=pipeline.name, step_id=sink.id, base_dir=str(pipeline.project.base_dir))
+    _phase(progress, "waiting")  # for the index's writer lease (another writer holds it)
     with invoke(pipeline, sink, {}, ctx, hook=sink.stage.session):
         return _ingest(pipeline, executor, progress)
 
@@ -40,6 +41,7 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     middle = [s for s in pipeline.steps if s not in sources_steps]
     run = Run(pipeline, executor, PipelineRef.of(pipeline), pipeline.fingerprint([s for s in middle if s is not sink]))
 
+    _phase(progress, "listing")  # sources listed and read, then compared with the state DB
     loaded = {s.id: run.result(run.submit(s, {})) for s in sources_steps}
     origin = {d.source_id: sid for sid, result in loaded.items() for d in result.value}
     documents = [d for result in loaded.values() for d in result.value]
@@ -58,6 +60,7 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     report = IndexReport(unchanged=plan.unchanged)
     if progress is not None:
         progress.start(len(plan.to_index))
+    _phase(progress, "indexing")  # batches: converted, chunked, embedded and written, pipelined
     in_flight: deque[tuple[list[Document], dict[str, Any]]] = deque()
     previous: dict[str, Any] = {}
     for number, batch in enumerate(_batches(plan.to_index, pipeline.spec.batch_size)):
@@ -75,6 +78,7 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     while in_flight:
         report = _collect(run, in_flight.popleft(), middle, sink, report, progress, failures)
     if sink is not None and sink.stage.finalize is not None:
+        _phase(progress, "publishing")  # deletions, then the derived indexes (BM25) published
         final = run.result(run.submit(sink, {}, label=f"{sink.id}.finalize", hook="finalize",
                                       inputs={"plan": [plan_future]}))
         report = report.merge(final.value)
@@ -84,6 +88,12 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     report.roots = [c.path for c in covered] + [f.source_id for f in failures if f.root]
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _phase(progress: Any, name: str) -> None:
+    """Tell a progress reporter that understands phases (``entrypoints.RunProgress``) where the run is."""
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase(name)
 
 
 def _collect(run: Run, done: tuple[list[Document], dict[str, Any]], middle: list[CompiledStep],

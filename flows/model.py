@@ -97,6 +97,7 @@ class Project:
     resource_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by with_resource, for workers
     untuned: "Project | None" = None  # the project before its tuned overlay (flows.overlay); None: not applied
     overlay: Any = None  # the AppliedOverlay, when an overlay file was found
+    source: Path | None = None  # where the file's text was read from, when pinned (serve's snapshot)
 
     @property
     def base_dir(self) -> Path:
@@ -133,7 +134,8 @@ class Project:
         """The same pipelines over other resource settings (the compiled steps are reused)."""
         spec = self.spec.model_copy(update={"resources": resources})
         spec._invalid_resources = set()
-        project = Project(self.path, spec, data_dir=data_dir, resource_overrides=dict(self.resource_overrides))
+        project = Project(self.path, spec, data_dir=data_dir, resource_overrides=dict(self.resource_overrides),
+                          source=self.source)
         for pipe_name, pipe in self.pipelines.items():
             project.pipelines[pipe_name] = pipe.moved_to(project)
         return project

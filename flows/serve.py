@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.compile import Project, load_project
+from ragline.flows.steps import digest_of
 
 logger = logging.getLogger("ragline.serve")
 
@@ -144,6 +145,8 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
         parameters: dict[str, Any] = {"pipeline": name, "file": str(project.path.resolve())}
         if data_dir is not None:
             parameters["data_dir"] = str(Path(data_dir).resolve())
+        if project.source is not None:  # the pinned copy (steps.pin_file) the runs read, as the API does
+            parameters["digest"] = digest_of(project.source)
         spec = pipeline.spec
         entry: dict[str, Any] = {"name": deployment_name(project, name, full=False), "parameters": parameters,
                                  "tags": ["ragline", spec.kind],
@@ -151,11 +154,15 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
                                  "entrypoint_type": EntrypointType.MODULE_PATH}
         if spec.kind in ("ingestion", "job"):  # a job (e.g. `tune`) is scheduled like an ingestion
             schedules = []
+            # Each schedule is named (its slug, what the dashboard shows) after what it does; a cron and
+            # an interval never share a name, so the slugs stay unique within the deployment.
             if spec.schedule is not None and spec.schedule.cron:
-                schedules.append(Cron(spec.schedule.cron, timezone=spec.schedule.timezone, slug="ragline-cron"))
+                timezone = spec.schedule.timezone or "UTC"
+                schedules.append(Cron(spec.schedule.cron, timezone=spec.schedule.timezone,
+                                      slug=f"{spec.schedule.cron} ({timezone})"))
             if spec.schedule is not None and spec.schedule.interval_seconds:
                 schedules.append(Interval(spec.schedule.interval_seconds, timezone=spec.schedule.timezone,
-                                          slug="ragline-interval"))
+                                          slug=f"every {spec.schedule.interval_seconds:g} s"))
             entry["schedules"] = schedules
             entry["concurrency_limit"] = ConcurrencyLimitConfig(
                 limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
@@ -194,7 +201,10 @@ def build_deployments(project_path: str | Path, data_dir: str | Path | None = No
 
 
 def _project(project_path: str | Path, data_dir: str | Path | None) -> Project:
-    project = load_project(project_path)
+    """The file as pinned now (``steps.pin_file``): the deployments and the API compile the same text."""
+    from ragline.flows.steps import pin_file
+
+    project = load_project(project_path, source=pin_file(project_path, data_dir))
     return project.relocated(Path(data_dir)) if data_dir else project
 
 
@@ -275,14 +285,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def api_app(project_path: str | Path, *, token: str | None = None, data_dir: str | Path | None = None):
+def api_app(project_path: str | Path, *, token: str | None = None, data_dir: str | Path | None = None,
+            source: str | Path | None = None):
     """``flows/api.py``'s app (query, OpenAI-compatible and health routes) with the runs router
-    (``/v1/ingest``, ``/v1/runs/{id}``) mounted under the same token and error shapes."""
+    (``/v1/ingest``, ``/v1/runs/{id}``) mounted under the same token and error shapes; ``source``:
+    the pinned copy of the file the deployments run (``steps.pin_file``)."""
     from ragline.flows.api import create_app
     from ragline.flows.api_runs import runs_router
 
-    router = runs_router(project_path, data_dir=data_dir)
-    return create_app(str(project_path), token=token, routers=[router], data_dir=str(data_dir) if data_dir else None)
+    router = runs_router(project_path, data_dir=data_dir, source=source)
+    return create_app(str(project_path), token=token, routers=[router], data_dir=str(data_dir) if data_dir else None,
+                      source=source)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -361,6 +374,10 @@ class Service:
         self._serve_stores(project)
         self._connect_prefect()
         _refuse_foreign_deployments(project, options)
+        from ragline.flows.entrypoints import served_deployments
+
+        self._stack.enter_context(served_deployments(
+            {deployment_name(project, name): opts["parameters"] for name, opts in options.items()}))
         flow = served_flow(project)
         context = contextvars.copy_context()  # the Prefect settings chosen above, for the threads
         self._spawn("runner", lambda: context.run(self._run_runner, flow, options))
@@ -368,7 +385,7 @@ class Service:
         if sock is not None:
             import uvicorn
 
-            app = api_app(self.project_path, token=self.token, data_dir=self.data_dir)
+            app = api_app(self.project_path, token=self.token, data_dir=self.data_dir, source=project.source)
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                     timeout_graceful_shutdown=3)
             self._uvicorn = uvicorn.Server(config)
@@ -394,15 +411,11 @@ class Service:
 
     @staticmethod
     def _describe(options: dict[str, Any]) -> str:
+        """The deployment's schedules by the names the dashboard shows (``deployment_options``)."""
         schedules = options.get("schedules") or []
         if not schedules:
             return "on demand"
-        parts = []
-        for schedule in schedules:
-            if schedule.cron:
-                parts.append(f"cron '{schedule.cron}' {schedule.timezone or 'UTC'}")
-            else:
-                parts.append(f"every {schedule.interval.total_seconds():g} s")
+        parts = [f"cron '{s.slug}'" if s.cron else s.slug for s in schedules]
         return ", ".join(parts) + ", one run at a time"
 
     def _connect_prefect(self) -> None:

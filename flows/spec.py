@@ -328,9 +328,9 @@ def expand_env(text: str) -> str:
     return _ENV.sub(replace, text)
 
 
-def _read_yaml(path: Path) -> tuple[LocatedYaml | None, list[SpecError]]:
+def _read_yaml(path: Path, source: Path | None = None) -> tuple[LocatedYaml | None, list[SpecError]]:
     try:
-        data = path.read_bytes()
+        data = (source or path).read_bytes()
     except OSError as exc:
         return None, [SpecError(str(path), None, f"cannot read file: {exc.strerror or exc}")]
     try:
@@ -400,14 +400,16 @@ _SECRET_FIELD = re.compile(r"^(?:key|token)$|(?:^|_)(?:api_?key|secret|password|
                            re.I)  # fields whose values are never shown in errors
 
 
-def parse_file(path: str | Path) -> tuple[PipelinesFile | None, LocatedYaml | None, list[SpecError]]:
+def parse_file(path: str | Path, source: str | Path | None = None
+               ) -> tuple[PipelinesFile | None, LocatedYaml | None, list[SpecError]]:
     """Parse and structurally validate each resource and pipeline on its own, so one bad entry
-    does not hide the errors of the others; semantic checks are in ``flows.compile``."""
+    does not hide the errors of the others; semantic checks are in ``flows.compile``. ``source``:
+    read the text from there (a pinned copy), errors still name ``path``."""
     from ragline.flows.resources import RESOURCE_TYPES
 
     _UNION_TAGS.update(RESOURCE_TYPES)
     path = Path(path)
-    doc, errors = _read_yaml(path)
+    doc, errors = _read_yaml(path, Path(source) if source else None)
     if doc is None:
         return None, None, errors
     errors += [_locate(doc, loc, message) for loc, message in doc.problems]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -37,19 +39,22 @@ class PipelineRef:
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     data_dir: str | None = None
     digest: str = ""  # of the file's text: a worker never runs a step of an edited file
+    source: str | None = None  # the pinned copy of the file's text (``ragline serve``), read instead of ``file``
 
     @classmethod
     def of(cls, pipeline: CompiledPipeline) -> "PipelineRef":
         project = pipeline.project
+        source = str(project.source) if project.source else None
         ref = cls(str(project.path), pipeline.name, _plain(pipeline.overrides), _plain(project.resource_overrides),
-                  str(project.data_dir) if project.data_dir else None, digest_of(project.path))
+                  str(project.data_dir) if project.data_dir else None, digest_of(project.source or project.path),
+                  source)
         _remember(ref.key, pipeline)  # this process needs no recompiling
         return ref
 
     @property
     def key(self) -> str:
-        return json.dumps([self.file, self.digest, self.pipeline, self.overrides, self.resources, self.data_dir],
-                          sort_keys=True, default=str)
+        return json.dumps([self.file, self.digest, self.pipeline, self.overrides, self.resources, self.data_dir,
+                           self.source], sort_keys=True, default=str)
 
     def resolve(self) -> CompiledPipeline:
         """The compiled pipeline in this process: the driver's own object, else compiled once from the file."""
@@ -57,9 +62,9 @@ class PipelineRef:
             live = _LIVE.get(self.key)
         if live is not None:
             return live
-        if self.digest and digest_of(Path(self.file)) != self.digest:
-            raise RuntimeError(f"{self.file} changed since this run started; run it again")
-        project = load_project(self.file)
+        if self.digest and digest_of(Path(self.source or self.file)) != self.digest:
+            raise RuntimeError(f"{self.source or self.file} changed since this run started; run it again")
+        project = load_project(self.file, source=self.source)
         for name, fields in self.resources.items():
             project = project.with_resource(name, **fields)
         if self.data_dir:
@@ -88,6 +93,33 @@ def digest_of(path: Path) -> str:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     except OSError:
         return ""
+
+
+SERVED_DIR = Path(".ragline") / "served"  # under the data dir: the pipelines files `ragline serve` pinned
+_DIGEST = re.compile(r"[0-9a-f]{16}")
+
+
+def pin_file(file: str | Path, data_dir: str | Path | None = None) -> Path:
+    """Copy a pipelines file's text to ``<data dir>/.ragline/served/<digest>.yaml`` (once per
+    content) and return the copy: what ``ragline serve`` compiles for its API, and what every run
+    of its deployments reads, so an edit of the file never splits the two (restart to apply it)."""
+    path = Path(file).resolve()
+    text = path.read_bytes()
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    pinned = served_copy(path, data_dir, digest)
+    if not pinned.is_file() or digest_of(pinned) != digest:
+        pinned.parent.mkdir(parents=True, exist_ok=True)
+        partial = pinned.with_name(f".{pinned.name}.{os.getpid()}.partial")
+        partial.write_bytes(text)
+        os.replace(partial, pinned)
+    return pinned
+
+
+def served_copy(file: str | Path, data_dir: str | Path | None, digest: str) -> Path:
+    """Where ``pin_file`` keeps the text with this digest (the data dir defaults to the file's folder)."""
+    if not _DIGEST.fullmatch(digest or ""):
+        raise ValueError(f"parameter 'digest': {digest!r} is not a pipelines-file digest (16 hex digits)")
+    return Path(data_dir or Path(file).resolve().parent).resolve() / SERVED_DIR / f"{digest}.yaml"
 
 
 def _plain(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

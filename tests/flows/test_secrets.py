@@ -313,7 +313,8 @@ def test_no_secret_in_flow_run_parameters_task_runs_logs_or_events(api_project, 
     ours = [r for r in stored["flow_runs"] if r["parameters"].get("file") in (str(good), str(refused))]
     assert {r["state_type"] for r in ours} == {"COMPLETED", "FAILED"}
     for run in ours:
-        assert set(run["parameters"]) <= {"pipeline", "inputs", "file", "overrides", "resources", "data_dir"}
+        assert set(run["parameters"]) <= {"pipeline", "inputs", "file", "overrides", "resources", "data_dir",
+                                          "digest"}
         assert run["parameters"]["resources"] == {}  # no resource setting travels as a parameter
     failed = next(r for r in ours if r["state_type"] == "FAILED")
     assert "HTTP 401" in json.dumps(stored["task_runs"]) + json.dumps(failed)  # the error is recorded...

@@ -170,16 +170,20 @@ def _wait_flow_run(prefect_api: str, run_id: str, timeout: float = 180) -> dict:
 
 # ----------------------------------------------------------------------------- tests
 def test_serve_creates_one_deployment_per_pipeline(served, prefect_api, project):
+    from ragline.flows.steps import digest_of
+
     index, notes, search = (_deployment(prefect_api, name) for name in ("index", "notes", "search"))
     for name, deployment in (("index", index), ("notes", notes), ("search", search)):
         assert deployment["name"] == name
-        assert deployment["parameters"] == {"pipeline": name, "file": str(project.resolve())}
+        assert deployment["parameters"] == {"pipeline": name, "file": str(project.resolve()),
+                                            "digest": digest_of(project)}  # the copy serve pinned
         assert deployment["paused"] is False
         assert deployment["entrypoint"] == "ragline.flows.entrypoints.run_pipeline"
     [interval] = index["schedules"]
-    assert interval["schedule"]["interval"] == 30 and interval["active"]
+    assert interval["schedule"]["interval"] == 30 and interval["active"] and interval["slug"] == "every 30 s"
     [cron] = notes["schedules"]
     assert cron["schedule"]["cron"] == "0 3 * * *" and cron["schedule"]["timezone"] == "Europe/Berlin"
+    assert cron["slug"] == "0 3 * * * (Europe/Berlin)"  # the name the dashboard shows
     for ingestion in (index, notes):  # one run at a time; a run due meanwhile is cancelled, not queued
         assert ingestion["global_concurrency_limit"]["limit"] == 1
         assert ingestion["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
