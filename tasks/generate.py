@@ -59,7 +59,8 @@ def answer_from(query: Query, completion: Completion, context: Context, refusal_
     cited = parse_citations(text)
     documents = context.by_number()
     sources = [Source(number=n, chunk_id=d.passage.chunk_id, source_id=d.passage.source_id, title=d.passage.title,
-                      path=str(d.passage.metadata.get("source", d.passage.source_id)), passage=d.passage.text)
+                      path=str(d.passage.metadata.get("source", d.passage.source_id)),
+                      url=str(d.passage.metadata.get("url", "")), passage=d.passage.text)
                for n in cited if (d := documents.get(n))]
     answer = Answer(question=query.original or query.text, text=text, sources=sources, citations=cited,
                     invalid_citations=[n for n in cited if n not in documents], inferred_citations=inferred,
