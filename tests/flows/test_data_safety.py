@@ -71,8 +71,8 @@ def test_a_moved_folder_deletes_nothing_and_fails(project, tmp_path, capsys):
     assert main(["index", str(docs), "-f", str(project), "--no-prefect"]) == 1
     captured = capsys.readouterr()
     assert "deleted 0" in captured.out
-    assert f"could not be reached ({docs}): nothing was deleted" in captured.err
-    assert hits(project, capsys) == [str(docs / "b.txt")]
+    assert "could not be reached (docs): nothing was deleted" in captured.err  # the root, by its name
+    assert hits(project, capsys) == ["docs/b.txt"]
 
 
 def test_another_roots_documents_survive_a_run_on_the_pipelines_own_paths(project, tmp_path, capsys):
