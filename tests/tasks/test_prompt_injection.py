@@ -43,7 +43,7 @@ def test_no_value_can_open_or_close_a_reference_in_a_shipped_prompt(name):
     prompt = PromptLibrary(PROMPTS).render(name, **hostile_variables())
     assert "PWNED" in prompt  # the hostile text is there, as data...
     assert FORGED not in prompt  # ...but it opened no document of its own
-    assert prompt.count("</document>") == prompt.count("<document")  # fenced tags ("<\u200bdocument") are text
+    assert prompt.count("</document>") == prompt.count("<document")  # fenced tags ("&lt;document") are text
     assert prompt.count("<references>") == prompt.count("</references>") <= 1
 
 
