@@ -178,7 +178,7 @@ class Outcome:
 
     def replaced_by_refusal(self) -> bool:
         """Streamed text was shown that the final answer no longer stands behind."""
-        return bool(self.tokens) and self.is_answer and self.value.refused
+        return bool(self.tokens) and self.is_answer and self.value.refused and bool(self.value.draft)
 
     def to_json(self, top_k: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"pipeline": self.pipeline}

@@ -448,7 +448,7 @@ def _describe(pipeline) -> str:
     if pipeline.kind in ("query", "job"):
         return f"running {pipeline.kind} pipeline '{pipeline.name}': {steps}"
     load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
-    paths = ", ".join(load.params.paths) if load is not None else "its sources"
+    paths = ", ".join(map(str, load.params.paths)) if load is not None else "its sources"
     return (f"running ingestion pipeline '{pipeline.name}': indexes {paths} (relative to "
             f"{pipeline.project.base_dir}) and removes documents no longer found there; steps: {steps}")
 

@@ -36,12 +36,14 @@ class StepContext:
     def logger(self) -> logging.Logger:
         return logging.getLogger(f"ragline.{self.pipeline}.{self.step_id}")
 
-    def fail(self, source_id: str, reason: str, *, root: bool = False) -> None:
+    def fail(self, source_id: str, reason: str, *, root: bool = False, skipped: bool = False) -> None:
         """Report a document (or path) that is skipped; the run goes on. ``root``: a root the user
-        listed could not be reached, so nothing may be deleted as gone and the run must fail."""
+        listed could not be reached, so nothing may be deleted as gone and the run must fail.
+        ``skipped``: left out on purpose, so it protects nothing that was indexed from it."""
         self.logger.warning("skipped %s: %s", source_id, reason)
         with self._lock:
-            self.failures.append(Failure(source_id=source_id, stage=self.step_id, reason=reason, root=root))
+            self.failures.append(Failure(source_id=source_id, stage=self.step_id, reason=reason, root=root,
+                                         skipped=skipped))
 
     def cover(self, kind: str, path: str) -> None:
         """Declare a root listed completely: indexed sources it covers that were not loaded are gone."""

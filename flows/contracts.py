@@ -26,11 +26,12 @@ class Document(BaseModel):
 
     model_config = ConfigDict(frozen=False)
 
-    source_id: str = Field(description="stable id: the path, or path#record-id for JSONL records")
+    source_id: str = Field(description="stable id: '<root name>/<path below the root>', with '#record-id' for JSONL "
+                                       "records; never the server's absolute path, so a moved project keeps it")
     text: str
     title: str = ""
     format: str = Field("text", description="text, markdown, html, pdf or jsonl")
-    path: str = ""
+    path: str = Field("", description="where it is shown to be: its public URL (the root's url_prefix), else its id")
     modified: float = 0.0
     content_hash: str = ""
     metadata: Metadata = Field(default_factory=dict)
@@ -62,9 +63,13 @@ class Failure(BaseModel):
     stage: str
     reason: str
     root: bool = Field(False, description="a listed root could not be reached: the run deletes nothing and fails")
+    skipped: bool = Field(False, description="left out on purpose (a link out of every root): whatever was indexed "
+                                             "from it is removed like any source that is gone")
 
     def protects(self, source_id: str) -> bool:
         """Whether ``source_id`` keeps its indexed entries because of this failure."""
+        if self.skipped:
+            return False
         failed = self.source_id
         if source_id == failed or source_id.startswith((failed.rstrip("/") + "/", failed + "#")):
             return True
@@ -76,13 +81,16 @@ class Coverage(BaseModel):
     """A root the source stage listed completely: only sources it covers may be deleted as gone."""
 
     kind: Literal["folder", "file", "glob"]
-    path: str = Field(description="absolute posix path, or the absolute glob pattern")
+    path: str = Field(description="the root in source-id terms: its name ('.' for the pipelines file's folder), "
+                                  "or its glob pattern below its name")
 
     def covers(self, source_id: str) -> bool:
         path = source_id.split("#", 1)[0]
         if self.kind == "file":
             return path == self.path
         if self.kind == "folder":
+            if self.path == ".":  # the project's own folder: every relative id
+                return not path.startswith(("/", "../"))
             return path.startswith(self.path.rstrip("/") + "/")
         return _glob_regex(self.path).match(path) is not None
 
@@ -235,6 +243,8 @@ class IndexReport(BaseModel):
     deleted: int = 0
     unchanged: int = 0
     failed: int = 0
+    migrated: int = Field(0, description="sources renamed to root-relative ids in place (an index from before "
+                                         "them, a moved project, a renamed root): their vectors were kept")
     chunks_written: int = 0
     chunks_deleted: int = 0
     failures: list[Failure] = Field(default_factory=list)
@@ -247,7 +257,7 @@ class IndexReport(BaseModel):
         return [f for f in self.failures if f.root]
 
     def merge(self, other: "IndexReport") -> "IndexReport":
-        fields = ("added", "updated", "deleted", "unchanged", "failed", "chunks_written", "chunks_deleted")
+        fields = ("added", "updated", "deleted", "unchanged", "failed", "migrated", "chunks_written", "chunks_deleted")
         merged = {f: getattr(self, f) + getattr(other, f) for f in fields}
         return IndexReport(**merged, failures=self.failures + other.failures, roots=self.roots + other.roots,
                            seconds=self.seconds + other.seconds)
@@ -255,7 +265,8 @@ class IndexReport(BaseModel):
     def summary(self) -> str:
         return (f"added {self.added}, updated {self.updated}, deleted {self.deleted}, "
                 f"unchanged {self.unchanged}, failed {self.failed} "
-                f"({self.chunks_written} chunks written, {self.chunks_deleted} removed)")
+                f"({self.chunks_written} chunks written, {self.chunks_deleted} removed)"
+                + (f"; {self.migrated} sources moved to root-relative ids without re-embedding" if self.migrated else ""))
 
 
 class ContextDocument(BaseModel):
@@ -286,7 +297,8 @@ class Source(BaseModel):
     chunk_id: str
     source_id: str
     title: str = ""
-    path: str = ""
+    path: str = Field("", description="the source below its root (or its public URL), never a server path")
+    url: str = Field("", description="a link set by the loader from the root's url_prefix; empty when none")
     passage: str = ""
 
 
@@ -327,6 +339,7 @@ class IngestPlan:
     updated: set[str] = field(default_factory=set)
     removed: list[str] = field(default_factory=list)
     unchanged: int = 0
+    migrated: int = 0  # sources renamed to root-relative ids, their vectors kept
 
 
 class StepResult:

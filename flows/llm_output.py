@@ -10,7 +10,7 @@ import logging
 import math
 import re
 import string
-from typing import Any
+from typing import Any, Callable
 
 from ragline.flows.resources.llm import Completion
 
@@ -121,3 +121,55 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^\s])|\n{2,}")
 def sentences(text: str) -> list[str]:
     """Sentences (and paragraphs) of a passage, stripped, none empty."""
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+# The prompts' own delimiters as a model may echo them (any case, blanks inside, or the escaped
+# ``&lt;`` that ``fence`` writes), with the blanks before them; and one cut off at the very end.
+_MARKUP = re.compile(r"[ \t]*(?:<|&lt;|\uff1c)\s*/?\s*(?:document|references)(?![a-z])[^<>]*>", re.I)
+_PREFIXES = "|".join(name[:n] for name in ("document", "references") for n in range(len(name) - 1, 0, -1))
+_MARKUP_TAIL = re.compile(r"[ \t]*(?:<|&lt;|\uff1c)\s*(?:/\s*(?:(?:document|references)(?![a-z])[^<>]*|"
+                          rf"(?:{_PREFIXES})?)|(?:document|references)(?![a-z])[^<>]*|"
+                          rf"(?:{'|'.join(p for p in _PREFIXES.split('|') if len(p) >= 3)})(?![a-z]))$", re.I)
+# a piece that may still become one (held back while streaming until it is decided)
+_MARKUP_START = re.compile(r"[ \t]*(?:(?:<|&lt;|\uff1c)\s*/?\s*([a-z]*)([^<>]*)|&(?:l(?:t)?)?)$", re.I)
+_NAMES = ("document", "references")
+
+
+def strip_markup(text: str) -> str:
+    """Generated text without the prompt's <document>/<references> tags: they are prompt
+    structure, never part of an answer."""
+    return _MARKUP_TAIL.sub("", _MARKUP.sub("", text)).strip()
+
+
+class MarkupFilter:
+    """``strip_markup`` for a stream: passes tokens on, holding back only what may still turn out
+    to be a delimiter split across tokens (``</docu`` + ``ment>``), so none ever reaches a client."""
+
+    def __init__(self, emit: Callable[[str], None]):
+        self.emit, self.pending = emit, ""
+
+    def feed(self, token: str) -> None:
+        text = _MARKUP.sub("", self.pending + token)
+        hold = self._undecided(text)
+        self.pending = text[hold:]
+        if text[:hold]:
+            self.emit(text[:hold])
+
+    def flush(self) -> None:
+        rest, self.pending = _MARKUP_TAIL.sub("", self.pending), ""
+        if rest:
+            self.emit(rest)
+
+    @staticmethod
+    def _undecided(text: str) -> int:
+        """Where the tail that may still become a delimiter starts (len(text) when none does);
+        trailing blanks wait too, since a delimiter takes the blanks before it along."""
+        for start in (m.start() for m in re.finditer(r"[ \t]*[<&\uff1c]", text)):
+            match = _MARKUP_START.match(text, start)
+            if match is None:
+                continue
+            name, rest = (match.group(1) or "").lower(), match.group(2) or ""
+            if (not rest and any(n.startswith(name) for n in _NAMES)) or \
+                    (name in _NAMES and not rest[:1].isalpha()):
+                return start
+        return len(text.rstrip(" \t"))

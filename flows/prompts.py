@@ -5,6 +5,8 @@ stage declares, so an undefined variable is reported by ``ragline validate``, no
 """
 from __future__ import annotations
 
+import html
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -39,8 +41,9 @@ class PromptLibrary:
         # the project's folder first; the builtin templates fill in what it does not define
         self.env = ImmutableSandboxedEnvironment(loader=FileSystemLoader(folders), undefined=StrictUndefined,
                                                  autoescape=False, keep_trailing_newline=False,
-                                                 trim_blocks=True, lstrip_blocks=True)
+                                                 trim_blocks=True, lstrip_blocks=True, finalize=_fenced)
         self.env.filters["fence"] = fence
+        self.env.filters["attribute"] = attribute
 
     def names(self) -> list[str]:
         return sorted({name[: -len(SUFFIX)] for name in self.env.loader.list_templates() if name.endswith(SUFFIX)})
@@ -155,10 +158,29 @@ def _relative(path: Path, folder: Path) -> str:
         return path.name
 
 
+# What a model could read as one of the prompts' delimiters: an angle bracket or a look-alike,
+# blanks or invisible characters, an optional slash, the name in any case (``< / Document\t>``).
+_INVISIBLE = "\\s\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff"
+DELIMITER = re.compile(f"[<\uff1c\ufe64][{_INVISIBLE}]*[/\uff0f]?[{_INVISIBLE}]*(?:document|references)(?![a-z])",
+                       re.IGNORECASE)
+_ATTRIBUTE_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
 def fence(text: object) -> str:
-    """Keep retrieved text inside its <document> delimiters: it cannot open or close one itself."""
-    return (str(text).replace("<document", "<\u200bdocument").replace("</document", "<\u200b/document")
-            .replace("<references", "<\u200breferences").replace("</references", "<\u200b/references"))
+    """Keep retrieved (or asked) text inside its <document> delimiters: any spelling of one of
+    them in it has its bracket written ``&lt;``, so it can neither open nor close one."""
+    return DELIMITER.sub(lambda m: "&lt;" + m.group(0)[1:], str(text))
+
+
+def attribute(value: object) -> str:
+    """A value for a quoted attribute of a delimiter tag (``title="..."``): quotes and brackets
+    escaped, line breaks made spaces, so it cannot end its quotes or its tag."""
+    return html.escape(_ATTRIBUTE_BREAKS.sub(" ", str(value)), quote=True)
+
+
+def _fenced(value: object) -> object:
+    """Every ``{{ }}`` output is fenced, also in a project's own templates that forget ``| fence``."""
+    return value if value is None or isinstance(value, (int, float)) else fence(value)
 
 
 @lru_cache(maxsize=16)

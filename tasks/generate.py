@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, Query, Source
-from ragline.flows.llm_output import clip, normalize_text, parse_citations, sentences
+from ragline.flows.llm_output import MarkupFilter, clip, normalize_text, parse_citations, sentences, strip_markup
 from ragline.flows.registry import stage
 from ragline.flows.resources.llm import Completion, LLMClient
 
@@ -38,8 +38,11 @@ def generate(query: Query, context: Context, params: Params, ctx: StepContext, l
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
                         documents=context.documents, refusal=params.refusal)
     if params.stream:
-        completion = llm.stream(prompt, on_token=ctx.on_token, max_tokens=params.max_tokens, logprobs=True,
-                                stop=params.stop)
+        shown = MarkupFilter(ctx.on_token) if ctx.on_token else None  # the prompt's tags never reach a client
+        completion = llm.stream(prompt, on_token=shown.feed if shown else None, max_tokens=params.max_tokens,
+                                logprobs=True, stop=params.stop)
+        if shown:
+            shown.flush()
     else:
         completion = llm.chat(prompt, max_tokens=params.max_tokens, logprobs=True, stop=params.stop)
     return answer_from(query, completion, context, params.refusal,
@@ -49,21 +52,22 @@ def generate(query: Query, context: Context, params: Params, ctx: StepContext, l
 def answer_from(query: Query, completion: Completion, context: Context, refusal_text: str,
                 min_overlap: float | None = None) -> Answer:
     """Citations resolved against the context; an answer that is the refusal is marked refused."""
-    text = re.sub(r"^\s*answer\s*:\s*", "", completion.text.strip(), flags=re.I)
+    text = re.sub(r"^\s*answer\s*:\s*", "", strip_markup(completion.text), flags=re.I)
     inferred: list[int] = []
     if min_overlap is not None and not parse_citations(text) and not is_refusal(text, refusal_text):
         text, inferred = attribute(text, context, min_overlap)
     cited = parse_citations(text)
     documents = context.by_number()
     sources = [Source(number=n, chunk_id=d.passage.chunk_id, source_id=d.passage.source_id, title=d.passage.title,
-                      path=str(d.passage.metadata.get("source", d.passage.source_id)), passage=d.passage.text)
+                      path=str(d.passage.metadata.get("source", d.passage.source_id)),
+                      url=str(d.passage.metadata.get("url", "")), passage=d.passage.text)
                for n in cited if (d := documents.get(n))]
     answer = Answer(question=query.original or query.text, text=text, sources=sources, citations=cited,
                     invalid_citations=[n for n in cited if n not in documents], inferred_citations=inferred,
                     confidence=completion.mean_prob())
-    if is_refusal(text, refusal_text):
+    if is_refusal(text, refusal_text):  # the model's own refusal: nothing is withdrawn, so no draft
         answer = answer.model_copy(update={"refused": True, "reason": "the references do not contain the answer",
-                                           "draft": text, "text": refusal_text})
+                                           "text": refusal_text})
     return answer
 
 

@@ -29,6 +29,7 @@ from ragline.flows.resources import integrity
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.integrity import reconcile
 from ragline.flows.resources.state import IndexState, LeaseHolder
+from ragline.flows.source_ids import Moves, find_moves, move_chunks
 
 DIRTY = "dirty"
 
@@ -92,8 +93,12 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
         reconcile(store, state, ctx.logger.warning)
     integrity.repair(integrity.compare(store, sparse, state), store, sparse, state, ctx.logger.warning)
     state.set_meta(DIRTY, "1")
+    moves = find_moves(documents, state.sources(origin=ctx.pipeline), covered, failures)
+    migrated = migrate_ids(moves, store, state, ctx)
+    if not migrated:  # nothing renamed in place (a vector was missing): the old ids go, the documents re-index
+        moves.gone += list(moves.renamed)
     everything = state.sources()
-    plan = IngestPlan(to_index=[])
+    plan = IngestPlan(to_index=[], migrated=migrated)
     seen: set[str] = set()
     for doc in documents:
         seen.add(doc.source_id)
@@ -104,8 +109,23 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
         plan.to_index.append(doc)
         (plan.updated if previous else plan.new).add(doc.source_id)
     if params.delete_missing:
-        plan.removed = gone_sources(state.sources(origin=ctx.pipeline), seen, failures, covered)
+        plan.removed = sorted(set(gone_sources(state.sources(origin=ctx.pipeline), seen, failures, covered))
+                              | set(moves.gone))
     return plan
+
+
+def migrate_ids(moves: Moves, store: ChromaStore, state: IndexState, ctx: StepContext) -> int:
+    """Rename moved sources in place (vectors kept: Chroma first, then the state in one transaction,
+    so a crash between them is redone by the next run); say so in one line."""
+    rows = state.source_chunks(moves.renamed)
+    chunks = move_chunks(rows, store.vectors([r[0] for r in rows]), moves.renamed) if rows else []
+    if not moves.renamed or chunks is None:  # a vector is missing: the documents are re-indexed as new
+        return 0
+    store.upsert(chunks)
+    state.rename_sources(moves.renamed, chunks)
+    ctx.logger.warning("migrated %d sources to root-relative ids (an index from before them, a moved project or a "
+                       "renamed root), keeping their vectors", len(moves.renamed))
+    return len(moves.renamed)
 
 
 def gone_sources(indexed: Iterable[str], seen: set[str], failures: list[Failure], covered: list[Coverage]) -> list[str]:

@@ -12,10 +12,13 @@ import html
 import io
 import json
 import os
+import posixpath
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Iterator
+from urllib.parse import quote
 
 from pydantic import BaseModel, Field, StringConstraints, field_validator
 from pypdf import PdfReader
@@ -37,6 +40,45 @@ MD_HEADING = re.compile(r"^#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 HTML_TITLE = re.compile(r"<title\b[^>]*>(.*?)</title>", re.I | re.S)
 HTML_H1 = re.compile(r"<h1\b[^>]*>(.*?)</h1>", re.I | re.S)
 HTML_TAG = re.compile(r"<[^>]+>")
+# metadata keys the loader (or the chunker, or the store) sets: a record's own metadata cannot spoof
+# where a document comes from or links to (its "path" or "url" would become the chat page's link)
+LOADER_KEYS = frozenset({"source", "root", "url", "path", "format", "modified", "file_name", "doc_id", "chunk",
+                         "source_id", "title", "ordinal"})
+
+
+class Root(BaseModel):
+    """A source root with options: how its sources are named, linked and whether links may leave it."""
+
+    model_config = {"extra": "forbid"}
+
+    path: NonEmpty = Field(..., description="folder (walked recursively), file or glob pattern")
+    name: NonEmpty | None = Field(None, description="what its sources are identified and shown by: '<name>/<path "
+                                                    "below the root>' (default: the path relative to the "
+                                                    "pipelines file's folder, or the folder's own name outside it)")
+    url_prefix: NonEmpty | None = Field(None, description="public URL of the root: a source links to this followed "
+                                                          "by its path below the root")
+    follow_links: bool | None = Field(None, description="index symbolic links that lead outside every root "
+                                                        "(default: the step's follow_links)")
+
+    @field_validator("name")
+    @classmethod
+    def _relative_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        name = posixpath.normpath(value.strip().strip("/"))
+        if not value.strip().strip("/") or name.startswith("..") or "#" in name or any(ord(c) < 32 for c in name):
+            raise ValueError(f"root name {value!r} must be a relative name without '..', '#' or control characters")
+        return name
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"https?://[^/\s]+", value, re.I):
+            raise ValueError(f"url_prefix {value!r} must be an http:// or https:// URL")
+        return value
+
+    def __str__(self) -> str:  # where a plain list of paths is shown
+        return self.path
 
 
 class Params(BaseModel):
@@ -44,8 +86,11 @@ class Params(BaseModel):
 
     model_config = {"extra": "forbid"}
 
-    paths: list[NonEmpty] = Field(..., min_length=1,
-                                  description="folders (walked recursively), files or glob patterns")
+    paths: list[NonEmpty | Root] = Field(..., min_length=1,
+                                         description="folders (walked recursively), files or glob patterns; each may "
+                                                     "be {path, name, url_prefix, follow_links}")
+    follow_links: bool = Field(False, description="index symbolic links whose target is outside every root of this "
+                                                  "step (off: they are skipped with a reason)")
     include: list[NonEmpty] = Field(
         ["*.html", "*.htm", "*.md", "*.markdown", "*.txt", "*.pdf", "*.jsonl"], min_length=1,
         description="file-name patterns taken from folders and globs (files named directly are always read)")
@@ -74,8 +119,8 @@ class Params(BaseModel):
 def load(params: Params, ctx: StepContext) -> list[Document]:
     """Read source files into Documents, reporting and skipping the ones that cannot be read."""
     documents: list[Document] = []
-    for path in _discover(params, ctx):
-        for document in _load_file(path, params, ctx):
+    for path, root in _discover(params, ctx):
+        for document in _load_file(path, root, params, ctx):
             documents.append(document)
             ctx.progress("documents", 1)
             failpoints.hit("load.after_read")
@@ -84,27 +129,110 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
 
 # --- finding files -------------------------------------------------------------------------
 
-def _discover(params: Params, ctx: StepContext) -> list[str]:
-    """Expand ``paths`` into sorted, unique absolute posix paths (a file hit by two globs loads once).
+@dataclass(frozen=True)
+class SourceRoot:
+    """A listed root as ``load`` resolved it. Its sources are identified as '<name>/<path below
+    the root>' and shown that way (or linked below ``url_prefix``): never by the server's absolute
+    paths, so a moved project keeps its ids and no response shows the server's folders."""
+
+    given: str
+    location: str  # absolute posix path: the folder, the file, or a glob's fixed folder
+    name: str  # "." for the pipelines file's own folder
+    pattern: str = ""  # a glob's pattern below ``location``
+    url_prefix: str | None = None
+    follow_links: bool = False
+    is_file: bool = False
+
+    def below(self, path: str) -> str:
+        return posixpath.basename(path) if self.is_file else posixpath.relpath(path, self.location)
+
+    def source_id(self, path: str) -> str:
+        if self.is_file:
+            return self.name
+        below = self.below(path)
+        return below if self.name == "." else self.name if below == "." else f"{self.name}/{below}"
+
+    def url(self, path: str) -> str | None:
+        return self.url_prefix + quote(self.below(path)) if self.url_prefix else None
+
+    @property
+    def covered(self) -> str:
+        """The root in source-id terms: its name, or its glob pattern below its name."""
+        if not self.pattern:
+            return self.name
+        return self.pattern if self.name == "." else f"{self.name}/{self.pattern}"
+
+
+def _roots(params: Params, base_dir: str) -> list[SourceRoot]:
+    base = Path(os.path.abspath(base_dir)).as_posix()
+    roots = []
+    for entry in params.paths:
+        spec = entry if isinstance(entry, Root) else Root(path=entry)
+        # relative to pipelines.yaml's folder (the CLI passes absolute paths for its arguments)
+        expanded = Path(os.path.abspath(os.path.join(base_dir, os.path.expanduser(spec.path)))).as_posix()
+        location, pattern = expanded, ""
+        if GLOB_CHARS & set(spec.path):
+            location = _glob_base(expanded)
+            pattern = expanded[len(location):].lstrip("/")
+        follow = params.follow_links if spec.follow_links is None else spec.follow_links
+        url = spec.url_prefix if spec.url_prefix is None or spec.url_prefix.endswith("/") else spec.url_prefix + "/"
+        roots.append(SourceRoot(spec.path, location, spec.name or _default_name(location, base), pattern, url,
+                                follow, is_file=not pattern and os.path.isfile(expanded)))
+    return roots
+
+
+def _default_name(location: str, base: str) -> str:
+    """The root's path relative to the pipelines file's folder; outside it, the folder's own name."""
+    if location == base:
+        return "."
+    if location.startswith(base.rstrip("/") + "/"):
+        return posixpath.relpath(location, base)
+    return posixpath.basename(location.rstrip("/")) or "root"
+
+
+def _discover(params: Params, ctx: StepContext) -> list[tuple[str, SourceRoot]]:
+    """The files of every root, each once (under the outermost root that lists it), by source id.
 
     Every root listed completely is declared with ``ctx.cover``; one that cannot be reached is a
     root failure (the run deletes nothing), and an unreadable subfolder protects what is under it.
+    A file whose real path is outside every root (a symbolic link to /etc/passwd) is skipped with
+    its reason unless its root follows links.
     """
-    found: set[str] = set()
-    for given in params.paths:
-        # relative to pipelines.yaml's folder (the CLI passes absolute paths for its arguments)
-        expanded = Path(os.path.abspath(os.path.join(ctx.base_dir, os.path.expanduser(given)))).as_posix()
-        if GLOB_CHARS & set(given):
-            found.update(_glob_root(expanded, given, params, ctx))
-        elif (missing := _unreachable(expanded)) is not None:
-            ctx.fail(expanded, f"{missing} (listed as {given!r})", root=True)
-        elif os.path.isdir(expanded):
-            found.update(_folder_root(expanded, given, params, ctx))
-        else:
-            ctx.cover("file", expanded)
-            if not _matches(expanded, params.exclude):  # a file named directly skips `include`
-                found.add(expanded)
-    return sorted(found)
+    roots = _roots(params, ctx.base_dir)
+    inside = [os.path.realpath(r.location) for r in roots]
+    found: dict[str, SourceRoot] = {}
+    names: dict[str, SourceRoot] = {}
+    for root in roots:
+        other = names.setdefault(root.name, root)
+        if other.location != root.location:
+            ctx.fail(root.covered, f"root {root.given!r} has the same name {root.name!r} as {other.given!r}: "
+                                   f"give one of them a `name`", root=True)
+            continue
+        for path in _root_files(root, params, ctx):
+            if not root.follow_links and not _within(os.path.realpath(path), inside):
+                ctx.fail(root.source_id(path), "symbolic link to a file outside every source root: skipped (set "
+                                               "follow_links: true on the root to index it)", skipped=True)
+                continue
+            if path not in found or len(root.location) < len(found[path].location):
+                found[path] = root
+    return sorted(found.items(), key=lambda item: item[1].source_id(item[0]))
+
+
+def _within(real: str, roots: list[str]) -> bool:
+    return any(real == root or real.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _root_files(root: SourceRoot, params: Params, ctx: StepContext) -> list[str]:
+    expanded = posixpath.join(root.location, root.pattern) if root.pattern else root.location
+    if root.pattern:
+        return _glob_root(expanded, root, params, ctx)
+    if (missing := _unreachable(expanded)) is not None:
+        ctx.fail(root.covered, f"{missing} (listed as {root.given!r})", root=True)
+        return []
+    if os.path.isdir(expanded):
+        return _folder_root(root, params, ctx)
+    ctx.cover("file", root.covered)
+    return [] if _matches(expanded, params.exclude) else [expanded]  # a file named directly skips `include`
 
 
 def _unreachable(path: str) -> str | None:
@@ -118,19 +246,18 @@ def _unreachable(path: str) -> str | None:
     return None
 
 
-def _glob_root(pattern: str, given: str, params: Params, ctx: StepContext) -> set[str]:
+def _glob_root(pattern: str, root: SourceRoot, params: Params, ctx: StepContext) -> list[str]:
     """Files matching a glob; its fixed folder must exist, else nothing under it counts as deleted."""
-    base = _glob_base(pattern)
-    if not os.path.isdir(base):
-        ctx.fail(pattern, f"folder {base} of pattern {given!r} does not exist", root=True)
-        return set()
+    if not os.path.isdir(root.location):
+        ctx.fail(root.covered, f"the folder of pattern {root.given!r} does not exist", root=True)
+        return []
     found: set[str] = set()
     for match in glob.glob(pattern, recursive=True):
         match = Path(os.path.abspath(match)).as_posix()
-        found.update(_folder_files(match, params, ctx) if os.path.isdir(match) else
+        found.update(_folder_files(match, root, params, ctx) if os.path.isdir(match) else
                      ([match] if _matches(match, params.include) and not _matches(match, params.exclude) else []))
-    ctx.cover("glob", pattern)
-    return found
+    ctx.cover("glob", root.covered)
+    return sorted(found)
 
 
 def _glob_base(pattern: str) -> str:
@@ -140,31 +267,43 @@ def _glob_base(pattern: str) -> str:
     return "/".join(parts[:fixed]) or "/"
 
 
-def _folder_root(root: str, given: str, params: Params, ctx: StepContext) -> list[str]:
+def _folder_root(root: SourceRoot, params: Params, ctx: StepContext) -> list[str]:
     """Files under a folder root; a root that cannot be listed is a root failure."""
     try:
-        os.scandir(root).close()
+        os.scandir(root.location).close()
     except OSError as exc:
-        ctx.fail(root, f"cannot list folder (listed as {given!r}): {exc.strerror or exc}", root=True)
+        ctx.fail(root.covered, f"cannot list folder (listed as {root.given!r}): {exc.strerror or exc}", root=True)
         return []
-    files = list(_folder_files(root, params, ctx))
-    ctx.cover("folder", root)
+    files = list(_folder_files(root.location, root, params, ctx))
+    ctx.cover("folder", root.covered)
     return files
 
 
-def _folder_files(root: str, params: Params, ctx: StepContext) -> Iterator[str]:
-    """Files below ``root`` that pass include/exclude; an unreadable subfolder is reported (which
-    protects what was indexed from it) instead of being skipped silently."""
+def _folder_files(folder: str, root: SourceRoot, params: Params, ctx: StepContext) -> Iterator[str]:
+    """Files below ``folder`` that pass include/exclude; an unreadable subfolder is reported (which
+    protects what was indexed from it) instead of being skipped silently. Folder links are walked
+    only when the root follows links, each real folder once (a link loop ends)."""
     def unreadable(exc: OSError) -> None:
-        ctx.fail(Path(exc.filename or root).as_posix(), f"cannot list folder: {exc.strerror or exc}")
+        ctx.fail(root.source_id(Path(exc.filename or folder).as_posix()), f"cannot list folder: {exc.strerror or exc}")
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
+    seen = {os.path.realpath(folder)}
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=root.follow_links):
         # prune excluded folders (.git, node_modules) instead of walking and filtering them
         dirnames[:] = sorted(d for d in dirnames if not _matches(Path(dirpath, d).as_posix() + "/", params.exclude))
+        if root.follow_links:
+            dirnames[:] = [d for d in dirnames if _first_visit(os.path.join(dirpath, d), seen)]
         for name in sorted(filenames):
             full = Path(dirpath, name).as_posix()
             if _matches(full, params.include) and not _matches(full, params.exclude):
                 yield full
+
+
+def _first_visit(folder: str, seen: set[str]) -> bool:
+    real = os.path.realpath(folder)
+    if real in seen:
+        return False
+    seen.add(real)
+    return True
 
 
 def _matches(path: str, patterns: list[str]) -> bool:
@@ -179,44 +318,45 @@ def _matches(path: str, patterns: list[str]) -> bool:
 
 # --- reading one file ----------------------------------------------------------------------
 
-def _load_file(path: str, params: Params, ctx: StepContext) -> list[Document]:
+def _load_file(path: str, root: SourceRoot, params: Params, ctx: StepContext) -> list[Document]:
     """All Documents of one file (one, or one per JSONL record); [] when it was reported as failed."""
     fmt = FORMATS.get(Path(path).suffix.lower(), "text")
-    data_mtime = _read(path, params.max_bytes, ctx)
+    where = root.source_id(path)
+    data_mtime = _read(path, where, params.max_bytes, ctx)
     if data_mtime is None:
         return []
     data, mtime = data_mtime
     if fmt == "pdf":
-        document = _pdf_document(path, data, mtime, ctx)
+        document = _pdf_document(path, root, data, mtime, ctx)
         return [document] if document else []
-    text = _decode(path, data, params.encoding, ctx)
+    text = _decode(where, data, params.encoding, ctx)
     if text is None:
         return []
     if not text.strip():
-        ctx.fail(path, "empty document")
+        ctx.fail(where, "empty document")
         return []
     if fmt == "jsonl":
-        return _jsonl_documents(path, text, mtime, params, ctx)
+        return _jsonl_documents(path, root, text, mtime, params, ctx)
     title = _markdown_title(text) if fmt == "markdown" else _html_title(text) if fmt == "html" else ""
-    return [_document(path, fmt, text, title or Path(path).stem, mtime)]
+    return [_document(path, root, fmt, text, title or Path(path).stem, mtime)]
 
 
-def _read(path: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float] | None:
+def _read(path: str, where: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float] | None:
     """The file's bytes and mtime; size is checked first so a huge file is never read into memory."""
     try:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode):  # a named pipe would block the run forever
-            ctx.fail(path, f"not a regular file ({_file_kind(info.st_mode)})")
+            ctx.fail(where, f"not a regular file ({_file_kind(info.st_mode)})")
             return None
         if info.st_size > max_bytes:
-            ctx.fail(path, f"file is {info.st_size} bytes, over the max_bytes limit of {max_bytes}")
+            ctx.fail(where, f"file is {info.st_size} bytes, over the max_bytes limit of {max_bytes}")
             return None
         data = Path(path).read_bytes()
     except OSError as exc:
-        ctx.fail(path, f"cannot read file: {exc.strerror or exc}")
+        ctx.fail(where, f"cannot read file: {exc.strerror or exc}")
         return None
     if not data:
-        ctx.fail(path, "empty document")
+        ctx.fail(where, "empty document")
         return None
     return data, info.st_mtime
 
@@ -227,24 +367,36 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "special file")
 
 
-def _decode(path: str, data: bytes, encoding: str, ctx: StepContext) -> str | None:
+def _decode(where: str, data: bytes, encoding: str, ctx: StepContext) -> str | None:
     """Bytes to text; None (reported) for binary or undecodable content."""
     wide = codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))  # NULs are normal there
     if not wide and b"\x00" in data[:SNIFF_BYTES]:
-        ctx.fail(path, "binary content, not text")
+        ctx.fail(where, "binary content, not text")
         return None
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as exc:
-        ctx.fail(path, f"not valid {encoding}: cannot decode byte 0x{data[exc.start]:02x} at offset {exc.start}")
+        ctx.fail(where, f"not valid {encoding}: cannot decode byte 0x{data[exc.start]:02x} at offset {exc.start}")
         return None
     return text.removeprefix("\ufeff")
 
 
-def _document(path: str, fmt: str, text: str, title: str, mtime: float) -> Document:
-    return Document(source_id=path, path=path, format=fmt, title=title, modified=mtime,
+def _document(path: str, root: SourceRoot, fmt: str, text: str, title: str, mtime: float) -> Document:
+    return Document(source_id=root.source_id(path), path=_shown(path, root), format=fmt, title=title, modified=mtime,
                     content_hash=content_hash(text), text=text,
-                    metadata={"source": path, "format": fmt, "modified": mtime, "file_name": Path(path).name})
+                    metadata={**_provenance(path, root), "format": fmt, "modified": mtime})
+
+
+def _shown(path: str, root: SourceRoot) -> str:
+    """Where a source is shown to be: its public URL, else its id (never the server's path)."""
+    return root.url(path) or root.source_id(path)
+
+
+def _provenance(path: str, root: SourceRoot) -> Metadata:
+    """The metadata only the loader sets: a document's own metadata can never replace it."""
+    url = root.url(path)
+    return {"source": _shown(path, root), "root": root.name, "file_name": posixpath.basename(path),
+            **({"url": url} if url else {})}
 
 
 def _markdown_title(text: str) -> str:
@@ -270,28 +422,30 @@ def _html_title(raw: str) -> str:
 
 # --- PDF -----------------------------------------------------------------------------------
 
-def _pdf_document(path: str, data: bytes, mtime: float, ctx: StepContext) -> Document | None:
+def _pdf_document(path: str, root: SourceRoot, data: bytes, mtime: float, ctx: StepContext) -> Document | None:
     """Text of a PDF page by page; scanned, encrypted or broken PDFs are reported, not raised."""
+    where = root.source_id(path)
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):  # an empty user password still opens many
-            ctx.fail(path, "encrypted PDF: a password is needed to read it")
+            ctx.fail(where, "encrypted PDF: a password is needed to read it")
             return None
         pages = [(page.extract_text() or "").strip() for page in reader.pages]
         title = str((reader.metadata.title if reader.metadata else None) or "").strip()
     except Exception as exc:  # pypdf raises many exception types on malformed files
-        ctx.fail(path, f"unreadable PDF: {type(exc).__name__}: {exc}")
+        ctx.fail(where, f"unreadable PDF: {type(exc).__name__}: {exc}")
         return None
     text = "\n\n".join(page for page in pages if page)
     if not text:
-        ctx.fail(path, "PDF has no extractable text (scanned images?)")
+        ctx.fail(where, "PDF has no extractable text (scanned images?)")
         return None
-    return _document(path, "pdf", text, title or Path(path).stem, mtime)
+    return _document(path, root, "pdf", text, title or Path(path).stem, mtime)
 
 
 # --- JSONL ---------------------------------------------------------------------------------
 
-def _jsonl_documents(path: str, text: str, mtime: float, params: Params, ctx: StepContext) -> list[Document]:
+def _jsonl_documents(path: str, root: SourceRoot, text: str, mtime: float, params: Params,
+                     ctx: StepContext) -> list[Document]:
     """One Document per BEIR-style record; a bad line is reported as 'path:line' and the rest load."""
     documents: list[Document] = []
     first_seen: dict[str, int] = {}
@@ -299,12 +453,12 @@ def _jsonl_documents(path: str, text: str, mtime: float, params: Params, ctx: St
     for line_no, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        where = f"{path}:{line_no}"
+        where = f"{root.source_id(path)}:{line_no}"
         try:
             record_id, record = _parse_record(line, params)
             if record_id in first_seen:
                 raise ValueError(f"duplicate record id {record_id!r}, first seen on line {first_seen[record_id]}")
-            documents.append(_record_document(path, record_id, record, mtime, params))
+            documents.append(_record_document(path, root, record_id, record, mtime, params))
         except ValueError as exc:
             ctx.fail(where, str(exc))
             continue
@@ -326,7 +480,7 @@ def _parse_record(line: str, params: Params) -> tuple[str, dict[str, Any]]:
     return str(record_id), record
 
 
-def _record_document(path: str, record_id: str, record: dict[str, Any], mtime: float,
+def _record_document(path: str, root: SourceRoot, record_id: str, record: dict[str, Any], mtime: float,
                      params: Params) -> Document:
     parts = [record.get(field) for field in params.jsonl_text_fields]
     text = "\n\n".join(part for part in parts if isinstance(part, str) and part.strip())
@@ -335,10 +489,10 @@ def _record_document(path: str, record_id: str, record: dict[str, Any], mtime: f
     title = record.get(params.jsonl_title_field)
     # no "modified": the file's mtime moves when any record changes, so it says nothing of this one,
     # and rewriting it on unchanged records would make incremental runs differ from clean ones
-    base: Metadata = {"source": path, "format": "jsonl", "doc_id": record_id, "file_name": Path(path).name}
+    base: Metadata = {**_provenance(path, root), "format": "jsonl", "doc_id": record_id}
     # canonical JSON: any change to the record (text, title, metadata) re-indexes it, key order does not
     canonical = json.dumps(record, sort_keys=True, ensure_ascii=False)
-    return Document(source_id=f"{path}#{record_id}", path=path, format="jsonl",
+    return Document(source_id=f"{root.source_id(path)}#{record_id}", path=_shown(path, root), format="jsonl",
                     title=title.strip() if isinstance(title, str) else "", modified=mtime,
                     content_hash=content_hash(canonical), text=text,
                     metadata={**_scalar_metadata(record.get("metadata")), **base})
@@ -348,4 +502,5 @@ def _scalar_metadata(extra: Any) -> Metadata:
     """Flat scalar values of a record's 'metadata' object (vector stores accept nothing nested)."""
     if not isinstance(extra, dict):
         return {}
-    return {str(k): v for k, v in extra.items() if isinstance(v, (str, int, float, bool))}
+    return {str(k): v for k, v in extra.items()
+            if isinstance(v, (str, int, float, bool)) and str(k) not in LOADER_KEYS}

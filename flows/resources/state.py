@@ -372,6 +372,28 @@ class IndexState:
                     out[cid] = {"source_id": sid, "text": text, "title": title or "", "metadata": json.loads(meta)}
         return out
 
+    def source_chunks(self, source_ids: Iterable[str]) -> list[tuple[str, str, int, str, str, dict[str, Any]]]:
+        """(chunk_id, source_id, ordinal, text, title, metadata) of these sources' chunks."""
+        rows = []
+        with self._guarded():
+            for batch in _batched(list(source_ids), 500):
+                marks = ",".join("?" * len(batch))
+                rows += [(cid, sid, ordinal, text, title or "", json.loads(meta)) for cid, sid, ordinal, text, title, meta
+                         in self.conn.execute(f"SELECT chunk_id, source_id, ordinal, text, title, metadata FROM chunks "
+                                              f"WHERE source_id IN ({marks}) ORDER BY chunk_id", batch)]
+        return rows
+
+    def rename_sources(self, renamed: dict[str, Document], chunks: list[Chunk]) -> None:
+        """Give sources their new ids (root-relative, see flows/source_ids.py) in one transaction:
+        the sources keep their hash and fingerprint, their chunks their ids, text and vectors."""
+        with self.transaction() as tx:
+            for old, doc in renamed.items():
+                tx.execute("DELETE FROM sources WHERE source_id=?", (doc.source_id,))
+                tx.execute("UPDATE sources SET source_id=?, path=? WHERE source_id=?", (doc.source_id, doc.path, old))
+            tx.executemany("UPDATE chunks SET source_id=?, metadata=? WHERE chunk_id=?",
+                           [(c.source_id, json.dumps(c.metadata), c.chunk_id) for c in chunks])
+            self._bump(tx)
+
     def counts(self) -> tuple[int, int]:
         with self._guarded():
             return (self.reader.execute("SELECT COUNT(*) FROM sources").fetchone()[0],

@@ -126,3 +126,23 @@ def test_failure_while_streaming_raises_in_the_client(down_project):
         with pytest.raises(openai.InternalServerError) as caught:
             ask(client)
         assert caught.value.status_code == 503 and str(down_project.parent) not in caught.value.message
+
+
+def test_prompt_delimiters_never_reach_the_answer_streamed_or_not(client, fresh_script):
+    """Issue 15 item 5: a model that echoes its prompt's markup ('... [1]. </document> [1]')."""
+    fresh_script.answer = "Diffusion tensor imaging measures it [1]. </document> [1]"
+    plain = ask(client).choices[0].message.content
+    chunks = list(ask(client, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert plain == "Diffusion tensor imaging measures it [1]. [1]"
+    assert "document" not in streamed and streamed.strip() == plain
+
+
+def test_a_refusal_the_model_writes_itself_is_shown_once(client, fresh_script):
+    """Issue 15 item 5: nothing was withdrawn, so no withdrawal note and no second refusal."""
+    fresh_script.answer = "I cannot answer this question."
+    chunks = list(ask(client, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed.count("I cannot answer this question") == 1 and "withdrew" not in streamed
+    verification = chunks[-1].model_extra["verification"]
+    assert verification["refused"] is True and verification["replaced_by_refusal"] is False

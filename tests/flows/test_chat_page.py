@@ -146,3 +146,24 @@ def test_an_error_names_the_field(page):
     page.evaluate("document.getElementById('pipeline').append(new Option('nope', 'nope'))")
     card = ask(page, "anything", pipeline="nope")
     assert "field 'pipeline'" in card.locator(".banner.error").inner_text()
+
+
+def test_a_passage_links_only_to_the_loaders_url_never_to_its_own_metadata(page):
+    """Issue 16 item 9: metadata a document brings (a JSONL record's `path`) is never a link; only
+    the `url` the loader set from a root's url_prefix is. The passages are the server's real answer
+    with the two cases written into their metadata on the way to the page."""
+    def spoof(route):
+        response = route.fetch()
+        body = response.json()
+        if "passages" in body and len(body["passages"]) >= 2:
+            body["passages"][0]["metadata"].update(path="https://evil.example/phish", source="docs/a.md")
+            body["passages"][1]["metadata"].update(path="https://evil.example/x", source="https://wiki.example.com/b",
+                                                   url="https://wiki.example.com/b")
+        route.fulfill(response=response, json=body)
+
+    page.route("**/v1/query", spoof)
+    card = ask(page, "white matter in newborns", pipeline="search")
+    hrefs = [a.get_attribute("href") for a in card.locator("ol.sources a").all()]
+    assert hrefs == ["https://wiki.example.com/b"]
+    assert "docs/a.md" in card.locator("ol.sources li").first.inner_text()
+    assert "evil.example" not in card.inner_html()

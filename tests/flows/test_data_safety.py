@@ -53,7 +53,7 @@ def test_query_commands_refuse_an_ingestion_pipeline(project, tmp_path, capsys):
     assert main(["eval", "--dataset", str(tmp_path), "-p", "index", "-f", str(project)]) == 2
     assert main(["index", "-p", "search", "-f", str(project)]) == 2
     (tmp_path / "docs" / "b.txt").write_text(OKAPI)
-    assert hits(project, capsys) == [str(tmp_path / "docs" / "b.txt")]
+    assert hits(project, capsys) == ["docs/b.txt"]
 
 
 def test_run_says_what_an_ingestion_pipeline_will_do(project, tmp_path, capsys):
@@ -71,8 +71,8 @@ def test_a_moved_folder_deletes_nothing_and_fails(project, tmp_path, capsys):
     assert main(["index", str(docs), "-f", str(project), "--no-prefect"]) == 1
     captured = capsys.readouterr()
     assert "deleted 0" in captured.out
-    assert f"could not be reached ({docs}): nothing was deleted" in captured.err
-    assert hits(project, capsys) == [str(docs / "b.txt")]
+    assert "could not be reached (docs): nothing was deleted" in captured.err  # the root, by its name
+    assert hits(project, capsys) == ["docs/b.txt"]
 
 
 def test_another_roots_documents_survive_a_run_on_the_pipelines_own_paths(project, tmp_path, capsys):
@@ -85,7 +85,7 @@ def test_another_roots_documents_survive_a_run_on_the_pipelines_own_paths(projec
     assert index(project) == 0
 
     assert "deleted 0" in capsys.readouterr().out
-    assert sorted(hits(project, capsys)) == sorted([str(tmp_path / "docs" / "b.txt"), str(mine / "notes.md")])
+    assert sorted(hits(project, capsys)) == sorted(["docs/b.txt", "mine/notes.md"])
 
 
 def test_a_deleted_file_under_a_listed_root_is_still_removed(project, tmp_path, capsys):
@@ -96,7 +96,7 @@ def test_a_deleted_file_under_a_listed_root_is_still_removed(project, tmp_path, 
     assert index(project) == 0
 
     assert "deleted 1" in capsys.readouterr().out
-    assert hits(project, capsys) == [str(tmp_path / "docs" / "b.txt")]
+    assert hits(project, capsys) == ["docs/b.txt"]
 
 
 def test_jsonl_records_survive_a_bad_byte_and_a_broken_line(project, tmp_path, capsys):

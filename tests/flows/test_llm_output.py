@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import logging
+import re
+
+import pytest
 
 from ragline.flows.llm_output import clip, option_probabilities, parse_citations, parse_json, parse_lines, \
     parse_permutation, sentences
@@ -45,3 +48,38 @@ def test_parse_json_with_fallback(caplog):
 def test_clip_and_sentences():
     assert clip("short", 10) == "short" and clip("x" * 20, 10) == "x" * 10 + " …"
     assert sentences("One. Two! Three?\n\nFour") == ["One.", "Two!", "Three?", "Four"]
+
+
+# --- issue 15 item 5: the prompt's delimiters never reach an answer ---------------------------------
+import random  # noqa: E402
+
+from ragline.flows.llm_output import MarkupFilter, strip_markup  # noqa: E402
+
+LEAKED = ["Cache misses are skipped [1]. </document> [1]", "<document id=\"2\" title=\"x\">Paris [2].</document>",
+          "Paris [1].\n</references>", "Yes [1]. &lt;/document> ok", "A </Document\t> b < /references >.",
+          "cut at the end </docu", "a < b and <div> stay", "</document"]
+
+
+def test_strip_markup_removes_delimiters_and_keeps_everything_else():
+    assert strip_markup(LEAKED[0]) == "Cache misses are skipped [1]. [1]"
+    assert strip_markup(LEAKED[1]) == "Paris [2]."
+    assert strip_markup(LEAKED[2]) == "Paris [1]."
+    assert strip_markup(LEAKED[3]) == "Yes [1]. ok"
+    assert strip_markup(LEAKED[4]) == "A b."
+    assert strip_markup(LEAKED[5]) == "cut at the end"
+    assert strip_markup(LEAKED[6]) == "a < b and <div> stay"
+
+
+@pytest.mark.parametrize("text", LEAKED)
+def test_streamed_tokens_never_show_a_delimiter_however_they_are_split(text):
+    rng = random.Random(text)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 12))))
+        pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+        shown: list[str] = []
+        stream = MarkupFilter(shown.append)
+        for piece in pieces:
+            stream.feed(piece)
+            assert not re.search(r"</?\s*(document|references)", "".join(shown), re.I), (pieces, shown)
+        stream.flush()
+        assert "".join(shown).strip() == strip_markup(text), pieces

@@ -42,7 +42,7 @@ def test_changed_source_is_the_only_one_reembedded(corpus):
     report = run_index(project)
     assert (report.added, report.updated, report.deleted, report.unchanged) == (0, 1, 0, 11)
     after = snapshot(project)
-    changed = f"{docs / 'corpus.jsonl'}#{records[3]['_id']}"
+    changed = f"docs/corpus.jsonl#{records[3]['_id']}"  # root-relative ids
     old_ids = {cid for cid, _, meta in before["chroma"] if changed in meta}
     new_ids = {cid for cid, _, meta in after["chroma"] if changed in meta}
     assert old_ids and new_ids and not old_ids & new_ids
@@ -61,7 +61,7 @@ def test_deleted_sources_disappear_from_every_index(corpus):
     report = run_index(project)
     assert (report.deleted, report.added, report.updated) == (2, 0, 0)
     snap = snapshot(project)
-    gone = {f"{docs / 'corpus.jsonl'}#{gone_record['_id']}", str(docs / "alpha.md")}
+    gone = {f"docs/corpus.jsonl#{gone_record['_id']}", "docs/alpha.md"}
     assert not gone & set(snap["sources"])
     assert not any(src in meta for _, _, meta in snap["chroma"] for src in gone)
     assert [c[0] for c in snap["chroma"]] == snap["bm25"] == snap["state_chunks"]

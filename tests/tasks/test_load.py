@@ -56,6 +56,11 @@ def posix(path: Path) -> str:
     return path.resolve().as_posix()
 
 
+def sid(root: Path, below: str = "") -> str:
+    """The source id of a file below ``root``, a root outside the project (named by its folder)."""
+    return f"{root.name}/{below}" if below else root.name
+
+
 def test_stage_contract():
     assert (load.name, load.produces, load.kind) == ("load", "documents", "ingestion")
     assert load.inputs == {}
@@ -82,12 +87,12 @@ def test_text_markdown_and_html_files(tmp_path):
     assert ctx.failures == []
     by_name = {Path(d.path).name: d for d in documents}
     notes = by_name["notes.txt"]
-    assert notes.source_id == notes.path == posix(tmp_path / "notes.txt")
+    assert notes.source_id == notes.path == sid(tmp_path, "notes.txt")  # never the server's absolute path
     assert (notes.format, notes.title, notes.text) == ("text", "notes", "Plain notes.\nSecond line.\n")
     assert notes.content_hash == content_hash("Plain notes.\nSecond line.\n")
     assert notes.modified == os.stat(tmp_path / "notes.txt").st_mtime
     assert notes.metadata == {"source": notes.path, "format": "text", "modified": notes.modified,
-                              "file_name": "notes.txt"}
+                              "file_name": "notes.txt", "root": tmp_path.name}
     assert (by_name["guide.md"].format, by_name["guide.md"].title) == ("markdown", "Install Guide")
     assert by_name["noheading.md"].title == "noheading"
     page = by_name["page.html"]
@@ -125,9 +130,9 @@ def test_bad_pdfs_are_reported_and_skipped(tmp_path):
 
     assert [d.text for d in documents] == ["fine"]
     reasons = failures(ctx)
-    assert reasons[posix(tmp_path / "garbage.pdf")].startswith("unreadable PDF")
-    assert "no extractable text" in reasons[posix(tmp_path / "blank.pdf")]
-    assert "password" in reasons[posix(tmp_path / "locked.pdf")]
+    assert reasons[sid(tmp_path, "garbage.pdf")].startswith("unreadable PDF")
+    assert "no extractable text" in reasons[sid(tmp_path, "blank.pdf")]
+    assert "password" in reasons[sid(tmp_path, "locked.pdf")]
 
 
 def test_jsonl_records_and_bad_lines(tmp_path):
@@ -144,14 +149,14 @@ def test_jsonl_records_and_bad_lines(tmp_path):
         json.dumps({"_id": "d3", "title": "only title", "text": ""}),
     ]
     corpus.write_text("\n".join(lines) + "\n")
-    path = posix(corpus)
+    path = "corpus.jsonl"  # a file root is named by the file
 
     documents, ctx = run([corpus], jsonl_text_fields=["text", "abstract"])
 
     assert [d.source_id for d in documents] == [f"{path}#7", f"{path}#d1"]
     seven, first = documents
     assert (first.title, first.text, first.format) == ("One", "first text\n\nmore", "jsonl")
-    assert first.metadata == {"source": path, "format": "jsonl", "doc_id": "d1",
+    assert first.metadata == {"source": path, "format": "jsonl", "doc_id": "d1", "root": "corpus.jsonl",
                               "file_name": "corpus.jsonl", "year": 2020, "lang": "en", "ok": True}
     assert (seven.title, seven.text, seven.metadata["doc_id"]) == ("", "seven\u2028with a line separator", "7")
     reasons = failures(ctx)
@@ -174,7 +179,7 @@ def test_jsonl_custom_fields_and_record_hash(tmp_path):
     corpus.write_text(json.dumps({"id": "a", "name": "Alpha v2", "body": "alpha body"}) + "\n")
     (retitled,), _ = run([corpus], **params)
 
-    assert (doc.source_id, doc.title, doc.text) == (f"{posix(corpus)}#a", "Alpha", "alpha body")
+    assert (doc.source_id, doc.title, doc.text) == ("c.jsonl#a", "Alpha", "alpha body")
     assert same.content_hash == doc.content_hash
     assert retitled.content_hash != doc.content_hash
 
@@ -188,8 +193,7 @@ def test_folders_are_walked_recursively_with_include_filter(tmp_path):
 
     documents, ctx = run([tmp_path])
 
-    assert [Path(d.path).relative_to(tmp_path.resolve()).as_posix() for d in documents] == \
-        ["a/UPPER.TXT", "a/b/c/deep.txt", "top.md"]
+    assert [d.path for d in documents] == [sid(tmp_path, p) for p in ["a/UPPER.TXT", "a/b/c/deep.txt", "top.md"]]
     assert ctx.failures == []
 
 
@@ -209,8 +213,7 @@ def test_globs_exclude_and_duplicates(tmp_path):
 
     assert [Path(d.path).name for d in globbed] == ["one.md", "two.txt"]
     assert ctx.failures == []
-    assert [Path(d.path).relative_to(tmp_path.resolve()).as_posix() for d in walked] == \
-        ["docs/drafts/wip.md", "docs/one.md", "docs/two.txt"]
+    assert [d.path for d in walked] == [sid(tmp_path, p) for p in ["docs/drafts/wip.md", "docs/one.md", "docs/two.txt"]]
     assert [d.text for d in explicit] == ["not included by default"]  # a file named directly skips `include`
 
 
@@ -221,11 +224,10 @@ def test_missing_roots_fail_and_an_empty_glob_does_not(tmp_path):
     documents, ctx = run([tmp_path / "ok.txt", missing, f"{tmp_path}/*.nothing", f"{tmp_path}/gone/*.md"])
 
     assert [d.text for d in documents] == ["ok"]
-    assert {f.source_id: f.root for f in ctx.failures} == {missing: True, f"{posix(tmp_path)}/gone/*.md": True}
-    assert "no such file or directory" in failures(ctx)[missing]
+    assert {f.source_id: f.root for f in ctx.failures} == {"nope": True, "gone/*.md": True}
+    assert "no such file or directory" in failures(ctx)["nope"]
     # a pattern whose folder exists but matches nothing is listed completely: it covers its matches
-    assert {(c.kind, c.path) for c in ctx.covered} == {("file", posix(tmp_path / "ok.txt")),
-                                                      ("glob", f"{posix(tmp_path)}/*.nothing")}
+    assert {(c.kind, c.path) for c in ctx.covered} == {("file", "ok.txt"), ("glob", f"{tmp_path.name}/*.nothing")}
 
 
 def test_coverage_says_which_indexed_sources_may_be_deleted(tmp_path):
@@ -235,9 +237,8 @@ def test_coverage_says_which_indexed_sources_may_be_deleted(tmp_path):
     _, ctx = run([tmp_path / "docs"])
     folder = ctx.covered[0]
 
-    assert folder.covers(posix(tmp_path / "docs" / "gone.md"))
-    assert folder.covers(posix(tmp_path / "docs" / "sub" / "c.jsonl") + "#17")
-    assert not folder.covers(posix(tmp_path / "docs2" / "x.md"))
+    assert folder.covers("docs/gone.md") and folder.covers("docs/sub/c.jsonl#17")
+    assert not folder.covers("docs2/x.md")
     glob_cover = Coverage(kind="glob", path="/data/notes/**/*.md")
     assert glob_cover.covers("/data/notes/a.md") and glob_cover.covers("/data/notes/x/y/b.md")
     assert not glob_cover.covers("/data/notes/a.txt") and not glob_cover.covers("/data/other/a.md")
@@ -267,8 +268,8 @@ def test_unreadable_subfolder_is_reported_not_silently_skipped(tmp_path):
         (tmp_path / "locked").chmod(0o755)
 
     assert [d.text for d in documents] == ["ok"]
-    assert [f.source_id for f in ctx.failures] == [posix(tmp_path / "locked")]
-    assert ctx.failures[0].protects(posix(tmp_path / "locked" / "secret.md"))
+    assert [f.source_id for f in ctx.failures] == [sid(tmp_path, "locked")]
+    assert ctx.failures[0].protects(sid(tmp_path, "locked/secret.md"))
 
 
 def test_unreadable_subfolder_reported_via_walk_errors(tmp_path, monkeypatch):
@@ -286,7 +287,7 @@ def test_unreadable_subfolder_reported_via_walk_errors(tmp_path, monkeypatch):
     documents, ctx = run([tmp_path])
 
     assert [d.text for d in documents] == ["ok"]
-    assert failures(ctx) == {posix(tmp_path / "sub"): "cannot list folder: Permission denied"}
+    assert failures(ctx) == {sid(tmp_path, "sub"): "cannot list folder: Permission denied"}
     assert ctx.covered[0].kind == "folder"
 
 
@@ -297,7 +298,7 @@ def test_named_pipe_is_skipped_with_a_reason(tmp_path):
     documents, ctx = run([tmp_path])
 
     assert [d.text for d in documents] == ["ok"]
-    assert failures(ctx) == {posix(tmp_path / "pipe.txt"): "not a regular file (named pipe)"}
+    assert failures(ctx) == {sid(tmp_path, "pipe.txt"): "not a regular file (named pipe)"}
 
 
 def test_empty_binary_undecodable_and_oversized_files(tmp_path):
@@ -312,11 +313,11 @@ def test_empty_binary_undecodable_and_oversized_files(tmp_path):
 
     assert [d.text for d in documents] == ["fine"]
     reasons = failures(ctx)
-    assert reasons[posix(tmp_path / "empty.txt")] == "empty document"
-    assert reasons[posix(tmp_path / "blank.md")] == "empty document"
-    assert reasons[posix(tmp_path / "binary.txt")] == "binary content, not text"
-    assert reasons[posix(tmp_path / "latin.txt")] == "not valid utf-8: cannot decode byte 0xff at offset 3"
-    assert reasons[posix(tmp_path / "big.txt")] == "file is 200 bytes, over the max_bytes limit of 100"
+    assert reasons[sid(tmp_path, "empty.txt")] == "empty document"
+    assert reasons[sid(tmp_path, "blank.md")] == "empty document"
+    assert reasons[sid(tmp_path, "binary.txt")] == "binary content, not text"
+    assert reasons[sid(tmp_path, "latin.txt")] == "not valid utf-8: cannot decode byte 0xff at offset 3"
+    assert reasons[sid(tmp_path, "big.txt")] == "file is 200 bytes, over the max_bytes limit of 100"
     assert len(reasons) == 5
 
 
@@ -346,3 +347,85 @@ def test_order_hash_and_progress_are_deterministic(tmp_path):
     assert [d.content_hash for d in first] == [content_hash(d.text) for d in first]
     assert len({d.content_hash for d in first}) == 5
     assert counted == [("documents", 1)] * 5
+
+
+# --- issue 16 items 8 and 9, issue 15 item 4: links out of the roots, spoofed links, server paths ----
+
+def test_file_links_out_of_every_root_are_skipped_with_a_reason(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.md").write_text("the secret")
+    (tmp_path / "passwd").write_text("root:x:0:0")
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "ok.md").write_text("fine")
+    (docs / "passwd.txt").symlink_to(tmp_path / "passwd")
+    (docs / "secret.md").symlink_to("../outside/secret.md")
+    (docs / "sub" / "alias.md").symlink_to("../ok.md")  # a link that stays inside the root is fine
+    (docs / "outdir").symlink_to(tmp_path / "outside", target_is_directory=True)
+
+    for paths in ([docs], [f"{docs}/**/*"], [f"{docs}/*.txt", f"{docs}/*.md"]):
+        documents, ctx = run(paths)
+        texts = sorted(d.text for d in documents)
+        assert "root:x:0:0" not in texts and "the secret" not in texts and "fine" in texts, paths
+        skipped = {f.source_id: f for f in ctx.failures}
+        assert {"docs/passwd.txt", "docs/secret.md"} <= set(skipped), paths
+        assert all(f.skipped and not f.protects(f.source_id) for f in skipped.values())
+        assert "outside every source root" in skipped["docs/secret.md"].reason
+    named = [tmp_path / "passwd"]  # a file named directly is a root of its own
+    assert [d.text for d in run(named)[0]] == ["root:x:0:0"]
+
+
+def test_follow_links_per_root_or_per_step_indexes_them(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.md").write_text("the secret")
+    (tmp_path / "outside" / "loop").symlink_to(tmp_path / "outside", target_is_directory=True)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "secret.md").symlink_to("../outside/secret.md")
+    (docs / "outdir").symlink_to(tmp_path / "outside", target_is_directory=True)
+
+    ctx = StepContext(pipeline="t", step_id="load")
+    per_root = load.fn(params=Params(paths=[{"path": str(docs), "follow_links": True}]), ctx=ctx)
+    assert sorted(d.source_id for d in per_root) == ["docs/outdir/secret.md", "docs/secret.md"] and not ctx.failures
+    per_step, ctx = run([docs], follow_links=True)
+    assert len(per_step) == 2 and not ctx.failures  # the link loop is walked once
+
+
+def test_jsonl_metadata_cannot_set_where_a_record_comes_from_or_links_to(tmp_path):
+    (tmp_path / "c.jsonl").write_text(json.dumps({"_id": "a", "text": "t", "metadata": {
+        "path": "https://evil.example/phish", "url": "https://evil.example/x", "source": "https://evil.example/y",
+        "root": "evil", "lang": "en"}}) + "\n")
+    ctx = StepContext(pipeline="t", step_id="load")
+    (doc,) = load.fn(params=Params(paths=[{"path": str(tmp_path), "name": "corpus",
+                                           "url_prefix": "https://wiki.example.com/base"}]), ctx=ctx)
+    assert doc.source_id == "corpus/c.jsonl#a" and doc.path == "https://wiki.example.com/base/c.jsonl"
+    assert doc.metadata == {"source": "https://wiki.example.com/base/c.jsonl", "url": "https://wiki.example.com/base/c.jsonl",
+                            "root": "corpus", "file_name": "c.jsonl", "format": "jsonl", "doc_id": "a", "lang": "en"}
+    (plain,), _ = run([tmp_path / "c.jsonl"])
+    assert "url" not in plain.metadata and "path" not in plain.metadata and "evil" not in json.dumps(plain.metadata)
+
+
+def test_ids_are_relative_to_the_pipelines_folder_and_never_absolute(tmp_path):
+    (tmp_path / "proj" / "docs" / "a").mkdir(parents=True)
+    (tmp_path / "proj" / "docs" / "a" / "x.md").write_text("x")
+    (tmp_path / "wiki").mkdir()
+    (tmp_path / "wiki" / "y.md").write_text("y")
+    ctx = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path / "proj"))
+    documents = load.fn(params=Params(paths=["docs", "../wiki", str(tmp_path / "proj" / "docs" / "a" / "x.md"),
+                                             "docs/**/*.md"]), ctx=ctx)
+    assert [(d.source_id, d.path) for d in documents] == [("docs/a/x.md", "docs/a/x.md"), ("wiki/y.md", "wiki/y.md")]
+    assert str(tmp_path) not in json.dumps([d.model_dump() for d in documents] +
+                                           [f.model_dump() for f in ctx.failures] + [c.model_dump() for c in ctx.covered])
+    with pytest.raises(ValidationError, match="root name"):
+        Params(paths=[{"path": "docs", "name": "../up"}])
+    with pytest.raises(ValidationError, match="url_prefix"):
+        Params(paths=[{"path": "docs", "url_prefix": "javascript:alert(1)"}])
+
+
+def test_two_roots_that_would_share_a_name_are_a_clear_root_failure(tmp_path):
+    for side in ("a", "b"):
+        (tmp_path / side / "docs").mkdir(parents=True)
+        (tmp_path / side / "docs" / "x.md").write_text(side)
+    documents, ctx = run([tmp_path / "a" / "docs", tmp_path / "b" / "docs"])
+    assert [d.text for d in documents] == ["a"]
+    assert [f.root for f in ctx.failures] == [True] and "give one of them a `name`" in ctx.failures[0].reason

@@ -41,3 +41,17 @@ def test_a_fabricated_answer_is_refused_with_the_reason_and_a_grounded_one_kept(
     assert refused.reason == "not grounded in the references: 0 of 2 answer words found"
     assert not checked("Where was Super Bowl 2021 played?", "In Tampa, Florida [1].").refused
     assert not checked("Was Super Bowl LV played in Tampa?", "Yes [1].").refused  # was refused: 'yes' is not in them
+
+
+def test_a_refusal_the_model_writes_itself_is_one_refusal_with_no_withdrawn_draft():
+    """Issue 15 item 5: the model's own refusal is not a draft that verification withdrew."""
+    from ragline.flows.resources.llm import Completion
+    from ragline.tasks.generate import answer_from
+
+    query = Query(text="Who won?")
+    answer = answer_from(query, Completion("I cannot answer this question. </document>"), context(),
+                         "I cannot answer this question", min_overlap=0.6)
+    assert answer.refused and answer.text == "I cannot answer this question" and answer.draft == ""
+    kept = verify.fn(query=query, answer=answer, context=context(), params=Params(fact_check=False, min_grounding=0.6),
+                     ctx=StepContext(pipeline="t", step_id="check"), llm=None)
+    assert kept == answer  # verify leaves a refusal as it is: no second one, no draft
