@@ -42,8 +42,9 @@ def found(project, pipeline: str, texts: list[str]) -> int:
     compiled = project.pipeline(pipeline)
     hits = 0
     for text in texts:
-        passages = engine.run(compiled, {"query": text}, orchestrate=False)
-        first = passages[0].passages[0] if passages and passages[0].passages else None
+        result = engine.run(compiled, {"query": text}, orchestrate=False)
+        passages = result[0].passages if result and hasattr(result[0], "passages") else result  # rankings or passages
+        first = passages[0] if passages else None
         hits += first is not None and first.title == text
     return hits
 

@@ -13,6 +13,10 @@ On a temporary project (SciFact abstracts plus markdown notes, indexed first), l
   and an older one deleted in the sources folder, then ``POST /v1/ingest`` starts a flow run of the
   ``index`` deployment (a 409 while one is running is not a failure: the next round catches up).
 
+- a store deleted in the middle (``--store-at``, 70 % of the run by default): the published BM25
+  version folder is removed under the running service; hybrid queries answer from dense meanwhile
+  (a warning, not a failure), and the next ingestion round finds it and rebuilds it from the state.
+
 Printed: queries served, failures inside the restart window (from the kill until the LLM answers
 again, plus the longest retry and timeout a query spends on a dead endpoint) and outside it (target
 0), ingestion runs, RSS, open file descriptors and threads of the serve process and of its process
@@ -237,6 +241,7 @@ class Soak:
         self.ingests: list[dict] = []
         self.samples: list[dict] = []
         self.window: list[float] = []  # [killed, answering again]
+        self.store_gone: list[float] = []  # [deleted, repaired by an ingestion]
         self.stop_at = 0.0
         self.rng = random.Random(0)
         self.note = 3
@@ -322,6 +327,22 @@ class Soak:
         self.window.append(time.monotonic())
         print(f"  LLM answering again at {self.window[1] - self.t0:.0f} s", flush=True)
 
+    # -- a store deleted under the running service
+    async def delete_store(self, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        bm25 = self.project.parent / "idx" / "bm25"
+        version = json.loads((bm25 / "CURRENT").read_text())["version"]
+        await asyncio.to_thread(__import__("shutil").rmtree, bm25 / version)
+        self.store_gone = [time.monotonic()]
+        print(f"  BM25 version {version} deleted at {self.store_gone[0] - self.t0:.0f} s", flush=True)
+        while time.monotonic() < self.stop_at + 600:
+            await asyncio.sleep(1.0)
+            pointer = json.loads((bm25 / "CURRENT").read_text())["version"]
+            if (bm25 / pointer).is_dir() and pointer != version:
+                self.store_gone.append(time.monotonic())
+                print(f"  BM25 rebuilt ({pointer}) at {self.store_gone[1] - self.t0:.0f} s", flush=True)
+                return
+
     # -- resources of the serve process tree
     def sample(self, serve_pid: int) -> dict:
         main = psutil.Process(serve_pid)
@@ -362,7 +383,8 @@ class Soak:
         limits = httpx.Limits(max_connections=self.args.clients + 2)
         async with httpx.AsyncClient(base_url=self.url, headers=AUTH, timeout=CLIENT_TIMEOUT, limits=limits) as http:
             await asyncio.gather(*(self.client(http, n) for n in range(self.args.clients)), self.ingester(http),
-                                 self.chaos(self.t0 + 0.45 * 60 * self.args.minutes), self.sampler(serve_pid))
+                                 self.chaos(self.t0 + 0.45 * 60 * self.args.minutes), self.sampler(serve_pid),
+                                 self.delete_store(self.t0 + self.args.store_at * 60 * self.args.minutes))
 
     # -- figures
     def inside_window(self, record: dict) -> bool:
@@ -411,6 +433,15 @@ class Soak:
                                 "served": sum(r["ok"] and r["pipeline"] == p for r in self.requests)}
                             for p in ("search", "ask")},
             "restart_window": window,
+            "store_deleted": {"at_s": round(self.store_gone[0] - self.t0, 1) if self.store_gone else None,
+                              "rebuilt_at_s": round(self.store_gone[1] - self.t0, 1) if len(self.store_gone) > 1
+                              else None,
+                              "queries_meanwhile": sum(1 for r in self.requests if len(self.store_gone) > 1
+                                                       and r["start"] < self.store_gone[1]
+                                                       and r["end"] > self.store_gone[0]),
+                              "failures_meanwhile": sum(1 for r in self.requests if len(self.store_gone) > 1
+                                                        and not r["ok"] and r["start"] < self.store_gone[1]
+                                                        and r["end"] > self.store_gone[0])},
             "failures_inside_window": sum(not r["ok"] for r in inside), "inside_window_requests": len(inside),
             "failures_outside_window": sum(not r["ok"] for r in outside), "outside_window_requests": len(outside),
             "failure_kinds_inside": kinds(inside), "failure_kinds_outside": kinds(outside),
@@ -435,9 +466,9 @@ def consistency(project: Path) -> dict:
     chroma = {row[0] for row in snap["chroma"]}
     bm25, state = set(snap["bm25"]), set(snap["state_chunks"])
     docs = project.parent / "docs"
-    on_disk = {str(p.resolve()) for p in docs.glob("*.md")}
+    on_disk = {f"docs/{p.name}" for p in docs.glob("*.md")}  # ids are '<root name>/<path below the root>'
     with open(docs / "corpus.jsonl", encoding="utf-8") as handle:
-        on_disk |= {f"{(docs / 'corpus.jsonl').resolve()}#{json.loads(line)['_id']}" for line in handle}
+        on_disk |= {f"docs/corpus.jsonl#{json.loads(line)['_id']}" for line in handle}
     indexed = set(snap["sources"])
     return {"chroma_ids": len(chroma), "bm25_docs": len(bm25), "state_chunks": len(state),
             "ids_equal": chroma == bm25 == state, "sources_indexed": len(indexed), "files_on_disk": len(on_disk),
@@ -454,6 +485,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=200, help="SciFact abstracts indexed at the start")
     parser.add_argument("--ingest-every", type=float, default=20.0, help="seconds between ingestion rounds")
     parser.add_argument("--llm-down-seconds", type=float, default=15.0)
+    parser.add_argument("--store-at", type=float, default=0.7, help="delete the BM25 version at this share of the run")
     parser.add_argument("--vllm", action="store_true", help="the packaged CPU vLLM server instead of the scripted one")
     parser.add_argument("--keep", action="store_true", help="keep the temporary project (its serve.log)")
     args = parser.parse_args()
@@ -496,7 +528,8 @@ def main() -> None:
     print_report(result)
     print(f"written to {path.relative_to(REPO)}")
     ok = result["failures_outside_window"] == 0 and result["consistency"]["ids_equal"] and \
-        result["consistency"]["sources_match_disk"] and not result["ingestion"]["failed"]
+        result["consistency"]["sources_match_disk"] and not result["ingestion"]["failed"] and \
+        result["store_deleted"]["rebuilt_at_s"] is not None
     sys.exit(0 if ok else 1)
 
 
@@ -534,6 +567,9 @@ def print_report(r: dict) -> None:
           f"{r['failure_kinds_inside'] or ''}")
     print(f"  failures outside the window: {r['failures_outside_window']} of {r['outside_window_requests']} "
           f"{r['failure_kinds_outside'] or ''} (target 0)")
+    d = r["store_deleted"]
+    print(f"  BM25 version deleted at {d['at_s']} s, rebuilt at {d['rebuilt_at_s']} s; queries meanwhile "
+          f"{d['queries_meanwhile']}, failed {d['failures_meanwhile']}")
     for pipeline, lat in r["latency_outside_window"].items():
         print(f"  {pipeline:<6} latency outside the window: p50 {lat['p50_s']} s, p95 {lat['p95_s']} s, "
               f"max {lat['max_s']} s ({lat['n']})")
