@@ -186,7 +186,8 @@ def _json_value(text: str) -> Any:
     except RecursionError:
         raise argparse.ArgumentTypeError("the JSON is nested too deeply") from None
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"invalid JSON: {printable(exc)}") from None
+        shown = text if len(text) <= 80 else text[:80] + "…"
+        raise argparse.ArgumentTypeError(f"invalid JSON {printable(shown)!r}: {exc}") from None
 
 
 def _start_llm_flag(p: argparse.ArgumentParser) -> None:
