@@ -82,13 +82,15 @@ def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
     return head.encode() + body
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type:
-    """uvicorn's HTTP protocol (httptools when installed, else h11) with the deadlines and the cap."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+def guarded_protocol(limits: ConnectionLimits, base: type | None = None) -> type:
+    """uvicorn's HTTP protocol (``base``; default httptools when installed, else h11, as uvicorn
+    picks) with the deadlines and the cap."""
+    if base is None:
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol as base
 
     cap = limits.connection_cap()
 
-    class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    class GuardedHTTPProtocol(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.waiting: str | None = None  # "request" (line, headers), "body", None: being answered

@@ -339,3 +339,24 @@ def test_not_ready_carries_the_error_shape_beside_the_checks(down_project):
     body = response.json()
     assert body["status"] == "not_ready" and body["checks"]["llm"]["status"] == "down"
     assert body["error"]["code"] == "not_ready" and "llm" in body["error"]["message"]
+
+
+def test_the_chat_page_answers_in_a_real_browser_without_a_token(tokenless):
+    """Headless Chromium (as tests/flows/test_chat_page.py) on http://127.0.0.1:PORT of a tokenless
+    server: the page's own requests (with their Host and Origin) are answered, no token asked."""
+    pytest.importorskip("playwright")
+    from playwright.sync_api import sync_playwright
+
+    from tests.flows.test_chat_page import CHROMIUM, CHROMIUM_FLAGS, ask
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(tokenless + "/")
+            page.wait_for_selector("#pipeline option[value=ask]", state="attached")
+            card = ask(page, "white matter in newborns", pipeline="search")
+            assert card.locator("ol.sources li").count() >= 1
+            assert not page.locator("#token-box.shown").count()
+        finally:
+            browser.close()

@@ -178,3 +178,56 @@ def test_limits_come_from_the_environment_and_a_bad_value_names_its_variable(mon
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert os.environ.get("RAGLINE_MAX_CONNECTIONS") == "50"
+
+
+@pytest.mark.parametrize("implementation", ["h11", "httptools"])
+def test_both_http_implementations_get_the_deadlines_and_the_cap(implementation):
+    """uvicorn picks httptools when it is installed, else h11: the protocol works on either."""
+    import threading
+
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from ragline.flows.connections import ConnectionLimits, guarded_protocol
+
+    if implementation == "httptools":
+        pytest.importorskip("httptools")
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        base = H11Protocol
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while True:  # the whole body first, as the API's guard reads it
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limits = ConnectionLimits(header_timeout_seconds=1, body_timeout_seconds=1, max_connections=40)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off", http=guarded_protocol(limits, base),
+                                           timeout_keep_alive=limits.keep_alive_seconds))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = sock.getsockname()[1]
+    try:
+        heads = half_sent(port, 30, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
+        bodies = half_sent(port, 5, b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\nabc")
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
+        more = half_sent(port, 20, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-B: ")  # past the cap of 40
+        closed, statuses = wait_closed(heads + bodies + more, 6)
+        assert closed == 55 and statuses.get(408, 0) + statuses.get(503, 0) == 55, statuses
+        assert statuses.get(503, 0) >= 15  # the oldest waiting ones made room for the newer
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
