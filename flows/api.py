@@ -8,16 +8,20 @@ The project is compiled once at start-up. Queries run in-process (``engine.run(o
 on a pool of driver threads, never on the event loop; streamed tokens cross from the generating
 step's thread to the loop through ``call_soon_threadsafe`` into an ``asyncio.Queue``.
 
-One ASGI guard in front of every route gives each request an id (``X-Request-ID``), checks the
-bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
-``max_body_bytes`` (413 beyond it, chunked bodies included) and turns any unexpected exception
-into a generic 500 naming the request id (the traceback goes to the log, never to the client).
+One ASGI guard in front of every route gives each request an id (``X-Request-ID``), serves only
+loopback ``Host`` names and ``Origin``s when there is no token (DNS rebinding, ``api_checks``),
+checks the bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
+``max_body_bytes`` (413 beyond it, chunked bodies included), refuses a JSON body no field can take
+(invalid UTF-8, nested too deep, NaN, numbers beyond 64 bits, lone surrogates: a 4xx naming the
+field) and turns any unexpected exception into a generic 500 naming the request id (the traceback
+goes to the log, never to the client). Slow and half-sent requests are bounded below it, in the
+HTTP protocol (``connections``).
 A question longer than ``max_question_chars`` (10,000 by default) is refused naming its field
 (422 on ``/v1/query``, 400 on the OpenAI route, code ``question_too_long``) before any step runs:
 the pipeline would read only its start (prompts clip a question to ~2,000 characters, the embedder
 to 256 tokens) and answer a question the client did not ask, while BM25 scored every word.
-Error bodies are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``; messages
-never show the pipelines file or the data dir (``api_runs.Redactor``).
+Every error of every route is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``,
+with a code; messages never show the pipelines file or the data dir (``api_runs.Redactor``).
 
 After each query a Prefect event (``ragline.query.completed`` / ``.failed``) is emitted on a
 background thread when a Prefect API is configured: never on the response's path, never fatal.
@@ -49,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragline.flows import engine
+from ragline.flows.api_checks import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import Answer, Passage
 
@@ -646,8 +651,6 @@ class Guard:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        from ragline.flows.api_checks import BodyProblem, check_json, foreign_host
-
         rid = uuid.uuid4().hex[:16]
         authorized = self._authorized(scope)
         scope.setdefault("state", {}).update(request_id=rid, authorized=authorized)
@@ -777,8 +780,9 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
                          code="missing_body")
     else:
         messages = [f"field '{_field(e['loc'])}': {_message(e)}" for e in errors]
-        error = ApiError(400 if openai else 422, "; ".join(messages), param=_field(first["loc"]) or None,
-                         code="invalid_value")
+        param = _field(first["loc"]) or None
+        error = ApiError(400 if openai else 422, "; ".join(messages), param=param,
+                         code="invalid_filter" if param == "filters" else "invalid_value")
     return error.response()
 
 
@@ -871,7 +875,6 @@ class ApiConfigError(ValueError):
     """The API cannot start as asked (e.g. exposed without a token): one clear line."""
 
 
-from ragline.flows.api_checks import is_loopback  # noqa: E402 - re-exported: serve_api's check and the tests
 
 
 def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,

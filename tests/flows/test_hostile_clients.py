@@ -294,7 +294,10 @@ def test_a_surrogate_pair_and_a_big_float_that_is_finite_are_answered(served):
 # ----------------------------------------------------------------------------- issue 15 item 6: one error shape
 def test_every_error_of_every_route_has_the_one_shape_with_a_code(with_ingest):
     url = with_ingest
-    post = lambda path, body, headers=AUTH: httpx.post(f"{url}{path}", json=body, headers=headers, timeout=60)  # noqa: E731
+
+    def post(path: str, body: dict, headers: dict = AUTH) -> httpx.Response:
+        return httpx.post(f"{url}{path}", json=body, headers=headers, timeout=60)
+
     assert_error_shape(post("/v1/query", {"question": "q"}, headers={}), 401, "invalid_api_key")
     assert_error_shape(post("/v1/query", {"question": " "}), 422, "invalid_value", "question")
     assert_error_shape(post("/v1/query", {"pipeline": "search"}), 422, "invalid_value", "question")
@@ -302,7 +305,7 @@ def test_every_error_of_every_route_has_the_one_shape_with_a_code(with_ingest):
     assert_error_shape(post("/v1/query", {"question": "q", "pipeline": "index"}), 400, "not_a_query_pipeline")
     assert_error_shape(post("/v1/query", {"question": "q", "pipeline": "search", "stream": True}), 400,
                        "stream_not_supported", "stream")
-    assert_error_shape(post("/v1/query", {"question": "q", "filters": {"a": {"$x": 1}}}), 422, "invalid_value",
+    assert_error_shape(post("/v1/query", {"question": "q", "filters": {"a": {"$x": 1}}}), 422, "invalid_filter",
                        "filters")
     assert_error_shape(raw(url, "/v1/query", b'{"question": "q",'), 400, "invalid_json")
     assert_error_shape(httpx.post(f"{url}/v1/query", content=b"q=1", headers={

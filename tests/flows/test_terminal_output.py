@@ -54,7 +54,8 @@ def test_the_cli_escapes_file_names_titles_and_errors(index_project, tmp_path):
     project = index_project()
     docs = tmp_path / "docs"
     docs.mkdir()
-    (docs / "title\x1b]0;pwned\x07.md").write_text("# Ribosome\x1b[2J\x07 notes\n\nRibosomes translate messenger RNA.\n")
+    (docs / "title\x1b]0;pwned\x07.md").write_text("# Ribosome\x1b[2J\x07 notes\n\n"
+                                                   "Ribosomes translate messenger RNA.\n")
     (docs / "two\nlines: added 99.md").write_text("# Plain\n\nRibosomes are made of RNA and protein.\n")
     (docs / "bin\x1b[31m\x07.txt").write_bytes(b"\x00\x01\x02binary")
     ragline = [sys.executable, "-m", "ragline.flows.cli"]
