@@ -52,12 +52,11 @@ def _host_name(value: str) -> str | None:
 
 def foreign_host(headers: Iterable[tuple[bytes, bytes]], allowed_origins: Iterable[str]) -> tuple[str, str] | None:
     """Why a tokenless server must not answer this request: (code, message), or None."""
-    host = origin = None
-    for key, value in headers:
-        if key == b"host":
-            host = value.decode("latin-1")
-        elif key == b"origin":
-            origin = value.decode("latin-1")
+    hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
+    origins = [v.decode("latin-1") for k, v in headers if k == b"origin"]
+    if len(hosts) > 1 or len(origins) > 1:  # which one a proxy or the browser meant is anyone's guess
+        return "host_not_allowed", "more than one Host or Origin header: send one of each"
+    host, origin = (hosts or [None])[0], (origins or [None])[0]
     if host is not None:
         name = _host_name(host)
         if name is None or not is_loopback(name):

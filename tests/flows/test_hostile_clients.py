@@ -108,6 +108,21 @@ def test_the_chat_page_loads_and_queries_from_its_own_loopback_origin(tokenless)
     assert asked.status_code == 200 and "event: answer" in asked.text
 
 
+def test_two_host_or_origin_headers_are_refused_without_a_token(tokenless):
+    """Sent raw: HTTP clients refuse to send a Host twice, a hostile one does not."""
+    import socket
+
+    port = port_of(tokenless)
+    for extra in (f"Host: 127.0.0.1:{port}\r\nHost: attacker.example", f"Host: 127.0.0.1:{port}\r\n"
+                  f"Origin: http://127.0.0.1:{port}\r\nOrigin: http://attacker.example"):
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as sock:
+            sock.sendall(f"GET /v1/models HTTP/1.1\r\n{extra}\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 403") and b'"code": "host_not_allowed"' in answer, answer[:300]
+
+
 def test_an_origin_allowed_by_cors_is_served_without_a_token(api_project):
     from ragline.flows.api import create_app
 
@@ -281,6 +296,23 @@ def test_a_bad_value_in_an_ingest_request_names_its_field(with_ingest):
         error = assert_error_shape(raw(with_ingest, "/v1/ingest", with_value({}, "pipeline", value)), 422, code,
                                    param="pipeline")
         assert error["message"].startswith("field 'pipeline'")
+
+
+def test_the_body_check_costs_about_a_parse_not_a_walk():
+    """Every JSON body is checked on the event loop: a 1 MB body of numbers or strings must cost
+    about what parsing it does (a Python walk of every value took 1.6 s: a way to stall the server)."""
+    from ragline.flows.api_checks import check_json
+
+    for body in (json.dumps({"question": "q", "x": list(range(150_000))}).encode(),
+                 json.dumps({"question": "q", "x": ["ab"] * 180_000, "y": "\U0001F9E0" * 1000}).encode(),
+                 json.dumps({"question": "q", "x": [[{"a": [1, 2]}] * 3] * 20_000}).encode()):
+        assert len(body) > 500_000
+        started = time.perf_counter()
+        json.loads(body)
+        parse = time.perf_counter() - started
+        started = time.perf_counter()
+        check_json(body)
+        assert time.perf_counter() - started < 6 * parse + 0.05
 
 
 def test_a_surrogate_pair_and_a_big_float_that_is_finite_are_answered(served):
