@@ -298,6 +298,16 @@ def test_a_bad_value_in_an_ingest_request_names_its_field(with_ingest):
         assert error["message"].startswith("field 'pipeline'")
 
 
+def best_of_three(call) -> float:
+    """The fastest of three runs: the machine is shared, the least disturbed run is the cost."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
 def test_the_body_check_costs_about_a_parse_not_a_walk():
     """Every JSON body is checked on the event loop: a 1 MB body of numbers or strings must cost
     about what parsing it does (a Python walk of every value took 1.6 s: a way to stall the server)."""
@@ -307,12 +317,8 @@ def test_the_body_check_costs_about_a_parse_not_a_walk():
                  json.dumps({"question": "q", "x": ["ab"] * 180_000, "y": "\U0001F9E0" * 1000}).encode(),
                  json.dumps({"question": "q", "x": [[{"a": [1, 2]}] * 3] * 20_000}).encode()):
         assert len(body) > 500_000
-        started = time.perf_counter()
-        json.loads(body)
-        parse = time.perf_counter() - started
-        started = time.perf_counter()
-        check_json(body)
-        assert time.perf_counter() - started < 6 * parse + 0.05
+        parse, check = best_of_three(lambda: json.loads(body)), best_of_three(lambda: check_json(body))
+        assert check < 10 * parse + 0.1, (check, parse)  # the walk of every value: 40x
 
 
 def test_a_surrogate_pair_and_a_big_float_that_is_finite_are_answered(served):
