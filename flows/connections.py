@@ -19,6 +19,7 @@ So the HTTP protocol is uvicorn's own, with three additions:
   refused with 503 only when every open connection is running a request.
 
 A late request is answered ``408`` (in the API's error shape) and closed; an idle one is closed.
+A request the HTTP parser rejects is answered 400 in the same shape (uvicorn's is plain text).
 Settings: ``ConnectionLimits`` (``serve_api(limits=...)``) or the environment:
 ``RAGLINE_HEADER_TIMEOUT_SECONDS`` (10), ``RAGLINE_BODY_TIMEOUT_SECONDS`` (30),
 ``RAGLINE_MAX_CONNECTIONS`` (1000), ``RAGLINE_KEEP_ALIVE_SECONDS`` (5).
@@ -123,6 +124,10 @@ def guarded_protocol(limits: ConnectionLimits, base: type | None = None) -> type
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._sync()
+
+        def send_400_response(self, msg: str) -> None:
+            """A request the parser rejects: the error shape of every route, not uvicorn's plain text."""
+            self.refuse(400, "Bad Request", "invalid_http", f"not a valid HTTP/1.1 request: {msg}")
 
         # -- the deadlines
         def _phase(self) -> str | None:

@@ -226,6 +226,12 @@ def test_both_http_implementations_get_the_deadlines_and_the_cap(implementation)
         closed, statuses = wait_closed(heads + bodies + more, 6)
         assert closed == 55 and statuses.get(408, 0) + statuses.get(503, 0) == 55, statuses
         assert statuses.get(503, 0) >= 15  # the oldest waiting ones made room for the newer
+        silent = half_sent(port, 10, b"")  # connect, send nothing
+        chunked = half_sent(port, 3, b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                     b"1\r\na\r\n")
+        assert wait_closed(silent + chunked, 5) == (13, {0: 10, 408: 3})  # silent ones just closed
+        garbage = half_sent(port, 1, b"NOT HTTP AT ALL\r\n\r\n")
+        assert wait_closed(garbage, 5) == (1, {400: 1})
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
     finally:
         server.should_exit = True
