@@ -8,16 +8,20 @@ The project is compiled once at start-up. Queries run in-process (``engine.run(o
 on a pool of driver threads, never on the event loop; streamed tokens cross from the generating
 step's thread to the loop through ``call_soon_threadsafe`` into an ``asyncio.Queue``.
 
-One ASGI guard in front of every route gives each request an id (``X-Request-ID``), checks the
-bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
-``max_body_bytes`` (413 beyond it, chunked bodies included) and turns any unexpected exception
-into a generic 500 naming the request id (the traceback goes to the log, never to the client).
+One ASGI guard in front of every route gives each request an id (``X-Request-ID``), serves only
+loopback ``Host`` names and ``Origin``s when there is no token (DNS rebinding, ``api_checks``),
+checks the bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
+``max_body_bytes`` (413 beyond it, chunked bodies included), refuses a JSON body no field can take
+(invalid UTF-8, nested too deep, NaN, numbers beyond 64 bits, lone surrogates: a 4xx naming the
+field) and turns any unexpected exception into a generic 500 naming the request id (the traceback
+goes to the log, never to the client). Slow and half-sent requests are bounded below it, in the
+HTTP protocol (``connections``).
 A question longer than ``max_question_chars`` (10,000 by default) is refused naming its field
 (422 on ``/v1/query``, 400 on the OpenAI route, code ``question_too_long``) before any step runs:
 the pipeline would read only its start (prompts clip a question to ~2,000 characters, the embedder
 to 256 tokens) and answer a question the client did not ask, while BM25 scored every word.
-Error bodies are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``; messages
-never show the pipelines file or the data dir (``api_runs.Redactor``).
+Every error of every route is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``,
+with a code; messages never show the pipelines file or the data dir (``api_runs.Redactor``).
 
 After each query a Prefect event (``ragline.query.completed`` / ``.failed``) is emitted on a
 background thread when a Prefect API is configured: never on the response's path, never fatal.
@@ -29,7 +33,6 @@ import contextlib
 import contextvars
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -51,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragline.flows import engine
+from ragline.flows.api_checks import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import Answer, Passage
 
@@ -66,13 +70,27 @@ REPLACED_NOTICE = ("verification replaced the streamed draft with the refusal te
 
 
 # ----------------------------------------------------------------------------- errors
-class ApiError(Exception):
-    """A client-visible failure: status and an OpenAI-shaped body."""
+STATUS_CODES = {400: "bad_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
+                405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "request_too_large",
+                415: "unsupported_media_type", 422: "invalid_value", 429: "rate_limited", 431: "headers_too_large",
+                500: "internal_error", 502: "bad_gateway", 503: "service_unavailable", 504: "timeout"}
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+
+def status_code_name(status: int) -> str:
+    """The ``code`` of an error that has no more specific one: every error body carries a code."""
+    return STATUS_CODES.get(status, f"http_{status}")
+
+
+class ApiError(Exception):
+    """A client-visible failure: status and the one error shape of every route,
+    ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's), ``code`` never null."""
+
+    def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        type = type or ("server_error" if status >= 500 else "invalid_request_error")
+        self.status, self.message, self.type, self.param = status, message, type, param
+        self.code = code or status_code_name(status)
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
@@ -86,14 +104,14 @@ class ErrorDetail(BaseModel):
     message: str = Field(description="what went wrong, naming the field when a request field is at fault")
     type: str = Field(description="invalid_request_error, server_error or service_unavailable_error")
     param: str | None = Field(None, description="the request field at fault")
-    code: str | None = Field(None, description="machine-readable reason, e.g. model_not_found, request_too_large")
+    code: str = Field(description="machine-readable reason, e.g. model_not_found, request_too_large, index_busy")
 
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 415, 422, 500, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 415, 422, 500, 503)}
 
 
 # ----------------------------------------------------------------------------- request and response models
@@ -156,6 +174,8 @@ class Readiness(BaseModel):
     checks: dict[str, DependencyStatus] = Field(description="by resource name, plus `prefect` and `config` "
                                                             "(the pipelines file served)")
     events: dict[str, int] = Field(description="Prefect events emitted and failed since start-up")
+    error: ErrorDetail | None = Field(None, description="when not ready: the error shape of every route, code "
+                                                        "`not_ready`, naming the dependencies that are down")
 
 
 # ----------------------------------------------------------------------------- running pipelines
@@ -379,11 +399,11 @@ class Service:
         if isinstance(exc, ApiError):
             return exc
         if isinstance(exc, ValueError):  # engine.coerce_inputs: a query the pipeline cannot take
-            return ApiError(422, message, param="question")
+            return ApiError(422, message, param="question", code="invalid_value")
         log.error("request %s: %s", request_id, exc, exc_info=exc)
         cause = exc.__cause__
         if isinstance(exc, StepFailed) and type(cause).__name__ == "FilterError":  # one the store rejects
-            return ApiError(422, f"field 'filters': {self.redact(str(cause))}", param="filters")
+            return ApiError(422, f"field 'filters': {self.redact(str(cause))}", param="filters", code="invalid_filter")
         if isinstance(exc, StepFailed) and type(cause).__name__ in ("LLMUnavailable", "ChromaUnavailable"):
             return ApiError(503, message, "service_unavailable_error", code="dependency_unavailable",
                             headers=no_retry)
@@ -462,7 +482,8 @@ def query_router(service: Service) -> APIRouter:
             pipeline = service.pipeline(body.pipeline, stream=body.stream)
             if body.stream and not service.answers(body.pipeline):
                 raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
-                                    f"text; stream an answer pipeline or leave stream false", param="stream")
+                                    f"text; stream an answer pipeline or leave stream false", param="stream",
+                               code="stream_not_supported")
         except ApiError as exc:
             return exc.response()
         query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters}
@@ -537,7 +558,10 @@ def health_router(service: Service, require_prefect: bool = False) -> APIRouter:
         ready = all(c.status == "up" for c in checks.values() if c.required)
         if not getattr(request.state, "authorized", True):
             checks = {name: c.model_copy(update={"error": None, "detail": {}}) for name, c in checks.items()}
-        body = Readiness(status="ready" if ready else "not_ready", checks=checks,
+        down = [name for name, c in checks.items() if c.required and c.status != "up"]
+        error = None if ready else ApiError(503, f"not ready: {', '.join(down)} not up (see checks)",
+                                            "service_unavailable_error", code="not_ready").body()["error"]
+        body = Readiness(status="ready" if ready else "not_ready", checks=checks, error=error,
                          events={"emitted": service.events.emitted, "failed": service.events.failed})
         return JSONResponse(body.model_dump(mode="json"), 200 if ready else 503)
 
@@ -683,11 +707,14 @@ def _prefect_url() -> str | None:
 
 # ----------------------------------------------------------------------------- the guard (ASGI)
 class Guard:
-    """Request id, bearer token, body limit and last-resort 500s, before FastAPI sees a request."""
+    """Request id, Host/Origin (without a token), bearer token, body limit, body checks and
+    last-resort 500s, before FastAPI sees a request."""
 
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: str = "/v1"):
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: str = "/v1",
+                 allowed_origins: Iterable[str] = ()):
         self.app, self.max_body_bytes, self.protected = app, max_body_bytes, protected
         self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
+        self.allowed_origins = frozenset(allowed_origins)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -696,13 +723,22 @@ class Guard:
         authorized = self._authorized(scope)
         scope.setdefault("state", {}).update(request_id=rid, authorized=authorized)
         send = _tagged(send, rid)
+        if self._expected is None and (refusal := foreign_host(scope["headers"], self.allowed_origins)):
+            return await _reply(send, ApiError(403, refusal[1], code=refusal[0]))
         if not authorized and _under(scope["path"], self.protected) and scope["method"] != "OPTIONS":
             return await _reply(send, ApiError(401, "missing or wrong bearer token (send `Authorization: Bearer "
                                                     "<token>`)", code="invalid_api_key",
                                                headers={"WWW-Authenticate": "Bearer"}))
         body = await self._read_body(scope, receive)
+        if body is None:  # the client left before sending its whole body: nothing to answer
+            return
         if isinstance(body, ApiError):
             return await _reply(send, body, close=True)
+        if body and _json_request(scope):
+            try:
+                check_json(body)
+            except BodyProblem as problem:
+                return await _reply(send, _body_error(problem, scope["path"]))
         started = False
 
         async def replay() -> dict:
@@ -732,8 +768,9 @@ class Guard:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(hashlib.sha256(given).digest(), self._expected)
 
-    async def _read_body(self, scope: dict, receive: Callable) -> bytes | ApiError:
-        """The whole body, or a 413 as soon as it is known to be too large (declared or sent)."""
+    async def _read_body(self, scope: dict, receive: Callable) -> bytes | ApiError | None:
+        """The whole body, a 413 as soon as it is known to be too large (declared or sent), or None
+        when the client disconnected first (a truncated body must never reach a route)."""
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             return self._too_large()
@@ -741,7 +778,7 @@ class Guard:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return b"".join(chunks)
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
@@ -753,6 +790,21 @@ class Guard:
     def _too_large(self) -> ApiError:
         return ApiError(413, f"request body too large: the limit is {self.max_body_bytes} bytes",
                         code="request_too_large")
+
+
+def _json_request(scope: dict) -> bool:
+    """A request whose body FastAPI will parse as JSON (no Content-Type counts: FastAPI tries JSON)."""
+    if scope["method"] not in ("POST", "PUT", "PATCH"):
+        return False
+    content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
+    return content_type is None or _is_json(content_type.decode("latin-1"))
+
+
+def _body_error(problem: Any, path: str) -> ApiError:
+    """A body problem in a field answers as that route answers a bad field (400 on the OpenAI
+    surface, 422 elsewhere); a body that is not JSON at all is a 400 everywhere."""
+    status = 400 if problem.field is None or path.startswith(OPENAI_PATHS) else 422
+    return ApiError(status, problem.message, param=problem.field, code=problem.code)
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -796,9 +848,10 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
                          code="missing_body")
     else:
         messages = [f"field '{_field(e['loc'])}': {_message(e)}" for e in errors]
-        error = ApiError(400 if openai else 422, "; ".join(messages), param=_field(first["loc"]) or None,
-                         code="invalid_value")
-    return error.response(**({} if openai else {"detail": error.message}))
+        param = _field(first["loc"]) or None
+        error = ApiError(400 if openai else 422, "; ".join(messages), param=param,
+                         code="invalid_filter" if param == "filters" else "invalid_value")
+    return error.response()
 
 
 def _field(loc: Iterable[Any]) -> str:
@@ -820,12 +873,15 @@ def _is_json(content_type: str) -> bool:
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Starlette/FastAPI HTTPExceptions (404 routes, mounted routers' errors) in the same shape;
-    ``detail`` is kept for routers whose clients read it."""
+    """Starlette/FastAPI HTTPExceptions (unknown routes, wrong methods) in the one error shape,
+    with a code named after the status."""
     message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-    kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    error = ApiError(exc.status_code, message, kind, headers=dict(exc.headers or {}))
-    return error.response(detail=exc.detail)
+    return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+
+
+def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    """An ApiError raised by a route (mounted routers raise them too)."""
+    return exc.response()
 
 
 # ----------------------------------------------------------------------------- the app
@@ -841,6 +897,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     file's text pinned by ``ragline serve`` (``steps.pin_file``), compiled instead of the file."""
     if token is not None and not token.strip():
         raise ValueError("the API token is empty")
+    cors_origins = list(cors_origins)
     project = load_project(project_path, source=source)
     if data_dir:
         project = project.relocated(data_dir)
@@ -866,7 +923,8 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     app.include_router(page_router())
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes, allowed_origins=cors_origins)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -886,25 +944,23 @@ class ApiConfigError(ValueError):
     """The API cannot start as asked (e.g. exposed without a token): one clear line."""
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
               data_dir: str | None = None, routers: Iterable[APIRouter] = (), max_body_bytes: int = 1_000_000,
               cors_origins: Iterable[str] = (), log_level: str = "info",
-              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> None:
+              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, limits: Any = None) -> None:
     """Serve the API with uvicorn until stopped. ``token`` defaults to ``RAGLINE_API_TOKEN``; off
-    loopback a token is required: anyone who can reach the port could otherwise run queries."""
+    loopback a token is required: anyone who can reach the port could otherwise run queries.
+    ``limits`` (``connections.ConnectionLimits``, default: from the environment) bound slow and
+    half-sent requests and the number of open connections."""
+    from ragline.flows.connections import server_limits
+
     token = token or os.environ.get("RAGLINE_API_TOKEN") or None
     if not is_loopback(host) and not token:
         raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
                              f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+    settings = server_limits(limits)
     import uvicorn
 
     from ragline.flows.chroma_server import serve_stores
@@ -913,4 +969,4 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
                      cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
     with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
         serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **settings)

@@ -145,17 +145,18 @@ def _parse(service: Service, body: ChatRequest) -> tuple[Any, dict[str, Any]]:
     last = body.messages[-1]
     if last.role != "user":
         raise ApiError(400, f"field 'messages': the last message must be the user's question, not "
-                            f"'{last.role}'", param="messages")
+                            f"'{last.role}'", param="messages", code="invalid_messages")
     question = _text(last, len(body.messages) - 1)
     if not question.strip():
-        raise ApiError(400, "field 'messages': the last user message is empty", param="messages")
+        raise ApiError(400, "field 'messages': the last user message is empty", param="messages",
+                       code="invalid_messages")
     service.check_question(question, f"messages[{len(body.messages) - 1}].content", 400)
     history = [{"role": m.role, "content": _text(m, i)} for i, m in enumerate(body.messages[:-1])
                if m.role in ("user", "assistant")]
     try:
         validate(body.filters)
     except FilterError as exc:
-        raise ApiError(400, f"field 'filters': {exc}", param="filters") from None
+        raise ApiError(400, f"field 'filters': {exc}", param="filters", code="invalid_filter") from None
     pipeline = service.pipeline(body.model, param="model", stream=body.stream and service.answers(body.model))
     return pipeline, {"text": question, "history": history, "filters": body.filters}
 
@@ -165,7 +166,7 @@ def _text(message: ChatMessage, index: int) -> str:
         return message.content or ""
     if any(part.type != "text" for part in message.content):
         raise ApiError(400, f"field 'messages[{index}].content': only text parts are supported",
-                       param=f"messages[{index}].content")
+                       param=f"messages[{index}].content", code="unsupported_content")
     return "".join(part.text or "" for part in message.content)
 
 

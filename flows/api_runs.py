@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.api import ERRORS, ApiError
 from ragline.flows.compile import Project, load_project
 
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
@@ -382,18 +383,20 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
     router = APIRouter(prefix="/v1", tags=["runs"])
 
     @router.post("/ingest", status_code=202, response_model=IngestAccepted,
-                 responses={400: {"description": "a query pipeline"}, 404: {"description": "no such pipeline"},
-                            409: {"description": "a run is writing this index"},
-                            503: {"description": "not deployed, or the Prefect API is unreachable"}})
+                 responses={**ERRORS, 400: {**ERRORS[400], "description": "a query pipeline"},
+                            404: {**ERRORS[404], "description": "no such pipeline"},
+                            409: {**ERRORS[400], "description": "a run is writing this index (code index_busy)"},
+                            503: {**ERRORS[503], "description": "not deployed, or the Prefect API is unreachable"}})
     async def ingest(request: IngestRequest) -> IngestAccepted:
         """Start a run of an ingestion pipeline's deployment; poll ``GET /v1/runs/{run_id}``."""
         name = request.pipeline
         if name not in project.pipelines:
             ingestion = [n for n, p in project.pipelines.items() if p.kind == "ingestion"]
-            raise HTTPException(404, f"no pipeline '{name}'; ingestion pipelines: {', '.join(ingestion) or 'none'}")
+            raise ApiError(404, f"field 'pipeline': no pipeline '{name}'; ingestion pipelines: "
+                                f"{', '.join(ingestion) or 'none'}", param="pipeline", code="pipeline_not_found")
         if project.pipeline(name).kind != "ingestion":
-            raise HTTPException(400, f"pipeline '{name}' is a query pipeline: POST /v1/ingest starts ingestion "
-                                     f"pipelines only")
+            raise ApiError(400, f"field 'pipeline': pipeline '{name}' is a query pipeline: POST /v1/ingest starts "
+                                f"ingestion pipelines only", param="pipeline", code="not_an_ingestion_pipeline")
         from prefect.client.orchestration import get_client
 
         async with runs.lock:
@@ -401,20 +404,22 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                 async with get_client() as client:
                     deployment = await runs.deployment_id(client, name)
                     if deployment is None:
-                        raise HTTPException(503, f"pipeline '{name}' is not deployed: run `ragline serve` for this file")
+                        raise ApiError(503, f"pipeline '{name}' is not deployed: run `ragline serve` for this file",
+                                       "service_unavailable_error", code="not_deployed")
                     busy = await runs.running(client, name)
                     if busy is not None:
-                        raise HTTPException(409, busy)
+                        raise ApiError(409, busy, code="index_busy")
                     flow_run = await client.create_flow_run_from_deployment(deployment, tags=["ragline-api"])
-            except HTTPException:
+            except ApiError:
                 raise
             except Exception as exc:
-                raise HTTPException(503, f"the Prefect API did not answer: {type(exc).__name__}") from None
+                raise _prefect_down(exc) from None
         return IngestAccepted(run_id=str(flow_run.id), pipeline=name,
                               state=flow_run.state.type.value if flow_run.state else "SCHEDULED",
                               state_name=flow_run.state.name if flow_run.state else "Scheduled")
 
-    @router.get("/runs/{run_id}", response_model=RunStatus, responses={404: {"description": "no such run"}})
+    @router.get("/runs/{run_id}", response_model=RunStatus,
+                responses={**ERRORS, 404: {**ERRORS[404], "description": "no such run (code run_not_found)"}})
     async def run_status(run_id: str) -> RunStatus:
         """A run's state, times, result, summary, failures and progress."""
         from prefect.client.orchestration import get_client
@@ -423,7 +428,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
         try:
             flow_run_id = UUID(run_id)
         except ValueError:
-            raise HTTPException(404, f"no run '{run_id}'") from None
+            raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
         try:
             async with get_client() as client:
                 for name in project.pipelines:  # learn this file's deployment ids (cached)
@@ -431,13 +436,18 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                 try:
                     flow_run = await client.read_flow_run(flow_run_id)
                 except ObjectNotFound:
-                    raise HTTPException(404, f"no run '{run_id}'") from None
+                    raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
                 if not runs.owns(flow_run):
-                    raise HTTPException(404, f"no run '{run_id}' of this server's pipelines")
+                    raise ApiError(404, f"no run '{run_id}' of this server's pipelines", code="run_not_found")
                 return await runs.status(client, flow_run)
-        except HTTPException:
+        except ApiError:
             raise
         except Exception as exc:
-            raise HTTPException(503, f"the Prefect API did not answer: {type(exc).__name__}") from None
+            raise _prefect_down(exc) from None
 
     return router
+
+
+def _prefect_down(exc: BaseException) -> ApiError:
+    return ApiError(503, f"the Prefect API did not answer: {type(exc).__name__}", "service_unavailable_error",
+                    code="prefect_unavailable")

@@ -14,6 +14,7 @@ from ragline.flows import prefect_server
 from ragline.flows.compile import DEFAULT_FILE, load_project
 from ragline.flows.resources.state import IndexBusy
 from ragline.flows.spec import SpecValidationError
+from ragline.flows.terminal import PrintableFormatter, printable
 
 EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect's per-task INFO lines stay in the dashboard; the terminal shows ragline's progress (-v: all)
     shown = logging.INFO if args.verbose else logging.WARNING
     terminal = logging.StreamHandler()
+    terminal.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))  # messages name files
     terminal.setLevel(shown)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[terminal])
     if args.handler in (_ask, _quickstart):  # while the user waits: a slow or hung LLM is said so, every 10 s
@@ -55,20 +57,20 @@ def _dispatch(args) -> int:
     except KeyboardInterrupt:
         return prefect_server.interrupted_exit()
     except IndexBusy as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(exc)}", file=sys.stderr)
         return 75  # EX_TEMPFAIL: try again later
     except SpecValidationError as exc:
         for error in exc.errors:
-            print(error, file=sys.stderr)
+            print(printable(error), file=sys.stderr)
         print(f"{len(exc.errors)} error(s)", file=sys.stderr)
         return 2
     except (KeyError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        print(f"error: {printable(exc.args[0] if exc.args else exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a stage failure: one clear line, the traceback only with -v
         if getattr(args, "verbose", False):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(exc)}", file=sys.stderr)
         return 1
 
 
@@ -105,16 +107,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("question")
     p.add_argument("-p", "--pipeline", default="search")
     p.add_argument("-k", "--top", type=int, default=5, help="passages to print")
-    p.add_argument("--where", type=json.loads, help='metadata filter, e.g. \'{"format": "markdown"}\'')
+    p.add_argument("--where", type=_json_value, help='metadata filter, e.g. \'{"format": "markdown"}\'')
     p.add_argument("--json", action="store_true", help="print JSON")
     _orchestration_flags(p, default=False)
 
     p = command("ask", _ask, "Answer a question from the index, with citations (needs the LLM server).")
     p.add_argument("question")
     p.add_argument("-p", "--pipeline", default="ask")
-    p.add_argument("--history", type=json.loads, default=[],
+    p.add_argument("--history", type=_json_value, default=[],
                    help='earlier turns, e.g. \'[{"role": "user", "content": "..."}, {"role": "assistant", ...}]\'')
-    p.add_argument("--where", type=json.loads, help="metadata filter")
+    p.add_argument("--where", type=_json_value, help="metadata filter")
     p.add_argument("--stream", action="store_true", help="print the answer as it is generated")
     p.add_argument("--json", action="store_true", help="print the whole answer object as JSON")
     _orchestration_flags(p, default=False)
@@ -140,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("run", _run, "Run any pipeline with JSON inputs.")
     p.add_argument("pipeline")
-    p.add_argument("--input", type=json.loads, default={}, help='e.g. \'{"query": {"text": "..."}}\'')
+    p.add_argument("--input", type=_json_value, default={}, help='e.g. \'{"query": {"text": "..."}}\'')
     p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON", help="override a step parameter")
     _orchestration_flags(p, default=True)
 
@@ -198,13 +200,25 @@ def _check(args) -> int:
         if report.incomplete:
             raise RuntimeError(f"re-indexing with '{pipeline}' could not reach every source: nothing was deleted")
 
-    remaining = check(project, args.repair, say=lambda line: print(line), reindex=reindex)
+    remaining = check(project, args.repair, say=lambda line: print(printable(line)), reindex=reindex)
     if not remaining:
         print("ok: every store agrees with the index state")
         return 0
     print(f"{len(remaining)} problem(s)" + ("" if args.repair else ": `ragline check --repair` repairs what the "
                                                                    "state allows"), file=sys.stderr)
     return 1
+
+
+def _json_value(text: str) -> Any:
+    """A JSON argument; a bad one is one line naming the problem (a value nested deeper than
+    Python's parser goes raised a RecursionError with a traceback)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise argparse.ArgumentTypeError("the JSON is nested too deeply") from None
+    except ValueError as exc:
+        shown = text if len(text) <= 80 else text[:80] + "…"
+        raise argparse.ArgumentTypeError(f"invalid JSON {printable(shown)!r}: {exc}") from None
 
 
 def _start_llm_flag(p: argparse.ArgumentParser) -> None:
@@ -242,14 +256,14 @@ def _validate(args) -> int:
     path = args.path or args.file
     errors = validate_file(path)
     for error in errors:
-        print(error, file=sys.stderr)
+        print(printable(error), file=sys.stderr)
     if errors:
-        print(f"{path}: {len(errors)} error(s)", file=sys.stderr)
+        print(f"{printable(path)}: {len(errors)} error(s)", file=sys.stderr)
         return 1
     project = load_project(path)
-    print(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})")
+    print(printable(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})"))
     if project.overlay is not None:
-        print("\n".join(project.overlay.describe()))
+        print("\n".join(printable(line) for line in project.overlay.describe()))
     return 0
 
 
@@ -275,13 +289,13 @@ def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
     finally:
         progress.close()
     for failure in report.failures:
-        print(f"skipped {failure.source_id}: {failure.reason} (step {failure.stage})", file=sys.stderr)
+        print(printable(f"skipped {failure.source_id}: {failure.reason} (step {failure.stage})"), file=sys.stderr)
     origin = "given on the command line" if paths else f"relative to {project.base_dir}"
-    print(f"sources ({origin}): {', '.join(report.roots) or 'none'}", file=sys.stderr)
-    print(f"{pipeline_name}: {report.summary()} in {report.seconds:.1f} s")
+    print(printable(f"sources ({origin}): {', '.join(report.roots) or 'none'}"), file=sys.stderr)
+    print(printable(f"{pipeline_name}: {report.summary()} in {report.seconds:.1f} s"))
     if report.incomplete:
-        print(f"error: {len(report.incomplete)} source path(s) could not be reached "
-              f"({', '.join(f.source_id for f in report.incomplete)}): nothing was deleted from the index",
+        print(printable(f"error: {len(report.incomplete)} source path(s) could not be reached "
+                        f"({', '.join(f.source_id for f in report.incomplete)}): nothing was deleted from the index"),
               file=sys.stderr)
     return project, report
 
@@ -311,7 +325,7 @@ def _ask(args) -> int:
 
     def show(token: str) -> None:
         streamed.append(token)
-        print(token, end="", flush=True)
+        print(printable(token, keep_newlines=True), end="", flush=True)
 
     if args.stream:
         pipeline = pipeline.with_overrides({s.id: {"stream": True} for s in pipeline.steps
@@ -325,13 +339,13 @@ def _ask(args) -> int:
     if streamed:
         print("\n")
         if answer.refused:
-            print(answer.text)
+            print(printable(answer.text, keep_newlines=True))
     else:
-        print(answer.text)
+        print(printable(answer.text, keep_newlines=True))
     if answer.refused and answer.reason:
-        print(f"({answer.reason})")
+        print(printable(f"({answer.reason})"))
     for source in [] if answer.refused else answer.sources:
-        print(f"[{source.number}] {source.title or source.source_id} — {source.path}")
+        print(printable(f"[{source.number}] {source.title or source.source_id} — {source.path}"))
     if answer.invalid_citations:
         print(f"warning: citations with no matching reference: {answer.invalid_citations}", file=sys.stderr)
     return 0
@@ -345,9 +359,9 @@ def _print_passages(passages, as_json: bool) -> None:
         print("no passages found")
     for rank, p in enumerate(passages, start=1):
         source = p.metadata.get("source", p.source_id)
-        print(f"{rank}. [{p.score:.4f}] {p.title or p.source_id}\n   {source}")
+        print(f"{rank}. [{p.score:.4f}] {printable(p.title or p.source_id)}\n   {printable(source)}")
         snippet = " ".join(p.text.split())
-        print(f"   {snippet[:300]}{'…' if len(snippet) > 300 else ''}\n")
+        print(f"   {printable(snippet[:300])}{'…' if len(snippet) > 300 else ''}\n")
 
 
 def _eval(args) -> int:
@@ -368,11 +382,11 @@ def _eval(args) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{dataset.name} ({args.split}, {result['queries']} queries), pipeline '{args.pipeline}'")
+    print(printable(f"{dataset.name} ({args.split}, {result['queries']} queries), pipeline '{args.pipeline}'"))
     for metric in METRICS:
         print(f"  {metric:<11} {result[metric]:.4f}")
-    print(f"  index: {result['index_summary']} in {result['index_seconds']} s; "
-          f"query: {result['query_ms_mean']} ms mean")
+    print(printable(f"  index: {result['index_summary']} in {result['index_seconds']} s; "
+                    f"query: {result['query_ms_mean']} ms mean"))
     return 0
 
 
@@ -384,12 +398,12 @@ def _eval_answers(args, project) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{result['dataset']} ({result['questions']} questions), pipeline '{result['pipeline']}', "
-          f"model {result['model']}")
+    print(printable(f"{result['dataset']} ({result['questions']} questions), pipeline '{result['pipeline']}', "
+                    f"model {result['model']}"))
     for corpus in ("positive", "negative", "positive_wrong"):
-        print(f"  {corpus:15} " + ", ".join(f"{k} {v}" for k, v in result[corpus].items()))
+        print(printable(f"  {corpus:15} " + ", ".join(f"{k} {v}" for k, v in result[corpus].items())))
     for name, figures in result["fact_check"].items():
-        print(f"  fact check {name}: {figures}")
+        print(printable(f"  fact check {name}: {figures}"))
     return 0
 
 
@@ -425,7 +439,7 @@ def _tune(args) -> int:
     result = engine.run(pipeline.with_overrides(overrides), orchestrate=args.orchestrate)
     if not isinstance(result, TuneReport):
         raise ValueError(f"pipeline '{args.pipeline}' does not end in a tune_retrieval step")
-    print(json.dumps(result.model_dump(mode="json")) if args.json else summary(result))
+    print(json.dumps(result.model_dump(mode="json")) if args.json else printable(summary(result), keep_newlines=True))
     return 0
 
 
@@ -434,7 +448,7 @@ def _run(args) -> int:
 
     project = _project(args)
     pipeline = project.pipeline(args.pipeline).with_overrides(_set_overrides(args.set))
-    print(_describe(pipeline), file=sys.stderr)
+    print(printable(_describe(pipeline)), file=sys.stderr)
     result = engine.run(pipeline, args.input, orchestrate=args.orchestrate)
     from ragline.flows.contracts import to_json
 
@@ -502,21 +516,21 @@ def _quickstart(args) -> int:
 def _search_and_answer(project, question: str) -> int:
     from ragline.flows import engine
 
-    print(f"\nsearch: {question}\n")
+    print(f"\nsearch: {printable(question)}\n")
     passages = engine.run(project.pipeline("search"), {"query": question}, orchestrate=True)
     _print_passages(passages[:5], as_json=False)
     if "ask" not in project.pipelines or "llm" not in project.spec.resources:
         return 0
     llm = project.resource("llm")
     if not llm.health():
-        print(f"(no LLM server at {llm.spec.base_url}: start one with `bash deploy/vllm/setup.sh && "
-              f"bash deploy/vllm/serve.sh`, then `.venv/bin/ragline ask \"...\"` answers with citations)")
+        print(printable(f"(no LLM server at {llm.spec.base_url}: start one with `bash deploy/vllm/setup.sh && "
+                        f"bash deploy/vllm/serve.sh`, then `.venv/bin/ragline ask \"...\"` answers with citations)"))
         return 0
-    print(f"\nask: {question}\n")
+    print(f"\nask: {printable(question)}\n")
     answer = engine.run(project.pipeline("ask"), {"query": question}, orchestrate=True)
-    print(f"answer: {answer.text}" + (f"  ({answer.reason})" if answer.refused else ""))
+    print(printable(f"answer: {answer.text}" + (f"  ({answer.reason})" if answer.refused else ""), keep_newlines=True))
     for source in [] if answer.refused else answer.sources:
-        print(f"  [{source.number}] {source.title or source.source_id} — {source.path}")
+        print(printable(f"  [{source.number}] {source.title or source.source_id} — {source.path}"))
     return 0
 
 

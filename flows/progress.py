@@ -4,15 +4,18 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
     TimeRemainingColumn
+
+from ragline.flows.terminal import printable
 
 
 class IngestProgress:
     """A bar per run; without a terminal (CI, logs) it prints one line per batch instead."""
 
     def __init__(self, title: str, enabled: bool = True):
-        self.title = title
+        self.title = printable(title)  # it names a pipeline or a data set: never a terminal control
         self.enabled = enabled
         self.console = Console(stderr=True)
         self.chunks = 0
@@ -26,14 +29,14 @@ class IngestProgress:
         if not self.enabled:
             return
         if total_documents == 0:
-            self.console.print(f"{self.title}: nothing changed")
+            self.console.print(f"{self.title}: nothing changed", markup=False, highlight=False)
             return
         if self.console.is_terminal:
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("documents, {task.fields[chunks]} chunks"), TimeElapsedColumn(),
                                       TimeRemainingColumn(), console=self.console)
             self._progress.start()
-            self._task = self._progress.add_task(self.title, total=total_documents, chunks=0)
+            self._task = self._progress.add_task(escape(self.title), total=total_documents, chunks=0)
 
     def advance(self, documents: int, chunks: int) -> None:
         self._done += documents

@@ -385,9 +385,11 @@ class Service:
         if sock is not None:
             import uvicorn
 
+            from ragline.flows.connections import server_limits
+
             app = api_app(self.project_path, token=self.token, data_dir=self.data_dir, source=project.source)
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                    timeout_graceful_shutdown=3)
+                                    timeout_graceful_shutdown=3, **server_limits())
             self._uvicorn = uvicorn.Server(config)
             host, port = sock.getsockname()[:2]
             self.api_url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"

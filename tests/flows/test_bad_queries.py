@@ -85,7 +85,7 @@ def test_a_where_filter_that_is_not_json_is_a_usage_error(indexed, capsys):
     project, _ = indexed
     with pytest.raises(SystemExit) as exited:
         search(project, "okapi", "--where", "{format: markdown}")
-    assert exited.value.code == 2 and "argument --where: invalid loads value: '{format: markdown}'" in \
+    assert exited.value.code == 2 and "argument --where: invalid JSON '{format: markdown}': Expecting property name" in \
         capsys.readouterr().err
 
 

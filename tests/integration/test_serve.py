@@ -264,7 +264,7 @@ def test_ingest_over_the_api_is_a_job_with_a_409_while_it_runs(served, prefect_a
     # A writer outside Prefect holds the index: the API refuses, naming it; a deployment run waits for it.
     with load_project(project).resource("notes_state").lease("manual rebuild"):
         busy = ingest()
-        assert busy.status_code == 409 and "manual rebuild" in busy.json()["detail"]
+        assert busy.status_code == 409 and "manual rebuild" in busy.json()["error"]["message"]
         waiting = trigger()
         status = _wait_status(served, waiting, {"RUNNING"})
         assert status["progress"] is not None and "batches_written" in status["progress"]
@@ -272,7 +272,7 @@ def test_ingest_over_the_api_is_a_job_with_a_409_while_it_runs(served, prefect_a
         extra = _wait_flow_run(prefect_api, trigger())
         assert extra["state"]["type"] == "CANCELLED" and "concurrency" in extra["state"]["message"].lower()
         busy = ingest()
-        assert busy.status_code == 409 and waiting in busy.json()["detail"]
+        assert busy.status_code == 409 and waiting in busy.json()["error"]["message"]
     status = _wait_status(served, waiting, FINAL)
     assert status["state"] == "COMPLETED", status
     assert status["summary"].startswith("added 1, updated 0, deleted 0, unchanged 0, failed 1")
@@ -286,7 +286,7 @@ def test_ingest_over_the_api_is_a_job_with_a_409_while_it_runs(served, prefect_a
     run_id = first.json()["run_id"]
     assert first.json()["pipeline"] == "notes" and first.json()["state"] == "SCHEDULED"
     second = ingest()
-    assert second.status_code == 409 and run_id in second.json()["detail"]
+    assert second.status_code == 409 and run_id in second.json()["error"]["message"]
     status = _wait_status(served, run_id, FINAL)
     assert status["state"] == "COMPLETED" and status["summary"].startswith("added 0, updated 0, deleted 0, unchanged 1")
     assert httpx.get(f"{served}/v1/runs/{'0' * 32}", headers=AUTH, timeout=30).status_code == 404
