@@ -170,6 +170,6 @@ def test_the_shipped_tune_pipeline_runs_on_an_empty_index_with_a_clear_error(tmp
     shutil.copy(Path(__file__).resolve().parents[2] / "pipelines.yaml", tmp_path / "pipelines.yaml")
     (tmp_path / "prompts").symlink_to(REPO_PROMPTS)
     project = load_project(tmp_path / "pipelines.yaml")
-    with pytest.raises(engine.StepFailed, match="no pseudo-queries"):
+    with pytest.raises(engine.StepFailed, match="nothing is indexed yet.*run `ragline index`"):
         engine.run(project.pipeline("tune"), orchestrate=False)
     assert not (tmp_path / "pipelines.tuned.yaml").exists()
