@@ -249,7 +249,9 @@ def test_reader_rereads_the_pointer_when_its_version_vanished(tmp_path, monkeypa
 # ----------------------------------------------------------------------------- sync with the state
 @pytest.fixture
 def state(tmp_path):
+    """A state opened by a writer (sync's only callers are writers)."""
     st = IndexState(StateSpec(type="index_state", path="state.sqlite"), base_dir=tmp_path)
+    st.conn
     yield st
     st.close()
 

@@ -11,6 +11,7 @@ import pytest
 from chromadb.errors import InvalidArgumentError
 
 from ragline.flows.contracts import Chunk, Passage
+from ragline.flows.resources.state import StoreMissing
 from ragline.flows.resources.chroma import (ChromaSpec, ChromaStore, ChromaUnavailable, EmbedderMismatch,
                                             chroma_metadata, is_transient)
 from tests.integration.harness import free_port
@@ -51,6 +52,11 @@ def filled(store):
 
 
 def test_empty_store(store):
+    for read in (store.count, lambda: store.query(np.asarray([basis(0)]), k=3)):
+        with pytest.raises(StoreMissing, match="there is no store at"):
+            read()  # a read never creates the store (queries never write)
+    assert not store.path.exists()
+    store.collection  # a writer opens (creates) it
     assert store.count() == 0
     assert store.all_ids() == set()
     assert store.query(np.asarray([basis(0), basis(1)]), k=3) == [[], []]
@@ -119,8 +125,8 @@ def test_l2_space_scores_are_negative_distances(tmp_path):
 
 def test_reset_drops_the_collection(filled):
     filled.reset()
-    assert filled.count() == 0
-    assert filled.all_ids() == set()
+    with pytest.raises(StoreMissing, match="the collection does not exist"):
+        filled.count()
     filled.reset()  # an absent collection is fine
     filled.upsert([chunk("x", [1.0, 0.0, 0.0])])  # a new dimension is accepted after a reset
     assert filled.all_ids() == {"x"}
@@ -258,7 +264,8 @@ def test_vectors_of_another_embedder_are_refused_until_re_embedded(tmp_path, fil
     other.record_embedder("bbbb", "/models/adapted")
     filled.check_embedder("bbbb", "/models/adapted")
     assert make(tmp_path).collection.configuration["hnsw"]["space"] == "cosine"  # the metadata kept it
-    filled.reset()  # a new collection names no embedder yet
+    filled.reset()
+    filled.collection  # a new collection names no embedder yet
     filled.check_embedder("cccc", "other")
 
 
@@ -282,7 +289,7 @@ def flaky_open(failures: int, collection: FakeCollection):
     """An _open that cannot connect ``failures`` times, then returns ``collection``."""
     attempts = []
 
-    def _open():
+    def _open(create: bool = True):
         attempts.append(time.monotonic())
         if len(attempts) <= failures:
             raise httpx.ConnectError("[Errno 111] Connection refused")
@@ -328,7 +335,7 @@ def test_gives_up_after_the_retry_count(monkeypatch):
 def test_refused_requests_are_not_retried(monkeypatch):
     store = server_store(retries=5)
     collection = FakeCollection(error=InvalidArgumentError("bad where"))
-    monkeypatch.setattr(store, "_open", lambda: collection)
+    monkeypatch.setattr(store, "_open", lambda create=True: collection)
     with pytest.raises(InvalidArgumentError):
         store.count()
     assert collection.calls == 1
@@ -386,4 +393,5 @@ def test_embedded_mode_ignores_the_token(tmp_path, monkeypatch):
     monkeypatch.delenv("RAGLINE_TEST_CHROMA_TOKEN", raising=False)
     store = make(tmp_path, auth_token_env="RAGLINE_TEST_CHROMA_TOKEN")
     assert store._settings().chroma_client_auth_provider is None
+    store.collection
     assert store.count() == 0

@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from ragline.flows.contracts import Chunk, Document
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.state import IndexState, StateSpec, StoreMissing
 
 
 def doc(source_id: str, text: str = "text", title: str = "", path: str = "") -> Document:
@@ -22,7 +22,9 @@ def chunks_of(source_id: str, n: int = 2, title: str = "", prefix: str = "") -> 
 
 @pytest.fixture
 def state(tmp_path):
+    """A state a writer has opened (the file and its schema exist), as ingestion opens it."""
     st = IndexState(StateSpec(type="index_state", path="s.sqlite"), base_dir=tmp_path)
+    st.conn
     yield st
     st.close()
 
@@ -36,8 +38,11 @@ def test_path_is_resolved_under_base_dir(tmp_path):
     st = IndexState(StateSpec(type="index_state", path="sub/dir/s.sqlite"), base_dir=tmp_path)
     assert st.path == (tmp_path / "sub" / "dir" / "s.sqlite").resolve()
     assert not st.path.exists()  # lazy: nothing is created before first use
-    assert st.counts() == (0, 0)
-    assert st.path.exists()
+    with pytest.raises(StoreMissing, match="does not exist: nothing is indexed yet"):
+        st.counts()  # a read never creates the file (queries never write)
+    assert not st.path.exists() and not st.exists()
+    st.set_meta("k", "v")  # a write does
+    assert st.path.exists() and st.counts() == (0, 0)
     st.close()
 
 
