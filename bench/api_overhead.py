@@ -43,10 +43,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(project: Path, port: int, env: dict[str, str] | None = None, runs: int = 32) -> subprocess.Popen:
+def start_server(project: Path, port: int, env: dict[str, str] | None = None, runs: int = 32,
+                 code: str = SERVER) -> subprocess.Popen:
     """The API on ``project`` in its own process (``runs`` queries at once); returns once it answers."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(project), TOKEN, str(port), str(runs)], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", code, str(project), TOKEN, str(port), str(runs)], env=env,
                             cwd=REPO)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
