@@ -170,13 +170,15 @@ def main() -> None:
     table = ["| pipeline | clients | requests | failures | throughput | p50 | p95 | max |", "|---|---|---|---|---|---|---|---|"]
     table += [f"| `{p['pipeline']}` | {p['clients']} | {p['requests']} | {p['failures']} | {p['throughput_per_s']:.2f}/s "
               f"| {p['p50_s']:.2f} s | {p['p95_s']:.2f} s | {p['max_s']:.2f} s |" for p in phases]
+    llm = ("LLM calls 4 at a time per lane, oldest query first; SmolLM2-135M on the CPU vLLM server of this 2-core "
+           "machine." if args.ask_per_client else "no LLM (search only); the machine was shared with other jobs.")
     table.append(f"\n{args.clients} concurrent clients over loopback, each sending its queries one after another "
-                 f"(`search` ×{args.search_per_client}, then `ask_load` ×{args.ask_per_client}: `ask` with 300 context "
-                 f"tokens and 32 answer tokens); {args.docs} SciFact abstracts, {len(titles)} more indexed by a terminal "
-                 f"`ragline index` during the search phase, after which the API's `search_dense` ranked {fresh} of "
-                 f"them first for their own titles (the store served by its managed Chroma server, as `ragline api` "
-                 f"runs it); the API runs 32 queries at once (the rest wait their turn), LLM calls 4 at a time "
-                 "per lane, oldest query first; SmolLM2-135M on the CPU vLLM server of this 2-core machine.")
+                 f"(`search` ×{args.search_per_client}" + (f", then `ask_load` ×{args.ask_per_client}: `ask` with 300 "
+                 f"context tokens and 32 answer tokens" if args.ask_per_client else "") + f"); {args.docs} SciFact "
+                 f"abstracts, {len(titles)} more indexed by a terminal `ragline index` during the search phase, after "
+                 f"which the API's `search_dense` ranked {fresh} of them first for their own titles (the store served "
+                 f"by its managed Chroma server, as `ragline api` runs it); the API runs 32 queries at once (the rest "
+                 f"wait their turn); {llm}")
     print(f"written to {path.relative_to(REPO)}")
     publish("load" if args.ask_per_client else "load_search", table, readme=not args.no_readme)
     if any(p["failures"] for p in phases):
