@@ -59,11 +59,13 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.compile import Project, load_project
+from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM
 
 logger = logging.getLogger("ragline.serve")
 
 FLOW_NAME = "ragline"  # run_pipeline's flow name: deployments are "ragline/<pipeline>"
 DEFAULT_POLL_SECONDS = 2.0
+DEFAULT_PORT = 8080  # the HTTP API's, as `ragline api`'s: the LLM endpoint (vLLM) has 8000
 RESULTS_DIR = Path(".ragline") / "results"
 KEEP_RESULTS_DAYS = 30.0
 PRUNE_EVERY = 3600.0  # seconds between prunings of old results
@@ -308,12 +310,15 @@ class Service:
     (cancelling runs in flight, pausing the schedules unless ``pause_on_shutdown=False``) and the
     Prefect server it started, if any."""
 
-    def __init__(self, project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = 8000,
-                 token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
-                 poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
-                 pause_on_shutdown: bool = True, prefect_home: Path | None = None,
-                 log: Callable[[str], None] | None = None, keep_results_days: float | None = KEEP_RESULTS_DAYS):
+    def __init__(self, project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1",
+                 port: int = DEFAULT_PORT, token: str | None = None, start_prefect: bool = False,
+                 data_dir: str | Path | None = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
+                 limit: int | None = None, pause_on_shutdown: bool = True, prefect_home: Path | None = None,
+                 log: Callable[[str], None] | None = None, keep_results_days: float | None = KEEP_RESULTS_DAYS,
+                 start_llm: bool = False):
         self.project_path = Path(project_path).resolve()
+        self.start_llm = start_llm
+        self._llms: list[Any] = []  # the packaged LLMs this process supervises (llm_server.ManagedLLM)
         self.api, self.host, self.port, self.token = api, host, port, token
         self.start_prefect, self.data_dir = start_prefect, data_dir
         self.poll_seconds, self.limit, self.pause_on_shutdown = poll_seconds, limit, pause_on_shutdown
@@ -346,18 +351,18 @@ class Service:
         return self
 
     def _start(self) -> None:
-        if self.api and not _is_loopback(self.host) and not self.token:
-            raise ServeError(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
-                             f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
         project = _project(self.project_path, self.data_dir)
         options = deployment_options(project, self.data_dir)
         self._results = results_dir(project)
         self._prune()
-        if not options:
-            raise ServeError(f"{self.project_path.name} defines no pipeline to serve")
-        sock = _bind(self.host, self.port) if self.api else None  # a port in use fails before anything starts
+        llms = self._llms_to_start(project)
+        sock = self._check_everything(options, llms)  # before any child process (LLM, Prefect server) starts
         self._stack.callback(lambda: sock is not None and sock.close())
         self._connect_prefect()
+        for base_url in llms:
+            self.log(f"ragline serve: starting the packaged LLM ({PACKAGED_MODEL} on vLLM) at {base_url} in the "
+                     f"background (--no-start-llm to skip); /readyz reports it until it answers")
+            self._llms.append(ManagedLLM(base_url, say=lambda line: self.log(f"ragline serve: {line}")).start())
         _refuse_foreign_deployments(project, options)
         flow = served_flow(project)
         context = contextvars.copy_context()  # the Prefect settings chosen above, for the threads
@@ -393,18 +398,65 @@ class Service:
                 parts.append(f"every {schedule.interval.total_seconds():g} s")
         return ", ".join(parts) + ", one run at a time"
 
-    def _connect_prefect(self) -> None:
+    def _llms_to_start(self, project: Project) -> list[str]:
+        """The local LLM endpoints that are down and name the packaged model: ours to start."""
+        from ragline.flows.llm_server import should_start
+
+        if not self.start_llm:
+            return []
+        endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
+                     if getattr(spec, "type", None) == "openai_compatible"}
+        say = lambda line: self.log(f"ragline serve: {line}")  # noqa: E731
+        return [base_url for base_url, model in sorted(endpoints) if should_start(base_url, model, say=say)]
+
+    def _check_everything(self, options: dict[str, dict[str, Any]], llms: list[str]) -> socket.socket | None:
+        """Every argument, port and credential, checked at once: all the problems in one line (a
+        refusal never waits for an LLM to load). Returns the API's bound socket."""
+        from ragline.flows.llm_server import endpoint_port, port_free
+
+        problems: list[str] = []
+        if not options:
+            problems.append(f"{self.project_path.name} defines no pipeline to serve")
+        if self.api and not _is_loopback(self.host) and not self.token:
+            problems.append(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
+                            f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+        clash = [url for url in llms if self.api and endpoint_port(url) == self.port]
+        for url in clash:
+            problems.append(f"the API's port {self.port} is the LLM endpoint's ({url}), where the packaged LLM "
+                            f"would start: pass another --port (the default is {DEFAULT_PORT})")
+        sock = None
+        if self.api and not clash:
+            try:
+                sock = _bind(self.host, self.port)
+            except ServeError as exc:
+                problems.append(str(exc))
+        for url in llms:
+            if url not in clash and not port_free(endpoint_port(url)):
+                problems.append(f"the LLM endpoint {url} does not answer, but its port {endpoint_port(url)} is "
+                                f"in use by another program, so the packaged LLM cannot start there: stop that "
+                                f"program, or point the endpoint elsewhere (RAGLINE_LLM_BASE_URL)")
         url = _configured_api_url()
         if url is None and not self.start_prefect:
-            raise ServeError(PREFECT_HOWTO)
+            problems.append(PREFECT_HOWTO)
+        elif url is not None:
+            try:
+                _check_api(url)
+            except ServeError as exc:
+                problems.append(str(exc))
+        if problems:
+            if sock is not None:
+                sock.close()
+            raise ServeError("; ".join(problems))
+        return sock
+
+    def _connect_prefect(self) -> None:
+        url = _configured_api_url()
         if url is None:
             self.log("ragline serve: starting a local Prefect server (with its scheduler) ...")
             self._prefect_server = start_prefect_server(self.prefect_home)
             url = self._prefect_server.api_url
             self.log(f"ragline serve: Prefect server on {url} (pid {self._prefect_server.pid}); dashboard: "
                      f"{url.removesuffix('/api')}")
-        else:
-            _check_api(url)
         use_prefect_api(url, self._stack)
         self.prefect_api_url = url
 
@@ -533,6 +585,8 @@ class Service:
         if any(thread.is_alive() for thread in self._threads.values()):
             _kill_flow_run_processes()  # never leave a flow run behind this process
         self._stack.close()
+        while self._llms:
+            self._llms.pop().stop()  # its whole process group: SIGTERM, SIGKILL after a grace
         if self._prefect_server is not None:
             server, self._prefect_server = self._prefect_server, None
             with contextlib.suppress(Exception):
@@ -575,16 +629,18 @@ def _default_limit() -> int | None:
 
 
 # ----------------------------------------------------------------------------- the command
-def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = 8000,
+def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
           poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
-          pause_on_shutdown: bool = True, keep_results_days: float | None = KEEP_RESULTS_DAYS) -> int:
+          pause_on_shutdown: bool = True, keep_results_days: float | None = KEEP_RESULTS_DAYS,
+          start_llm: bool = False) -> int:
     """Serve a pipelines file until SIGTERM (exit 0) or Ctrl-C (exit 130); 1 if the runner or the
     API stopped by itself, 2 if it cannot start (no Prefect API, port in use, invalid file: the
     message says why). Call it from the main thread: it handles SIGTERM and SIGINT itself."""
     service = Service(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
                       data_dir=data_dir, poll_seconds=poll_seconds, limit=limit,
-                      pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days)
+                      pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days,
+                      start_llm=start_llm)
     received: list[int] = []
 
     def on_signal(signum, frame) -> None:
