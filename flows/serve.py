@@ -60,6 +60,7 @@ from typing import Any
 
 from ragline.flows.compile import Project, load_project
 from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM
+from ragline.flows.parent_death import DiesWith
 
 logger = logging.getLogger("ragline.serve")
 
@@ -121,7 +122,9 @@ def served_flow(project: Project):
     folder.mkdir(parents=True, exist_ok=True)
     # A Path (not an unsaved block, which Flow refuses) becomes a local file system there, and the
     # result's storage key is the file's absolute path: readable by any client on this host.
-    return run_pipeline.with_options(persist_result=True, result_serializer="json", result_storage=folder)
+    flow = run_pipeline.with_options(persist_result=True, result_serializer="json", result_storage=folder)
+    flow.ragline_dies_with = DiesWith(os.getpid())  # each flow-run process dies with this one (kill -9 too)
+    return flow
 
 
 def deployment_name(project: Project, pipeline: str, full: bool = True) -> str:
@@ -496,14 +499,19 @@ class Service:
             if self._stopping.is_set():  # stopped while starting: leave things as a stopped runner does
                 await self._pause_deployments()
                 return
+            await self._crash_orphaned_runs()
             started = asyncio.ensure_future(runner.start())
             while not runner.started and not started.done():
                 await asyncio.sleep(0.05)
             self._runner = runner
             self._ready.set()
+            recorder = asyncio.ensure_future(self._record_flow_run_processes(runner))
             if self._stopping.is_set() and runner.started:
                 await runner.astop()
-            await started
+            try:
+                await started
+            finally:
+                recorder.cancel()
 
         asyncio.run(main())
 
@@ -601,6 +609,58 @@ class Service:
             await runner.astop()  # cancels runs in flight, then start() returns (pausing schedules)
         # else: still starting; the runner thread sees the stop flag once the runner has started
 
+    async def _record_flow_run_processes(self, runner: Any) -> None:
+        """Record each flow-run process as its run's ``infrastructure_pid`` (``host:pid``, as
+        Prefect's process worker does): what a later serve checks to tell a run whose process is
+        gone from one still running (``_crash_orphaned_runs``)."""
+        from prefect.client.orchestration import get_client
+
+        recorded: set[Any] = set()
+        async with get_client() as client:
+            while True:
+                pids = _flow_run_pids(runner)
+                for run_id, pid in pids.items():
+                    if run_id in recorded:
+                        continue
+                    recorded.add(run_id)
+                    try:
+                        await client.update_flow_run(run_id, infrastructure_pid=f"{socket.gethostname()}:{pid}")
+                    except Exception as exc:  # noqa: BLE001 - only the clean-up after a kill -9 needs it
+                        logger.warning("ragline serve: could not record flow run %s's process: %s", run_id, exc)
+                recorded &= set(pids)
+                await asyncio.sleep(0.5)
+
+    async def _crash_orphaned_runs(self) -> None:
+        """Mark Crashed the active runs of this file's deployments whose flow-run process is gone
+        (a serve killed with -9 took its runs along): left Running, they would hold the deployment's
+        concurrency slot, so every new run would be cancelled and /v1/ingest would answer 409, for
+        good. Runs that recorded no process, or one on another host, are left alone."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterDeploymentId,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.states import Crashed
+
+        if not self.deployment_ids:
+            return
+        active = FlowRunFilterState(type=FlowRunFilterStateType(any_=["PENDING", "RUNNING", "CANCELLING"]))
+        try:
+            async with get_client() as client:
+                runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    deployment_id=FlowRunFilterDeploymentId(any_=list(self.deployment_ids.values())), state=active))
+                for run in runs:
+                    if not process_gone(run.infrastructure_pid, run.start_time):
+                        continue
+                    message = (f"its flow-run process ({run.infrastructure_pid}) is gone: the ragline serve that "
+                               f"ran it stopped without ending it (kill -9?)")
+                    await client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+                    self.log(f"ragline serve: flow run {run.name} ({run.id}) marked Crashed: {message}")
+        except Exception as exc:  # noqa: BLE001 - serving goes on; the run stays as it was
+            self.log(f"ragline serve: could not check for runs left behind by a previous serve: {exc}")
+
     async def _pause_deployments(self) -> None:
         """What the runner does on shutdown, for a stop before it started."""
         if not self.pause_on_shutdown or not self.deployment_ids:
@@ -611,6 +671,33 @@ class Service:
             async with get_client() as client:
                 for deployment_id in self.deployment_ids.values():
                     await client.pause_deployment(deployment_id)
+
+
+def _flow_run_pids(runner: Any) -> dict[Any, int]:
+    """The runner's flow-run processes by flow run id (Prefect 3.8's process manager; read only)."""
+    handles = getattr(getattr(runner, "_process_manager", None), "_process_map", None) or {}
+    return {run_id: handle.pid for run_id, handle in list(handles.items()) if getattr(handle, "pid", None)}
+
+
+def process_gone(infrastructure_pid: str | None, started: Any = None) -> bool:
+    """Whether a run's recorded process (``host:pid``) is gone: on this host, with no such process,
+    or with a process that started after the run did (its pid reused). Unknown: not gone."""
+    host, _, pid_text = (infrastructure_pid or "").rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        import psutil
+
+        created = psutil.Process(int(pid_text)).create_time()
+    except ImportError:
+        from ragline.flows.resources.state import _pid_alive
+
+        return not _pid_alive(int(pid_text))
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # e.g. access denied: it exists
+        return False
+    return started is not None and created > started.timestamp() + 1.0
 
 
 def _kill_flow_run_processes() -> None:
