@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("ragline.llm").setLevel(logging.INFO)
         terminal.setLevel(logging.INFO)
         terminal.addFilter(lambda record: record.levelno >= shown or record.name == "ragline.llm")
+    if args.handler is _quickstart and not args.verbose:  # a first run's failure: ragline's one line, no traceback
+        terminal.addFilter(lambda record: not record.name.startswith("prefect"))
     if not args.verbose:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     if args.allow_module:
@@ -481,17 +483,25 @@ def _packaged_llms(project, enabled: bool):
     endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
                  if getattr(spec, "type", None) == "openai_compatible"}
     with contextlib.ExitStack() as stack:
-        for base_url, model in sorted(endpoints):
-            stack.enter_context(local_llm(base_url, model, enabled=enabled))
-        yield
+        servers = [stack.enter_context(local_llm(base_url, model, enabled=enabled)) for base_url, model in
+                   sorted(endpoints)]
+        yield [server for server in servers if server is not None]
 
 
 def _quickstart(args) -> int:
     project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
     if report.incomplete:
         return 1
-    with _packaged_llms(project, args.start_llm):
-        return _search_and_answer(project, args.question)
+    with _packaged_llms(project, args.start_llm) as servers:
+        try:
+            return _search_and_answer(project, args.question)
+        except Exception:
+            dead = [server for server in servers if server.exited() is not None]
+            if not dead:
+                raise
+            for server in dead:  # the cause, in one line with its log's tail (not the client's traceback)
+                print(f"error: {server.death()}", file=sys.stderr)
+            return 1
 
 
 def _search_and_answer(project, question: str) -> int:

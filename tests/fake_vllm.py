@@ -5,7 +5,8 @@ child process answering /health, /v1/models and completions like vLLM, on the po
     monkeypatch.setenv("RAGLINE_VLLM_DEPLOY", str(deploy))
 
 ``before`` is shell run first (``"exit 3\n"``: a server that cannot start; ``"export
-FAKE_VLLM_BROKEN=1\n"``: one that lists its model but answers completions 500).
+FAKE_VLLM_BROKEN=1\n"``: one that lists its model but answers completions 500; ``"export
+FAKE_VLLM_DIE_AFTER=1\n"``: one that exits 3 at its second completion request).
 ``engine=True`` makes serve.sh first start an "engine" process in the same process group that
 ignores SIGTERM, as vLLM's EngineCore does; its pid is written to ``deploy/engine.pid``.
 """
@@ -37,6 +38,8 @@ def fake_deploy(root: Path, *, engine: bool = False, before: str = "") -> Path:
 
 
 def main(port: int, model: str) -> None:
+    served: list[str] = []
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -62,6 +65,10 @@ def main(port: int, model: str) -> None:
             if os.environ.get("FAKE_VLLM_BROKEN"):  # lists its model, cannot generate
                 self._send(500, {"error": {"message": "engine dead"}})
                 return
+            served.append(self.path)
+            if len(served) > int(os.environ.get("FAKE_VLLM_DIE_AFTER", "1000000")):  # dies as vLLM can
+                print("fake vLLM: engine core died unexpectedly", flush=True)
+                os._exit(3)
             usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
             if self.path == "/v1/chat/completions":
                 self._send(200, {"id": "x", "object": "chat.completion", "created": int(time.time()), "model": model,
