@@ -230,7 +230,7 @@ class ManagedLLM:
 
     def __init__(self, base_url: str, model: str = PACKAGED_MODEL, *, say: Say = _stderr,
                  start_timeout: float = START_TIMEOUT, delays: tuple[float, ...] = RESTART_DELAYS,
-                 max_failures: int = MAX_FAILURES, grace: float = STOP_GRACE, check_every: float = 1.0):
+                 max_failures: int = MAX_FAILURES, grace: float = STOP_GRACE, check_every: float = 0.5):
         self.base_url, self.model, self.say = base_url.rstrip("/"), model, say
         self.port = urlsplit(base_url).port or 80
         self.start_timeout, self.delays, self.max_failures = start_timeout, delays, max_failures
@@ -249,6 +249,9 @@ class ManagedLLM:
 
     def problem(self) -> str | None:
         """None while the server answers; else why not (starting, exited and restarting, gave up)."""
+        server = self.server
+        if self.state == "ready" and server is not None and server.exited() is not None:  # before the next check
+            return f"{server.death()}; restarting"
         return None if self.state in ("ready", "external") else self.reason
 
     def stop(self) -> None:

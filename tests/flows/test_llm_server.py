@@ -184,7 +184,8 @@ def test_a_killed_managed_llm_is_reported_its_group_ended_and_restarted(stand_in
         _eventually(lambda: llm.problem(), what="the death noticed")
         assert f"pid {first}) exited with signal SIGKILL" in llm.problem()
         assert "fake vLLM starting on port" in llm.problem()  # the log's last lines
-        assert any("exited with signal SIGKILL" in line for line in said)
+        _eventually(lambda: any("exited with signal SIGKILL" in line and "restart 1 of 5" in line for line in said),
+                    what="the death reported")
         _eventually(lambda: not _alive(engine), timeout=10, what="the orphaned engine (ignores SIGTERM) ended")
         _eventually(lambda: llm.state == "ready", what="the restart")
         assert llm.server.process.pid != first and llm.starts == 2

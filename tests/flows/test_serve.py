@@ -122,3 +122,23 @@ def test_readme_examples_reach_the_api_on_its_port_not_the_llms():
             assert match.group(1) == "8080", f"{doc.name}: {match.group(0)}"
         for match in re.finditer(r"ragline (?:serve|api)\b[^\n]*--port (\d+)", text):
             assert match.group(1) != "8000", f"{doc.name}: {match.group(0)}"
+
+
+# ----------------------------------------------------------------------------- issue 16.11: runs left behind
+def test_a_recorded_flow_run_process_is_gone_only_when_it_is_on_this_host_and_not_running():
+    import datetime
+    import subprocess
+    import sys
+
+    from ragline.flows.serve import process_gone
+
+    host = socket.gethostname()
+    started = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    assert process_gone(f"{host}:{exited.pid}", started)
+    assert not process_gone(f"{host}:{os.getpid()}", started)  # alive, and older than the run
+    long_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=3650)
+    assert process_gone(f"{host}:{os.getpid()}", long_ago)  # alive, but it started after the run: a reused pid
+    assert not process_gone(f"elsewhere.example:{exited.pid}", started)  # another host: cannot tell
+    assert not process_gone(None, started) and not process_gone(f"{host}:not-a-pid", started)
