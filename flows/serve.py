@@ -32,6 +32,20 @@ killed (ingestion is crash-safe). Idle, it stops in about a second. Flow runs st
 multiprocessing's ``spawn``, which re-imports ``__main__``: a script that calls ``serve()`` needs
 the ``if __name__ == "__main__":`` guard (the ``ragline`` command has it).
 
+Before it starts any child process (a Prefect server, the LLM), serve checks every argument, port and
+credential and refuses with all the problems in one line: the API's port (default 8080, as
+``ragline api``; 8000 is the LLM endpoint's) is bound first, a token is required off loopback, and
+the port of an LLM it is to start must be free. The packaged LLM (``flows/llm_server.py``) is started
+when the project's LLM endpoint is local, down and names it, and supervised: reported and restarted
+with bounded backoff when it exits, its process group ended with it, its state in ``/readyz``.
+
+Each flow-run process dies with serve, ``kill -9`` included (``parent_death.DiesWith``: the parent-
+death signal is armed as the spawned child unpickles the flow), and is recorded as its run's
+``infrastructure_pid``. At start, runs of this file's deployments still Pending/Running whose
+recorded process is gone are marked Crashed: left as they were, they would hold the deployment's
+concurrency slot (every new run cancelled, ``/v1/ingest`` 409) for good. (The index's writer lease
+needs nothing: a lease whose holder is a dead process on this host is stale, and taken over.)
+
 On shutdown the deployments are **paused** (Prefect's ``pause_on_shutdown``): while nothing serves
 them, no scheduled runs pile up as Late to fire in a burst at the next start. Serving again applies
 the deployments unpaused, so the schedules resume by themselves at the next tick.
