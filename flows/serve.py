@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.compile import Project, load_project
-from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM
+from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
 from ragline.flows.parent_death import DiesWith
 
 logger = logging.getLogger("ragline.serve")
@@ -335,7 +335,7 @@ class Service:
                  start_llm: bool = False):
         self.project_path = Path(project_path).resolve()
         self.start_llm = start_llm
-        self._llms: list[Any] = []  # the packaged LLMs this process supervises (llm_server.ManagedLLM)
+        self._llms: list[ManagedLLM] = []  # the packaged LLMs this process supervises
         self.api, self.host, self.port, self.token = api, host, port, token
         self.start_prefect, self.data_dir = start_prefect, data_dir
         self.poll_seconds, self.limit, self.pause_on_shutdown = poll_seconds, limit, pause_on_shutdown
@@ -417,8 +417,6 @@ class Service:
 
     def _llms_to_start(self, project: Project) -> list[str]:
         """The local LLM endpoints that are down and name the packaged model: ours to start."""
-        from ragline.flows.llm_server import should_start
-
         if not self.start_llm:
             return []
         endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
@@ -429,8 +427,6 @@ class Service:
     def _check_everything(self, options: dict[str, dict[str, Any]], llms: list[str]) -> socket.socket | None:
         """Every argument, port and credential, checked at once: all the problems in one line (a
         refusal never waits for an LLM to load). Returns the API's bound socket."""
-        from ragline.flows.llm_server import endpoint_port, port_free
-
         problems: list[str] = []
         if not options:
             problems.append(f"{self.project_path.name} defines no pipeline to serve")
