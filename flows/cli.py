@@ -13,11 +13,11 @@ from typing import Any
 from ragline.flows import prefect_server
 from ragline.flows.compile import DEFAULT_FILE, load_project
 from ragline.flows.resources.state import IndexBusy
+from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
 from ragline.flows.spec import SpecValidationError
 
 EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
 
-API_PORT = 8080  # `ragline serve` and `ragline api`; the LLM endpoint (vLLM) defaults to 8000
 SAMPLE_QUESTION = "What happens to a document that cannot be read?"  # one the packaged 135M model answers
 
 
