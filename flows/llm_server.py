@@ -48,10 +48,32 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 Say = Callable[[str], None]
 
-# Arm the parent-death signal (it survives exec: serve.sh execs vLLM's server), then become serve.sh.
+# The leader of the server's process group: arms the parent-death signal (SIGTERM), runs serve.sh
+# (which execs vLLM's server) as its child, and on SIGTERM ends the whole group: SIGTERM, then SIGKILL
+# after the grace, so a kill -9 of ragline leaves no engine behind (vLLM's EngineCore ignores SIGTERM
+# for >10 s). When the server exits by itself, it exits the same way (the same code or signal).
 _WITH_PARENT = PRELUDE + r"""
+import subprocess, time
 _arm_parent_death(int(sys.argv[1]), sys.argv[2] == "1")
-os.execvp(sys.argv[3], sys.argv[3:])
+grace = float(sys.argv[3])
+
+def _end_group(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this process is in the group too
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.1)
+    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # the rest of the group, briefly
+    os.killpg(0, signal.SIGKILL)
+
+child = subprocess.Popen(sys.argv[4:])
+signal.signal(signal.SIGTERM, _end_group)
+code = child.wait()
+if code < 0:  # die of the same signal (SIGKILL and SIGSTOP have no handler to reset)
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
 """
 
 
@@ -179,7 +201,8 @@ def start_vllm(port: int | None = None, timeout: float = START_TIMEOUT, say: Say
     armed = _in_main_thread() if parent_death is None else parent_death
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-c", _WITH_PARENT, str(os.getpid()), "1" if armed else "0",
-                                 "bash", str(folder / "serve.sh")], cwd=folder.parents[1], env=env, stdout=log,
+                                 str(STOP_GRACE), "bash", str(folder / "serve.sh")], cwd=folder.parents[1], env=env,
+                                stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     server = VllmServer(f"http://127.0.0.1:{port}/v1", model, log_path, proc)
     try:

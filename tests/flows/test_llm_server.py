@@ -5,6 +5,7 @@ The start itself (setup.sh, serve.sh, waiting, stopping) is the same `start_vllm
 """
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import signal
@@ -139,6 +140,13 @@ def _eventually(check, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+def _server_of(leader: int) -> int:
+    """The server process (serve.sh exec'd into it) under the group leader that start_vllm runs."""
+    import psutil
+
+    return next(child.pid for child in psutil.Process(leader).children() if "fake_vllm" in " ".join(child.cmdline()))
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for init counts as gone)."""
     try:
@@ -180,7 +188,7 @@ def test_a_killed_managed_llm_is_reported_its_group_ended_and_restarted(stand_in
         _eventually(lambda: llm.state == "ready", what="first start")
         first, engine = llm.server.process.pid, int((deploy / "engine.pid").read_text())
         assert _alive(engine)
-        os.kill(first, signal.SIGKILL)
+        os.kill(_server_of(first), signal.SIGKILL)  # vLLM's API server (its group's leader is ragline's)
         _eventually(lambda: llm.problem(), what="the death noticed")
         assert f"pid {first}) exited with signal SIGKILL" in llm.problem()
         assert "fake vLLM starting on port" in llm.problem()  # the log's last lines
@@ -250,3 +258,39 @@ def test_readyz_gives_the_reason_the_managed_llm_is_down(stand_in, tmp_path):
     assert check["status"] == "down" and check["detail"]["managed"] == "restarting"
     assert "exited with code 7 while starting" in check["error"] and "model file missing" in check["error"]
     assert "restart 1 of 5 in 60 s" in check["error"]
+
+
+OWNER = r"""
+import os, sys, time
+from pathlib import Path
+from ragline.flows import llm_server
+llm_server.logs_dir = lambda: Path(sys.argv[2])
+server = llm_server.start_vllm(int(sys.argv[1]), timeout=30)
+print(server.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_ragline_takes_the_llms_whole_group_along(stand_in, tmp_path):
+    """kill -9 of the process that started the LLM: the parent-death signal reaches the server, and
+    the rest of its group (an engine that ignores SIGTERM) is ended too, SIGKILL after the grace."""
+    deploy = stand_in(engine=True)
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(port), str(tmp_path / "logs")], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids.append(server := int(owner.stdout.readline()))
+        pids.append(engine := int((deploy / "engine.pid").read_text()))
+        assert _alive(server) and _alive(engine)
+        owner.kill()
+        owner.wait()
+        _eventually(lambda: not _alive(server) and not _alive(engine), timeout=llm_server.STOP_GRACE + 10,
+                    what="the server and its engine ended")
+        assert llm_server.port_free(port)
+    finally:
+        owner.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

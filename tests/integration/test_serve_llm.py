@@ -66,7 +66,9 @@ def test_serve_restarts_a_killed_llm_ends_its_group_and_says_why_in_readyz(prefe
         first = _until(ready_pid, 180, "the packaged LLM started by serve", every=0.3)
         engine = int((deploy / "engine.pid").read_text())
         assert llm_check()["status"] == "up"
-        os.kill(first, signal.SIGKILL)
+        server = next(child.pid for child in psutil.Process(first).children()  # vLLM's API server
+                      if "fake_vllm" in " ".join(child.cmdline()))
+        os.kill(server, signal.SIGKILL)
         down = _until(lambda: (c := llm_check())["status"] == "down" and c, 30, "/readyz saw it down")
         assert f"pid {first}) exited with signal SIGKILL" in down["error"], down  # the reason, at once
         down = _until(lambda: (c := llm_check())["detail"].get("managed") == "restarting" and c, 30, "restarting")
