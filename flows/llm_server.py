@@ -8,8 +8,8 @@ reports progress while it loads, and stops it when the command ends. A server th
 a remote endpoint, or another model is left alone: those are the user's.
 
 The server runs in its own session (Ctrl-C in the terminal reaches ragline, which stops it in
-order) with a parent-death signal, so even a ``kill -9`` of ragline does not leave it running; it is
-stopped as a process group (vLLM's engine processes too: SIGTERM, then SIGKILL after a grace, since
+order) led by a small wrapper with a parent-death signal, so even a ``kill -9`` of ragline ends
+the whole group; it is stopped as a process group (vLLM's engine processes too: SIGTERM, then SIGKILL after a grace, since
 EngineCore ignores SIGTERM for >10 s). Its port must be free before it starts (another program's
 server would pass for ours), and "ready" means that child is alive and answers a real completion.
 Opt out with ``--no-start-llm`` or ``RAGLINE_START_LLM=0``.
