@@ -645,9 +645,16 @@ async def _check_llm(service: Service, name: str) -> DependencyStatus:
 
     from ragline.flows.resources.llm import without_credentials
 
+    from ragline.flows.llm_server import managed
+
     llm = service.project.resource(name)
     root = llm.spec.base_url.rstrip("/").removesuffix("/v1")
     detail = {"base_url": without_credentials(llm.spec.base_url), "model": llm.spec.model}
+    supervised = managed(llm.spec.base_url)  # the packaged LLM `ragline serve` runs: starting, restarting, gone
+    problem = supervised.problem() if supervised is not None else None
+    if problem:
+        return DependencyStatus(status="down", required=True, type="openai_compatible",
+                                detail={**detail, "managed": supervised.state}, error=service.redact(problem))
     try:
         async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_SECONDS) as client:
             response = await client.get(f"{root}/health")

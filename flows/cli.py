@@ -13,6 +13,7 @@ from typing import Any
 from ragline.flows import prefect_server
 from ragline.flows.compile import DEFAULT_FILE, load_project
 from ragline.flows.resources.state import IndexBusy
+from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
 from ragline.flows.spec import SpecValidationError
 from ragline.flows.terminal import PrintableFormatter, printable
 
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("ragline.llm").setLevel(logging.INFO)
         terminal.setLevel(logging.INFO)
         terminal.addFilter(lambda record: record.levelno >= shown or record.name == "ragline.llm")
+    if args.handler is _quickstart and not args.verbose:  # a first run's failure: ragline's one line, no traceback
+        terminal.addFilter(lambda record: not record.name.startswith("prefect"))
     if not args.verbose:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     if args.allow_module:
@@ -148,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
     p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
@@ -157,14 +160,15 @@ def _parser() -> argparse.ArgumentParser:
     p = command("serve", _serve, "Serve every pipeline as a Prefect deployment (schedules included) plus the "
                                  "HTTP API, in one supervised process.")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
     p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--no-api", action="store_true", help="serve the deployments only")
     p.add_argument("--start-prefect", action="store_true",
                    help="start a local Prefect server when PREFECT_API_URL is not set")
-    p.add_argument("--poll-seconds", type=float, default=2.0, help="how often the runner looks for new runs")
-    p.add_argument("--limit", type=int, help="flow runs at once (default: PREFECT_RUNNER_PROCESS_LIMIT, 5)")
+    p.add_argument("--poll-seconds", type=_positive(float), default=2.0,
+                   help="how often the runner looks for new runs")
+    p.add_argument("--limit", type=_positive(int), help="flow runs at once (default: PREFECT_RUNNER_PROCESS_LIMIT, 5)")
     p.add_argument("--keep-schedules", action="store_true", help="do not pause schedules when serve stops")
     p.add_argument("--keep-results-days", type=_keep_days, default=30.0, metavar="DAYS",
                    help="delete served runs' JSON results older than this (at start, then hourly); 0: keep all")
@@ -475,6 +479,30 @@ def _api(args) -> int:
     return 0
 
 
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r}: a port number, 1 to 65535")
+    return port
+
+
+def _positive(kind):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            number = 0
+        if not number > 0:
+            raise argparse.ArgumentTypeError(f"{value!r}: a number above 0")
+        return number
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _keep_days(value: str) -> float:
     days = float(value)
     if not days >= 0:
@@ -485,11 +513,11 @@ def _keep_days(value: str) -> float:
 def _serve(args) -> int:
     from ragline.flows.serve import serve
 
-    with _packaged_llms(load_project(args.file), args.start_llm):
-        return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
-                     start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
-                     limit=args.limit, pause_on_shutdown=not args.keep_schedules,
-                     keep_results_days=args.keep_results_days or None)
+    # the packaged LLM is started (and supervised) by serve, once every argument and port checked out
+    return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
+                 start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
+                 limit=args.limit, pause_on_shutdown=not args.keep_schedules,
+                 keep_results_days=args.keep_results_days or None, start_llm=args.start_llm)
 
 
 @contextlib.contextmanager
@@ -500,17 +528,25 @@ def _packaged_llms(project, enabled: bool):
     endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
                  if getattr(spec, "type", None) == "openai_compatible"}
     with contextlib.ExitStack() as stack:
-        for base_url, model in sorted(endpoints):
-            stack.enter_context(local_llm(base_url, model, enabled=enabled))
-        yield
+        servers = [stack.enter_context(local_llm(base_url, model, enabled=enabled)) for base_url, model in
+                   sorted(endpoints)]
+        yield [server for server in servers if server is not None]
 
 
 def _quickstart(args) -> int:
     project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
     if report.incomplete:
         return 1
-    with _packaged_llms(project, args.start_llm):
-        return _search_and_answer(project, args.question)
+    with _packaged_llms(project, args.start_llm) as servers:
+        try:
+            return _search_and_answer(project, args.question)
+        except Exception:
+            dead = [server for server in servers if server.exited() is not None]
+            if not dead:
+                raise
+            for server in dead:  # the cause, in one line with its log's tail (not the client's traceback)
+                print(f"error: {server.death()}", file=sys.stderr)
+            return 1
 
 
 def _search_and_answer(project, question: str) -> int:

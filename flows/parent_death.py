@@ -20,3 +20,46 @@ def _arm_parent_death(parent, pdeathsig):
     if os.getppid() != parent:
         os._exit(0)
 """
+
+
+def die_with(parent: int, sig: int = 9) -> None:
+    """In a direct child of ``parent``: arm the parent-death signal (``sig``, SIGKILL by default: a
+    hung process never acts on SIGTERM), and exit now if the parent already died (the child was
+    reparented before the signal was armed). In ``parent`` itself, or in a process that is not its
+    child, nothing happens. Linux only (elsewhere nothing happens)."""
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux") or os.getpid() == parent:
+        return
+    if os.getppid() == parent:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == parent:
+            return
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:  # reparented: the parent died before the signal was armed
+        os._exit(1)
+    except PermissionError:
+        pass
+
+
+class DiesWith:
+    """A marker that calls :func:`die_with` wherever it is unpickled. Attached to the flow that
+    ``ragline serve`` runs, it arms the signal in each flow-run process as Prefect's runner starts
+    it (``multiprocessing`` spawn: the flow is unpickled first thing in the child, before the engine
+    starts), so that a ``kill -9`` of serve takes its flow runs with it. PR_SET_PDEATHSIG fires when
+    the *thread* that started the child ends: serve's runner thread lives as long as its runs."""
+
+    def __init__(self, parent: int):
+        self.parent = parent
+
+    def __reduce__(self):
+        return _unpickle_dies_with, (self.parent,)
+
+
+def _unpickle_dies_with(parent: int) -> DiesWith:
+    die_with(parent)
+    return DiesWith(parent)

@@ -32,6 +32,20 @@ killed (ingestion is crash-safe). Idle, it stops in about a second. Flow runs st
 multiprocessing's ``spawn``, which re-imports ``__main__``: a script that calls ``serve()`` needs
 the ``if __name__ == "__main__":`` guard (the ``ragline`` command has it).
 
+Before it starts any child process (a Prefect server, the LLM), serve checks every argument, port and
+credential and refuses with all the problems in one line: the API's port (default 8080, as
+``ragline api``; 8000 is the LLM endpoint's) is bound first, a token is required off loopback, and
+the port of an LLM it is to start must be free. The packaged LLM (``flows/llm_server.py``) is started
+when the project's LLM endpoint is local, down and names it, and supervised: reported and restarted
+with bounded backoff when it exits, its process group ended with it, its state in ``/readyz``.
+
+Each flow-run process dies with serve, ``kill -9`` included (``parent_death.DiesWith``: the parent-
+death signal is armed as the spawned child unpickles the flow), and is recorded as its run's
+``infrastructure_pid``. At start, runs of this file's deployments still Pending/Running whose
+recorded process is gone are marked Crashed: left as they were, they would hold the deployment's
+concurrency slot (every new run cancelled, ``/v1/ingest`` 409) for good. (The index's writer lease
+needs nothing: a lease whose holder is a dead process on this host is stale, and taken over.)
+
 On shutdown the deployments are **paused** (Prefect's ``pause_on_shutdown``): while nothing serves
 them, no scheduled runs pile up as Late to fire in a burst at the next start. Serving again applies
 the deployments unpaused, so the schedules resume by themselves at the next tick.
@@ -60,11 +74,14 @@ from typing import Any
 
 from ragline.flows.compile import Project, load_project
 from ragline.flows.steps import digest_of
+from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
+from ragline.flows.parent_death import DiesWith
 
 logger = logging.getLogger("ragline.serve")
 
 FLOW_NAME = "ragline"  # run_pipeline's flow name: deployments are "ragline/<pipeline>"
 DEFAULT_POLL_SECONDS = 2.0
+DEFAULT_PORT = 8080  # the HTTP API's, as `ragline api`'s: the LLM endpoint (vLLM) has 8000
 RESULTS_DIR = Path(".ragline") / "results"
 KEEP_RESULTS_DAYS = 30.0
 PRUNE_EVERY = 3600.0  # seconds between prunings of old results
@@ -120,7 +137,9 @@ def served_flow(project: Project):
     folder.mkdir(parents=True, exist_ok=True)
     # A Path (not an unsaved block, which Flow refuses) becomes a local file system there, and the
     # result's storage key is the file's absolute path: readable by any client on this host.
-    return run_pipeline.with_options(persist_result=True, result_serializer="json", result_storage=folder)
+    flow = run_pipeline.with_options(persist_result=True, result_serializer="json", result_storage=folder)
+    flow.ragline_dies_with = DiesWith(os.getpid())  # each flow-run process dies with this one (kill -9 too)
+    return flow
 
 
 def deployment_name(project: Project, pipeline: str, full: bool = True) -> str:
@@ -321,12 +340,15 @@ class Service:
     (cancelling runs in flight, pausing the schedules unless ``pause_on_shutdown=False``) and the
     Prefect server it started, if any."""
 
-    def __init__(self, project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = 8000,
-                 token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
-                 poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
-                 pause_on_shutdown: bool = True, prefect_home: Path | None = None,
-                 log: Callable[[str], None] | None = None, keep_results_days: float | None = KEEP_RESULTS_DAYS):
+    def __init__(self, project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1",
+                 port: int = DEFAULT_PORT, token: str | None = None, start_prefect: bool = False,
+                 data_dir: str | Path | None = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
+                 limit: int | None = None, pause_on_shutdown: bool = True, prefect_home: Path | None = None,
+                 log: Callable[[str], None] | None = None, keep_results_days: float | None = KEEP_RESULTS_DAYS,
+                 start_llm: bool = False):
         self.project_path = Path(project_path).resolve()
+        self.start_llm = start_llm
+        self._llms: list[ManagedLLM] = []  # the packaged LLMs this process supervises
         self.api, self.host, self.port, self.token = api, host, port, token
         self.start_prefect, self.data_dir = start_prefect, data_dir
         self.poll_seconds, self.limit, self.pause_on_shutdown = poll_seconds, limit, pause_on_shutdown
@@ -360,19 +382,19 @@ class Service:
         return self
 
     def _start(self) -> None:
-        if self.api and not _is_loopback(self.host) and not self.token:
-            raise ServeError(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
-                             f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
         project = _project(self.project_path, self.data_dir)
         options = deployment_options(project, self.data_dir)
         self._results = results_dir(project)
         self._prune()
-        if not options:
-            raise ServeError(f"{self.project_path.name} defines no pipeline to serve")
-        sock = _bind(self.host, self.port) if self.api else None  # a port in use fails before anything starts
+        llms = self._llms_to_start(project)
+        sock = self._check_everything(options, llms)  # before any child process (LLM, Prefect server) starts
         self._stack.callback(lambda: sock is not None and sock.close())
         self._serve_stores(project)
         self._connect_prefect()
+        for base_url in llms:
+            self.log(f"ragline serve: starting the packaged LLM ({PACKAGED_MODEL} on vLLM) at {base_url} in the "
+                     f"background (--no-start-llm to skip); /readyz reports it until it answers")
+            self._llms.append(ManagedLLM(base_url, say=lambda line: self.log(f"ragline serve: {line}")).start())
         _refuse_foreign_deployments(project, options)
         from ragline.flows.entrypoints import served_deployments
 
@@ -420,18 +442,61 @@ class Service:
         parts = [f"cron '{s.slug}'" if s.cron else s.slug for s in schedules]
         return ", ".join(parts) + ", one run at a time"
 
-    def _connect_prefect(self) -> None:
+    def _llms_to_start(self, project: Project) -> list[str]:
+        """The local LLM endpoints that are down and name the packaged model: ours to start."""
+        if not self.start_llm:
+            return []
+        endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
+                     if getattr(spec, "type", None) == "openai_compatible"}
+        say = lambda line: self.log(f"ragline serve: {line}")  # noqa: E731
+        return [base_url for base_url, model in sorted(endpoints) if should_start(base_url, model, say=say)]
+
+    def _check_everything(self, options: dict[str, dict[str, Any]], llms: list[str]) -> socket.socket | None:
+        """Every argument, port and credential, checked at once: all the problems in one line (a
+        refusal never waits for an LLM to load). Returns the API's bound socket."""
+        problems: list[str] = []
+        if not options:
+            problems.append(f"{self.project_path.name} defines no pipeline to serve")
+        if self.api and not _is_loopback(self.host) and not self.token:
+            problems.append(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
+                            f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+        clash = [url for url in llms if self.api and endpoint_port(url) == self.port]
+        for url in clash:
+            problems.append(f"the API's port {self.port} is the LLM endpoint's ({url}), where the packaged LLM "
+                            f"would start: pass another --port (the default is {DEFAULT_PORT})")
+        sock = None
+        if self.api and not clash:
+            try:
+                sock = _bind(self.host, self.port)
+            except ServeError as exc:
+                problems.append(str(exc))
+        for url in llms:
+            if url not in clash and not port_free(endpoint_port(url)):
+                problems.append(f"the LLM endpoint {url} does not answer, but its port {endpoint_port(url)} is "
+                                f"in use by another program, so the packaged LLM cannot start there: stop that "
+                                f"program, or point the endpoint elsewhere (RAGLINE_LLM_BASE_URL)")
         url = _configured_api_url()
         if url is None and not self.start_prefect:
-            raise ServeError(PREFECT_HOWTO)
+            problems.append(PREFECT_HOWTO)
+        elif url is not None:
+            try:
+                _check_api(url)
+            except ServeError as exc:
+                problems.append(str(exc))
+        if problems:
+            if sock is not None:
+                sock.close()
+            raise ServeError("; ".join(problems))
+        return sock
+
+    def _connect_prefect(self) -> None:
+        url = _configured_api_url()
         if url is None:
             self.log("ragline serve: starting a local Prefect server (with its scheduler) ...")
             self._prefect_server = start_prefect_server(self.prefect_home)
             url = self._prefect_server.api_url
             self.log(f"ragline serve: Prefect server on {url} (pid {self._prefect_server.pid}); dashboard: "
                      f"{url.removesuffix('/api')}")
-        else:
-            _check_api(url)
         use_prefect_api(url, self._stack)
         self.prefect_api_url = url
 
@@ -471,14 +536,19 @@ class Service:
             if self._stopping.is_set():  # stopped while starting: leave things as a stopped runner does
                 await self._pause_deployments()
                 return
+            await self._crash_orphaned_runs()
             started = asyncio.ensure_future(runner.start())
             while not runner.started and not started.done():
                 await asyncio.sleep(0.05)
             self._runner = runner
             self._ready.set()
+            recorder = asyncio.ensure_future(self._record_flow_run_processes(runner))
             if self._stopping.is_set() and runner.started:
                 await runner.astop()
-            await started
+            try:
+                await started
+            finally:
+                recorder.cancel()
 
         asyncio.run(main())
 
@@ -560,6 +630,8 @@ class Service:
         if any(thread.is_alive() for thread in self._threads.values()):
             _kill_flow_run_processes()  # never leave a flow run behind this process
         self._stack.close()
+        while self._llms:
+            self._llms.pop().stop()  # its whole process group: SIGTERM, SIGKILL after a grace
         if self._prefect_server is not None:
             server, self._prefect_server = self._prefect_server, None
             with contextlib.suppress(Exception):
@@ -574,6 +646,58 @@ class Service:
             await runner.astop()  # cancels runs in flight, then start() returns (pausing schedules)
         # else: still starting; the runner thread sees the stop flag once the runner has started
 
+    async def _record_flow_run_processes(self, runner: Any) -> None:
+        """Record each flow-run process as its run's ``infrastructure_pid`` (``host:pid``, as
+        Prefect's process worker does): what a later serve checks to tell a run whose process is
+        gone from one still running (``_crash_orphaned_runs``)."""
+        from prefect.client.orchestration import get_client
+
+        recorded: set[Any] = set()
+        async with get_client() as client:
+            while True:
+                pids = _flow_run_pids(runner)
+                for run_id, pid in pids.items():
+                    if run_id in recorded:
+                        continue
+                    recorded.add(run_id)
+                    try:
+                        await client.update_flow_run(run_id, infrastructure_pid=f"{socket.gethostname()}:{pid}")
+                    except Exception as exc:  # noqa: BLE001 - only the clean-up after a kill -9 needs it
+                        logger.warning("ragline serve: could not record flow run %s's process: %s", run_id, exc)
+                recorded &= set(pids)
+                await asyncio.sleep(0.5)
+
+    async def _crash_orphaned_runs(self) -> None:
+        """Mark Crashed the active runs of this file's deployments whose flow-run process is gone
+        (a serve killed with -9 took its runs along): left Running, they would hold the deployment's
+        concurrency slot, so every new run would be cancelled and /v1/ingest would answer 409, for
+        good. Runs that recorded no process, or one on another host, are left alone."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterDeploymentId,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.states import Crashed
+
+        if not self.deployment_ids:
+            return
+        active = FlowRunFilterState(type=FlowRunFilterStateType(any_=["PENDING", "RUNNING", "CANCELLING"]))
+        try:
+            async with get_client() as client:
+                runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    deployment_id=FlowRunFilterDeploymentId(any_=list(self.deployment_ids.values())), state=active))
+                for run in runs:
+                    if not process_gone(run.infrastructure_pid, run.start_time):
+                        continue
+                    message = (f"its flow-run process ({run.infrastructure_pid}) is gone: the ragline serve that "
+                               f"ran it stopped without ending it (kill -9?)")
+                    await client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+                    self.log(f"ragline serve: flow run {run.name} ({run.id}) marked Crashed: {message}")
+        except Exception as exc:  # noqa: BLE001 - serving goes on; the run stays as it was
+            self.log(f"ragline serve: could not check for runs left behind by a previous serve: {exc}")
+
     async def _pause_deployments(self) -> None:
         """What the runner does on shutdown, for a stop before it started."""
         if not self.pause_on_shutdown or not self.deployment_ids:
@@ -584,6 +708,33 @@ class Service:
             async with get_client() as client:
                 for deployment_id in self.deployment_ids.values():
                     await client.pause_deployment(deployment_id)
+
+
+def _flow_run_pids(runner: Any) -> dict[Any, int]:
+    """The runner's flow-run processes by flow run id (Prefect 3.8's process manager; read only)."""
+    handles = getattr(getattr(runner, "_process_manager", None), "_process_map", None) or {}
+    return {run_id: handle.pid for run_id, handle in list(handles.items()) if getattr(handle, "pid", None)}
+
+
+def process_gone(infrastructure_pid: str | None, started: Any = None) -> bool:
+    """Whether a run's recorded process (``host:pid``) is gone: on this host, with no such process,
+    or with a process that started after the run did (its pid reused). Unknown: not gone."""
+    host, _, pid_text = (infrastructure_pid or "").rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        import psutil
+
+        created = psutil.Process(int(pid_text)).create_time()
+    except ImportError:
+        from ragline.flows.resources.state import _pid_alive
+
+        return not _pid_alive(int(pid_text))
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # e.g. access denied: it exists
+        return False
+    return started is not None and created > started.timestamp() + 1.0
 
 
 def _kill_flow_run_processes() -> None:
@@ -602,16 +753,18 @@ def _default_limit() -> int | None:
 
 
 # ----------------------------------------------------------------------------- the command
-def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = 8000,
+def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
           poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
-          pause_on_shutdown: bool = True, keep_results_days: float | None = KEEP_RESULTS_DAYS) -> int:
+          pause_on_shutdown: bool = True, keep_results_days: float | None = KEEP_RESULTS_DAYS,
+          start_llm: bool = False) -> int:
     """Serve a pipelines file until SIGTERM (exit 0) or Ctrl-C (exit 130); 1 if the runner or the
     API stopped by itself, 2 if it cannot start (no Prefect API, port in use, invalid file: the
     message says why). Call it from the main thread: it handles SIGTERM and SIGINT itself."""
     service = Service(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
                       data_dir=data_dir, poll_seconds=poll_seconds, limit=limit,
-                      pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days)
+                      pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days,
+                      start_llm=start_llm)
     received: list[int] = []
 
     def on_signal(signum, frame) -> None:

@@ -11,7 +11,7 @@
 # in RAGLINE_LOCAL_DIR, indexing RAGLINE_DOCS, default samples/docs),
 # RAGLINE_PG_PORT (54320), RAGLINE_PREFECT_PORT (4200), RAGLINE_CHROMA_PORT (8001),
 # RAGLINE_DASK_PORT (8786), RAGLINE_DASK_DASHBOARD_PORT (8787), RAGLINE_DASK_WORKERS (1, processes),
-# RAGLINE_PORT (8000, ragline's API), RAGLINE_API_TOKEN (none: loopback only), RAGLINE_LLM_BASE_URL
+# RAGLINE_PORT (8080, ragline's API), RAGLINE_API_TOKEN (none: loopback only), RAGLINE_LLM_BASE_URL
 # (http://127.0.0.1:8002/v1: start one with `VLLM_PORT=8002 bash deploy/vllm/serve.sh`), RAGLINE_UP_TIMEOUT (180 s
 # per service). No `prefect worker` is started: `ragline serve` is the runner of its own deployments.
 set -euo pipefail
@@ -32,7 +32,7 @@ CHROMA_PORT_=${RAGLINE_CHROMA_PORT:-8001}
 DASK_PORT=${RAGLINE_DASK_PORT:-8786}
 DASK_DASH_PORT=${RAGLINE_DASK_DASHBOARD_PORT:-8787}
 DASK_WORKERS=${RAGLINE_DASK_WORKERS:-1}
-API_PORT=${RAGLINE_PORT:-8000}
+API_PORT=${RAGLINE_PORT:-8080}
 TIMEOUT=${RAGLINE_UP_TIMEOUT:-180}
 PIDS=$DIR/pids LOGS=$DIR/logs
 mkdir -p "$PIDS" "$LOGS" "$DIR/run"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serve an OpenAI-compatible vLLM API (default: SmolLM2-135M-Instruct on CPU, from .venv-vllm).
 #
-#   bash deploy/vllm/serve.sh                  # http://127.0.0.1:8000/v1, model name "smollm2"
+#   bash deploy/vllm/serve.sh                  # http://127.0.0.1:8000/v1, model name "smollm2" (ragline's API: 8080)
 #   VLLM_PORT=8123 bash deploy/vllm/serve.sh
 #
 # On a GPU machine the same script serves a real model, e.g.

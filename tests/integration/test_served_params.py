@@ -211,7 +211,7 @@ def test_runs_outside_a_deployment_keep_their_overrides(served, prefect_api, pro
 def test_the_readme_trigger_snippet_waits_for_the_result(served, prefect_api):
     readme = (REPO / "README.md").read_text()
     [snippet] = [block for block in re.findall(r"```bash\n(.*?)```", readme, re.S) if "create_flow_run" in block]
-    script = snippet.replace("http://127.0.0.1:4200/api", prefect_api).replace("http://127.0.0.1:8000", served)
+    script = snippet.replace("http://127.0.0.1:4200/api", prefect_api).replace("http://127.0.0.1:8080", served)
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=300,
                           env={"TOKEN": TOKEN, "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
