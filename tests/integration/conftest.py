@@ -1,4 +1,5 @@
-"""A real Prefect API server (temporary SQLite database) for the whole integration session."""
+"""Real Prefect API servers: the test harness's for the whole integration session, and for the
+modules that serve deployments, one of ragline's own servers per module."""
 from __future__ import annotations
 
 import pytest
@@ -10,3 +11,17 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    """A real Prefect server with its scheduler (not the ephemeral test harness, which runs no
+    scheduler): ragline's own `--start-prefect` server, on a temporary database. One per module:
+    each module's project registers its deployments under the same names."""
+    from ragline.flows.serve import start_prefect_server
+
+    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
+    try:
+        yield server.api_url
+    finally:
+        server.stop()

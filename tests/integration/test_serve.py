@@ -67,19 +67,6 @@ SERVE = ("import sys; from ragline.flows.serve import serve; "
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    """A real Prefect server with its scheduler (not the ephemeral test harness, which runs no
-    scheduler): ragline's own `--start-prefect` server, on a temporary database."""
-    from ragline.flows.serve import start_prefect_server
-
-    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
-    try:
-        yield server.api_url
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("served")
     write_jsonl(root / "docs" / "corpus.jsonl", scifact_records(12))

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.test_serve import (  # noqa: F401 - prefect_api is a fixture
+from tests.integration.test_serve import (
     AUTH,
     FINAL,
     _create_flow_run,
@@ -21,7 +21,6 @@ from tests.integration.test_serve import (  # noqa: F401 - prefect_api is a fixt
     _start,
     _stop,
     _wait_status,
-    prefect_api,
 )
 
 pytestmark = pytest.mark.integration

@@ -64,17 +64,6 @@ OKAPI = "# Okapi\n\nThe okapi is a forest giraffid of the Congo with striped leg
 
 
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    from ragline.flows.serve import start_prefect_server
-
-    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
-    try:
-        yield server.api_url
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("served-index")
     write_jsonl(root / "docs" / "corpus.jsonl", scifact_records(12))

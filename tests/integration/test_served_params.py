@@ -75,17 +75,6 @@ TOPICS = ["Zebrafish regenerate their fins and heart.", "Axolotls regrow whole l
 
 
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    from ragline.flows.serve import start_prefect_server
-
-    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
-    try:
-        yield server.api_url
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("params")
     (root / "docs").mkdir()
