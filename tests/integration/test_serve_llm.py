@@ -17,7 +17,7 @@ import pytest
 from ragline.flows.llm_server import free_port, port_free
 from tests.fake_vllm import fake_deploy
 from tests.flows.api_harness import write_project
-from tests.integration.test_serve import AUTH, TOKEN, _stop, prefect_api  # noqa: F401 - prefect_api: fixture
+from tests.integration.test_serve import AUTH, TOKEN, _stop
 
 pytestmark = pytest.mark.integration
 

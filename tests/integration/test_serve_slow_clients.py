@@ -7,12 +7,12 @@ import httpx
 import pytest
 
 from tests.flows.test_slow_clients import half_sent, healthz_meanwhile, many_fds, wait_closed  # noqa: F401
-from tests.integration.test_serve import _start, _stop, prefect_api, project  # noqa: F401 - fixtures
+from tests.integration.test_serve import _start, _stop, project  # noqa: F401 - project: a fixture
 
 pytestmark = pytest.mark.integration
 
 
-def test_serve_closes_half_sent_requests_and_answers_healthz(project, prefect_api, many_fds, monkeypatch):  # noqa: F811
+def test_serve_closes_half_sent_requests_and_answers_healthz(project, prefect_api, many_fds, monkeypatch):
     monkeypatch.setenv("RAGLINE_HEADER_TIMEOUT_SECONDS", "2")
     process, url = _start(project, prefect_api, project.parent / "serve-slow.log", api=True)
     try:
