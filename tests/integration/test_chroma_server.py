@@ -17,6 +17,7 @@ from ragline.flows.contracts import Chunk
 from ragline.flows.engine import StepFailed
 from ragline.flows.resources import clear_cache
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.state import StoreMissing
 from tests.conftest import index_and_search_yaml
 from tests.integration.harness import ChromaServer, default_corpus, run_index, snapshot
 
@@ -113,6 +114,9 @@ def test_store_operations_match_embedded(chroma_server, tmp_path):
               "server": server_store(chroma_server, write_batch_size=7)}
     seen = {}
     for mode, store in stores.items():
+        with pytest.raises(StoreMissing):  # never written: a read creates nothing, in both modes
+            store.query(queries[:2], k=4)
+        store.collection  # a writer opens it
         assert store.query(queries[:2], k=4) == [[], []]  # empty collection: no error, no count()
         store.upsert(chunks)
         store.delete(["c0", "c1", "absent"])
@@ -127,7 +131,8 @@ def test_store_operations_match_embedded(chroma_server, tmp_path):
     assert len(srv[1][0]) == 28  # k above the collection size: everything, no error
     assert srv[3] == emb[3] == 200
     stores["server"].reset()
-    assert stores["server"].count() == 0
+    with pytest.raises(StoreMissing, match="the collection does not exist"):
+        stores["server"].count()
 
 
 def test_auth_token_is_sent_and_never_logged(chroma_server, monkeypatch, caplog):
