@@ -5,6 +5,7 @@ used to take 497 s: 120 s x 4 attempts, silent); the API fails the query as 503 
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -69,5 +70,6 @@ def test_ragline_ask_reports_a_hung_llm_well_under_a_minute_by_default(api_proje
     waiting, error = stderr.index("checking that it is up"), stderr.index("error: ")
     assert waiting < error and stderr.count("checking that it is up") == 1  # once, while the user waits
     assert f"LLM endpoint {llm.base_url} (model 'smollm2') accepted the request" in stderr
-    assert "has not answered in 20 s, nor its health check" in stderr
+    # 20 s (hung_after_seconds) and the health check's own wait: a second more on a loaded machine
+    assert re.search(r"has not answered in 2[0-9] s, nor its health check", stderr), stderr
     assert len({json.dumps(r) for r in llm.requests}) == len(llm.requests)  # nothing was retried
