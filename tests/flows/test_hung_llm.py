@@ -5,8 +5,8 @@ used to take 497 s: 120 s x 4 attempts, silent); the API fails the query as 503 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
