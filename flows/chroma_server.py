@@ -314,30 +314,25 @@ def _wait_for_embedded_writers(project: Any, say: Callable[[str], None], poll: f
     for name, spec in project.spec.resources.items():
         if getattr(spec, "type", None) != "index_state":
             continue
-        path = project.resource(name).path
+        state = project.resource(name)
         told = False
-        while (holder := _live_writer(path)) is not None:
+        while (holder := _live_writer(state)) is not None:
             if not told:
                 say(f"ragline: waiting for {holder.describe()} to finish writing the index before serving its store")
                 told = True
             time.sleep(poll)
 
 
-def _live_writer(state_path: Path):
-    """The live holder of the writer lease of the state at ``state_path`` (read-only), else None."""
+def _live_writer(state: Any):
+    """The live holder of the state's writer lease (read through its read-only connection), else None."""
     import sqlite3
 
-    from ragline.flows.resources.state import LeaseHolder
+    from ragline.flows.resources.state import StorageError, StoreDamaged
 
-    if not state_path.exists():
-        return None
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{state_path}?mode=ro", uri=True, timeout=10)) as conn:
-            row = conn.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease "
-                               "WHERE name='writer'").fetchone()
-    except sqlite3.Error:  # no lease table yet, or a damaged state: the writer's own run reports that
-        return None
-    holder = LeaseHolder(*row) if row else None
+        holder = state.lease_holder()
+    except (StoreDamaged, StorageError, sqlite3.Error):  # nothing indexed yet, or a damaged state: the
+        return None                                       # writer's own run reports that
     return holder if holder is not None and not holder.stale(time.time(), 30.0) else None
 
 
