@@ -21,7 +21,7 @@ import time
 import httpx
 
 from api_overhead import TOKEN, free_port, start_server
-from common import REPO, SCIFACT, indexed_workspace, percentile, publish, save
+from common import REPO, index_more, indexed_workspace, percentile, publish, save
 
 # The API as `ragline api` runs it: the embedded store served by its managed Chroma server, so the
 # ingestion another process runs during the load is what the API's dense side searches next.
@@ -85,24 +85,6 @@ async def phase(port: int, pipeline: str, clients: int, per_client: int, questio
             "max_s": round(max(seconds), 2)}
 
 
-def ingest_more(pipelines_file, docs: int, added: int) -> list[str]:
-    """Add ``added`` abstracts to the workspace's corpus and index them with `ragline index` in its
-    own process (as a user would in another terminal); returns their titles."""
-    import json
-    import subprocess
-
-    corpus = next(pipelines_file.parent.rglob("*.jsonl"))
-    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as handle:
-        records = [json.loads(line) for _, line in zip(range(docs + added), handle)][docs:]
-    with open(corpus, "a", encoding="utf-8") as out:
-        out.writelines(json.dumps(r) + "\n" for r in records)
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "ragline"), "index", str(corpus), "-f", str(pipelines_file),
-                           "--no-prefect"], capture_output=True, text=True, cwd=pipelines_file.parent)
-    if done.returncode != 0:
-        raise RuntimeError(f"ragline index failed: {done.stderr[-2000:]}")
-    return [r["title"] for r in records if r.get("title")]
-
-
 def found_by_dense(port: int, titles: list[str]) -> int:
     """How many added abstracts the API's `search_dense` ranks first for their own title."""
     hits = 0
@@ -119,7 +101,7 @@ def found_by_dense(port: int, titles: list[str]) -> int:
 
 async def search_while_ingesting(port: int, args, questions: list[str], pipelines_file) -> tuple[dict, list[str]]:
     load = asyncio.ensure_future(phase(port, "search", args.clients, args.search_per_client, questions))
-    titles = await asyncio.to_thread(ingest_more, pipelines_file, args.docs, args.added) if args.added else []
+    titles = await asyncio.to_thread(index_more, pipelines_file, args.docs, args.added) if args.added else []
     return await load, titles
 
 

@@ -96,3 +96,20 @@ def indexed_workspace(docs: int, extra_pipelines: str = ""):
         with open(SCIFACT / "queries.jsonl", encoding="utf-8") as handle:
             questions = [json.loads(line)["text"] for line in handle]
         yield work / "pipelines.yaml", project, questions
+
+
+def index_more(pipelines_file: Path, docs: int, added: int) -> list[str]:
+    """Append SciFact abstracts ``docs`` .. ``docs + added`` to the workspace's corpus and index them
+    with `ragline index` in its own process (a user in another terminal); returns their titles."""
+    import subprocess
+
+    corpus = next(pipelines_file.parent.rglob("*.jsonl"))
+    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as handle:
+        records = [json.loads(line) for _, line in zip(range(docs + added), handle)][docs:]
+    with open(corpus, "a", encoding="utf-8") as out:
+        out.writelines(json.dumps(r) + "\n" for r in records)
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "ragline"), "index", str(corpus), "-f", str(pipelines_file),
+                           "--no-prefect"], capture_output=True, text=True, cwd=pipelines_file.parent)
+    if done.returncode != 0:
+        raise RuntimeError(f"ragline index failed: {done.stderr[-2000:]}")
+    return [r["title"] for r in records if r.get("title")]

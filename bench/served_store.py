@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import subprocess
 import sys
 import time
 
-from common import REPO, SCIFACT, indexed_workspace, percentile, publish, save
+from common import REPO, index_more, indexed_workspace, percentile, publish, save
 from ragline.flows import engine
 from ragline.flows.chroma_server import serve_stores
 from ragline.flows.compile import load_project
@@ -49,26 +47,6 @@ def found(project, pipeline: str, texts: list[str]) -> int:
     return hits
 
 
-def add_documents(pipelines_file, docs: int, added: int) -> list[str]:
-    """Append ``added`` more abstracts to the workspace's corpus and index them in another process."""
-    corpus = next(pipelines_file.parent.rglob("*.jsonl"))
-    records = []
-    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as handle:
-        for i, line in enumerate(handle):
-            if i >= docs + added:
-                break
-            if i >= docs:
-                records.append(json.loads(line))
-    with open(corpus, "a", encoding="utf-8") as out:
-        out.writelines(json.dumps(r) + "\n" for r in records)
-    ragline = REPO / ".venv" / "bin" / "ragline"
-    done = subprocess.run([str(ragline), "index", str(corpus), "-f", str(pipelines_file), "--no-prefect"],
-                          capture_output=True, text=True, cwd=pipelines_file.parent)
-    if done.returncode != 0:
-        raise RuntimeError(f"ragline index failed: {done.stderr[-2000:]}")
-    return [r["title"] for r in records if r.get("title")]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queries", type=int, default=200)
@@ -89,7 +67,7 @@ def main() -> None:
             served_dense = served_project.pipeline("search_dense")
             latencies(served_dense, questions[:10])
             served = latencies(served_dense, questions)
-            titles = add_documents(pipelines_file, args.docs, args.added)
+            titles = index_more(pipelines_file, args.docs, args.added)
             fresh_served = found(served_project, "search_dense", titles)
         clear_cache()
     result = {
