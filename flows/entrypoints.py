@@ -43,7 +43,7 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
                  digest: str | None = None) -> Any:
     """Run one pipeline of a pipelines file; the result as JSON (an ingestion run's report, the
     passages of a search, the answer of an ask pipeline). An ingestion run that could not reach one
-    of its roots ends Failed, with its report as the state's data. ``digest``: run the copy of the
+    of its roots ends Failed (``SourcesUnreachable``, which carries its report). ``digest``: run the copy of the
     file that ``ragline serve`` pinned (``steps.pin_file``), not the file as it is now.
 
     A run of a deployment takes only what the deployment allows (``deployment_refusal``): anything
@@ -71,12 +71,23 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
                                driver.on_token, driver.trace)
     with _api_for_workers(runner), engine.PrefectExecutor(runner) as executor:
         result = engine.execute_pipeline(compiled, inputs or {}, executor, hooks)
-    payload = to_json(result)
     if isinstance(result, IndexReport) and result.incomplete:
-        unreachable = ", ".join(f.source_id for f in result.incomplete)
-        return Failed(message=f"source path(s) could not be reached ({unreachable}): nothing was deleted",
-                      data=payload)
-    return payload
+        unreachable = SourcesUnreachable(result)  # returned, not raised: no traceback in the run's log
+        return Failed(message=str(unreachable), data=unreachable)
+    return to_json(result)
+
+
+class SourcesUnreachable(Exception):
+    """An ingestion run that could not reach one of its roots: the Failed state's data, so the
+    process that ran the flow in-process gets the report back as the exception Prefect raises."""
+
+    def __init__(self, report: IndexReport | str):
+        self.report = report if isinstance(report, IndexReport) else None
+        if isinstance(report, str):  # rebuilt from a persisted result: the message only
+            super().__init__(report)
+            return
+        unreachable = ", ".join(f.source_id for f in report.incomplete)
+        super().__init__(f"source path(s) could not be reached ({unreachable}): nothing was deleted")
 
 
 # ----------------------------------------------------------------------------- what a deployment may run
@@ -305,11 +316,15 @@ def run_as_flow(pipeline: CompiledPipeline, inputs: dict[str, Any], hooks: engin
                       resources=ref.resources, data_dir=ref.data_dir)
     token = engine.DRIVER.set(hooks)
     try:
+        # The plain call returns the flow's in-memory return value (raises what it raised). Its final
+        # state may instead be the API's copy, without data, when a loaded server answered the
+        # proposal of that state late and the client's retry was told the run had already ended.
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            state = run_pipeline(**parameters, return_state=True)
+            value = run_pipeline(**parameters)
+    except SourcesUnreachable as unreachable:
+        if unreachable.report is None:
+            raise
+        return unreachable.report
     finally:
         engine.DRIVER.reset(token)
-    value = state.result(raise_on_failure=False)
-    if isinstance(value, BaseException):
-        raise value
     return TypeAdapter(output_type(pipeline)).validate_python(value)

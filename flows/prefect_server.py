@@ -121,8 +121,11 @@ def startup_timeout() -> float:
 class LocalPrefectServer:
     """One uvicorn process serving Prefect's API on 127.0.0.1, owned by this process."""
 
-    def __init__(self, home: Path | None = None):
+    def __init__(self, home: Path | None = None, database: str | None = None):
+        """``database``, when given, wins over a configured one (a test's own server beside the
+        session's test harness, whose settings name the harness's database)."""
         self.home = Path(home) if home is not None else prefect_home()
+        self.database = database
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
         self.log_path = self.home / "server.log"
@@ -148,6 +151,9 @@ class LocalPrefectServer:
             env.pop(key, None)
         if not any(env.get(k) for k in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")):
             env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url(self.home)
+        if self.database:
+            env.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
+            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self.database
         env.update({
             "PREFECT_UI_ENABLED": "0",          # as Prefect's ephemeral server: API only,
             "PREFECT__SERVER_EPHEMERAL": "1",   # only the services an ephemeral server runs

@@ -244,9 +244,9 @@ def _serving_server_class():
     return ServingPrefectServer
 
 
-def start_prefect_server(home: Path | None = None):
+def start_prefect_server(home: Path | None = None, database: str | None = None):
     """Start a local Prefect server owned by this process (stopped with it); returns the server."""
-    server = _serving_server_class()(home)
+    server = _serving_server_class()(home, database)
     server.start()
     return server
 

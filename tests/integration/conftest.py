@@ -18,9 +18,13 @@ def prefect_api(tmp_path_factory):
     """A real Prefect server with its scheduler (not the ephemeral test harness, which runs no
     scheduler): ragline's own `--start-prefect` server, on a temporary database. One per module:
     each module's project registers its deployments under the same names."""
+    from ragline.flows.prefect_server import database_url
     from ragline.flows.serve import start_prefect_server
 
-    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
+    home = tmp_path_factory.mktemp("prefect-home")
+    # its own database even when the session's test harness (whose settings name the harness's
+    # database, which the server would inherit) is running: one module's deployments are not another's
+    server = start_prefect_server(home, database=database_url(home))
     try:
         yield server.api_url
     finally:

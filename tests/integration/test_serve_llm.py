@@ -59,6 +59,8 @@ def test_serve_restarts_a_killed_llm_ends_its_group_and_says_why_in_readyz(prefe
         return httpx.get(f"{url}/readyz", headers=AUTH, timeout=30).json()["checks"]["llm"]
 
     def ready_pid(after: int = 0) -> int | None:
+        if serve.poll() is not None:
+            raise AssertionError(f"serve exited with {serve.returncode}: {log.read_text(errors='replace')[-2000:]}")
         pids = [int(pid) for pid in re.findall(r"LLM ready in \d+ s \(pid (\d+),", log.read_text(errors="replace"))]
         return pids[-1] if len(pids) > after else None
 
