@@ -57,6 +57,7 @@ from ragline.flows import engine
 from ragline.flows.api_checks import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import Answer, Passage
+from ragline.flows.errors import ConfigError, RaglineError
 
 log = logging.getLogger("ragline.api")
 
@@ -81,7 +82,7 @@ def status_code_name(status: int) -> str:
     return STATUS_CODES.get(status, f"http_{status}")
 
 
-class ApiError(Exception):
+class ApiError(RaglineError):
     """A client-visible failure: status and the one error shape of every route,
     ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's), ``code`` never null."""
 
@@ -391,33 +392,31 @@ class Service:
 
     # -- errors
     def failure(self, exc: BaseException, request_id: str) -> ApiError:
-        """What the client may know about a failed run; the full error goes to the log."""
+        """What the client may know about a failed run, decided by the error's class (a step's
+        failure by its cause's, when that declares a client-facing status); the full error goes to
+        the log unless the client is at fault."""
         from ragline.flows.steps import StepFailed
 
-        message = self.redact(str(exc)) or type(exc).__name__
-        no_retry = {"x-should-retry": "false"}  # the engine has applied its retry policy already
         if isinstance(exc, ApiError):
             return exc
-        if isinstance(exc, ValueError):  # engine.coerce_inputs: a query the pipeline cannot take
-            return ApiError(422, message, param="question", code="invalid_value")
-        log.error("request %s: %s", request_id, exc, exc_info=exc)
-        cause = exc.__cause__
-        if isinstance(exc, StepFailed) and type(cause).__name__ == "FilterError":  # one the store rejects
-            return ApiError(422, f"field 'filters': {self.redact(str(cause))}", param="filters", code="invalid_filter")
-        if isinstance(exc, StepFailed) and type(cause).__name__ in ("LLMUnavailable", "ChromaUnavailable"):
-            return ApiError(503, message, "service_unavailable_error", code="dependency_unavailable",
-                            headers=no_retry)
-        if isinstance(exc, StepFailed) and type(cause).__name__ == "EmbedderMismatch":  # re-embedding pending
-            return ApiError(503, message, "service_unavailable_error", code="index_needs_reembedding",
-                            headers=no_retry)
-        if isinstance(exc, StepFailed) and type(cause).__name__ in ("StoreDamaged", "StoreMissing"):  # issue 16
-            return ApiError(503, message, "service_unavailable_error", code="index_damaged", headers=no_retry)
-        if isinstance(exc, StepFailed) and cause is None and "timed out after" in message:
-            return ApiError(504, message, "server_error", code="step_timeout", headers=no_retry)
-        if isinstance(exc, StepFailed):
-            step = message.split(" failed:", 1)[0]
-            return ApiError(500, f"{step} failed (request id {request_id}; details in the server log)",
-                            "server_error", code="step_failed", headers=no_retry)
+        if not isinstance(exc, RaglineError):
+            log.error("request %s: %s", request_id, exc, exc_info=exc)
+            return internal_error(request_id)
+        error = exc
+        if isinstance(exc, StepFailed) and isinstance(exc.cause, RaglineError) and exc.cause.http_status != 500:
+            error = exc.cause
+        if error is not exc or error.http_status >= 500:  # a query refused before any step ran is the client's
+            log.error("request %s: %s", request_id, exc, exc_info=exc)
+        if error.http_status < 500:  # the client's to fix (a bad query, a filter the store refused)
+            return ApiError(error.http_status, self.redact(error.client_message()) or type(error).__name__,
+                            param=error.field, code=error.error_code)
+        no_retry = {"x-should-retry": "false"}  # the engine has applied its retry policy already
+        if error.http_status > 500:  # an unavailable dependency or index, a step past its deadline
+            return ApiError(error.http_status, self.redact(str(exc)) or type(exc).__name__, error.api_type(),
+                            code=error.error_code, headers=no_retry)
+        if isinstance(exc, StepFailed):  # ours: the client learns which step, the log the rest
+            return ApiError(500, f"{exc.where} failed (request id {request_id}; details in the server log)",
+                            "server_error", code=exc.error_code, headers=no_retry)
         return internal_error(request_id)
 
     def close(self) -> None:
@@ -947,7 +946,7 @@ def _description(project: Project, token: str | None) -> str:
 
 
 # ----------------------------------------------------------------------------- serving
-class ApiConfigError(ValueError):
+class ApiConfigError(ConfigError, ValueError):
     """The API cannot start as asked (e.g. exposed without a token): one clear line."""
 
 

@@ -156,7 +156,7 @@ def _parse(service: Service, body: ChatRequest) -> tuple[Any, dict[str, Any]]:
     try:
         validate(body.filters)
     except FilterError as exc:
-        raise ApiError(400, f"field 'filters': {exc}", param="filters", code="invalid_filter") from None
+        raise ApiError(400, exc.client_message(), param=exc.field, code=exc.error_code) from None  # 400 here
     pipeline = service.pipeline(body.model, param="model", stream=body.stream and service.answers(body.model))
     return pipeline, {"text": question, "history": history, "filters": body.filters}
 

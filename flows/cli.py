@@ -12,7 +12,7 @@ from typing import Any
 
 from ragline.flows import prefect_server
 from ragline.flows.compile import DEFAULT_FILE, load_project
-from ragline.flows.resources.state import IndexBusy
+from ragline.flows.errors import RaglineError
 from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
 from ragline.flows.spec import SpecValidationError
 from ragline.flows.terminal import PrintableFormatter, printable
@@ -59,14 +59,14 @@ def _dispatch(args) -> int:
             return args.handler(args)
     except KeyboardInterrupt:
         return prefect_server.interrupted_exit()
-    except IndexBusy as exc:
-        print(f"error: {printable(exc)}", file=sys.stderr)
-        return 75  # EX_TEMPFAIL: try again later
-    except SpecValidationError as exc:
-        for error in exc.errors:
-            print(printable(error), file=sys.stderr)
-        print(f"{len(exc.errors)} error(s)", file=sys.stderr)
-        return 2
+    except RaglineError as exc:  # its class says the exit status; a failure of ours keeps its traceback for -v
+        if exc.exit_code == 1 and getattr(args, "verbose", False):
+            raise
+        for line in exc.errors if isinstance(exc, SpecValidationError) else [f"error: {exc}"]:
+            print(printable(line), file=sys.stderr)
+        if isinstance(exc, SpecValidationError):
+            print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        return exc.exit_code
     except (KeyError, FileNotFoundError, ValueError) as exc:
         print(f"error: {printable(exc.args[0] if exc.args else exc)}", file=sys.stderr)
         return 2

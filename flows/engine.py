@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ragline.flows.context import QUERY_ARRIVAL
 from ragline.flows.contracts import IngestPlan
+from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.executors import DirectExecutor, PrefectExecutor, run_with_policy
 from ragline.flows.ingest import run_ingestion
 from ragline.flows.model import CompiledPipeline
@@ -24,9 +25,12 @@ __all__ = ["run", "execute_pipeline", "DriverHooks", "DRIVER", "StepFailed", "In
            "PrefectUnavailable"]
 
 
-class PrefectUnavailable(RuntimeError):
+class PrefectUnavailable(DependencyUnavailable):
     """An orchestrated run could not reach the Prefect API it is configured with; the message
     names the API and what to do, on one line."""
+
+    error_code = "prefect_unavailable"
+    dependency = "prefect"
 
 
 @dataclass

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ragline.flows.parent_death import PRELUDE
+from ragline.flows.errors import DependencyUnavailable
 
 DEFAULT_STARTUP_TIMEOUT = 180.0  # seconds; a loaded 2-core machine needs far more than Prefect's 20
 STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL
@@ -79,8 +80,11 @@ uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
 """
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(DependencyUnavailable):
     """The local Prefect server did not become healthy."""
+
+    error_code = "prefect_unavailable"
+    dependency = "prefect"
 
 
 def ragline_home() -> Path:

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.compile import Project, load_project
+from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.steps import digest_of
 from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
 from ragline.flows.parent_death import DiesWith
@@ -98,8 +99,11 @@ PREFECT_HOWTO = ("no Prefect API is configured. Start a server in another termin
                  "or let `ragline serve --start-prefect` start one for this process.")
 
 
-class ServeError(RuntimeError):
+class ServeError(RaglineError, RuntimeError):
     """ragline serve cannot start (no Prefect API, a port in use, ...): one clear line."""
+
+    error_code = "serve_failed"
+    exit_code = EX_USAGE
 
 
 # ----------------------------------------------------------------------------- deployments
@@ -785,7 +789,7 @@ def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1"
         except ServeError as exc:
             if not received:  # (a signal during start-up is a stop, not an error)
                 print(f"error: {exc}", file=sys.stderr)
-                code = 2
+                code = exc.exit_code
         else:
             died = service.wait()
             if died is not None and not received:

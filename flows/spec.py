@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
 from ragline.flows.registry import MODULE_PATTERN
+from ragline.flows.errors import ConfigError
 from ragline.flows.resources import ResourceSpec
 
 Loc = tuple[str | int, ...]
@@ -46,12 +47,14 @@ class SpecError:
         return ", ".join(where) + f": {self.message}"
 
 
-class SpecValidationError(Exception):
-    """Raised with every error found in a pipelines file."""
+class SpecValidationError(ConfigError):
+    """Raised with every error found in a pipelines file (``file``, ``line``, ``field``: the first's)."""
 
     def __init__(self, errors: list[SpecError]):
+        first = errors[0] if errors else None
+        super().__init__("\n".join(str(e) for e in errors), file=first and first.file,
+                         line=first and first.line, field=first and first.field)
         self.errors = errors
-        super().__init__("\n".join(str(e) for e in errors))
 
 
 def suggest(name: str, choices: list[str]) -> str:
