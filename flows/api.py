@@ -53,7 +53,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ragline.flows import engine
+from ragline.flows import engine, settings
 from ragline.flows.api_checks import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import Answer, Passage
@@ -962,7 +962,7 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
     half-sent requests and the number of open connections."""
     from ragline.flows.connections import server_limits
 
-    token = token or os.environ.get("RAGLINE_API_TOKEN") or None
+    token = token or settings.get("api_token") or None
     if not is_loopback(host) and not token:
         raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
                              f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ragline.flows import prefect_server
+from ragline.flows import prefect_server, settings
 from ragline.flows.compile import DEFAULT_FILE, load_project
 from ragline.flows.errors import RaglineError
 from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
         set_allowed_modules(args.allow_module)
     if getattr(args, "no_tuned", False):
-        os.environ["RAGLINE_TUNED"] = "0"  # this process and the ones it starts (flow runs, workers)
+        settings.export("tuned", "0")  # this process and the ones it starts (flow runs, workers)
     if args.handler is _serve:  # it supervises its runner, API and signals itself
         return _dispatch(args)
     with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
@@ -152,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
+    p.add_argument("--token", default=settings.get("api_token"),
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
@@ -161,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
                                  "HTTP API, in one supervised process.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
+    p.add_argument("--token", default=settings.get("api_token"),
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--no-api", action="store_true", help="serve the deployments only")
     p.add_argument("--start-prefect", action="store_true",

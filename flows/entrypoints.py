@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -19,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import TaskRunner
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ragline.flows import engine
+from ragline.flows import engine, settings
 from ragline.flows.compile import CompiledPipeline
 from ragline.flows.contracts import IndexReport, StepResult, to_json
 from ragline.flows.spec import RunnerSpec
@@ -80,7 +79,7 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
 
 
 # ----------------------------------------------------------------------------- what a deployment may run
-SERVED_ENV = "RAGLINE_SERVED_DEPLOYMENTS"  # {deployment name: parameters}, set by `ragline serve` for its runs
+SERVED = "served_deployments"  # {deployment name: parameters}, set by `ragline serve` for its runs
 PINNED = ("pipeline", "file", "overrides", "resources", "data_dir", "digest")  # fixed by the deployment
 _DEFAULTS: dict[str, Any] = {"file": "pipelines.yaml"}
 
@@ -90,15 +89,12 @@ def served_deployments(parameters: dict[str, dict[str, Any]]) -> Iterator[None]:
     """Tell the flow-run processes this runner starts what each deployment was created with, so a
     run compares its parameters with that, not with what the Prefect API says now (anyone who can
     reach the API can also change a deployment's stored parameters)."""
-    previous = os.environ.get(SERVED_ENV)
-    os.environ[SERVED_ENV] = json.dumps(parameters)
+    previous = settings.get(SERVED)
+    settings.export(SERVED, json.dumps(parameters))
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(SERVED_ENV, None)
-        else:
-            os.environ[SERVED_ENV] = previous
+        settings.export(SERVED, json.dumps(previous) if previous else None)
 
 
 def deployment_refusal(given: dict[str, Any]) -> str | None:
@@ -115,7 +111,7 @@ def deployment_refusal(given: dict[str, Any]) -> str | None:
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment(deployment_id)
     name = f"{FLOW_NAME}/{deployment.name}"
-    served = json.loads(os.environ.get(SERVED_ENV) or "{}")
+    served = settings.get(SERVED)
     expected = served.get(name, deployment.parameters or {})
     for parameter in PINNED:
         if _normal(given.get(parameter)) != _normal(expected.get(parameter, _DEFAULTS.get(parameter))):

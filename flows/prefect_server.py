@@ -50,8 +50,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from ragline.flows.parent_death import PRELUDE
+from ragline.flows import settings
 from ragline.flows.errors import DependencyUnavailable
+from ragline.flows.parent_death import PRELUDE
 
 DEFAULT_STARTUP_TIMEOUT = 180.0  # seconds; a loaded 2-core machine needs far more than Prefect's 20
 STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL
@@ -88,7 +89,7 @@ class ServerStartError(DependencyUnavailable):
 
 
 def ragline_home() -> Path:
-    return Path(os.environ.get("RAGLINE_HOME") or Path.home() / ".ragline").expanduser()
+    return Path(settings.get("home")).expanduser()
 
 
 def prefect_home() -> Path:
