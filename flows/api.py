@@ -56,7 +56,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ragline.flows import engine, settings
 from ragline.flows.api_checks import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.compile import CompiledPipeline, Project, load_project
-from ragline.flows.contracts import Answer, Passage
+from ragline.flows.contracts import Answer, Passage, PipelineKind
 from ragline.flows.errors import ConfigError, RaglineError
 
 log = logging.getLogger("ragline.api")
@@ -289,7 +289,7 @@ class Events:
             self._pool.shutdown(wait=False)
 
 
-class Service:
+class QueryService:
     """The compiled project and what every route shares: pipelines, the driver threads, events."""
 
     def __init__(self, project: Project, *, max_concurrent_runs: int = 32,
@@ -299,7 +299,7 @@ class Service:
         self.project = project
         self.max_question_chars = max_question_chars
         self.redact = Redactor(project)
-        self.queries = {n: p for n, p in project.pipelines.items() if p.kind == "query"}
+        self.queries = {n: p for n, p in project.pipelines.items() if p.kind == PipelineKind.QUERY}
         self.streaming = {n: _streaming(p) for n, p in self.queries.items()}
         self.drivers = ThreadPoolExecutor(max_workers=max_concurrent_runs, thread_name_prefix="ragline-api")
         self.events = Events(_prefect_url(), contextvars.copy_context())
@@ -464,7 +464,7 @@ def estimate_tokens(text: str) -> int:
 
 
 # ----------------------------------------------------------------------------- /v1/query
-def query_router(service: Service) -> APIRouter:
+def query_router(service: QueryService) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["query"])
 
     @router.post("/query", response_model=QueryResponse, responses=ERRORS,
@@ -498,7 +498,7 @@ def query_router(service: Service) -> APIRouter:
     return router
 
 
-async def _sse_query(service: Service, pipeline: CompiledPipeline, query: dict[str, Any],
+async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: dict[str, Any],
                      rid: str) -> AsyncIterator[str]:
     try:
         async for item in service.stream(pipeline, query):
@@ -541,7 +541,7 @@ def page_router() -> APIRouter:
 
 
 # ----------------------------------------------------------------------------- health
-def health_router(service: Service, require_prefect: bool = False) -> APIRouter:
+def health_router(service: QueryService, require_prefect: bool = False) -> APIRouter:
     router = APIRouter(tags=["health"])
 
     @router.get("/healthz", summary="Liveness: the process answers")
@@ -567,7 +567,7 @@ def health_router(service: Service, require_prefect: bool = False) -> APIRouter:
     return router
 
 
-async def readiness(service: Service, require_prefect: bool) -> dict[str, DependencyStatus]:
+async def readiness(service: QueryService, require_prefect: bool) -> dict[str, DependencyStatus]:
     """Every check at once, each with its own time limit."""
     resources = service.project.spec.resources
     jobs: dict[str, Any] = {}
@@ -582,7 +582,7 @@ async def readiness(service: Service, require_prefect: bool) -> dict[str, Depend
     return dict(zip(jobs, results))
 
 
-async def _check_store(service: Service, name: str) -> DependencyStatus:
+async def _check_store(service: QueryService, name: str) -> DependencyStatus:
     """The store against the index state it belongs to, on a thread, with a time limit: Chroma's
     count (and BM25's published count) must be the state's chunk count; a store that is missing,
     unreadable or short while the state holds chunks is down, with the reason and the remedy.
@@ -638,7 +638,7 @@ def _store_against_state(project: Any, name: str) -> dict[str, Any]:
     return detail
 
 
-async def _check_llm(service: Service, name: str) -> DependencyStatus:
+async def _check_llm(service: QueryService, name: str) -> DependencyStatus:
     """The endpoint's /health (vLLM), as ``LLMClient.health()`` asks it, else its /models; with the error."""
     import httpx
 
@@ -669,7 +669,7 @@ async def _check_llm(service: Service, name: str) -> DependencyStatus:
     return DependencyStatus(status="up", required=True, type="openai_compatible", detail=detail)
 
 
-async def _check_config(service: Service) -> DependencyStatus:
+async def _check_config(service: QueryService) -> DependencyStatus:
     """The pipelines file this server serves (by digest) and whether the file on disk still says
     the same. Never a reason to be unready: an edit is applied by a restart, not half-way."""
     from ragline.flows.steps import digest_of
@@ -909,7 +909,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
         project = project.relocated(data_dir)
     if max_question_chars < 1:
         raise ValueError(f"max_question_chars must be at least 1, got {max_question_chars}")
-    service = Service(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
+    service = QueryService(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
@@ -940,7 +940,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
 
 
 def _description(project: Project, token: str | None) -> str:
-    queries = ", ".join(n for n, p in project.pipelines.items() if p.kind == "query") or "none"
+    queries = ", ".join(n for n, p in project.pipelines.items() if p.kind == PipelineKind.QUERY) or "none"
     auth = "every /v1 route needs `Authorization: Bearer <token>`" if token else "no token (loopback only)"
     return f"Query pipelines of {project.path.name}: {queries}. Authentication: {auth}."
 

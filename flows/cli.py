@@ -12,6 +12,7 @@ from typing import Any
 
 from ragline.flows import prefect_server, settings
 from ragline.flows.compile import DEFAULT_FILE, load_project
+from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import RaglineError
 from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
 from ragline.flows.spec import SpecValidationError
@@ -463,7 +464,7 @@ def _run(args) -> int:
 def _describe(pipeline) -> str:
     """What `run` is about to do, so an ingestion run (which writes and deletes) is never a surprise."""
     steps = " -> ".join(f"{s.id} ({s.stage.name})" for s in pipeline.steps)
-    if pipeline.kind in ("query", "job"):
+    if pipeline.kind in (PipelineKind.QUERY, PipelineKind.JOB):
         return f"running {pipeline.kind} pipeline '{pipeline.name}': {steps}"
     load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
     paths = ", ".join(map(str, load.params.paths)) if load is not None else "its sources"

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ragline.flows import engine, settings
 from ragline.flows.compile import CompiledPipeline
-from ragline.flows.contracts import IndexReport, StepResult, to_json
+from ragline.flows.contracts import IndexReport, PipelineKind, StepResult, to_json
 from ragline.flows.spec import RunnerSpec
 from ragline.flows.steps import PipelineRef, StepCall, digest_of, execute, served_copy
 
@@ -66,8 +66,8 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
         return Failed(message=refusal)
     runner = task_runner(compiled.spec.runner)
     driver = engine.DRIVER.get()
-    hooks = engine.DriverHooks(_run_progress(driver.progress) if compiled.kind == "ingestion" else driver.progress,
-                               driver.on_token, driver.trace)
+    progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
+    hooks = engine.DriverHooks(progress, driver.on_token, driver.trace)
     with _api_for_workers(runner), engine.PrefectExecutor(runner) as executor:
         result = engine.execute_pipeline(compiled, inputs or {}, executor, hooks)
     payload = to_json(result)
@@ -132,7 +132,7 @@ def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) ->
     context = FlowRunContext.get()
     if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
         return None
-    if pipeline.kind != "query":
+    if pipeline.kind != PipelineKind.QUERY:
         return None if not inputs else (f"pipeline '{pipeline.name}' ({pipeline.kind}) refuses parameter 'inputs': "
                                         f"its deployment takes no parameters")
     try:
@@ -285,7 +285,7 @@ def _api_for_workers(runner: TaskRunner | None) -> Iterator[None]:
 
 
 def output_type(pipeline: CompiledPipeline) -> Any:
-    if pipeline.kind == "ingestion":
+    if pipeline.kind == PipelineKind.INGESTION:
         return IndexReport
     return pipeline.step(pipeline.output).stage.output_type
 

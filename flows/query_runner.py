@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from ragline.flows.contracts import Query, StepResult
+from ragline.flows.contracts import PipelineKind, Query, StepResult
 from ragline.flows.errors import InputError
 from ragline.flows.executors import Run, settle
 from ragline.flows.model import CompiledPipeline
@@ -13,7 +13,7 @@ from ragline.flows.steps import PipelineRef
 
 
 def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any]:
-    if pipeline.kind == "query":
+    if pipeline.kind == PipelineKind.QUERY:
         query = inputs.get("query")
         if query is None:
             raise InputError(f"pipeline '{pipeline.name}' needs a 'query' input", field="question")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from ragline.flows import cli
-from ragline.flows.api import ApiError, Service
+from ragline.flows.api import ApiError, QueryService
 from ragline.flows.errors import DependencyUnavailable, RaglineError
 from ragline.flows.resources.chroma import ChromaUnavailable, EmbedderMismatch
 from ragline.flows.resources.filters import FilterError
@@ -48,7 +48,7 @@ def test_every_exception_class_derives_from_ragline_error():
 
 
 def _failure(exc: BaseException) -> ApiError:
-    return Service.failure(SimpleNamespace(redact=lambda text: text), exc, "r1")
+    return QueryService.failure(SimpleNamespace(redact=lambda text: text), exc, "r1")
 
 
 def _step_failed(cause: BaseException, step: str = "answer") -> StepFailed:
