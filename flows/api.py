@@ -966,7 +966,7 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
     if not is_loopback(host) and not token:
         raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
                              f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")
-    settings = server_limits(limits)
+    server_settings = server_limits(limits)
     import uvicorn
 
     from ragline.flows.chroma_server import serve_stores
@@ -975,4 +975,4 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
                      cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
     with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
         serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **settings)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **server_settings)
