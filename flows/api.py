@@ -57,7 +57,7 @@ from ragline.flows import engine, settings
 from ragline.flows.api_checks import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import Answer, Passage, PipelineKind
-from ragline.flows.errors import ConfigError, RaglineError
+from ragline.flows.errors import ConfigError, InputError, RaglineError
 
 log = logging.getLogger("ragline.api")
 
@@ -399,6 +399,8 @@ class QueryService:
 
         if isinstance(exc, ApiError):
             return exc
+        if isinstance(exc, ValueError) and not isinstance(exc, RaglineError):  # engine.run refused the query
+            exc = InputError(str(exc), field="question")
         if not isinstance(exc, RaglineError):
             log.error("request %s: %s", request_id, exc, exc_info=exc)
             return internal_error(request_id)

@@ -104,6 +104,8 @@ def test_a_dependency_error_outside_any_step_answers_by_its_class():
     error = _failure(LLMUnavailable("the LLM at http://127.0.0.1:9 did not answer"))
     assert (error.status, error.type, error.code) == (503, "service_unavailable_error", "dependency_unavailable")
     assert _failure(KeyError("not ours")).code == "internal_error"
+    refused = _failure(ValueError("pipeline 'ask': invalid query (text: too short)"))  # engine.run's own kind
+    assert (refused.status, refused.code, refused.param) == (422, "invalid_value", "question")
 
 
 def test_errors_keep_their_fields_across_processes():
