@@ -183,7 +183,7 @@ def run_policy(name: str, limit: int, apply, clients: int, queries: int, scale: 
         started[call_id] = time.monotonic()
         llm.chat(f"{call_id}|{prompt_tokens}|{out_tokens}", max_tokens=max_tokens)
 
-    def query() -> None:  # on a driver thread, as Service.run -> engine.run does
+    def query() -> None:  # on a driver thread, as QueryService.run -> engine.run does
         QUERY_ARRIVAL.set(time.monotonic())
         call("rewrite")
         ids = [f"tokenize-{next(counter)}" for _ in range(5)]

@@ -53,10 +53,11 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ragline.flows import engine
+from ragline.flows import engine, settings
 from ragline.flows.api_checks import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.compile import CompiledPipeline, Project, load_project
-from ragline.flows.contracts import Answer, Passage
+from ragline.flows.contracts import Answer, Passage, PipelineKind
+from ragline.flows.errors import ConfigError, InputError, RaglineError
 
 log = logging.getLogger("ragline.api")
 
@@ -81,7 +82,7 @@ def status_code_name(status: int) -> str:
     return STATUS_CODES.get(status, f"http_{status}")
 
 
-class ApiError(Exception):
+class ApiError(RaglineError):
     """A client-visible failure: status and the one error shape of every route,
     ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's), ``code`` never null."""
 
@@ -288,7 +289,7 @@ class Events:
             self._pool.shutdown(wait=False)
 
 
-class Service:
+class QueryService:
     """The compiled project and what every route shares: pipelines, the driver threads, events."""
 
     def __init__(self, project: Project, *, max_concurrent_runs: int = 32,
@@ -298,7 +299,7 @@ class Service:
         self.project = project
         self.max_question_chars = max_question_chars
         self.redact = Redactor(project)
-        self.queries = {n: p for n, p in project.pipelines.items() if p.kind == "query"}
+        self.queries = {n: p for n, p in project.pipelines.items() if p.kind == PipelineKind.QUERY}
         self.streaming = {n: _streaming(p) for n, p in self.queries.items()}
         self.drivers = ThreadPoolExecutor(max_workers=max_concurrent_runs, thread_name_prefix="ragline-api")
         self.events = Events(_prefect_url(), contextvars.copy_context())
@@ -391,33 +392,33 @@ class Service:
 
     # -- errors
     def failure(self, exc: BaseException, request_id: str) -> ApiError:
-        """What the client may know about a failed run; the full error goes to the log."""
+        """What the client may know about a failed run, decided by the error's class (a step's
+        failure by its cause's, when that declares a client-facing status); the full error goes to
+        the log unless the client is at fault."""
         from ragline.flows.steps import StepFailed
 
-        message = self.redact(str(exc)) or type(exc).__name__
-        no_retry = {"x-should-retry": "false"}  # the engine has applied its retry policy already
         if isinstance(exc, ApiError):
             return exc
-        if isinstance(exc, ValueError):  # engine.coerce_inputs: a query the pipeline cannot take
-            return ApiError(422, message, param="question", code="invalid_value")
-        log.error("request %s: %s", request_id, exc, exc_info=exc)
-        cause = exc.__cause__
-        if isinstance(exc, StepFailed) and type(cause).__name__ == "FilterError":  # one the store rejects
-            return ApiError(422, f"field 'filters': {self.redact(str(cause))}", param="filters", code="invalid_filter")
-        if isinstance(exc, StepFailed) and type(cause).__name__ in ("LLMUnavailable", "ChromaUnavailable"):
-            return ApiError(503, message, "service_unavailable_error", code="dependency_unavailable",
-                            headers=no_retry)
-        if isinstance(exc, StepFailed) and type(cause).__name__ == "EmbedderMismatch":  # re-embedding pending
-            return ApiError(503, message, "service_unavailable_error", code="index_needs_reembedding",
-                            headers=no_retry)
-        if isinstance(exc, StepFailed) and type(cause).__name__ in ("StoreDamaged", "StoreMissing"):  # issue 16
-            return ApiError(503, message, "service_unavailable_error", code="index_damaged", headers=no_retry)
-        if isinstance(exc, StepFailed) and cause is None and "timed out after" in message:
-            return ApiError(504, message, "server_error", code="step_timeout", headers=no_retry)
-        if isinstance(exc, StepFailed):
-            step = message.split(" failed:", 1)[0]
-            return ApiError(500, f"{step} failed (request id {request_id}; details in the server log)",
-                            "server_error", code="step_failed", headers=no_retry)
+        if isinstance(exc, ValueError) and not isinstance(exc, RaglineError):  # engine.run refused the query
+            exc = InputError(str(exc), field="question")
+        if not isinstance(exc, RaglineError):
+            log.error("request %s: %s", request_id, exc, exc_info=exc)
+            return internal_error(request_id)
+        error = exc
+        if isinstance(exc, StepFailed) and isinstance(exc.cause, RaglineError) and exc.cause.http_status != 500:
+            error = exc.cause
+        if error is not exc or error.http_status >= 500:  # a query refused before any step ran is the client's
+            log.error("request %s: %s", request_id, exc, exc_info=exc)
+        if error.http_status < 500:  # the client's to fix (a bad query, a filter the store refused)
+            return ApiError(error.http_status, self.redact(error.client_message()) or type(error).__name__,
+                            param=error.field, code=error.error_code)
+        no_retry = {"x-should-retry": "false"}  # the engine has applied its retry policy already
+        if error.http_status > 500:  # an unavailable dependency or index, a step past its deadline
+            return ApiError(error.http_status, self.redact(str(exc)) or type(exc).__name__, error.api_type(),
+                            code=error.error_code, headers=no_retry)
+        if isinstance(exc, StepFailed):  # ours: the client learns which step, the log the rest
+            return ApiError(500, f"{exc.where} failed (request id {request_id}; details in the server log)",
+                            "server_error", code=exc.error_code, headers=no_retry)
         return internal_error(request_id)
 
     def close(self) -> None:
@@ -465,7 +466,7 @@ def estimate_tokens(text: str) -> int:
 
 
 # ----------------------------------------------------------------------------- /v1/query
-def query_router(service: Service) -> APIRouter:
+def query_router(service: QueryService) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["query"])
 
     @router.post("/query", response_model=QueryResponse, responses=ERRORS,
@@ -499,7 +500,7 @@ def query_router(service: Service) -> APIRouter:
     return router
 
 
-async def _sse_query(service: Service, pipeline: CompiledPipeline, query: dict[str, Any],
+async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: dict[str, Any],
                      rid: str) -> AsyncIterator[str]:
     try:
         async for item in service.stream(pipeline, query):
@@ -542,7 +543,7 @@ def page_router() -> APIRouter:
 
 
 # ----------------------------------------------------------------------------- health
-def health_router(service: Service, require_prefect: bool = False) -> APIRouter:
+def health_router(service: QueryService, require_prefect: bool = False) -> APIRouter:
     router = APIRouter(tags=["health"])
 
     @router.get("/healthz", summary="Liveness: the process answers")
@@ -568,7 +569,7 @@ def health_router(service: Service, require_prefect: bool = False) -> APIRouter:
     return router
 
 
-async def readiness(service: Service, require_prefect: bool) -> dict[str, DependencyStatus]:
+async def readiness(service: QueryService, require_prefect: bool) -> dict[str, DependencyStatus]:
     """Every check at once, each with its own time limit."""
     resources = service.project.spec.resources
     jobs: dict[str, Any] = {}
@@ -583,7 +584,7 @@ async def readiness(service: Service, require_prefect: bool) -> dict[str, Depend
     return dict(zip(jobs, results))
 
 
-async def _check_store(service: Service, name: str) -> DependencyStatus:
+async def _check_store(service: QueryService, name: str) -> DependencyStatus:
     """The store against the index state it belongs to, on a thread, with a time limit: Chroma's
     count (and BM25's published count) must be the state's chunk count; a store that is missing,
     unreadable or short while the state holds chunks is down, with the reason and the remedy.
@@ -639,7 +640,7 @@ def _store_against_state(project: Any, name: str) -> dict[str, Any]:
     return detail
 
 
-async def _check_llm(service: Service, name: str) -> DependencyStatus:
+async def _check_llm(service: QueryService, name: str) -> DependencyStatus:
     """The endpoint's /health (vLLM), as ``LLMClient.health()`` asks it, else its /models; with the error."""
     import httpx
 
@@ -670,7 +671,7 @@ async def _check_llm(service: Service, name: str) -> DependencyStatus:
     return DependencyStatus(status="up", required=True, type="openai_compatible", detail=detail)
 
 
-async def _check_config(service: Service) -> DependencyStatus:
+async def _check_config(service: QueryService) -> DependencyStatus:
     """The pipelines file this server serves (by digest) and whether the file on disk still says
     the same. Never a reason to be unready: an edit is applied by a restart, not half-way."""
     from ragline.flows.steps import digest_of
@@ -910,7 +911,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
         project = project.relocated(data_dir)
     if max_question_chars < 1:
         raise ValueError(f"max_question_chars must be at least 1, got {max_question_chars}")
-    service = Service(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
+    service = QueryService(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
@@ -941,13 +942,13 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
 
 
 def _description(project: Project, token: str | None) -> str:
-    queries = ", ".join(n for n, p in project.pipelines.items() if p.kind == "query") or "none"
+    queries = ", ".join(n for n, p in project.pipelines.items() if p.kind == PipelineKind.QUERY) or "none"
     auth = "every /v1 route needs `Authorization: Bearer <token>`" if token else "no token (loopback only)"
     return f"Query pipelines of {project.path.name}: {queries}. Authentication: {auth}."
 
 
 # ----------------------------------------------------------------------------- serving
-class ApiConfigError(ValueError):
+class ApiConfigError(ConfigError, ValueError):
     """The API cannot start as asked (e.g. exposed without a token): one clear line."""
 
 
@@ -963,11 +964,11 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
     half-sent requests and the number of open connections."""
     from ragline.flows.connections import server_limits
 
-    token = token or os.environ.get("RAGLINE_API_TOKEN") or None
+    token = token or settings.get("api_token") or None
     if not is_loopback(host) and not token:
         raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
                              f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")
-    settings = server_limits(limits)
+    server_settings = server_limits(limits)
     import uvicorn
 
     from ragline.flows.chroma_server import serve_stores
@@ -976,4 +977,4 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
                      cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
     with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
         serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **settings)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **server_settings)

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from ragline.flows.errors import InputError
+
 MAX_JSON_DEPTH = 64  # a query's filters at their limit nest ~20 levels; a bomb is refused before any walk
 INT64 = 2**63
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
@@ -77,11 +79,11 @@ def foreign_host(headers: Iterable[tuple[bytes, bytes]], allowed_origins: Iterab
 
 
 # ----------------------------------------------------------------------------- the JSON body
-class BodyProblem(ValueError):
+class BodyProblem(InputError):
     """A JSON body the API refuses: ``field`` is None when the body as a whole is at fault."""
 
     def __init__(self, message: str, code: str, field: str | None = None):
-        super().__init__(message)
+        super().__init__(message, field=field)
         self.message, self.code, self.field = message, code, field
 
 

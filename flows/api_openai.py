@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragline.flows.api import ERRORS, STREAM_HEADERS, ApiError, Outcome, Service, estimate_tokens, request_id, sse
+from ragline.flows.api import ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService, estimate_tokens, request_id, sse
 from ragline.flows.resources.filters import FilterError, validate
 
 WITHDRAWN = "\n\n[Verification withdrew the text above.] "
@@ -92,7 +92,7 @@ class ChatCompletion(BaseModel):
     verification: dict[str, Any] = Field(description="verdict, refused, reason, confidence")
 
 
-def openai_router(service: Service) -> APIRouter:
+def openai_router(service: QueryService) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["openai"])
 
     @router.get("/models", response_model=ModelList, responses=ERRORS, summary="The query pipelines, as models")
@@ -129,16 +129,16 @@ def openai_router(service: Service) -> APIRouter:
     return router
 
 
-def _card(service: Service, name: str) -> dict[str, Any]:
+def _card(service: QueryService, name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": service.started, "owned_by": "ragline"}
 
 
-def _unknown(service: Service, model: str) -> ApiError:
+def _unknown(service: QueryService, model: str) -> ApiError:
     return ApiError(404, f"The model '{model}' does not exist; models (query pipelines): "
                          f"{', '.join(service.queries) or 'none'}", param="model", code="model_not_found")
 
 
-def _parse(service: Service, body: ChatRequest) -> tuple[Any, dict[str, Any]]:
+def _parse(service: QueryService, body: ChatRequest) -> tuple[Any, dict[str, Any]]:
     """The pipeline and the engine's query: the last message as the question, the rest as history."""
     if body.model not in service.queries:
         raise _unknown(service, body.model)
@@ -156,7 +156,7 @@ def _parse(service: Service, body: ChatRequest) -> tuple[Any, dict[str, Any]]:
     try:
         validate(body.filters)
     except FilterError as exc:
-        raise ApiError(400, f"field 'filters': {exc}", param="filters", code="invalid_filter") from None
+        raise ApiError(400, exc.client_message(), param=exc.field, code=exc.error_code) from None  # 400 here
     pipeline = service.pipeline(body.model, param="model", stream=body.stream and service.answers(body.model))
     return pipeline, {"text": question, "history": history, "filters": body.filters}
 
@@ -223,7 +223,7 @@ def extras(outcome: Outcome) -> dict[str, Any]:
                              "confidence": answer.confidence}}
 
 
-async def _chunks(service: Service, pipeline: Any, query: dict[str, Any], reply: Reply,
+async def _chunks(service: QueryService, pipeline: Any, query: dict[str, Any], reply: Reply,
                   rid: str) -> AsyncIterator[str]:
     yield reply.chunk({"role": "assistant", "content": ""})
     try:

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.api import ERRORS, ApiError
 from ragline.flows.compile import Project, load_project
+from ragline.flows.contracts import PipelineKind
 
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
@@ -150,7 +151,7 @@ class _Runs:
         self.sinks: dict[str, Any] = {}
         self.state_resource: dict[str, str | None] = {}
         for name, pipeline in project.pipelines.items():
-            if pipeline.kind != "ingestion":
+            if pipeline.kind != PipelineKind.INGESTION:
                 continue
             sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
             self.sinks[name] = sink
@@ -346,9 +347,9 @@ class _Runs:
                            ended=_iso(flow_run.end_time))
         if state is None:
             return status
-        if state.is_completed() or (state.is_failed() and kind == "ingestion"):
+        if state.is_completed() or (state.is_failed() and kind == PipelineKind.INGESTION):
             status.result = await self.result(state)
-        if kind == "ingestion" and isinstance(status.result, dict):
+        if kind == PipelineKind.INGESTION and isinstance(status.result, dict):
             try:
                 report = IndexReport.model_validate(status.result)
             except Exception:
@@ -359,7 +360,7 @@ class _Runs:
                 status.summary = report.summary()
         if state.is_failed() or state.is_crashed() or state.is_cancelled() or state.is_cancelling():
             status.message = self.redact(state.message) or None
-        if kind == "ingestion" and state.type.value in ("RUNNING", "PENDING"):
+        if kind == PipelineKind.INGESTION and state.type.value in ("RUNNING", "PENDING"):
             try:
                 status.progress = await self.progress(client, flow_run, pipeline)
             except Exception as exc:  # progress is a courtesy: never fail the status for it
@@ -391,10 +392,10 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
         """Start a run of an ingestion pipeline's deployment; poll ``GET /v1/runs/{run_id}``."""
         name = request.pipeline
         if name not in project.pipelines:
-            ingestion = [n for n, p in project.pipelines.items() if p.kind == "ingestion"]
+            ingestion = [n for n, p in project.pipelines.items() if p.kind == PipelineKind.INGESTION]
             raise ApiError(404, f"field 'pipeline': no pipeline '{name}'; ingestion pipelines: "
                                 f"{', '.join(ingestion) or 'none'}", param="pipeline", code="pipeline_not_found")
-        if project.pipeline(name).kind != "ingestion":
+        if project.pipeline(name).kind != PipelineKind.INGESTION:
             raise ApiError(400, f"field 'pipeline': pipeline '{name}' is a query pipeline: POST /v1/ingest starts "
                                 f"ingestion pipelines only", param="pipeline", code="not_an_ingestion_pipeline")
         from prefect.client.orchestration import get_client

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ragline.flows.contracts import PipelineKind
 from ragline.flows.resources import integrity
 from ragline.flows.resources.integrity import Finding
 
@@ -33,7 +34,7 @@ def indexes(project: Any) -> list[Index]:
     found: dict[tuple[str, str | None, str], list[str]] = {}
     embedders: dict[tuple[str, str | None, str], str | None] = {}
     for pipeline in project.pipelines.values():
-        if pipeline.kind != "ingestion":
+        if pipeline.kind != PipelineKind.INGESTION:
             continue
         sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
         if sink is None or "store" not in sink.resources or "state" not in sink.resources:

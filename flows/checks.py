@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from ragline.flows import registry
+from ragline.flows.contracts import PipelineKind
 from ragline.flows.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.prompts import library, prompt_problems
 from ragline.flows.registry import ALLOW_HINT, Stage, module_allowed
@@ -219,7 +220,7 @@ class Checker:
                 step.wiring[port] = producers
 
     def _ingestion_shape(self, base, pipe: PipelineSpec, compiled: dict[str, CompiledStep]) -> None:
-        if pipe.kind != "ingestion":
+        if pipe.kind != PipelineKind.INGESTION:
             return
         sinks = [s for s in compiled.values() if s.stage.plan is not None]
         if len(sinks) > 1:

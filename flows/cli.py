@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ragline.flows import prefect_server
+from ragline.flows import prefect_server, settings
 from ragline.flows.compile import DEFAULT_FILE, load_project
-from ragline.flows.resources.state import IndexBusy
+from ragline.flows.contracts import PipelineKind
+from ragline.flows.errors import RaglineError
 from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
 from ragline.flows.spec import SpecValidationError
 from ragline.flows.terminal import PrintableFormatter, printable
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
         set_allowed_modules(args.allow_module)
     if getattr(args, "no_tuned", False):
-        os.environ["RAGLINE_TUNED"] = "0"  # this process and the ones it starts (flow runs, workers)
+        settings.export("tuned", "0")  # this process and the ones it starts (flow runs, workers)
     if args.handler is _serve:  # it supervises its runner, API and signals itself
         return _dispatch(args)
     with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
@@ -59,14 +60,14 @@ def _dispatch(args) -> int:
             return args.handler(args)
     except KeyboardInterrupt:
         return prefect_server.interrupted_exit()
-    except IndexBusy as exc:
-        print(f"error: {printable(exc)}", file=sys.stderr)
-        return 75  # EX_TEMPFAIL: try again later
-    except SpecValidationError as exc:
-        for error in exc.errors:
-            print(printable(error), file=sys.stderr)
-        print(f"{len(exc.errors)} error(s)", file=sys.stderr)
-        return 2
+    except RaglineError as exc:  # its class says the exit status; a failure of ours keeps its traceback for -v
+        if exc.exit_code == 1 and getattr(args, "verbose", False):
+            raise
+        for line in exc.errors if isinstance(exc, SpecValidationError) else [f"error: {exc}"]:
+            print(printable(line), file=sys.stderr)
+        if isinstance(exc, SpecValidationError):
+            print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        return exc.exit_code
     except (KeyError, FileNotFoundError, ValueError) as exc:
         print(f"error: {printable(exc.args[0] if exc.args else exc)}", file=sys.stderr)
         return 2
@@ -152,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
+    p.add_argument("--token", default=settings.get("api_token"),
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
@@ -161,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
                                  "HTTP API, in one supervised process.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=os.environ.get("RAGLINE_API_TOKEN"),
+    p.add_argument("--token", default=settings.get("api_token"),
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--no-api", action="store_true", help="serve the deployments only")
     p.add_argument("--start-prefect", action="store_true",
@@ -463,7 +464,7 @@ def _run(args) -> int:
 def _describe(pipeline) -> str:
     """What `run` is about to do, so an ingestion run (which writes and deletes) is never a surprise."""
     steps = " -> ".join(f"{s.id} ({s.stage.name})" for s in pipeline.steps)
-    if pipeline.kind in ("query", "job"):
+    if pipeline.kind in (PipelineKind.QUERY, PipelineKind.JOB):
         return f"running {pipeline.kind} pipeline '{pipeline.name}': {steps}"
     load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
     paths = ", ".join(map(str, load.params.paths)) if load is not None else "its sources"

@@ -19,6 +19,7 @@ from ragline.flows import registry
 from ragline.flows.checks import PIPELINE_INPUTS, Checker
 from ragline.flows.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.prompts import prompt_problems
+from ragline.flows.settings import pyproject_table
 from ragline.flows.spec import SpecError, SpecValidationError, parse_file
 
 __all__ = ["load_project", "validate_file", "Project", "CompiledPipeline", "CompiledStep", "DEFAULT_FILE",
@@ -83,7 +84,7 @@ def project_allowlist(path: Path) -> tuple[tuple[str, ...], list[SpecError]]:
     if pyproject is None:
         return (), []
     try:
-        settings = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("ragline", {})
+        settings = pyproject_table(pyproject)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         return (), [SpecError(str(pyproject), None, f"cannot read [tool.ragline]: {exc}")]
     modules = settings.get("allow_modules", []) if isinstance(settings, dict) else None

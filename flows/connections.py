@@ -27,15 +27,14 @@ Settings: ``ConnectionLimits`` (``serve_api(limits=...)``) or the environment:
 from __future__ import annotations
 
 import json
-import os
 import resource
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ENV = {"header_timeout_seconds": "RAGLINE_HEADER_TIMEOUT_SECONDS", "body_timeout_seconds":
-       "RAGLINE_BODY_TIMEOUT_SECONDS", "max_connections": "RAGLINE_MAX_CONNECTIONS",
-       "keep_alive_seconds": "RAGLINE_KEEP_ALIVE_SECONDS"}
+from ragline.flows import settings
+
+FROM_SETTINGS = ("header_timeout_seconds", "body_timeout_seconds", "max_connections", "keep_alive_seconds")
 
 
 class ConnectionLimits(BaseModel):
@@ -49,13 +48,8 @@ class ConnectionLimits(BaseModel):
 
     @classmethod
     def from_env(cls) -> ConnectionLimits:
-        """The defaults, with the ``RAGLINE_*`` variables that are set; a bad value names its variable."""
-        values: dict[str, str] = {field: os.environ[var] for field, var in ENV.items() if os.environ.get(var)}
-        try:
-            return cls(**values)
-        except ValueError as exc:
-            names = ", ".join(ENV[str(e["loc"][0])] for e in getattr(exc, "errors", lambda: [])())
-            raise ValueError(f"{names or 'connection limits'}: {exc}") from None
+        """From the ``RAGLINE_*`` settings (``flows.settings``); a bad value is an error naming its variable."""
+        return cls(**{field: settings.get(field) for field in FROM_SETTINGS})
 
     def connection_cap(self) -> int:
         """``max_connections``, lowered so that sockets never take the fds the process needs."""

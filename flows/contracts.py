@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -19,6 +20,14 @@ Metadata = dict[str, str | int | float | bool]
 def content_hash(text: str) -> str:
     """Stable hash of a text, used for change detection and chunk ids."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class PipelineKind(StrEnum):
+    """What a pipeline does (its YAML ``kind``): a StrEnum, so it reads, prints and serialises as the word."""
+
+    INGESTION = "ingestion"  # writes the index
+    QUERY = "query"  # answers a request
+    JOB = "job"  # no inputs: reads the index and writes something else (e.g. `tune`)
 
 
 class Document(BaseModel):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ragline.flows.context import QUERY_ARRIVAL
-from ragline.flows.contracts import IngestPlan
+from ragline.flows.contracts import IngestPlan, PipelineKind
+from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.executors import DirectExecutor, PrefectExecutor, run_with_policy
 from ragline.flows.ingest import run_ingestion
 from ragline.flows.model import CompiledPipeline
@@ -24,9 +25,12 @@ __all__ = ["run", "execute_pipeline", "DriverHooks", "DRIVER", "StepFailed", "In
            "PrefectUnavailable"]
 
 
-class PrefectUnavailable(RuntimeError):
+class PrefectUnavailable(DependencyUnavailable):
     """An orchestrated run could not reach the Prefect API it is configured with; the message
     names the API and what to do, on one line."""
+
+    error_code = "prefect_unavailable"
+    dependency = "prefect"
 
 
 @dataclass
@@ -46,7 +50,7 @@ def execute_pipeline(pipeline: CompiledPipeline, inputs: dict[str, Any], executo
                      hooks: DriverHooks | None = None) -> Any:
     """Run a pipeline on an executor (inside a flow run for the Prefect one)."""
     hooks = hooks or DriverHooks()
-    if pipeline.kind == "ingestion":
+    if pipeline.kind == PipelineKind.INGESTION:
         return run_ingestion(pipeline, executor, hooks.progress)
     return run_query(pipeline, coerce_inputs(pipeline, inputs), executor, hooks.trace)
 
@@ -57,7 +61,7 @@ def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orc
     ``on_token`` receives generated text as it streams (in-process only); ``trace`` (a list)
     receives (step id, seconds) for every step of a query pipeline."""
     inputs = inputs or {}
-    if pipeline.kind == "query":
+    if pipeline.kind == PipelineKind.QUERY:
         inputs = coerce_inputs(pipeline, inputs)  # a bad request fails here, before any flow run
     hooks = DriverHooks(progress, on_token, trace)
     if not orchestrate:

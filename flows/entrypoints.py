@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -19,9 +18,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import TaskRunner
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ragline.flows import engine
+from ragline.flows import engine, settings
 from ragline.flows.compile import CompiledPipeline
-from ragline.flows.contracts import IndexReport, StepResult, to_json
+from ragline.flows.contracts import IndexReport, PipelineKind, StepResult, to_json
 from ragline.flows.spec import RunnerSpec
 from ragline.flows.steps import PipelineRef, StepCall, digest_of, execute, served_copy
 
@@ -67,8 +66,8 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
         return Failed(message=refusal)
     runner = task_runner(compiled.spec.runner)
     driver = engine.DRIVER.get()
-    hooks = engine.DriverHooks(_run_progress(driver.progress) if compiled.kind == "ingestion" else driver.progress,
-                               driver.on_token, driver.trace)
+    progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
+    hooks = engine.DriverHooks(progress, driver.on_token, driver.trace)
     with _api_for_workers(runner), engine.PrefectExecutor(runner) as executor:
         result = engine.execute_pipeline(compiled, inputs or {}, executor, hooks)
     if isinstance(result, IndexReport) and result.incomplete:
@@ -91,7 +90,7 @@ class SourcesUnreachable(Exception):
 
 
 # ----------------------------------------------------------------------------- what a deployment may run
-SERVED_ENV = "RAGLINE_SERVED_DEPLOYMENTS"  # {deployment name: parameters}, set by `ragline serve` for its runs
+SERVED = "served_deployments"  # {deployment name: parameters}, set by `ragline serve` for its runs
 PINNED = ("pipeline", "file", "overrides", "resources", "data_dir", "digest")  # fixed by the deployment
 _DEFAULTS: dict[str, Any] = {"file": "pipelines.yaml"}
 
@@ -101,15 +100,12 @@ def served_deployments(parameters: dict[str, dict[str, Any]]) -> Iterator[None]:
     """Tell the flow-run processes this runner starts what each deployment was created with, so a
     run compares its parameters with that, not with what the Prefect API says now (anyone who can
     reach the API can also change a deployment's stored parameters)."""
-    previous = os.environ.get(SERVED_ENV)
-    os.environ[SERVED_ENV] = json.dumps(parameters)
+    previous = settings.get(SERVED)
+    settings.export(SERVED, json.dumps(parameters))
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(SERVED_ENV, None)
-        else:
-            os.environ[SERVED_ENV] = previous
+        settings.export(SERVED, json.dumps(previous) if previous else None)
 
 
 def deployment_refusal(given: dict[str, Any]) -> str | None:
@@ -126,7 +122,7 @@ def deployment_refusal(given: dict[str, Any]) -> str | None:
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment(deployment_id)
     name = f"{FLOW_NAME}/{deployment.name}"
-    served = json.loads(os.environ.get(SERVED_ENV) or "{}")
+    served = settings.get(SERVED)
     expected = served.get(name, deployment.parameters or {})
     for parameter in PINNED:
         if _normal(given.get(parameter)) != _normal(expected.get(parameter, _DEFAULTS.get(parameter))):
@@ -147,7 +143,7 @@ def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) ->
     context = FlowRunContext.get()
     if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
         return None
-    if pipeline.kind != "query":
+    if pipeline.kind != PipelineKind.QUERY:
         return None if not inputs else (f"pipeline '{pipeline.name}' ({pipeline.kind}) refuses parameter 'inputs': "
                                         f"its deployment takes no parameters")
     try:
@@ -300,7 +296,7 @@ def _api_for_workers(runner: TaskRunner | None) -> Iterator[None]:
 
 
 def output_type(pipeline: CompiledPipeline) -> Any:
-    if pipeline.kind == "ingestion":
+    if pipeline.kind == PipelineKind.INGESTION:
         return IndexReport
     return pipeline.step(pipeline.output).stage.output_type
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ragline.flows.contracts import StepResult
 from ragline.flows.model import CompiledPipeline, CompiledStep
-from ragline.flows.steps import PipelineRef, StepCall, StepFailed, execute
+from ragline.flows.steps import PipelineRef, StepCall, StepTimedOut, execute
 
 _POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="ragline-step")
 
@@ -99,8 +99,7 @@ def _with_timeout(step: CompiledStep, fn: Callable[[], StepResult]) -> StepResul
     try:
         return attempt.result(timeout=step.spec.timeout_seconds)
     except TimeoutError:
-        raise StepFailed(f"step '{step.id}' (task '{step.stage.name}') timed out after "
-                         f"{step.spec.timeout_seconds:g} s") from None
+        raise StepTimedOut(None, step.id, step.stage.name, step.spec.timeout_seconds) from None
 
 
 class PrefectExecutor:

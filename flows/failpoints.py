@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import signal
 
+from ragline.flows import settings
+
 _counts: dict[str, int] = {}
 
 
 def _armed() -> dict[str, int]:
-    spec = os.environ.get("RAGLINE_FAILPOINTS", "")
+    spec = settings.get("failpoints")
     armed = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, nth = item.partition(":")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ragline.flows import settings
 from ragline.flows.parent_death import PRELUDE
 
 PACKAGED_MODEL = "smollm2"  # the served name of SmolLM2-135M-Instruct (deploy/vllm/serve.sh)
@@ -89,7 +90,7 @@ def source_root() -> Path:
 
 
 def deploy_dir() -> Path | None:
-    folder = Path(os.environ.get("RAGLINE_VLLM_DEPLOY", source_root() / "deploy" / "vllm"))
+    folder = Path(settings.get("vllm_deploy") or source_root() / "deploy" / "vllm")
     return folder if (folder / "serve.sh").is_file() and (folder / "setup.sh").is_file() else None
 
 
@@ -98,7 +99,7 @@ def logs_dir() -> Path:
 
 
 def start_enabled() -> bool:
-    return os.environ.get("RAGLINE_START_LLM", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.get("start_llm")
 
 
 @dataclass
@@ -168,7 +169,7 @@ def ensure_installed(say: Say = _stderr) -> Path:
         raise RuntimeError("deploy/vllm/ is not next to this ragline install; start an OpenAI-compatible "
                            "server yourself and set RAGLINE_LLM_BASE_URL")
     root = folder.parents[1]
-    if not (root / ".venv-vllm" / ".ragline-vllm-installed").exists() and "RAGLINE_VLLM_DEPLOY" not in os.environ:
+    if not (root / ".venv-vllm" / ".ragline-vllm-installed").exists() and settings.get("vllm_deploy") is None:
         say(f"installing vLLM and the packaged model into {root / '.venv-vllm'} (first use: a few minutes) ...")
     logs_dir().mkdir(parents=True, exist_ok=True)
     log_path = logs_dir() / "vllm-setup.log"

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ragline.flows import settings
 from ragline.flows.spec import LocatedYaml, SpecError, SpecValidationError, pydantic_message
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from ragline.flows.model import Project
     from ragline.tasks.adapt_embedder import AdaptReport
 
-ENV = "RAGLINE_TUNED"
+ENV = settings.env_name("tuned")
 SUFFIX = ".tuned.yaml"
 HEADER = "# Written by `ragline tune`"
 log = logging.getLogger("ragline.overlay")
@@ -47,7 +48,7 @@ log = logging.getLogger("ragline.overlay")
 
 def enabled_by_default() -> bool:
     """Whether commands apply the overlay: yes unless RAGLINE_TUNED is 0, false, no or off."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.get("tuned")
 
 
 def overlay_path(project: "Project", explicit: str | None = None) -> Path:

@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from ragline.flows import settings
+from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.parent_death import PRELUDE
 
 DEFAULT_STARTUP_TIMEOUT = 180.0  # seconds; a loaded 2-core machine needs far more than Prefect's 20
@@ -79,12 +81,15 @@ uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
 """
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(DependencyUnavailable):
     """The local Prefect server did not become healthy."""
+
+    error_code = "prefect_unavailable"
+    dependency = "prefect"
 
 
 def ragline_home() -> Path:
-    return Path(os.environ.get("RAGLINE_HOME") or Path.home() / ".ragline").expanduser()
+    return Path(settings.get("home")).expanduser()
 
 
 def prefect_home() -> Path:

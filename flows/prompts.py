@@ -17,6 +17,7 @@ from jinja2 import FileSystemLoader, StrictUndefined, TemplateNotFound, Template
     nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ragline.flows.errors import RaglineError
 from ragline.flows.spec import suggest
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ SUFFIX = ".j2"
 BUILTIN = Path(str(resources.files("ragline.prompts"))).resolve()  # shipped with the package
 
 
-class PromptUndefinedError(UndefinedError):
+class PromptUndefinedError(RaglineError, UndefinedError):
     """A variable missing while rendering, with the template and line that read it."""
 
 

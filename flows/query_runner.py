@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from ragline.flows.contracts import Query, StepResult
+from ragline.flows.contracts import PipelineKind, Query, StepResult
+from ragline.flows.errors import InputError
 from ragline.flows.executors import Run, settle
 from ragline.flows.model import CompiledPipeline
 from ragline.flows.resources import filters
@@ -12,10 +13,10 @@ from ragline.flows.steps import PipelineRef
 
 
 def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any]:
-    if pipeline.kind == "query":
+    if pipeline.kind == PipelineKind.QUERY:
         query = inputs.get("query")
         if query is None:
-            raise ValueError(f"pipeline '{pipeline.name}' needs a 'query' input")
+            raise InputError(f"pipeline '{pipeline.name}' needs a 'query' input", field="question")
         if isinstance(query, str):
             query = {"text": query}
         try:
@@ -23,9 +24,9 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
             filters.validate(query.filters)  # a bad request, refused before any step runs (not a step failure)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'query'}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"pipeline '{pipeline.name}': invalid query ({problems})") from None
+            raise InputError(f"pipeline '{pipeline.name}': invalid query ({problems})", field="question") from None
         except filters.FilterError as exc:
-            raise ValueError(f"pipeline '{pipeline.name}': invalid query (filters: {exc})") from None
+            raise InputError(f"pipeline '{pipeline.name}': invalid query (filters: {exc})", field="question") from None
         inputs = dict(inputs, query=query)
     return inputs
 

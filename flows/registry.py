@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -19,8 +18,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import BaseModel
 
+from ragline.flows import settings
+
 RESERVED_ARGS = ("params", "ctx")
-ALLOW_ENV = "RAGLINE_ALLOW_MODULES"
+ALLOW_ENV = settings.env_name("allow_modules")
 ALLOW_HINT = f"set {ALLOW_ENV} (comma-separated modules) or [tool.ragline] allow_modules in pyproject.toml"
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # a dotted module name
 Variables = tuple[str, ...]
@@ -194,7 +195,7 @@ def set_allowed_modules(modules: Iterable[str]) -> None:
 
 def allowed_modules(extra: Iterable[str] = ()) -> tuple[str, ...]:
     """The process-wide allowlist: ``RAGLINE_ALLOW_MODULES``, ``set_allowed_modules`` and ``extra``."""
-    from_env = [m.strip() for m in os.environ.get(ALLOW_ENV, "").split(",") if m.strip()]
+    from_env = settings.get("allow_modules")
     return tuple(dict.fromkeys([*_checked_names(from_env, ALLOW_ENV), *_SET_IN_CODE,
                                 *_checked_names(extra, "allow_modules")]))
 

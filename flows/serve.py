@@ -73,9 +73,11 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.compile import Project, load_project
-from ragline.flows.steps import digest_of
+from ragline.flows.contracts import PipelineKind
+from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
 from ragline.flows.parent_death import DiesWith
+from ragline.flows.steps import digest_of
 
 logger = logging.getLogger("ragline.serve")
 
@@ -98,8 +100,11 @@ PREFECT_HOWTO = ("no Prefect API is configured. Start a server in another termin
                  "or let `ragline serve --start-prefect` start one for this process.")
 
 
-class ServeError(RuntimeError):
+class ServeError(RaglineError, RuntimeError):
     """ragline serve cannot start (no Prefect API, a port in use, ...): one clear line."""
+
+    error_code = "serve_failed"
+    exit_code = EX_USAGE
 
 
 # ----------------------------------------------------------------------------- deployments
@@ -171,7 +176,7 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
                                  "tags": ["ragline", spec.kind],
                                  "description": spec.description or f"ragline {spec.kind} pipeline '{name}'",
                                  "entrypoint_type": EntrypointType.MODULE_PATH}
-        if spec.kind in ("ingestion", "job"):  # a job (e.g. `tune`) is scheduled like an ingestion
+        if spec.kind in (PipelineKind.INGESTION, PipelineKind.JOB):  # a job (`tune`) is scheduled like an ingestion
             schedules = []
             # Each schedule is named (its slug, what the dashboard shows) after what it does; a cron and
             # an interval never share a name, so the slugs stay unique within the deployment.
@@ -332,7 +337,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 # ----------------------------------------------------------------------------- the service
-class Service:
+class ServeSupervisor:
     """The runner and the HTTP API of one pipelines file, each in a thread of this process.
 
     ``start()`` returns once the deployments are applied and the API listens; ``wait()`` blocks
@@ -373,7 +378,7 @@ class Service:
         self._api_gone: str | None = None
 
     # -- start
-    def start(self) -> Service:
+    def start(self) -> ServeSupervisor:
         try:
             self._start()
         except BaseException:
@@ -761,7 +766,7 @@ def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1"
     """Serve a pipelines file until SIGTERM (exit 0) or Ctrl-C (exit 130); 1 if the runner or the
     API stopped by itself, 2 if it cannot start (no Prefect API, port in use, invalid file: the
     message says why). Call it from the main thread: it handles SIGTERM and SIGINT itself."""
-    service = Service(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
+    service = ServeSupervisor(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
                       data_dir=data_dir, poll_seconds=poll_seconds, limit=limit,
                       pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days,
                       start_llm=start_llm)
@@ -785,7 +790,7 @@ def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1"
         except ServeError as exc:
             if not received:  # (a signal during start-up is a stop, not an error)
                 print(f"error: {exc}", file=sys.stderr)
-                code = 2
+                code = exc.exit_code
         else:
             died = service.wait()
             if died is not None and not received:

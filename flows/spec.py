@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
+from ragline.flows.contracts import PipelineKind
+from ragline.flows.errors import ConfigError
 from ragline.flows.registry import MODULE_PATTERN
 from ragline.flows.resources import ResourceSpec
 
@@ -46,12 +48,14 @@ class SpecError:
         return ", ".join(where) + f": {self.message}"
 
 
-class SpecValidationError(Exception):
-    """Raised with every error found in a pipelines file."""
+class SpecValidationError(ConfigError):
+    """Raised with every error found in a pipelines file (``file``, ``line``, ``field``: the first's)."""
 
     def __init__(self, errors: list[SpecError]):
+        first = errors[0] if errors else None
+        super().__init__("\n".join(str(e) for e in errors), file=first and first.file,
+                         line=first and first.line, field=first and first.field)
         self.errors = errors
-        super().__init__("\n".join(str(e) for e in errors))
 
 
 def suggest(name: str, choices: list[str]) -> str:
@@ -214,7 +218,7 @@ class RunnerSpec(BaseModel):
 class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["ingestion", "query", "job"] = Field(
+    kind: PipelineKind = Field(
         description="ingestion: writes the index; query: answers a request; job: no inputs, reads the index and "
                     "writes something else (e.g. `tune`), runnable and schedulable like an ingestion")
     description: str = ""
@@ -502,7 +506,7 @@ def _salvage_pipeline(entry: Any, exc: ValidationError) -> PipelineSpec | None:
         if len(e["loc"]) >= 2 and e["loc"][0] == "steps" and isinstance(e["loc"][1], int):
             by_step.setdefault(e["loc"][1], []).append({**e, "loc": e["loc"][2:]})
     steps = [_salvage_step(raw, i, by_step.get(i, [])) for i, raw in enumerate(entry["steps"])]
-    kind = entry.get("kind") if entry.get("kind") in ("ingestion", "query", "job") else None
+    kind = PipelineKind(entry["kind"]) if entry.get("kind") in tuple(PipelineKind) else None
     pipe = PipelineSpec.model_construct(kind=kind, steps=steps)
     pipe._invalid = _bad_fields(errors) or {"pipeline"}
     return pipe

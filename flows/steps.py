@@ -23,10 +23,46 @@ from typing import Any, Callable
 from ragline.flows.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import StepResult
+from ragline.flows.errors import RaglineError
 
 
-class StepFailed(RuntimeError):
-    """A stage raised; the message names the pipeline and step."""
+class StepFailed(RaglineError, RuntimeError):
+    """A stage raised ``cause``; the message names the pipeline, step and stage. The API answers
+    by the cause's class when it declares a client-facing status (a bad filter, an unavailable
+    LLM or index), else with this class's: the step's name, the details in the log."""
+
+    error_code = "step_failed"
+
+    def __init__(self, pipeline: str | None, step: str, stage: str, cause: BaseException | None = None):
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(f"{self.where_of(pipeline, step, stage)} failed{detail}")
+        self.pipeline, self.step, self.stage = pipeline, step, stage
+        self.__cause__ = cause
+
+    @staticmethod
+    def where_of(pipeline: str | None, step: str, stage: str) -> str:
+        return (f"pipeline '{pipeline}', " if pipeline else "") + f"step '{step}' (task '{stage}')"
+
+    @property
+    def where(self) -> str:
+        """``pipeline 'p', step 's' (task 't')``: what a client may be told of the failed step."""
+        return self.where_of(self.pipeline, self.step, self.stage)
+
+    @property
+    def cause(self) -> BaseException | None:
+        """What the stage raised (None once the error crossed a process: causes do not pickle)."""
+        return self.__cause__
+
+
+class StepTimedOut(StepFailed):
+    """An attempt of a step ran past its ``timeout_seconds``."""
+
+    http_status = 504
+    error_code = "step_timeout"
+
+    def __init__(self, pipeline: str | None, step: str, stage: str, seconds: float):
+        RaglineError.__init__(self, f"{self.where_of(None, step, stage)} timed out after {seconds:g} s")
+        self.pipeline, self.step, self.stage, self.seconds = pipeline, step, stage, seconds
 
 
 @dataclass(frozen=True)
@@ -178,7 +214,6 @@ def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any
     except StepFailed:
         raise
     except Exception as exc:
-        raise StepFailed(f"pipeline '{pipeline.name}', step '{step.id}' (task '{step.stage.name}') failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
+        raise StepFailed(pipeline.name, step.id, step.stage.name, exc) from exc
     finally:
         ctx.seconds += time.perf_counter() - started

@@ -38,7 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Candidate, GateCalibration, PseudoQuery, TuneReport
+from ragline.flows.contracts import Candidate, GateCalibration, PipelineKind, PseudoQuery, TuneReport
 from ragline.flows.registry import stage
 from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
 from ragline.flows.resources.chroma import ChromaStore
@@ -224,11 +224,11 @@ def publish_tuned_bm25(project: Any, targets: list[Target], state: IndexState, c
 def find_targets(project: Any, names: list[str], resources: dict[str, str]) -> list[Target]:
     """The query pipelines (named, or all) whose fuse step is fed by one dense and one BM25
     retriever over the tuner's own store, embedder and BM25 index."""
-    wanted = names or [n for n, p in project.pipelines.items() if p.kind == "query"]
+    wanted = names or [n for n, p in project.pipelines.items() if p.kind == PipelineKind.QUERY]
     targets, problems = [], []
     for name in wanted:
         pipeline = project.pipeline(name)  # a named pipeline that does not exist is an error
-        if pipeline.kind != "query":
+        if pipeline.kind != PipelineKind.QUERY:
             problems.append(f"'{name}' is not a query pipeline")
             continue
         for step in pipeline.steps:

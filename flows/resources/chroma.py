@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Passage
+from ragline.flows.errors import DependencyUnavailable, IndexUnavailable
 
 log = logging.getLogger("ragline.chroma")
 T = TypeVar("T")
@@ -54,13 +55,17 @@ class ChromaSpec(BaseModel):
     write_batch_size: int = Field(4096, ge=1, le=40_000, description="vectors per add call")
 
 
-class ChromaUnavailable(RuntimeError):
+class ChromaUnavailable(DependencyUnavailable):
     """The Chroma server did not answer within the retry budget; the message names it."""
 
+    dependency = "chroma"
 
-class EmbedderMismatch(RuntimeError):
+
+class EmbedderMismatch(IndexUnavailable):
     """The collection's vectors were made by another embedder than the one asked to search them
     (the model changed, e.g. pointed at an adapted one, and ingestion has not re-embedded yet)."""
+
+    error_code = "index_needs_reembedding"
 
 
 # Collection metadata naming the embedder whose vectors it holds (EmbedderSpec.vectors_key).

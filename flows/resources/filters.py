@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ragline.flows.errors import InputError
+
 MAX_CLAUSES = 100  # comparisons in one filter, all levels together (and as many $and/$or branches)
 MAX_DEPTH = 8  # $and/$or nested in one another
 MAX_LIST_VALUES = 1_000  # values of all $in/$nin lists together
@@ -28,8 +30,14 @@ _COMPARE = {
 }
 
 
-class FilterError(ValueError):
+class FilterError(InputError):
     """A filter that Chroma would reject too."""
+
+    error_code = "invalid_filter"
+    field = "filters"
+
+    def client_message(self) -> str:
+        return f"field '{self.field}': {self}"
 
 
 def matches(meta: dict[str, Any], where: dict[str, Any]) -> bool:

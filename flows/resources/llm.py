@@ -29,6 +29,7 @@ from typing import Any, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.resources.fair_slots import FairSlots
 
 log = logging.getLogger("ragline.llm")
@@ -66,8 +67,10 @@ class LLMSpec(BaseModel):
         return self.model_dump(include={"model", "temperature", "seed"})
 
 
-class LLMUnavailable(RuntimeError):
+class LLMUnavailable(DependencyUnavailable):
     """The endpoint did not answer after every retry; the message names it."""
+
+    dependency = "llm"
 
 
 class _StreamCut(Exception):

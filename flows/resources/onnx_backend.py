@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from ragline.flows import settings
+
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
@@ -63,7 +65,7 @@ def _require(package: str) -> None:
 
 def cache_root() -> Path:
     """Folder holding the ONNX exports; RAGLINE_CACHE_DIR overrides ~/.cache/ragline."""
-    base = os.environ.get("RAGLINE_CACHE_DIR") or Path.home() / ".cache" / "ragline"
+    base = settings.get("cache_dir")
     return Path(base).expanduser() / "onnx"
 
 

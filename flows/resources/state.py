@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Document
+from ragline.flows.errors import EX_TEMPFAIL, IndexUnavailable, RaglineError
 
 log = logging.getLogger("ragline.state")
 
@@ -44,13 +45,19 @@ CREATE TABLE IF NOT EXISTS lease (
 """
 
 
-class IndexBusy(RuntimeError):
-    """Another ingestion run holds the index's writer lease."""
+class IndexBusy(RaglineError, RuntimeError):
+    """Another ingestion run holds the index's writer lease: try again later."""
+
+    http_status = 409
+    error_code = "index_busy"
+    exit_code = EX_TEMPFAIL
 
 
-class StoreDamaged(RuntimeError):
+class StoreDamaged(IndexUnavailable):
     """A store (Chroma, BM25 or the state itself) is unreadable, or disagrees with the index state;
     the message names the store, its path and the remedy."""
+
+    error_code = "index_damaged"
 
 
 class StoreMissing(StoreDamaged):
@@ -62,7 +69,7 @@ REMEDY = "run `ragline index` (or `ragline check --repair`)"
 _DAMAGED_WORDS = ("malformed", "not a database", "file is encrypted", "no such table")
 
 
-class StorageError(OSError):
+class StorageError(RaglineError, OSError):
     """The disk under the data folder refused a write: full, read-only or not permitted. The
     message names the store, its path and the reason, with the store's own error after it.
 
@@ -71,6 +78,8 @@ class StorageError(OSError):
     disk, naming neither the file nor the cause (ENOSPC and EROFS provoked on a real tmpfs,
     tests/flows/test_dependency_faults.py). An OSError, so callers that tolerate a store they
     cannot write (``retrieve_sparse.catch_up``) still do."""
+
+    error_code = "storage_error"  # a 500: the disk is the operator's to fix, not the client's
 
     def __str__(self) -> str:
         return self.strerror or super().__str__()

@@ -1,0 +1,140 @@
+"""Every ``RAGLINE_*`` setting in one pydantic-settings model: the only module that reads them.
+
+Why: the variables were read in fourteen modules, each with its own parsing ("0/false/no/off"
+three times); one model gives each a type, a default, a description (the README's table is made
+from it: ``python -m ragline.flows.settings --readme README.md``) and one error naming the
+variable. Settings are read when asked for (``current()``), not frozen at import: a test, or
+``ragline --no-tuned``, changes the environment and the next read sees it. ``[tool.ragline]`` of a
+project's pyproject.toml is read by ``pyproject_table`` (what it may set: ``allow_modules``).
+
+Variables of other tools (``PREFECT_*``, ``HF_*``, ``OMP_*``) and those a pipelines file names
+itself (``${RAGLINE_LLM_BASE_URL}``, ``token_env``) are not settings of ragline's and are read where used.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, ValidationError
+from pydantic_settings import BaseSettings, NoDecode, PyprojectTomlConfigSettingsSource, SettingsConfigDict
+
+from ragline.flows.errors import ConfigError
+
+PREFIX = "RAGLINE_"
+FALSE_WORDS = ("0", "false", "no", "off")
+TABLE_START, TABLE_END = "<!-- settings:start -->", "<!-- settings:end -->"
+
+
+def flag(value: Any) -> bool:
+    """An on/off setting: off only for 0, false, no or off (any case); anything else set is on."""
+    return value if isinstance(value, bool) else str(value).strip().lower() not in FALSE_WORDS
+
+
+def _names(value: Any) -> Any:
+    return [m.strip() for m in value.split(",") if m.strip()] if isinstance(value, str) else value
+
+
+Flag = Annotated[bool, BeforeValidator(flag)]
+Names = Annotated[list[str], NoDecode, BeforeValidator(_names)]
+
+
+class RaglineSettings(BaseSettings):
+    """ragline's settings, from ``RAGLINE_<NAME>`` (an empty variable counts as unset)."""
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, extra="ignore")
+
+    home: Path = Field(Path("~/.ragline"), description="ragline's own state: the local Prefect server's "
+                                                       "database and logs")
+    cache_dir: Path = Field(Path("~/.cache/ragline"), description="model exports (ONNX embedders)")
+    tuned: Flag = Field(True, description="apply the overlay `ragline tune` wrote beside the data "
+                                          "(0, false, no or off: ignore it; `--no-tuned` sets it)")
+    allow_modules: Names = Field(default_factory=list, description="modules user stages may come from, "
+                                 "comma-separated (adds to `[tool.ragline] allow_modules` of pyproject.toml)")
+    api_token: str | None = Field(None, repr=False, description="the bearer token of `ragline api` and "
+                                                               "`ragline serve` (required off loopback)")
+    header_timeout_seconds: float = Field(10.0, gt=0, description="for a request line and headers to arrive")
+    body_timeout_seconds: float = Field(30.0, gt=0, description="for a whole body to arrive after its headers")
+    max_connections: int = Field(1000, ge=1, description="open sockets at most (lowered to fit the fd limit)")
+    keep_alive_seconds: float = Field(5.0, gt=0, description="an idle keep-alive connection is closed after this")
+    start_llm: Flag = Field(True, description="start the packaged LLM on vLLM for a local endpoint that is down "
+                                              "(`ragline quickstart`, `ragline serve`)")
+    vllm_deploy: Path | None = Field(None, description="the folder with vLLM's setup.sh and serve.sh "
+                                                       "(default: deploy/vllm of the checkout)")
+    failpoints: str = Field("", description="crash-safety tests only: `name[:n],...` kills the process the n-th "
+                                            "time it reaches a named point")
+    served_deployments: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="set by `ragline serve` for its flow runs: what each deployment was "
+                                          "created with (JSON)")
+
+
+def get(field: str) -> Any:
+    """One setting: its default without building the model when its variable is unset (a
+    failpoint is checked on hot paths), else as ``current()`` reads it."""
+    if not os.environ.get(env_name(field)):
+        return RaglineSettings.model_fields[field].get_default(call_default_factory=True)
+    return getattr(current(), field)
+
+
+def export(field: str, value: str | None) -> None:
+    """Set (None: unset) a setting for this process and the ones it starts (flow runs, workers)."""
+    if value is None:
+        os.environ.pop(env_name(field), None)
+    else:
+        os.environ[env_name(field)] = value
+
+
+def current() -> RaglineSettings:
+    """The settings as the environment says now; a bad value is a ConfigError naming its variable."""
+    try:
+        return RaglineSettings()
+    except ValidationError as exc:
+        problems = "; ".join(f"{PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
+        raise SettingsError(problems, field=f"{PREFIX}{str(exc.errors()[0]['loc'][0]).upper()}") from None
+
+
+class SettingsError(ConfigError, ValueError):
+    """An environment variable ragline cannot use; the message names it."""
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+class _ToolTable(BaseSettings):
+    model_config = SettingsConfigDict(pyproject_toml_table_header=("tool", "ragline"))
+
+
+def pyproject_table(pyproject: Path) -> dict[str, Any] | None:
+    """``[tool.ragline]`` of one pyproject.toml, unvalidated (its reader reports problems with
+    lines); None when ``tool.ragline`` is there but not a table."""
+    try:
+        return PyprojectTomlConfigSettingsSource(_ToolTable, toml_file=pyproject).toml_data
+    except (AttributeError, TypeError):  # pydantic-settings takes the table for a mapping
+        return None
+
+
+# ----------------------------------------------------------------------------- the README's table
+def settings_table() -> str:
+    """Every setting as a Markdown table: variable, default, what it does."""
+    rows = ["| Variable | Default | What it sets |", "|---|---|---|"]
+    for name, info in RaglineSettings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        shown = "unset" if default in (None, "", [], {}) else ("1" if default is True else str(default))
+        rows.append(f"| `{env_name(name)}` | {shown} | {info.description} |")
+    return "\n".join(rows)
+
+
+def with_table(readme: str) -> str:
+    """The README text with its settings table (between the markers) regenerated."""
+    start, end = readme.index(TABLE_START) + len(TABLE_START), readme.index(TABLE_END)
+    return readme[:start] + "\n" + settings_table() + "\n" + readme[end:]
+
+
+if __name__ == "__main__":  # python -m ragline.flows.settings [--readme README.md]
+    if sys.argv[1:2] == ["--readme"]:
+        path = Path(sys.argv[2])
+        path.write_text(with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        print(settings_table())
