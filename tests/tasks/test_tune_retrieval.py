@@ -289,3 +289,38 @@ def test_the_gates_llm_threshold_is_what_the_pseudo_queries_clear_with_their_own
     assert engine.run(job.with_overrides({"tune": {"write": False}}), orchestrate=False).gate_llm \
         is None  # no gate, nothing to calibrate: the LLM (at a closed port) is never called
     scripted.unlink()
+
+
+def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(indexed, monkeypatch):
+    """`ragline index; ragline tune; ragline eval`: eval applies the overlay tune wrote beside the
+    user's data (not one of its private workspace), says so, and a retrieval-only difference (BM25's
+    k1 and b, fusion) reuses the workspace's vectors instead of re-embedding the corpus."""
+    from ragline.flows.evaluate import eval_workspace, evaluate
+
+    monkeypatch.setenv("RAGLINE_TUNED", "1")
+    dataset = load_beir(indexed / "dataset")
+    overlay = indexed / "pipelines.tuned.yaml"
+    tune(indexed)
+    try:
+        plain = load_project(indexed / "pipelines.yaml", tuned=False)
+        tuned = load_project(indexed / "pipelines.yaml")
+        assert tuned.overlay is not None and tuned.overlay.changes
+        retuned = plain.with_resource("sparse", k1=0.5, b=0.2, stemmer="none")
+        workspace = eval_workspace(plain, dataset, "index")
+        assert eval_workspace(tuned, dataset, "index") == eval_workspace(retuned, dataset, "index") == workspace
+
+        untuned_figures = evaluate(plain, dataset)
+        assert untuned_figures["overlay"] is None and "added 30" in untuned_figures["index_summary"]
+        figures = evaluate(tuned, dataset)
+        assert figures["overlay"] == str(overlay.resolve())
+        assert figures["overlay_changes"] == tuned.overlay.changes
+        assert figures["workspace"] == str(workspace)
+        assert "added 0" in figures["index_summary"] and "updated 0" in figures["index_summary"]  # nothing re-embedded
+
+        # the figures are those of the tuned search pipeline as the user runs it (on their own index)
+        run = {q: to_run(engine.run(tuned.pipeline("search"), {"query": t}, orchestrate=False))
+               for q, t in dataset.queries.items()}
+        assert figures["ndcg@10"] == pytest.approx(score(run, dataset.qrels)["ndcg@10"], abs=1e-4)
+        assert not (workspace / "pipelines.tuned.yaml").exists()
+    finally:
+        overlay.unlink(missing_ok=True)
