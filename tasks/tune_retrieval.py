@@ -614,9 +614,10 @@ def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: li
             fused = _fuse(cache.dense[q][:d_dense], sparse[q][:d_sparse], ks, alphas, is_rrf)
             if fused is None:
                 continue
-            chunk, scores = fused
+            chunk, scores, kept = fused
             for row, i in enumerate(rows):
-                order = np.lexsort((chunk, -scores[row]))[:top_k]
+                valid = np.flatnonzero(kept[row])  # a list weighed 0 adds nothing, as in fuse
+                order = valid[np.lexsort((chunk[valid], -scores[row][valid]))][:top_k]
                 totals[i] += _metrics(docs[chunk[order]], rel)
     n = max(1, len(relevant))
     return [Candidate(name=setting_name(s), setting=s,
@@ -625,9 +626,10 @@ def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: li
 
 
 def _fuse(dense: list[tuple[int, float]], sparse: list[tuple[int, float]], ks: np.ndarray, alphas: np.ndarray,
-          is_rrf: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Fused scores of the union of both lists for every (method, k, weight) row; chunk indexes
-    sort like chunk ids, so ``lexsort((chunk, -score))`` is fuse's (-score, chunk id) order."""
+          is_rrf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Fused scores of the union of both lists for every (method, k, weight) row, and per row
+    which chunks a list of non-zero weight holds (fuse drops the others); chunk indexes sort like
+    chunk ids, so ``lexsort((chunk, -score))`` is fuse's (-score, chunk id) order."""
     union = sorted({c for c, _ in dense} | {c for c, _ in sparse})
     if not union:
         return None
@@ -652,7 +654,8 @@ def _fuse(dense: list[tuple[int, float]], sparse: list[tuple[int, float]], ks: n
         rrf_d = np.where(p_d, 1.0 / (ks + r_d), 0.0)
         rrf_s = np.where(p_s, 1.0 / (ks + r_s), 0.0)
     scores = np.where(is_rrf, alphas * rrf_d + (1 - alphas) * rrf_s, alphas * n_d + (1 - alphas) * n_s)
-    return np.array(union), scores
+    kept = ((alphas > 0) & p_d) | ((alphas < 1) & p_s)
+    return np.array(union), scores, kept
 
 
 def _metrics(ranked_docs: np.ndarray, relevant: set[int]) -> np.ndarray:

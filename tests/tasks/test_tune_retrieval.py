@@ -324,3 +324,27 @@ def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(ind
         assert not (workspace / "pipelines.tuned.yaml").exists()
     finally:
         overlay.unlink(missing_ok=True)
+
+
+def test_a_retriever_weighed_zero_is_not_run(indexed, monkeypatch):
+    """Dense alone or BM25 alone, as the tuner may choose them, runs one retriever: the other one is
+    never called (no query embedding, no Chroma query), and the answer is that retriever's alone."""
+    from ragline.flows.resources.embedder import Embedder
+
+    project = load_project(indexed / "pipelines.yaml", tuned=False)
+    encoded: list[list[str]] = []
+    original = Embedder.encode_queries
+    monkeypatch.setattr(Embedder, "encode_queries", lambda self, texts: encoded.append(texts) or original(self, texts))
+    query = {"query": "cerebral white matter in newborns"}
+    bm25_only = project.pipeline("search").with_overrides({"fuse": {"weights": {"dense": 0.0, "sparse": 1.0}},
+                                                            "sparse": {"k": 20}})
+    trace: list = []
+    fused = engine.run(bm25_only, query, orchestrate=False, trace=trace)
+    assert encoded == [] and [step for step, _ in trace] == ["sparse", "fuse"]
+    alone = project.pipeline("search").with_overrides({"fuse": {"weights": {"dense": 0.0}}})
+    sparse_ranking = engine.run(alone, query, orchestrate=False)
+    assert [p.chunk_id for p in fused] == [p.chunk_id for p in sparse_ranking] and fused
+    dense_only = project.pipeline("search").with_overrides({"fuse": {"weights": {"dense": 1.0, "sparse": 0.0}}})
+    trace = []
+    assert engine.run(dense_only, query, orchestrate=False, trace=trace) and encoded
+    assert [step for step, _ in trace] == ["dense", "fuse"]
