@@ -21,6 +21,8 @@ from __future__ import annotations
 import random
 import re
 import time
+
+import regex
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,7 +35,12 @@ from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
 
 Strategy = Literal["inverse_cloze", "title", "llm"]
-SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+# A sentence ends at Unicode sentence-final punctuation of any script (. ! ? ؟ ۔ । 。 ！ ？ …),
+# closing quotes and brackets included, before a space, or at once after a full-width one (CJK
+# text has no spaces); what follows need not be a capital (Arabic, Chinese, lower-case text).
+SENTENCE = regex.compile(r"(?<=\p{Sentence_Terminal}[\p{Pe}\p{Pf}\"']*)\s+"
+                         r"|(?<=[。！？｡︒﹒﹗﹖][\p{Pe}\p{Pf}\"']*)(?=\S)")
+CJK = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}]")  # written without spaces: a character is a word
 ABBREVIATION = re.compile(r"\b(?:e\.g|i\.e|et al|vs|Fig|Figs|Dr|Mr|Mrs|No|approx|ca)\.$", re.I)
 OVERLAP_WORDS = 4  # a run of this many of the cut's words elsewhere in the document is cut too
 
@@ -145,7 +152,7 @@ def body(text: str, title: str) -> str:
 
 
 def sentences_of(text: str) -> list[str]:
-    """Sentences, split at ., ! or ? before a capital or digit (not after e.g., et al. and the like)."""
+    """Sentences, split at sentence-final punctuation of any script (not after e.g., et al. and the like)."""
     pieces: list[str] = []
     for piece in SENTENCE.split(" ".join(text.split())):
         if pieces and ABBREVIATION.search(pieces[-1]):
@@ -174,8 +181,13 @@ def without(text: str, cut: str, overlap: int = OVERLAP_WORDS) -> str:
     return " ".join(t for t, gone in zip(tokens, dropped) if not gone)
 
 
+def words(text: str) -> int:
+    """Words: what spaces separate, and each CJK character (those scripts use no spaces)."""
+    return sum(max(1, len(CJK.findall(token))) for token in text.split())
+
+
 def _fits(query: str, params: Params) -> bool:
-    return params.min_words <= len(query.split()) <= params.max_words
+    return params.min_words <= words(query) <= params.max_words
 
 
 def _question(reply: str) -> str:

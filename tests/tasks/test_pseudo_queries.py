@@ -93,6 +93,37 @@ def test_sentences_keep_abbreviations():
                                   "Smith et al. Found more!", "Is it 5?"]
 
 
+def test_sentences_of_any_script_without_a_capital_after_the_stop():
+    arabic = ("ما هي عاصمة المغرب؟ الرباط هي عاصمة المملكة المغربية. تقع على ساحل المحيط الأطلسي. "
+              "يبلغ عدد سكانها أكثر من نصف مليون نسمة")
+    assert sentences_of(arabic) == ["ما هي عاصمة المغرب؟", "الرباط هي عاصمة المملكة المغربية.",
+                                    "تقع على ساحل المحيط الأطلسي.", "يبلغ عدد سكانها أكثر من نصف مليون نسمة"]
+    assert sentences_of("یہ پہلا جملہ ہے۔ یہ دوسرا جملہ ہے۔") == ["یہ پہلا جملہ ہے۔", "یہ دوسرا جملہ ہے۔"]
+    assert sentences_of("细胞分裂很快。为什么会这样？因为温度很高！结束") == ["细胞分裂很快。", "为什么会这样？",
+                                                                        "因为温度很高！", "结束"]
+    assert sentences_of("lower case after a stop. still a new sentence. «quoted» one") == [
+        "lower case after a stop.", "still a new sentence.", "«quoted» one"]
+    assert sentences_of("The dose was 2.5 mg (i.e. low). it worked") == ["The dose was 2.5 mg (i.e. low).", "it worked"]
+
+
+def test_inverse_cloze_pairs_from_arabic_and_chinese_documents(tmp_path):
+    """A non-Latin corpus yields as many pairs as a Latin one (once: 103 of 300 asked on Arabic)."""
+    state = IndexState(StateSpec(type="index_state", path="state.sqlite"), tmp_path)
+    arabic = "الرباط هي عاصمة المملكة المغربية منذ {} سنة وأكثر. "
+    chinese = "这座城市是一个国家的首都并且有{}万人口。"
+    documents, chunks = [], []
+    for i in range(20):
+        text = ("".join(arabic.format(i + j) for j in range(3)) + f"وفيها {i} جامعات ومتاحف كثيرة ومشهورة في العالم؟"
+                if i % 2 else "".join(chinese.format(i + j) for j in range(3)) + f"这里有{i}所大学和很多著名的博物馆！")
+        sid = f"docs/{i}.txt"
+        documents.append(Document(source_id=sid, text=text, title="", content_hash="h"))
+        chunks.append(Chunk(chunk_id=f"c{i}", source_id=sid, ordinal=0, text=text, metadata={"chunk": 0}))
+    state.record("index", "fp", documents, chunks)
+    pairs = make(state, n=20)
+    assert len(pairs) == 20
+    assert all(p.text in p.cut and p.text.endswith(("؟", ".", "。", "！")) for p in pairs)
+
+
 def test_without_removes_the_cut_and_its_pieces_in_neighbouring_chunks():
     sentence = "The kinase phosphorylates the receptor at serine residues in vivo."
     assert without(f"Title\nFirst part. {sentence} Last part.", sentence) == "Title First part. Last part."
@@ -170,6 +201,6 @@ def test_the_shipped_tune_pipeline_runs_on_an_empty_index_with_a_clear_error(tmp
     shutil.copy(Path(__file__).resolve().parents[2] / "pipelines.yaml", tmp_path / "pipelines.yaml")
     (tmp_path / "prompts").symlink_to(REPO_PROMPTS)
     project = load_project(tmp_path / "pipelines.yaml")
-    with pytest.raises(engine.StepFailed, match="no pseudo-queries"):
+    with pytest.raises(engine.StepFailed, match="nothing is indexed yet.*run `ragline index`"):
         engine.run(project.pipeline("tune"), orchestrate=False)
     assert not (tmp_path / "pipelines.tuned.yaml").exists()
