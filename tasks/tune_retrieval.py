@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, GateCalibration, PseudoQuery, TuneReport
 from ragline.flows.registry import stage
-from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
+from ragline.flows.resources.bm25 import BM25Index, in_memory, ranked, tokenize
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
@@ -498,7 +498,7 @@ def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: Chroma
             scores = store.score(query_vector, np.stack([vector_of[c] for c in own]))
             floor = ranking[depth - 1][1] if len(ranking) >= depth else -np.inf
             ranking += [(c, float(s)) for c, s in zip(own, scores) if s >= floor]
-            ranking.sort(key=lambda r: (-r[1], corpus.ids[r[0]]))
+        ranking.sort(key=lambda r: (-r[1], r[0]))  # chunk indexes sort like chunk ids
         rankings.append(ranking[:depth])
     return rankings
 
@@ -509,14 +509,13 @@ def sparse_rankings(queries: list[str], depth: int, tokens: list[list[str]],
     the published index's search does)."""
     retriever = in_memory(tokens, spec)
     query_tokens = tokenize(queries, spec.stemmer, spec.stopwords)
-    k = min(depth, len(tokens))
     rankings: list[list[tuple[int, float]]] = [[] for _ in queries]
-    asked = [i for i, q in enumerate(query_tokens) if q]
-    if not asked or k == 0:
+    if not tokens:
         return rankings
-    docs, scores = retriever.retrieve([query_tokens[i] for i in asked], k=k, show_progress=False, n_threads=1)
-    for row, i in enumerate(asked):
-        rankings[i] = [(int(d), float(s)) for d, s in zip(docs[row], scores[row]) if s > 0]
+    for i, terms in enumerate(query_tokens):
+        if terms:
+            scores = retriever.get_scores(terms)
+            rankings[i] = [(d, float(scores[d])) for d in ranked(scores, depth).tolist()]  # ties: chunk id order
     return rankings
 
 
