@@ -333,7 +333,7 @@ def test_the_gates_llm_threshold_is_what_the_pseudo_queries_clear_with_their_own
     scripted.unlink()
 
 
-def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(indexed, monkeypatch):
+def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(indexed, monkeypatch, capsys):
     """`ragline index; ragline tune; ragline eval`: eval applies the overlay tune wrote beside the
     user's data (not one of its private workspace), says so, and a retrieval-only difference (BM25's
     k1 and b, fusion) reuses the workspace's vectors instead of re-embedding the corpus."""
@@ -365,6 +365,15 @@ def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(ind
                for q, t in dataset.queries.items()}
         assert figures["ndcg@10"] == pytest.approx(score(run, dataset.qrels)["ndcg@10"], abs=1e-4)
         assert not (workspace / "pipelines.tuned.yaml").exists()
+
+        # the README's order of commands: eval prints the tuned figure and names the overlay it applied
+        capsys.readouterr()
+        assert cli.main(["eval", "--dataset", str(indexed / "dataset"), "-f", str(indexed / "pipelines.yaml")]) == 0
+        out = capsys.readouterr().out
+        assert f"tuned overlay: {overlay.resolve()}" in out and f"{figures['ndcg@10']:.4f}" in out
+        assert cli.main(["eval", "--no-tuned", "--dataset", str(indexed / "dataset"),
+                         "-f", str(indexed / "pipelines.yaml")]) == 0
+        assert "tuned overlay: none" in capsys.readouterr().out
     finally:
         overlay.unlink(missing_ok=True)
 
