@@ -165,7 +165,7 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     decision = choose(candidates, baseline, params, per_query)
     chosen, reason = decision.chosen, decision.reason
     timings["scoring"] = time.perf_counter() - clock
-    floor = kept_floor(cache.source_similarity, params.gate_keep)
+    floor = kept_floor(gate_similarities(pairs, cache.source_similarity), params.gate_keep)
     gate = next((t for t in targets if t.gate), None)
     calibration = None
     if params.gate_llm_pairs and params.gate_keep is not None and gate is not None:
@@ -286,6 +286,14 @@ def current_setting(project: Any, target: Target, bm25: Any) -> dict[str, Any]:
             "depth_dense": pipeline.step(target.dense).params.k,
             "depth_sparse": pipeline.step(target.sparse).params.k,
             "bm25": {"k1": bm25.k1, "b": bm25.b, "stemmer": bm25.stemmer}}
+
+
+def gate_similarities(pairs: list[PseudoQuery], similarity: list[float | None]) -> list[float | None]:
+    """The source similarities the gate's floor comes from: of the pairs worded like a question or
+    a sentence (keyword queries are terse, so their similarities are far lower than a real
+    question's: with them the floor refused nothing off-topic); all when too few are left."""
+    worded = [s for p, s in zip(pairs, similarity) if p.strategy != "keywords"]
+    return worded if sum(s is not None for s in worded) >= 20 else similarity
 
 
 def kept_floor(scores: list[float | None], keep: float | None) -> float | None:

@@ -132,6 +132,16 @@ def test_the_gate_floor_is_a_low_quantile_of_the_sources_similarity_and_needs_en
     assert tr.kept_floor(values[:19], 0.98) is None and tr.kept_floor(values, None) is None
 
 
+def test_the_gate_floor_comes_from_pairs_worded_like_questions_not_keyword_queries():
+    from ragline.flows.contracts import PseudoQuery
+
+    pairs = [PseudoQuery(text="t", source_id="s", chunk_id="c", strategy=k) for k in ["inverse_cloze", "keywords"] * 30]
+    similarity = [0.5 + i / 1000 if p.strategy == "inverse_cloze" else 0.05 for i, p in enumerate(pairs)]
+    assert tr.gate_similarities(pairs, similarity) == similarity[::2]
+    assert tr.kept_floor(tr.gate_similarities(pairs, similarity), 0.98) > 0.5  # keyword pairs do not drag it down
+    assert tr.gate_similarities(pairs[:20], similarity[:20]) == similarity[:20]  # too few worded ones: all
+
+
 # ----------------------------------------------------------------------------- end to end
 TUNE_YAML = index_and_search_yaml().replace("paths: [docs]", "paths: [dataset/corpus.jsonl]").replace(
     "\npipelines:\n", """
