@@ -1,7 +1,7 @@
 """Self-tuning retrieval on SciFact without labels: BM25, dense, untuned and tuned hybrid.
 
-Usage: .venv/bin/python bench/tuning.py [--strategies inverse_cloze,inverse_cloze_unmasked,title] [--pairs 300]
-                                        [--no-readme] [--table-only]
+Usage: .venv/bin/python bench/tuning.py [--strategies inverse_cloze+keywords,inverse_cloze,keywords] [--pairs 300]
+                                        [--no-readme] [--table-only] [--no-rgb]
 
 1. Indexes the SciFact corpus once in the private evaluation workspace `ragline eval` uses (reused).
 2. Runs the shipped `tune` pipeline there (pseudo-queries from the index, then the tuner): its wall
@@ -14,6 +14,11 @@ Usage: .venv/bin/python bench/tuning.py [--strategies inverse_cloze,inverse_cloz
    qrels; agreement = rank correlation (Kendall tau, Spearman) between the candidates' pseudo-query
    and train scores, and the train/test score of the candidate each ranking picks.
    Other pseudo-query strategies (`--strategies`) are compared the same way.
+5. Paired 95 % intervals (bootstrap over queries, seeded) of the tuned hybrid minus the better
+   single retriever, nDCG@10 and Recall@100, on test (the real pipelines) and train (cached).
+SciFact train is the development split the generators and the decision rule were designed on;
+test is for reporting only. No other BEIR collection can be fetched here (no internet but the
+package registries): the second collection is RGB's, built at run time.
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ from ragline.flows.progress import IngestProgress
 
 STRATEGIES = {  # name -> pseudo_queries parameters
     "inverse_cloze": {"strategies": ["inverse_cloze"]},
+    "keywords": {"strategies": ["keywords"]},
+    "inverse_cloze+keywords": {"strategies": ["inverse_cloze", "keywords"]},
     "inverse_cloze_unmasked": {"strategies": ["inverse_cloze"], "mask": False},
     "title": {"strategies": ["title"]},
 }
@@ -39,21 +46,22 @@ STRATEGIES = {  # name -> pseudo_queries parameters
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--strategies", default="inverse_cloze,inverse_cloze_unmasked,title",
+    parser.add_argument("--strategies", default="inverse_cloze+keywords,inverse_cloze,keywords",
                         help="pseudo-query strategies to compare (the first one is the shipped default, tuned for real)")
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the last run")
+    parser.add_argument("--no-rgb", action="store_true", help="SciFact only (skip the RGB collection)")
     args = parser.parse_args()
     if args.table_only:
         result = json.loads((OUT / "tuning.json").read_text())
     else:
-        result = run(args.strategies.split(","), args.pairs)
+        result = run(args.strategies.split(","), args.pairs, rgb=not args.no_rgb)
         save("tuning", result)
     publish("tuning", table(result), readme=not args.no_readme)
 
 
-def run(strategies: list[str], pairs: int) -> dict:
+def run(strategies: list[str], pairs: int, rgb: bool = True) -> dict:
     plain = load_project(REPO / "pipelines.yaml", tuned=False)
     test, train = load_beir(SCIFACT, "test"), load_beir(SCIFACT, "train")
     workspace = eval_workspace(plain, test, "index")
@@ -63,7 +71,8 @@ def run(strategies: list[str], pairs: int) -> dict:
     report = engine.run(plain.pipeline("index").with_overrides({"load": {"paths": [str(test.corpus.resolve())]}}),
                         orchestrate=False, progress=progress)
     progress.close()
-    print(f"index: {report.summary()} in {time.perf_counter() - started:.1f} s", flush=True)
+    index_seconds = round(time.perf_counter() - started, 1)
+    print(f"index: {report.summary()} in {index_seconds} s", flush=True)
 
     from ragline.tasks import tune_retrieval as tr
 
@@ -95,10 +104,13 @@ def run(strategies: list[str], pairs: int) -> dict:
     store, embedder = plain.resource("store"), plain.resource("embedder")
     bm25_spec = plain.spec.resources["sparse"]
     real: dict[str, dict[str, dict[str, float]]] = {}
+    cached_per_query: dict[str, dict[str, object]] = {}
     for name, ds in splits.items():
         started = time.perf_counter()
         cache, _ = tr.rank_queries(list(ds.queries.values()), corpus, store, embedder, bm25_spec, variants, 100)
-        scored = tr.score_settings(list(settings.values()), cache, relevant[name], top_k=100)
+        cached_per_query[name] = {}
+        scored = tr.score_settings(list(settings.values()), cache, relevant[name], top_k=100,
+                                   per_query=cached_per_query[name])
         real[name] = {c.name: c.scores for c in scored}
         print(f"{name}: {len(settings)} candidates scored from cached rankings in "
               f"{time.perf_counter() - started:.1f} s", flush=True)
@@ -121,10 +133,18 @@ def run(strategies: list[str], pairs: int) -> dict:
     for row in rows:
         if row["label"] in singles:
             row["train"] = real["train"].get(singles[row["label"]])
-    second = second_corpus(pairs)
-    return {"machine": platform.processor() or platform.machine(), "pairs": pairs, "rows": rows, "rgb": second,
+    train_pq = cached_per_query["train"]
+    versus = {"test": versus_single(rows),
+              "train": paired({label: train_pq[name] for label, name in singles.items()},
+                              train_pq[first.chosen.name], column=lambda a, m: a[:, tr.METRICS.index(m)])}
+    print(f"tuned minus the better single retriever: {versus}", flush=True)
+    second = second_corpus(pairs) if rgb else None
+    return {"machine": platform.processor() or platform.machine(), "pairs": pairs, "rows": _public(rows),
+            "rgb": second, "versus_single": versus, "index_seconds": index_seconds,
             "tuning": {s: {"wall_seconds": r["wall_seconds"], "timings": r["report"].timings,
                            "chosen": r["report"].chosen.name, "reason": r["report"].reason,
+                           "rule": r["report"].rule, "gain_interval": r["report"].gain_interval,
+                           "by_strategy": r["report"].by_strategy,
                            "candidates": len(r["report"].candidates),
                            "pseudo": r["report"].chosen.scores,
                            "train": real["train"][r["report"].chosen.name],
@@ -140,15 +160,57 @@ def headline(plain, tuned_project, dataset) -> list[dict]:
             ("BM25", plain, "search_bm25"), ("dense", plain, "search_dense"),
             ("hybrid, untuned (pipelines.yaml)", plain, "search"),
             ("hybrid, tuned (pipelines.yaml + overlay)", tuned_project, "search")):
+        project.resource("sparse").sync(project.resource("state"))  # BM25 as this project sets it (a tune
+        # run published its own choice; the plain rows must not search that one)
         started = time.perf_counter()
         queries = list(dataset.queries.items())
         run_ = {q: to_run(engine.run(project.pipeline(pipeline), {"query": text}, orchestrate=False))
                 for q, text in queries}
         figures = score(run_, dataset.qrels)
-        rows.append({"label": label, "pipeline": pipeline, "test": figures,
+        rows.append({"label": label, "pipeline": pipeline, "test": figures, "per_query": per_query(run_, dataset.qrels),
                      "query_ms": round(1000 * (time.perf_counter() - started) / len(queries), 1)})
         print(f"{label:45} test nDCG@10 {figures['ndcg@10']:.4f} R@100 {figures['recall@100']:.4f}", flush=True)
     return rows
+
+
+def per_query(run_: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, list[float]]:
+    """nDCG@10 and Recall@100 of every judged query (0 for one that retrieved nothing), in qrels order."""
+    import pytrec_eval
+
+    evaluated = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run_)
+    return {"ndcg@10": [evaluated.get(q, {}).get("ndcg_cut_10", 0.0) for q in qrels],
+            "recall@100": [evaluated.get(q, {}).get("recall_100", 0.0) for q in qrels]}
+
+
+def interval(gains, resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Mean of paired per-query gains and its 95 % bootstrap interval (seeded)."""
+    import numpy as np
+
+    gains = np.asarray(gains, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = gains[rng.integers(0, len(gains), (resamples, len(gains)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"mean": round(float(gains.mean()), 4), "low": round(float(low), 4), "high": round(float(high), 4)}
+
+
+def paired(singles: dict[str, object], tuned, column) -> dict:
+    """Tuned minus the single retriever with the higher mean nDCG@10, per metric, with intervals."""
+    import numpy as np
+
+    better = max(singles, key=lambda label: float(np.mean(column(singles[label], "ndcg@10"))))
+    return {"better_single": better, **{m: interval(np.asarray(column(tuned, m)) - np.asarray(column(singles[better], m)))
+                                        for m in ("ndcg@10", "recall@100")}}
+
+
+def versus_single(rows: list[dict]) -> dict:
+    """The headline rows' tuned hybrid minus the better of BM25 and dense, per query."""
+    by_label = {r["label"]: r["per_query"] for r in rows}
+    singles = {label: by_label[label] for label in ("BM25", "dense")}
+    return paired(singles, rows[-1]["per_query"], column=lambda figures, m: figures[m])
+
+
+def _public(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "per_query"} for r in rows]
 
 
 def rgb_as_beir(folder: Path) -> Path:
@@ -186,9 +248,11 @@ def second_corpus(pairs: int) -> dict:
     print(f"tune (rgb): {report.chosen.name} in {wall:.1f} s", flush=True)
     tuned = load_project(REPO / "pipelines.yaml", tuned=True).relocated(workspace)
     documents = sum(1 for line in dataset.corpus.read_text().splitlines() if line.strip())
+    rows = headline(plain, tuned, dataset)
     return {"documents": documents, "queries": len(dataset.queries),
             "pairs": report.pairs, "wall_seconds": round(wall, 1), "chosen": report.chosen.name,
-            "reason": report.reason, "rows": headline(plain, tuned, dataset)}
+            "reason": report.reason, "rule": report.rule, "versus_single": versus_single(rows),
+            "rows": _public(rows)}
 
 
 def gate_figures(project, floor: float | None, test) -> dict:
@@ -233,6 +297,23 @@ def _agreement(report, real: dict[str, dict[str, dict[str, float]]]) -> dict:
                                              / len(train), 1)}
 
 
+def _versus(v: dict | None) -> str:
+    if not v:
+        return ""
+    ci = lambda m: f"{v[m]['mean']:+.3f} [{v[m]['low']:+.3f}, {v[m]['high']:+.3f}]"  # noqa: E731
+    if "test" in v:
+        return (f"Tuned minus the better single retriever (paired, 95 % bootstrap interval): test "
+                f"({v['test']['better_single']}) nDCG@10 {ci_of(v['test'], 'ndcg@10')}, Recall@100 "
+                f"{ci_of(v['test'], 'recall@100')}; train ({v['train']['better_single']}) nDCG@10 "
+                f"{ci_of(v['train'], 'ndcg@10')}, Recall@100 {ci_of(v['train'], 'recall@100')}.")
+    return (f"Tuned minus the better single retriever ({v['better_single']}; paired, 95 % bootstrap interval): "
+            f"nDCG@10 {ci('ndcg@10')}, Recall@100 {ci('recall@100')}.")
+
+
+def ci_of(v: dict, metric: str) -> str:
+    return f"{v[metric]['mean']:+.3f} [{v[metric]['low']:+.3f}, {v[metric]['high']:+.3f}]"
+
+
 def table(result: dict) -> list[str]:
     lines = ["| retrieval | test nDCG@10 | test Recall@100 | train (dev) nDCG@10 | train Recall@100 |",
              "|---|---|---|---|---|"]
@@ -242,9 +323,11 @@ def table(result: dict) -> list[str]:
                      f"{train.get('ndcg@10', float('nan')):.3f} | {train.get('recall@100', float('nan')):.3f} |")
     first = next(iter(result["tuning"]))
     t = result["tuning"][first]
-    lines += ["", f"Tuned on {result['pairs']} pseudo-queries ({first}) in **{t['wall_seconds']} s** "
-                  f"({', '.join(f'{k} {v} s' for k, v in t['timings'].items())}); chosen: `{t['chosen']}` "
-                  f"({t['reason']}).", "",
+    lines += ["", _versus(result.get("versus_single")),
+              "", f"Tuned on {result['pairs']} pseudo-queries ({first}) in **{t['wall_seconds']} s** "
+                  f"({', '.join(f'{k} {v} s' for k, v in t['timings'].items())}); chosen: `{t['chosen']}`, "
+                  f"decided by the rule *{t.get('rule', '?')}* ({t['reason']}). Indexing the corpus took "
+                  f"{result.get('index_seconds', '?')} s (reused when already indexed).", "",
               "| pseudo-queries | candidates | Kendall tau (pseudo vs train) | Spearman | chosen: pseudo nDCG@10 | "
               "chosen: train nDCG@10 (percentile) | chosen: test nDCG@10 | wall time |",
               "|---|---|---|---|---|---|---|---|"]
@@ -262,6 +345,7 @@ def table(result: dict) -> list[str]:
                   "| retrieval | nDCG@10 | Recall@100 |", "|---|---|---|"]
         lines += [f"| {r['label']} | **{r['test']['ndcg@10']:.3f}** | {r['test']['recall@100']:.3f} |"
                   for r in rgb["rows"]]
+        lines += ["", f"Decided by *{rgb.get('rule', '?')}* ({rgb['reason']}). " + _versus(rgb.get("versus_single"))]
     gate = result.get("gate") or {}
     if gate:
         lines += ["", f"Answerability gate: the tuner's similarity floor **{gate['floor']:.3f}** (what 98 % of the "
@@ -269,6 +353,15 @@ def table(result: dict) -> list[str]:
                       f"{100 * gate['off_topic_rgb']['refused']:.0f} % of {gate['off_topic_rgb']['questions']} "
                       f"off-topic questions (RGB's, asked of SciFact) and {100 * gate['scifact_test']['refused']:.1f} % "
                       f"of the {gate['scifact_test']['questions']} SciFact test questions, before any generation."]
+    lines += ["", "Per generator, on the shipped run's pseudo-queries (nDCG@10 of the chosen setting, the best single "
+                  "retriever and pipelines.yaml's; the candidate each generator alone ranks first):", "",
+              "| run | generator | pairs | chosen | best single | pipelines.yaml | its own best |", "|---|---|---|---|---|---|---|"]
+    for s, t in result["tuning"].items():
+        for g, e in (t.get("by_strategy") or {}).items():
+            cell = lambda label: f"{e[label]['ndcg@10']:.3f}" if label in e else "–"  # noqa: E731
+            own = e.get("own best") or {}
+            lines.append(f"| {s} | {g} | {e['pairs']} | {cell('chosen')} | {cell('best single')} | "
+                         f"{cell('pipelines.yaml')} | `{own.get('name', '–')}` |")
     bt, bs = result["best_on_train"], result["best_on_test"]
     lines += ["", f"Best candidate with labels (not used by the tuner): train `{bt['name']}` {bt['ndcg@10']:.3f}; "
                   f"test `{bs['name']}` {bs['ndcg@10']:.3f}."]

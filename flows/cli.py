@@ -388,6 +388,8 @@ def _eval(args) -> int:
         print(json.dumps(result))
         return 0
     print(printable(f"{dataset.name} ({args.split}, {result['queries']} queries), pipeline '{args.pipeline}'"))
+    print(printable(f"  tuned overlay: {result['overlay']} ({len(result['overlay_changes'])} settings applied)"
+                    if result["overlay"] else "  tuned overlay: none (pipelines file as written)"))
     for metric in METRICS:
         print(f"  {metric:<11} {result[metric]:.4f}")
     print(printable(f"  index: {result['index_summary']} in {result['index_seconds']} s; "

@@ -226,6 +226,16 @@ class TuneReport(BaseModel):
     baseline: Candidate | None = Field(None, description="the setting pipelines.yaml has")
     chosen: Candidate | None = None
     reason: str = ""
+    rule: str = Field("", description="which rule decided: significant gain over the best single retriever, "
+                                      "no significant gain (the best single retriever), recall guard, min_gain")
+    single: Candidate | None = Field(None, description="the best single retriever, the setting to beat")
+    gain_interval: list[float] | None = Field(None, description="paired-bootstrap 95 % interval of the chosen "
+                                                                "(or best fused) candidate minus the best single "
+                                                                "retriever on the metric")
+    by_strategy: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                                   description="per pseudo-query generator: its pairs, the "
+                                                               "chosen, best single and file's figures on them, "
+                                                               "and its own best candidate")
     gate_floor: float | None = Field(None, description="similarity floor given to answerability gates (None: "
                                                        "none set)")
     gate_llm: GateCalibration | None = Field(None, description="how the gates' LLM check did on pseudo-queries "

@@ -83,13 +83,34 @@ def score(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) ->
 
 
 def eval_workspace(project: Project, dataset: BeirDataset, index_pipeline: str) -> Path:
-    """A private index per dataset and ingestion settings, so evaluation never touches the user's
-    index and two configurations (say torch and ONNX embeddings) keep their own indexes."""
+    """A private index per dataset and per setting that shapes the stored chunks and vectors
+    (loading, chunking, embedding, the store), so evaluation never touches the user's index and two
+    configurations (say torch and ONNX embeddings) keep their own indexes. Retrieval-only settings
+    (BM25's k1, b and stemmer, fusion, depths: what `ragline tune` sets) share one workspace, as
+    they share one index outside eval: the ingestion's finalize rebuilds BM25 alone for them."""
+    from ragline.flows.fingerprint import _resource_fingerprint
+
     pipeline = project.pipeline(index_pipeline)
-    sink = [s for s in pipeline.steps if s.stage.inputs]
-    settings = pipeline.fingerprint(sink)
-    key = hashlib.sha256(f"{dataset.corpus.resolve()}|{index_pipeline}|{settings}".encode()).hexdigest()[:10]
+    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    middle = [s for s in pipeline.steps if s.stage.inputs and s is not sink]
+    stored = {} if sink is None else {
+        role: _resource_fingerprint(project.spec.resources[name]) for role, name in sorted(sink.resources.items())
+        if project.spec.resources[name].type != "bm25"}
+    settings = [pipeline.fingerprint(middle), stored]
+    key = hashlib.sha256(json.dumps([str(dataset.corpus.resolve()), index_pipeline, settings],
+                                    sort_keys=True, default=str).encode()).hexdigest()[:10]
     return project.base_dir / ".ragline" / "eval" / f"{dataset.name}-{key}"
+
+
+def in_workspace(project: Project, workspace: Path) -> Project:
+    """The project moved into ``workspace`` with the overlay the user's own commands apply (the one
+    beside their data, not one in the workspace): eval measures what `search` would run."""
+    from ragline.flows.overlay import apply_overlay
+
+    if project.untuned is None:
+        return project.relocated(workspace)
+    applied = project.overlay.path if project.overlay is not None else None
+    return apply_overlay(project.untuned.relocated(workspace), path=applied)
 
 
 def require_kinds(project: Project, **names: str | None) -> None:
@@ -110,7 +131,8 @@ def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", i
              orchestrate: bool = False, progress: Any = None, limit: int | None = None) -> dict[str, Any]:
     """Index the corpus (incrementally) in a private workspace, run every query, score the run."""
     require_kinds(project, query=pipeline, ingestion=index_pipeline)
-    project = project.relocated(eval_workspace(project, dataset, index_pipeline))
+    workspace = eval_workspace(project, dataset, index_pipeline)
+    project = in_workspace(project, workspace)
     indexer = project.pipeline(index_pipeline)
     load_step = next(s.id for s in indexer.steps if s.stage.name == "load")
     started = time.perf_counter()
@@ -123,6 +145,9 @@ def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", i
     run = {qid: to_run(engine.run(query_pipeline, {"query": text}, orchestrate=False)) for qid, text in queries}
     searched = time.perf_counter() - started
     qrels = {q: dataset.qrels[q] for q, _ in queries}
+    overlay = project.overlay
     return {"dataset": dataset.name, "pipeline": pipeline, "queries": len(queries), **score(run, qrels),
+            "overlay": str(overlay.path) if overlay is not None else None,
+            "overlay_changes": list(overlay.changes) if overlay is not None else [], "workspace": str(workspace),
             "index_seconds": round(indexed, 2), "index_summary": report.summary(),
             "query_ms_mean": round(1000 * searched / max(1, len(queries)), 2)}

@@ -105,13 +105,15 @@ class AppliedOverlay:
         return lines
 
 
-def apply_overlay(project: "Project") -> "Project":
+def apply_overlay(project: "Project", path: Path | None = None) -> "Project":
     """The project with its overlay applied (if there is one); it remembers the plain project,
-    so moving the data (``relocated``) or changing a resource applies the right overlay again."""
+    so moving the data (``relocated``) or changing a resource applies the right overlay again.
+    ``path``: that overlay instead of the data folder's (eval applies the user's own to its
+    private workspace)."""
     from ragline.flows.resources import ResourceSpec
 
     plain = project.untuned or project
-    path = overlay_path(plain)
+    path = path or overlay_path(plain)
     resources = dict(plain.spec.resources)
     resource_overrides = {k: dict(v) for k, v in plain.resource_overrides.items()}
     step_overrides: dict[str, dict[str, dict[str, Any]]] = {}

@@ -32,13 +32,17 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
 
 
 def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, trace: list | None = None) -> Any:
+    from ragline.tasks.fuse import idle_retrievers
+
     run = Run(pipeline, executor, PipelineRef.of(pipeline))
     sources: dict[str, Any] = {name: StepResult(value) for name, value in inputs.items()}
+    idle = idle_retrievers(pipeline)  # weighed 0 by every fuse step they feed: not run
+    steps = [s for s in pipeline.steps if s.id not in idle]
     for step in pipeline.steps:
-        sources[step.id] = run.submit(step, sources)
-    results = settle(run, pipeline.steps, sources)
+        sources[step.id] = StepResult([]) if step.id in idle else run.submit(step, sources)
+    results = settle(run, steps, sources)
     if trace is not None:
-        trace.extend((step.id, result.seconds) for step, result in zip(pipeline.steps, results))
+        trace.extend((step.id, result.seconds) for step, result in zip(steps, results))
     return run.result(sources[pipeline.output]).value
 
 

@@ -9,6 +9,11 @@ Strategies (split evenly when several are named):
   document through the rest of the text, as a real question does.
 - ``title``: the document's title is the query, cut out of every chunk of the document in the
   same way (chunks start with their title).
+- ``keywords``: a few content words of a cut-out sentence, the ones its document's other text
+  shares least (ties: the rarer in the corpus first), in their order: short, keyword-like and
+  worded unlike the rest of the source, as users' queries are. Inverse cloze queries share rare
+  terms with their surroundings, which favours BM25; these do not. Words in over a tenth of the
+  documents (function words, in any language) are never keywords. The sentence is cut as above.
 - ``llm``: the configured LLM writes a question the passage answers (doc2query / InPars), from the
   template ``pseudo_query`` (``prompts/pseudo_query.j2``); nothing is cut.
 
@@ -21,6 +26,8 @@ from __future__ import annotations
 import random
 import re
 import time
+
+import regex
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -32,8 +39,15 @@ from ragline.flows.registry import stage
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
 
-Strategy = Literal["inverse_cloze", "title", "llm"]
-SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+Strategy = Literal["inverse_cloze", "title", "keywords", "llm"]
+# A sentence ends at Unicode sentence-final punctuation of any script (. ! ? ؟ ۔ । 。 ！ ？ …),
+# closing quotes and brackets included, before a space, or at once after a full-width one (CJK
+# text has no spaces); what follows need not be a capital (Arabic, Chinese, lower-case text).
+SENTENCE = regex.compile(r"(?<=\p{Sentence_Terminal}[\p{Pe}\p{Pf}\"']*)\s+"
+                         r"|(?<=[。！？｡︒﹒﹗﹖][\p{Pe}\p{Pf}\"']*)(?=\S)")
+TOKEN = regex.compile(r"[\p{L}\p{N}][\p{L}\p{M}\p{N}'’-]*")
+COMMON_SHARE = 0.1  # keywords: words in more documents than this share are function words
+CJK = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}]")  # written without spaces: a character is a word
 ABBREVIATION = re.compile(r"\b(?:e\.g|i\.e|et al|vs|Fig|Figs|Dr|Mr|Mrs|No|approx|ca)\.$", re.I)
 OVERLAP_WORDS = 4  # a run of this many of the cut's words elsewhere in the document is cut too
 
@@ -44,7 +58,8 @@ class Params(BaseModel):
     n: int = Field(300, ge=1, le=100_000, description="pairs to make, at most one per document")
     seed: int = Field(0, description="the same seed on the same corpus makes the same pairs")
     strategies: list[Strategy] = Field(["inverse_cloze"], min_length=1,
-                                       description="inverse_cloze, title, llm (needs an LLM resource); "
+                                       description="inverse_cloze, title, keywords, llm (needs an LLM "
+                                                   "resource); "
                                                    "several share the pairs evenly")
     min_words: int = Field(6, ge=1, le=200, description="shortest query, in words")
     max_words: int = Field(40, ge=1, le=500, description="longest query, in words")
@@ -54,6 +69,7 @@ class Params(BaseModel):
                                          "title); off: the query also matches its own words in the index")
     max_seconds: float | None = Field(300.0, gt=0, description="stop making pairs after this long (LLM calls "
                                                                "are the slow part); None: no limit")
+    keywords: int = Field(5, ge=2, le=20, description="keywords: words per query (at least 3 must be found)")
     max_tokens: int = Field(64, ge=8, le=512, description="llm: length of the generated question")
     max_passage_chars: int = Field(2000, ge=100, description="llm: longer passages are clipped in the prompt")
 
@@ -74,6 +90,7 @@ def pseudo_queries(params: Params, ctx: StepContext, state: IndexState,
     if "llm" in params.strategies and llm is None:
         raise ValueError("strategy 'llm' needs an openai_compatible resource: add one and name it in `uses`")
     documents = corpus_documents(state)
+    frequency = document_frequency(documents) if "keywords" in params.strategies else None
     order = sorted(documents)
     random.Random(params.seed).shuffle(order)
     deadline = None if params.max_seconds is None else time.monotonic() + params.max_seconds
@@ -89,7 +106,7 @@ def pseudo_queries(params: Params, ctx: StepContext, state: IndexState,
         strategy = params.strategies[len(pairs) % len(params.strategies)]
         rng = random.Random(f"{params.seed}:{strategy}:{source_id}")  # a pair does not depend on the others
         tried += 1
-        pair = make_pair(strategy, source_id, documents[source_id], rng, params, ctx, llm)
+        pair = make_pair(strategy, source_id, documents[source_id], rng, params, ctx, llm, frequency)
         if pair is not None:
             pairs.append(pair)
     ctx.logger.info("pseudo-queries: %d pairs from %d of %d documents", len(pairs), tried, len(documents))
@@ -108,8 +125,37 @@ def corpus_documents(state: IndexState) -> dict[str, list[tuple[str, str, str]]]
             for sid, chunks in documents.items()}
 
 
+def document_frequency(documents: dict[str, list[tuple[str, str, str]]]) -> dict[str, float]:
+    """Lower-cased word -> the share of documents holding it."""
+    counts: dict[str, int] = {}
+    for chunks in documents.values():
+        for word in {w.lower() for _, text, _ in chunks for w in TOKEN.findall(text)}:
+            counts[word] = counts.get(word, 0) + 1
+    n = max(1, len(documents))
+    return {w: c / n for w, c in counts.items()}
+
+
+def keyword_query(sentence: str, rest: str, frequency: dict[str, float], n: int) -> str | None:
+    """Up to ``n`` content words of ``sentence``: those ``rest`` (its document without it) holds
+    least often, the rarer first on a tie, in the sentence's order; None with fewer than 3."""
+    elsewhere: dict[str, int] = {}
+    for word in TOKEN.findall(rest):
+        elsewhere[word.lower()] = elsewhere.get(word.lower(), 0) + 1
+    seen: dict[str, str] = {}
+    for word in TOKEN.findall(sentence):
+        key = word.lower()
+        if key not in seen and (len(word) > 2 or CJK.search(word)) and not key.isdigit() \
+                and frequency.get(key, 0.0) <= COMMON_SHARE:
+            seen[key] = word
+    if len(seen) < 3:
+        return None
+    picked = set(sorted(seen, key=lambda w: (elsewhere.get(w, 0), frequency.get(w, 0.0), w))[:n])
+    return " ".join(word for key, word in seen.items() if key in picked)
+
+
 def make_pair(strategy: str, source_id: str, chunks: list[tuple[str, str, str]], rng: random.Random,
-              params: Params, ctx: StepContext, llm: LLMClient | None) -> PseudoQuery | None:
+              params: Params, ctx: StepContext, llm: LLMClient | None,
+              frequency: dict[str, float] | None = None) -> PseudoQuery | None:
     """One pair from one document, or None when the document does not lend itself to this strategy."""
     title = chunks[0][2]
     if strategy == "title":
@@ -118,7 +164,7 @@ def make_pair(strategy: str, source_id: str, chunks: list[tuple[str, str, str]],
         chunk_id = chunks[0][0]
         return PseudoQuery(text=title, source_id=source_id, chunk_id=chunk_id, strategy=strategy,
                            cut=title if params.mask else "")
-    if strategy == "inverse_cloze":
+    if strategy in ("inverse_cloze", "keywords"):
         sentences = [(cid, s) for cid, text, t in chunks for s in sentences_of(body(text, t))]
         if len({s for _, s in sentences}) < params.min_sentences:
             return None
@@ -126,7 +172,13 @@ def make_pair(strategy: str, source_id: str, chunks: list[tuple[str, str, str]],
         if not fitting:
             return None
         chunk_id, sentence = rng.choice(fitting)
-        return PseudoQuery(text=sentence, source_id=source_id, chunk_id=chunk_id, strategy=strategy,
+        query = sentence
+        if strategy == "keywords":
+            rest = " ".join(without(body(text, t), sentence) for _, text, t in chunks)
+            query = keyword_query(sentence, rest, frequency or {}, params.keywords)
+            if query is None:
+                return None
+        return PseudoQuery(text=query, source_id=source_id, chunk_id=chunk_id, strategy=strategy,
                            cut=sentence if params.mask else "")
     chunk_id, text, _ = rng.choice(chunks)
     prompt = ctx.prompt(passage=body(text, title)[:params.max_passage_chars], title=title)
@@ -145,7 +197,7 @@ def body(text: str, title: str) -> str:
 
 
 def sentences_of(text: str) -> list[str]:
-    """Sentences, split at ., ! or ? before a capital or digit (not after e.g., et al. and the like)."""
+    """Sentences, split at sentence-final punctuation of any script (not after e.g., et al. and the like)."""
     pieces: list[str] = []
     for piece in SENTENCE.split(" ".join(text.split())):
         if pieces and ABBREVIATION.search(pieces[-1]):
@@ -174,8 +226,13 @@ def without(text: str, cut: str, overlap: int = OVERLAP_WORDS) -> str:
     return " ".join(t for t, gone in zip(tokens, dropped) if not gone)
 
 
+def words(text: str) -> int:
+    """Words: what spaces separate, and each CJK character (those scripts use no spaces)."""
+    return sum(max(1, len(CJK.findall(token))) for token in text.split())
+
+
 def _fits(query: str, params: Params) -> bool:
-    return params.min_words <= len(query.split()) <= params.max_words
+    return params.min_words <= words(query) <= params.max_words
 
 
 def _question(reply: str) -> str:

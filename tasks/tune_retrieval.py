@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, GateCalibration, PipelineKind, PseudoQuery, TuneReport
 from ragline.flows.registry import stage
-from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
+from ragline.flows.resources.bm25 import BM25Index, in_memory, ranked, tokenize
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
@@ -87,6 +87,16 @@ class Params(BaseModel):
                                                     "of the pseudo-queries asked without their source")
     min_gain: float = Field(0.0, ge=0.0, le=1.0, description="keep pipelines.yaml's setting unless a candidate "
                                                               "beats it by more than this on the metric")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0,
+                              description="leave the best single retriever only for a candidate whose paired-"
+                                          "bootstrap interval of the gain over it, at this confidence, is above 0")
+    bootstrap: int = Field(1000, ge=100, le=100_000, description="bootstrap resamples of the pseudo-queries")
+    seed: int = Field(0, description="bootstrap seed: the same pairs give the same choice")
+    recall_margin: float = Field(0.01, ge=0.0, le=1.0,
+                                 description="recall guard: a candidate that loses more Recall@100 than this to "
+                                             "another one ...")
+    recall_trade: float = Field(0.005, ge=0.0, le=1.0,
+                                description="... is never chosen for a gain of this much of the metric or less")
     max_seconds: float | None = Field(600.0, gt=0, description="stop trying BM25 variants after this long")
     write: bool = Field(True, description="write the overlay (false: report only)")
     overlay: str | None = Field(None, description="overlay file; default: <pipelines file stem>.tuned.yaml beside "
@@ -148,12 +158,14 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     relevant = [{corpus.doc_index[p.source_id]} for p in pairs]
     top_k = plain.pipeline(targets[0].pipeline).step(targets[0].fuse).params.top_k
     clock = time.perf_counter()
-    candidates = grid(params, base, cache, relevant, top_k)
-    timings["scoring"] = time.perf_counter() - clock
+    per_query: dict[str, np.ndarray] = {}
+    candidates = grid(params, base, cache, relevant, top_k, per_query)
     by_name = {c.name: c for c in candidates}
-    baseline = by_name.get(setting_name(base)) or score_settings([base], cache, relevant, top_k)[0]
-    chosen, reason = choose(candidates, baseline, params)
-    floor = kept_floor(cache.source_similarity, params.gate_keep)
+    baseline = by_name.get(setting_name(base)) or score_settings([base], cache, relevant, top_k, per_query)[0]
+    decision = choose(candidates, baseline, params, per_query)
+    chosen, reason = decision.chosen, decision.reason
+    timings["scoring"] = time.perf_counter() - clock
+    floor = kept_floor(gate_similarities(pairs, cache.source_similarity), params.gate_keep)
     gate = next((t for t in targets if t.gate), None)
     calibration = None
     if params.gate_llm_pairs and params.gate_keep is not None and gate is not None:
@@ -169,6 +181,10 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
+                        rule=decision.rule, single=decision.single, gain_interval=decision.interval,
+                        by_strategy=by_strategy(pairs, candidates, per_query, params.metric,
+                                                {"chosen": chosen, "best single": decision.single,
+                                                 "pipelines.yaml": baseline}),
                         overrides=overrides, overlay=str(path), budget_exhausted=exhausted,
                         gate_floor=floor if gate is not None else None, gate_llm=calibration,
                         timings={k: round(v, 2) for k, v in timings.items()})
@@ -270,6 +286,14 @@ def current_setting(project: Any, target: Target, bm25: Any) -> dict[str, Any]:
             "depth_dense": pipeline.step(target.dense).params.k,
             "depth_sparse": pipeline.step(target.sparse).params.k,
             "bm25": {"k1": bm25.k1, "b": bm25.b, "stemmer": bm25.stemmer}}
+
+
+def gate_similarities(pairs: list[PseudoQuery], similarity: list[float | None]) -> list[float | None]:
+    """The source similarities the gate's floor comes from: of the pairs worded like a question or
+    a sentence (keyword queries are terse, so their similarities are far lower than a real
+    question's: with them the floor refused nothing off-topic); all when too few are left."""
+    worded = [s for p, s in zip(pairs, similarity) if p.strategy != "keywords"]
+    return worded if sum(s is not None for s in worded) >= 20 else similarity
 
 
 def kept_floor(scores: list[float | None], keep: float | None) -> float | None:
@@ -498,7 +522,7 @@ def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: Chroma
             scores = store.score(query_vector, np.stack([vector_of[c] for c in own]))
             floor = ranking[depth - 1][1] if len(ranking) >= depth else -np.inf
             ranking += [(c, float(s)) for c, s in zip(own, scores) if s >= floor]
-            ranking.sort(key=lambda r: (-r[1], corpus.ids[r[0]]))
+        ranking.sort(key=lambda r: (-r[1], r[0]))  # chunk indexes sort like chunk ids
         rankings.append(ranking[:depth])
     return rankings
 
@@ -509,14 +533,13 @@ def sparse_rankings(queries: list[str], depth: int, tokens: list[list[str]],
     the published index's search does)."""
     retriever = in_memory(tokens, spec)
     query_tokens = tokenize(queries, spec.stemmer, spec.stopwords)
-    k = min(depth, len(tokens))
     rankings: list[list[tuple[int, float]]] = [[] for _ in queries]
-    asked = [i for i, q in enumerate(query_tokens) if q]
-    if not asked or k == 0:
+    if not tokens:
         return rankings
-    docs, scores = retriever.retrieve([query_tokens[i] for i in asked], k=k, show_progress=False, n_threads=1)
-    for row, i in enumerate(asked):
-        rankings[i] = [(int(d), float(s)) for d, s in zip(docs[row], scores[row]) if s > 0]
+    for i, terms in enumerate(query_tokens):
+        if terms:
+            scores = retriever.get_scores(terms)
+            rankings[i] = [(d, float(scores[d])) for d in ranked(scores, depth).tolist()]  # ties: chunk id order
     return rankings
 
 
@@ -534,14 +557,14 @@ def setting_name(s: dict[str, Any]) -> str:
 
 
 def grid(params: Params, base: dict[str, Any], cache: Rankings, relevant: list[set[int]],
-         top_k: int) -> list[Candidate]:
+         top_k: int, per_query: dict[str, np.ndarray] | None = None) -> list[Candidate]:
     """Every candidate, scored, best first: each BM25 variant alone, dense alone, and fusion of
     dense with the best few BM25 variants (and the current one) at every method, constant,
     weight and depth."""
     variants = {variant_name(v): v for v in bm25_variants(params, base) if variant_name(v) in cache.sparse}
     alone = [_setting(base, v, "rrf", 60, 0.0, d) for v in variants.values() for d in params.depths]
     alone += [_setting(base, base["bm25"], "rrf", 60, 1.0, d) for d in params.depths]
-    scored = score_settings(alone, cache, relevant, top_k)
+    scored = score_settings(alone, cache, relevant, top_k, per_query)
     solo = sorted((c for c in scored if c.setting["dense_weight"] == 0.0),
                   key=lambda c: -c.scores[params.metric])
     fused_variants = [variant_name(base["bm25"])]
@@ -559,7 +582,7 @@ def grid(params: Params, base: dict[str, Any], cache: Rankings, relevant: list[s
                     for k in (params.rrf_k if method == "rrf" else [60]):
                         fusion.append(_setting(base, variants[name], method, k, alpha, depth))
     fusion.append(dict(base))  # the file's own setting, exactly (its own depths, constant and weights)
-    scored += score_settings(fusion, cache, relevant, top_k)
+    scored += score_settings(fusion, cache, relevant, top_k, per_query)
     unique = {c.name: c for c in scored}
     return sorted(unique.values(), key=lambda c: (-round(c.scores[params.metric], 5), -round(c.scores["mrr@10"], 5),
                                                   _changes(c.setting, base), -c.setting["depth_dense"], c.name))
@@ -578,29 +601,129 @@ def _setting(base: dict[str, Any], bm25: dict[str, Any], method: str, k: int, al
             "depth_dense": depth, "depth_sparse": depth, "bm25": dict(bm25)}
 
 
-def choose(candidates: list[Candidate], baseline: Candidate, params: Params) -> tuple[Candidate, str]:
-    """The best candidate; the file's own setting unless the best beats it by more than min_gain."""
+def is_single(c: Candidate) -> bool:
+    return c.setting["dense_weight"] in (0.0, 1.0)
+
+
+@dataclass
+class Decision:
+    chosen: Candidate
+    reason: str
+    rule: str
+    single: Candidate | None = None
+    interval: list[float] | None = None  # of the chosen (or best fused) candidate minus ``single``
+
+
+def choose(candidates: list[Candidate], baseline: Candidate, params: Params,
+           per_query: dict[str, np.ndarray]) -> Decision:
+    """The best single retriever unless a fused candidate beats it significantly on the pseudo-
+    queries (paired bootstrap: the lower end of the gain's interval above 0); among those, the
+    best by the metric that the recall guard lets through; pipelines.yaml's own setting when
+    it is allowed and the choice beats it by no more than min_gain."""
     metric = params.metric
-    best = candidates[0]
-    gain = best.scores[metric] - baseline.scores[metric]
-    if best.name == baseline.name or gain <= params.min_gain:
-        return baseline, (f"no candidate beats the current setting by more than {params.min_gain:g} {metric}"
-                          if best.name != baseline.name else "the current setting is the best candidate")
-    singles = [c for c in candidates if c.setting["dense_weight"] in (0.0, 1.0)]
-    single = max(singles, key=lambda c: c.scores[metric]) if singles else None
-    if best.setting["dense_weight"] in (0.0, 1.0):
-        return best, (f"no fusion beats {best.name} on the pseudo-queries: it is used alone "
-                      f"(+{gain:.4f} {metric} over the current setting)")
-    margin = f", +{best.scores[metric] - single.scores[metric]:.4f} over the best single retriever" if single else ""
-    return best, f"+{gain:.4f} {metric} over the current setting{margin}"
+    singles = [c for c in candidates if is_single(c)]
+    single = recall_guarded(singles, params)[0] if singles else baseline
+    fused = [c for c in candidates if not is_single(c)]
+    intervals = gain_intervals(fused, single, per_query, params)
+    significant = [c for c in fused if intervals[c.name][0] > 0]
+    allowed = recall_guarded([*significant, single], params)
+    chosen = allowed[0]
+    top = max([*significant, single], key=lambda c: c.scores[metric])
+    best_fused = significant[0] if significant else (fused[0] if fused else None)
+    shown = chosen if not is_single(chosen) else best_fused
+    interval = intervals.get(shown.name) if shown is not None else None
+    low, high = interval if interval else (0.0, 0.0)
+    if shown is not None and is_single(chosen):
+        rule = "no significant gain" if top is single else "recall guard"
+        why = (f"no fused candidate beats the best single retriever significantly (best: {shown.name}, "
+               f"{low:+.4f} to {high:+.4f} {metric}, {params.confidence:.0%} interval)"
+               if rule == "no significant gain" else
+               f"{top.name} gains no more than {params.recall_trade:g} {metric} for a Recall@100 loss over "
+               f"{params.recall_margin:g}")
+        reason = f"{single.name} alone: {why}"
+    elif shown is not None:
+        rule = "significant gain" if chosen is top else "recall guard"
+        reason = (f"{chosen.scores[metric] - single.scores[metric]:+.4f} {metric} over the best single retriever "
+                  f"({single.name}; {params.confidence:.0%} interval {low:+.4f} to {high:+.4f})")
+        if rule == "recall guard":
+            reason += (f"; {top.name} scores up to {params.recall_trade:g} higher but loses over "
+                       f"{params.recall_margin:g} Recall@100")
+    else:
+        rule, reason = "no fused candidate", f"{single.name} alone: no fused candidate was tried"
+    allowed_names = {c.name for c in allowed}
+    gain = chosen.scores[metric] - baseline.scores[metric]
+    if chosen.name != baseline.name and baseline.name in allowed_names and gain <= params.min_gain:
+        rule = "min_gain"
+        reason = (f"the current setting is kept: {chosen.name} beats it by {gain:+.4f} {metric}, "
+                  f"not more than min_gain {params.min_gain:g}")
+        chosen = baseline
+        interval = intervals.get(baseline.name)
+    elif chosen.name == baseline.name:
+        reason = f"the current setting is the choice: {reason}"
+    return Decision(chosen, reason, rule, single, [round(v, 5) for v in interval] if interval else None)
+
+
+def recall_guarded(pool: list[Candidate], params: Params) -> list[Candidate]:
+    """``pool`` best first without any candidate that another one in it beats by more than
+    recall_margin Recall@100 while losing no more than recall_trade on the metric."""
+    metric = params.metric
+    ordered = sorted(pool, key=lambda c: -c.scores[metric])  # stable: the grid's order breaks ties
+    kept = [c for c in ordered if not any(
+        c.scores[metric] - o.scores[metric] <= params.recall_trade
+        and o.scores["recall@100"] - c.scores["recall@100"] > params.recall_margin for o in ordered)]
+    return kept or ordered[:1]
+
+
+def gain_intervals(candidates: list[Candidate], single: Candidate, per_query: dict[str, np.ndarray],
+                   params: Params) -> dict[str, tuple[float, float]]:
+    """Per candidate, the paired-bootstrap interval of its mean gain over ``single`` on the metric:
+    the same resampled pseudo-queries for every candidate, from a fixed seed."""
+    if not candidates or single.name not in per_query:
+        return {}
+    column = METRICS.index(params.metric)
+    base = per_query[single.name][:, column]
+    n = len(base)
+    if n == 0:
+        return {c.name: (0.0, 0.0) for c in candidates}
+    rng = np.random.default_rng(params.seed)
+    counts = np.zeros((params.bootstrap, n))
+    for row in range(params.bootstrap):
+        counts[row] = np.bincount(rng.integers(0, n, n), minlength=n)
+    gains = np.stack([per_query[c.name][:, column] - base for c in candidates], axis=1)  # (n, candidates)
+    means = counts @ gains / n  # (resamples, candidates)
+    tail = 100 * (1 - params.confidence) / 2
+    low, high = np.percentile(means, [tail, 100 - tail], axis=0)
+    return {c.name: (float(lo), float(hi)) for c, lo, hi in zip(candidates, low, high)}
+
+
+def by_strategy(pairs: list[PseudoQuery], candidates: list[Candidate], per_query: dict[str, np.ndarray],
+                metric: str, shown: dict[str, Candidate | None]) -> dict[str, dict[str, Any]]:
+    """Per generator: how many pairs, the figures of the chosen, best single and file's setting
+    on its pairs alone, and the candidate it alone would rank first."""
+    column = METRICS.index(metric)
+    out: dict[str, dict[str, Any]] = {}
+    for strategy in sorted({p.strategy for p in pairs}):
+        rows = np.array([i for i, p in enumerate(pairs) if p.strategy == strategy])
+        entry: dict[str, Any] = {"pairs": len(rows)}
+        for label, c in shown.items():
+            if c is not None and c.name in per_query:
+                entry[label] = {"name": c.name, **{m: round(float(per_query[c.name][rows, j].mean()), 5)
+                                                   for j, m in enumerate(METRICS)}}
+        own = max((c for c in candidates if c.name in per_query),
+                  key=lambda c: per_query[c.name][rows, column].mean(), default=None)
+        if own is not None:
+            entry["own best"] = {"name": own.name, metric: round(float(per_query[own.name][rows, column].mean()), 5)}
+        out[strategy] = entry
+    return out
 
 
 def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: list[set[int]],
-                   top_k: int) -> list[Candidate]:
+                   top_k: int, per_query: dict[str, np.ndarray] | None = None) -> list[Candidate]:
     """Each setting's mean nDCG@10, MRR@10 and Recall@100 over the queries (documents ranked at
-    their best chunk, as ``eval`` does), fusing the cached rankings exactly as ``fuse`` does."""
+    their best chunk, as ``eval`` does), fusing the cached rankings exactly as ``fuse`` does;
+    ``per_query`` receives each setting's figures per query (for the paired test)."""
     docs = cache.docs
-    totals = np.zeros((len(settings), 3))
+    values = np.zeros((len(settings), len(relevant), 3))
     groups: dict[tuple[str, int, int], list[int]] = {}
     for i, s in enumerate(settings):
         groups.setdefault((variant_name(s["bm25"]), s["depth_dense"], s["depth_sparse"]), []).append(i)
@@ -614,20 +737,26 @@ def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: li
             fused = _fuse(cache.dense[q][:d_dense], sparse[q][:d_sparse], ks, alphas, is_rrf)
             if fused is None:
                 continue
-            chunk, scores = fused
+            chunk, scores, kept = fused
             for row, i in enumerate(rows):
-                order = np.lexsort((chunk, -scores[row]))[:top_k]
-                totals[i] += _metrics(docs[chunk[order]], rel)
+                valid = np.flatnonzero(kept[row])  # a list weighed 0 adds nothing, as in fuse
+                order = valid[np.lexsort((chunk[valid], -scores[row][valid]))][:top_k]
+                values[i, q] = _metrics(docs[chunk[order]], rel)
     n = max(1, len(relevant))
-    return [Candidate(name=setting_name(s), setting=s,
-                      scores={m: round(float(v) / n, 5) for m, v in zip(METRICS, totals[i])})
-            for i, s in enumerate(settings)]
+    totals = values.sum(axis=1)
+    candidates = [Candidate(name=setting_name(s), setting=s,
+                            scores={m: round(float(v) / n, 5) for m, v in zip(METRICS, totals[i])})
+                  for i, s in enumerate(settings)]
+    if per_query is not None:
+        per_query.update({c.name: values[i] for i, c in enumerate(candidates)})
+    return candidates
 
 
 def _fuse(dense: list[tuple[int, float]], sparse: list[tuple[int, float]], ks: np.ndarray, alphas: np.ndarray,
-          is_rrf: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Fused scores of the union of both lists for every (method, k, weight) row; chunk indexes
-    sort like chunk ids, so ``lexsort((chunk, -score))`` is fuse's (-score, chunk id) order."""
+          is_rrf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Fused scores of the union of both lists for every (method, k, weight) row, and per row
+    which chunks a list of non-zero weight holds (fuse drops the others); chunk indexes sort like
+    chunk ids, so ``lexsort((chunk, -score))`` is fuse's (-score, chunk id) order."""
     union = sorted({c for c, _ in dense} | {c for c, _ in sparse})
     if not union:
         return None
@@ -652,7 +781,8 @@ def _fuse(dense: list[tuple[int, float]], sparse: list[tuple[int, float]], ks: n
         rrf_d = np.where(p_d, 1.0 / (ks + r_d), 0.0)
         rrf_s = np.where(p_s, 1.0 / (ks + r_s), 0.0)
     scores = np.where(is_rrf, alphas * rrf_d + (1 - alphas) * rrf_s, alphas * n_d + (1 - alphas) * n_s)
-    return np.array(union), scores
+    kept = ((alphas > 0) & p_d) | ((alphas < 1) & p_s)
+    return np.array(union), scores, kept
 
 
 def _metrics(ranked_docs: np.ndarray, relevant: set[int]) -> np.ndarray:
@@ -700,6 +830,13 @@ def summary(report: TuneReport, shown: int = 12) -> str:
     lines.append("")
     if report.chosen is not None:
         lines.append(f"chosen: {report.chosen.name} ({report.reason})")
+        lines.append(f"decided by: {report.rule}")
+    for strategy, entry in report.by_strategy.items():
+        figures = ", ".join(f"{label} {entry[label][metric]:.4f}" for label in ("chosen", "best single", "pipelines.yaml")
+                            if label in entry)
+        own = entry.get("own best")
+        lines.append(f"  {strategy} ({entry['pairs']} pairs): {figures}"
+                     + (f"; its own best: {own['name']} {own[metric]:.4f}" if own else ""))
     if report.gate_floor is not None:
         lines.append(f"answerability gate: refuses questions with no reference above {report.gate_floor:.3f} "
                      f"similarity (what the pseudo-queries' own sources clear)")

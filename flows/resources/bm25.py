@@ -273,17 +273,27 @@ class BM25Index:
             mask = np.fromiter((matches(m, where) for m in meta), dtype=bool, count=len(meta))
             if not mask.any():
                 return [[] for _ in texts]
-        k = min(k, len(ids) if mask is None else int(mask.sum()))
         tokens = self._tokenize(texts)
         results = []
         for query_tokens in tokens:
             if not query_tokens:
                 results.append([])
                 continue
-            docs, scores = retriever.retrieve([query_tokens], k=k, show_progress=False,
-                                              weight_mask=None if mask is None else mask.astype(np.float32))
-            results.append([(ids[int(d)], float(s), meta[int(d)]) for d, s in zip(docs[0], scores[0]) if s > 0])
+            scores = retriever.get_scores(query_tokens, weight_mask=None if mask is None else mask.astype(np.float32))
+            results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked(scores, k, ids).tolist()])
         return results
+
+
+def ranked(scores: np.ndarray, k: int, ids: list[str] | None = None) -> np.ndarray:
+    """Indexes of the ``k`` best positive scores, best first; equal scores by chunk id (``ids``,
+    else by index), so a tie at the cut never depends on the order the chunks were written in."""
+    k = min(k, int((scores > 0).sum()))
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    cut = np.partition(scores, len(scores) - k)[len(scores) - k]  # the k-th best score
+    tied = np.flatnonzero((scores >= cut) & (scores > 0))
+    key = tied if ids is None else np.array([ids[i] for i in tied])
+    return tied[np.lexsort((key, -scores[tied]))][:k]
 
 
 def tokenize(texts: list[str], stemmer: str = "english", stopwords: str = "en") -> list[list[str]]:

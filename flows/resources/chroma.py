@@ -401,9 +401,9 @@ class ChromaStore:
         result = self._call("query", lambda c: c.query(query_embeddings=vectors, n_results=k, where=where or None,
                                                        include=["documents", "metadatas", "distances"]),
                             create=False)
-        return [
-            [_passage(cid, doc, meta, dist, self.spec.space, retriever)
-             for cid, doc, meta, dist in zip(ids, docs, metas, dists)]
+        return [  # equal distances by chunk id: HNSW's own order depends on the order of writes
+            sorted((_passage(cid, doc, meta, dist, self.spec.space, retriever)
+                    for cid, doc, meta, dist in zip(ids, docs, metas, dists)), key=lambda p: (-p.score, p.chunk_id))
             for ids, docs, metas, dists in zip(result["ids"], result["documents"],
                                                result["metadatas"], result["distances"])
         ]

@@ -50,10 +50,10 @@ def test_rrf_weights_per_retriever():
     expected = {"a": 1 / 61 + 3 / 62, "b": 1 / 62, "c": 1 / 63 + 3 / 61, "d": 3 / 63}
     assert scores(out) == pytest.approx(expected)
     assert [p.chunk_id for p in out] == ["c", "a", "d", "b"]
-    # a zero weight switches a retriever off (its passages stay, scored 0)
+    # a zero weight switches a retriever off: its passages are not added (as if it had not run)
     off = run([DENSE, SPARSE], weights={"dense": 0.0})
-    assert scores(off) == pytest.approx({"c": 1 / 61, "a": 1 / 62, "d": 1 / 63, "b": 0.0})
-    assert [p.chunk_id for p in off] == ["c", "a", "d", "b"]
+    assert scores(off) == pytest.approx({"c": 1 / 61, "a": 1 / 62, "d": 1 / 63})
+    assert [p.chunk_id for p in off] == ["c", "a", "d"]
 
 
 def test_rankings_of_several_queries_sum():
@@ -128,3 +128,16 @@ def test_params_validation():
         Params(k=-1)
     with pytest.raises(ValidationError):
         Params(weigths={"dense": 1.0})
+
+
+def test_idle_retrievers_are_those_every_fuse_step_weighs_zero(make_project):
+    from ragline.flows.compile import load_project
+    from ragline.tasks.fuse import idle_retrievers
+    from tests.conftest import index_and_search_yaml
+
+    project = load_project(make_project(index_and_search_yaml()), tuned=False)
+    search = project.pipeline("search")
+    assert idle_retrievers(search) == set()
+    assert idle_retrievers(search.with_overrides({"fuse": {"weights": {"dense": 0.0, "sparse": 1.0}}})) == {"dense"}
+    assert idle_retrievers(search.with_overrides({"fuse": {"weights": {"dense": 1.0, "sparse": 0}}})) == {"sparse"}
+    assert idle_retrievers(search.with_overrides({"fuse": {"weights": {"dense": 0.01}}})) == set()

@@ -15,7 +15,7 @@ from ragline.flows.contracts import Chunk, Document
 from ragline.flows.prompts import library
 from ragline.flows.resources.llm import LLMClient, LLMSpec
 from ragline.flows.resources.state import IndexState, StateSpec
-from ragline.tasks.pseudo_queries import Params, body, pseudo_queries, sentences_of, without
+from ragline.tasks.pseudo_queries import Params, body, keyword_query, pseudo_queries, sentences_of, without
 from tests.conftest import scifact_records
 from tests.scripted_llm import ScriptedLLM
 
@@ -91,6 +91,57 @@ def test_sentences_keep_abbreviations():
     text = "Cells divide (e.g. T cells). Growth was 3.5 fold in vitro. Smith et al. Found more! Is it 5?"
     assert sentences_of(text) == ["Cells divide (e.g. T cells).", "Growth was 3.5 fold in vitro.",
                                   "Smith et al. Found more!", "Is it 5?"]
+
+
+def test_sentences_of_any_script_without_a_capital_after_the_stop():
+    arabic = ("ما هي عاصمة المغرب؟ الرباط هي عاصمة المملكة المغربية. تقع على ساحل المحيط الأطلسي. "
+              "يبلغ عدد سكانها أكثر من نصف مليون نسمة")
+    assert sentences_of(arabic) == ["ما هي عاصمة المغرب؟", "الرباط هي عاصمة المملكة المغربية.",
+                                    "تقع على ساحل المحيط الأطلسي.", "يبلغ عدد سكانها أكثر من نصف مليون نسمة"]
+    assert sentences_of("یہ پہلا جملہ ہے۔ یہ دوسرا جملہ ہے۔") == ["یہ پہلا جملہ ہے۔", "یہ دوسرا جملہ ہے۔"]
+    assert sentences_of("细胞分裂很快。为什么会这样？因为温度很高！结束") == ["细胞分裂很快。", "为什么会这样？",
+                                                                        "因为温度很高！", "结束"]
+    assert sentences_of("lower case after a stop. still a new sentence. «quoted» one") == [
+        "lower case after a stop.", "still a new sentence.", "«quoted» one"]
+    assert sentences_of("The dose was 2.5 mg (i.e. low). it worked") == ["The dose was 2.5 mg (i.e. low).", "it worked"]
+
+
+def test_inverse_cloze_pairs_from_arabic_and_chinese_documents(tmp_path):
+    """A non-Latin corpus yields as many pairs as a Latin one (once: 103 of 300 asked on Arabic)."""
+    state = IndexState(StateSpec(type="index_state", path="state.sqlite"), tmp_path)
+    arabic = "الرباط هي عاصمة المملكة المغربية منذ {} سنة وأكثر. "
+    chinese = "这座城市是一个国家的首都并且有{}万人口。"
+    documents, chunks = [], []
+    for i in range(20):
+        text = ("".join(arabic.format(i + j) for j in range(3)) + f"وفيها {i} جامعات ومتاحف كثيرة ومشهورة في العالم؟"
+                if i % 2 else "".join(chinese.format(i + j) for j in range(3)) + f"这里有{i}所大学和很多著名的博物馆！")
+        sid = f"docs/{i}.txt"
+        documents.append(Document(source_id=sid, text=text, title="", content_hash="h"))
+        chunks.append(Chunk(chunk_id=f"c{i}", source_id=sid, ordinal=0, text=text, metadata={"chunk": 0}))
+    state.record("index", "fp", documents, chunks)
+    pairs = make(state, n=20)
+    assert len(pairs) == 20
+    assert all(p.text in p.cut and p.text.endswith(("؟", ".", "。", "！")) for p in pairs)
+
+
+def test_keyword_queries_take_the_words_the_rest_of_the_document_shares_least():
+    sentence = "Insulin resistance raises hepatic glucose output in obese mice."
+    rest = "Obese mice were studied. Insulin was measured in obese mice twice. Glucose rose."
+    frequency = {"in": 0.9, "raises": 0.05, "hepatic": 0.01, "output": 0.02, "resistance": 0.03}
+    query = keyword_query(sentence, rest, frequency, 3)
+    assert query == "resistance hepatic output"  # absent from the rest, the rarer first, in the sentence's order
+    # then the words the rest holds once ("in": a function word, in most documents)
+    assert keyword_query(sentence, rest, frequency, 5) == "resistance raises hepatic glucose output"
+    assert keyword_query("Obese mice in mice.", rest, frequency, 5) is None  # fewer than 3 words to use
+
+
+def test_keywords_strategy_makes_short_queries_from_a_cut_sentence(state):
+    pairs = make(state, n=12, strategies=["keywords", "inverse_cloze", "title"], min_words=3)
+    assert [p.strategy for p in pairs] == ["keywords", "inverse_cloze", "title"] * 4
+    for pair in pairs[::3]:
+        words = pair.text.split()
+        assert 3 <= len(words) <= 5 and pair.cut and pair.text != pair.cut
+        assert all(w in pair.cut for w in words)  # its words come from the sentence cut out of its source
 
 
 def test_without_removes_the_cut_and_its_pieces_in_neighbouring_chunks():
