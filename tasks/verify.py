@@ -94,7 +94,7 @@ def verify(query: Query, answer: Answer, context: Context, params: Params, ctx: 
 STOPWORDS = frozenset("""a an the of in on at to for from by with without about into onto over under between
 through during before after above below up down out off than then so such as and or but nor if because while
 until unless although though is was were are be been being am do does did doing done have has had having can
-could will would shall should may might must it its it's this that these those there here what which who whom whose
+could will would shall should might must it its it's this that these those there here what which who whom whose
 when where why how i me my mine you your yours he him his she her hers we us our ours they them their theirs
 one ones some any all each every both either neither not no yes only just also very too more most much many
 other another same own get gets got getting make makes made go goes went say says said s t d ll re ve m
@@ -102,7 +102,7 @@ answer answers question questions document documents reference references accord
 context given based following provided information true false correct incorrect""".split())
 AUXILIARIES = frozenset("is are was were am do does did can could has have had will would shall should may might "
                         "must".split())
-TOKEN = re.compile(r"\d+(?:[.,:/-]\d+)*|[^\W\d_]+")
+TOKEN = re.compile(r"[^\W_]+(?:[.,:/-]\d+)*")
 NUMBER = re.compile(r"\d+(?:[.,:/-]\d+)*")
 UNIT_WINDOW = 3  # "how many X": the number must stand within this many words of X in a cited passage
 NGRAM = 3
@@ -110,7 +110,7 @@ MIN_REPETITION_WORDS = 8  # shorter answers are not judged for repetition
 
 
 def tokens(text: str) -> list[str]:
-    """Lower-case words and numbers (a number keeps its inner . , : / -: "4.1", "10:00", "31-9")."""
+    """Lower-case words and numbers (a number keeps its inner . , : / -: "4.1", "10:00", "31-9"; "q2" is one)."""
     return TOKEN.findall(strip_citations(text).lower())
 
 
@@ -160,31 +160,44 @@ def degenerate(answer: str, question: str, cited: list[str], params: Params) -> 
     own = own_words(answer, question)
     if not own:
         return "it only restates the question"
-    if all(NUMBER.fullmatch(w) for w in own):
-        return _unsupported_number(own, question, cited)
+    if all(NUMBER.fullmatch(w) for w in own) and (number := untied_number(own, question, cited)):
+        unit = asked_unit(question)
+        return f"a bare number ({number}) the cited passages do not give for " + (f"'{unit}'" if unit else
+                                                                                   "what the question asks")
     return None
 
 
-def _unsupported_number(numbers: list[str], question: str, cited: list[str]) -> str | None:
-    """A bare number is an answer only where a cited passage gives it for what was asked: next to
-    the noun of "how many X" / "how much X", or in a sentence holding half the question's words."""
+def untied_number(words: list[str], question: str, cited: list[str], bare: bool = True) -> str | None:
+    """The first number among ``words`` that the cited passages do not give for what was asked: not
+    next to the noun of "how many X"; else not in a sentence (or line, with the one before it) that
+    holds half the question's content words. A bare number needs such a sentence; a number inside a
+    longer answer is refused only when the passages have such sentences and it is in none of them
+    ("Plover 4.2" for the version that added single sign-on, where 4.1's sentence says so)."""
     unit = asked_unit(question)
     asked = set(stems(content(tokens(question))))
-    for number in numbers:
+    about = [before | said for text in cited for before, said in _sentence_pairs(text)
+             if len(asked & (before | said)) * 2 >= len(asked)]
+    for number in (w for w in words if NUMBER.fullmatch(w)):
         if unit is not None:
             if not any(_near(number, unit, stems(tokens(text))) for text in cited):
-                return f"a bare number ({number}) the cited passages do not give for '{unit}'"
-        elif not any(number in words and len(asked & set(words)) * 2 >= len(asked)
-                     for text in cited for words in (stems(tokens(s)) for s in sentences(text))):
-            return f"a bare number ({number}) the cited passages do not give for what the question asks"
+                return number
+        elif not any(number in said for said in about) and (bare or about):
+            return number
     return None
+
+
+def _sentence_pairs(text: str) -> list[tuple[set[str], set[str]]]:
+    """(the previous sentence's stems, the sentence's stems) for each sentence or line of ``text``:
+    "It was released on July 21, 2017" names its subject in the sentence before."""
+    said = [set(stems(tokens(s))) for line in text.splitlines() for s in sentences(line)]
+    return list(zip([set()] + said[:-1], said))
 
 
 def asked_unit(question: str) -> str | None:
-    """The noun a "how many"/"how much" question counts ("days" in "How many days of leave ..."), or None."""
+    """The noun a "how many" question counts ("days" in "How many days of leave ..."), or None."""
     words = tokens(question)
     for i, (first, second) in enumerate(zip(words, words[1:])):
-        if first == "how" and second in ("many", "much"):
+        if first == "how" and second == "many":
             return next((w for w in words[i + 2:] if w not in STOPWORDS and not NUMBER.fullmatch(w)), None)
     return None
 
@@ -223,6 +236,8 @@ def ungrounded(answer: str, question: str, cited: list[str], min_grounding: floa
         return None
     if total and found / total < min_grounding:
         return f"not grounded in the cited references: {found} of {total} answer words found"
+    if (number := untied_number(own_words(answer, question), question, cited, bare=False)):
+        return f"not grounded in the cited references: {number} is not given there for what the question asks"
     return None
 
 

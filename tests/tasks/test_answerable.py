@@ -3,6 +3,7 @@ references do not bear on is refused before generation (no generation request is
 gate's reason; an answerable one goes through unchanged; its prompt opens like the answer prompt."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -90,13 +91,8 @@ def test_an_empty_context_passes_through_without_any_call():
 # ingestion computes from the index it publishes (no `ragline tune` needed); a query only reads it.
 COMPANY = Path(__file__).resolve().parents[1] / "fixtures" / "company"
 REPO = Path(__file__).resolve().parents[2]
-ANSWERABLE = ["How many days of paid annual leave do employees get?", "Where is the head office of Kestrel Labs?",
-              "Which Plover version introduced single sign-on?", "How much is the monthly fitness allowance?",
-              "Within how many hours must a lost laptop be reported?"]
-OFF_TOPIC = ["What is the capital of Peru?", "Who wrote Pride and Prejudice?", "How do I bake sourdough bread?",
-             "When did the Berlin Wall fall?", "What is the boiling point of water at sea level?",
-             "Who won the 2018 football World Cup?", "How many moons does Jupiter have?", "What is photosynthesis?",
-             "Which planet is closest to the sun?", "How tall is Mount Everest?"]
+QUESTIONS = json.loads((COMPANY.parent / "company-questions.json").read_text())
+ANSWERABLE, OFF_TOPIC = list(QUESTIONS["answerable"]), QUESTIONS["off_topic"]
 
 
 @pytest.fixture

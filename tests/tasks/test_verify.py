@@ -118,6 +118,24 @@ def test_a_number_the_cited_passage_gives_for_what_is_asked_is_kept(question, te
     assert not answer.refused, answer.reason
 
 
+RELEASES = ("Plover release notes\n\n## Plover 4.2\n\nReleased on 3 March 2026. Plover 4.2 adds an export to Parquet "
+            "files.\n\n## Plover 4.1\n\nReleased on 12 November 2025. Plover 4.1 introduces single sign-on with SAML "
+            "and drops support for Windows Server 2016.")
+
+
+def test_a_number_in_a_longer_answer_must_be_given_for_what_is_asked():
+    """Issue 24 measured: 'Which Plover version introduced single sign-on?' -> 'The Plover 4.2 version introduced
+    single sign-on with SAML ...', every word of it in the cited release notes, the version from the wrong line."""
+    question = "Which Plover version introduced single sign-on?"
+    wrong = checked(question, "The Plover 4.2 version introduced single sign-on with SAML and drops support for "
+                              "Windows Server 2016 [1].", [RELEASES])
+    assert wrong.refused and wrong.reason == ("not grounded in the cited references: 4.2 is not given there for what "
+                                              "the question asks")
+    right = checked(question, "Plover 4.1 introduced single sign-on with SAML, and dropped Windows Server 2016 [1].",
+                    [RELEASES])
+    assert not right.refused, right.reason
+
+
 def test_degenerate_output_is_refused_even_with_grounding_off():
     answer = checked("Which Plover version added support for Python 3.13?", "The answer is: " * 32, [LEAVE],
                      min_grounding=0.0)
