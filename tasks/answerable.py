@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Context, Query
+from ragline.flows.contracts import Context, ContextDocument, Query
 from ragline.flows.llm_output import clip, option_probabilities
 from ragline.flows.registry import stage
 from ragline.flows.resources.embedder import Embedder
@@ -75,7 +75,8 @@ def answerable(query: Query, context: Context, params: Params, ctx: StepContext,
     floor, origin = ((indexed_floor(ctx, embedder), ", the floor set at ingestion") if params.min_similarity == "auto"
                      else (params.min_similarity, ""))
     if floor is not None and floor > 0:
-        scores.similarity = similarity(embedder, query.text, [d.passage.text for d in context.documents])
+        scores.similarity = max_cosine(embedder.encode_queries([query.text])[0],
+                                       passage_vectors(ctx, embedder, context.documents))
         if scores.similarity < floor:
             return withheld(context, scores, f"no reference is close to the question (similarity "
                                              f"{scores.similarity:.2f} < {floor:.2f}{origin})")
@@ -91,6 +92,37 @@ def answerable(query: Query, context: Context, params: Params, ctx: StepContext,
 def similarity(embedder: Embedder, question: str, texts: list[str]) -> float:
     """The highest cosine similarity between the question and one of the texts."""
     return max_cosine(embedder.encode_queries([question])[0], embedder.encode_documents(texts))
+
+
+def passage_vectors(ctx: StepContext, embedder: Embedder, documents: list[ContextDocument]) -> np.ndarray:
+    """The inserted passages' vectors: as the pipeline's store holds them when it holds this
+    embedder's (a read of a few ids, instead of encoding every passage again on each question),
+    else encoded (a refined passage, no store, another embedder's store)."""
+    stored: dict[str, np.ndarray] = {}
+    store = _pipeline_store(ctx)
+    if store is not None:
+        try:
+            if store.stored_embedder() == embedder.spec.vectors_key():
+                stored = store.vectors([d.passage.chunk_id for d in documents if d.passage.original_text is None])
+        except Exception as exc:  # noqa: BLE001 - the vectors are only a shortcut: encode instead
+            ctx.logger.info("answerability: stored vectors unavailable (%s); encoding the passages", exc)
+    missing = [d.passage.text for d in documents if d.passage.chunk_id not in stored]
+    encoded = iter(embedder.encode_documents(missing) if missing else [])
+    return np.stack([stored[d.passage.chunk_id] if d.passage.chunk_id in stored else next(encoded)
+                     for d in documents])
+
+
+def _pipeline_store(ctx: StepContext) -> Any:
+    """The vector store a step of this pipeline reads (the dense retriever's), or None."""
+    project = getattr(ctx, "project", None)
+    if project is None:
+        return None
+    try:
+        steps = project.pipeline(ctx.pipeline).steps
+    except (KeyError, ValueError):
+        return None
+    name = next((s.resources["store"] for s in steps if "store" in s.resources), None)
+    return project.resource(name) if name is not None else None
 
 
 def max_cosine(query: np.ndarray, vectors: np.ndarray) -> float:

@@ -96,7 +96,7 @@ through during before after above below up down out off than then so such as and
 until unless although though is was were are be been being am do does did doing done have has had having can
 could will would shall should might must it its it's this that these those there here what which who whom whose
 when where why how i me my mine you your yours he him his she her hers we us our ours they them their theirs
-one ones some any all each every both either neither not no yes only just also very too more most much many
+ones some any all each every both either neither not no yes only just also very too more most much many
 other another same own get gets got getting make makes made go goes went say says said s t d ll re ve m
 answer answers question questions document documents reference references according text passage passages
 context given based following provided information true false correct incorrect""".split())

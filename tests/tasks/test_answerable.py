@@ -166,3 +166,21 @@ def test_a_floor_computed_with_another_embedder_is_not_used(company):
         project = load_project(project.path, tuned=False).with_resource("llm", base_url=llm.base_url)
         engine.run(project.pipeline("ask"), {"query": ANSWERABLE[0]}, orchestrate=False)
         assert len(chat_prompts(llm)) == 1  # 0.99 would have refused it
+
+
+def test_the_gate_reads_the_stored_vectors_instead_of_encoding_every_passage_again(company, monkeypatch):
+    """Encoding five passages on each question took 1.4 s on the loaded test machine; the store
+    holds their vectors (the embedder's own: the same similarity as encoding them)."""
+    from ragline.tasks.answerable import similarity
+
+    with ScriptedLLM(lambda prompt: "I cannot answer this question") as llm:
+        project = company(llm.base_url)
+        embedder = project.resource("embedder")
+        encoded: list[int] = []
+        encode = embedder.encode_documents
+        monkeypatch.setattr(embedder, "encode_documents", lambda texts, *a, **k: encoded.append(len(texts)) or
+                            encode(texts, *a, **k))
+        answer = engine.run(project.pipeline("ask"), {"query": OFF_TOPIC[0]}, orchestrate=False)
+    assert answer.refused and encoded == []
+    passages = [p.text for p in engine.run(project.pipeline("search"), {"query": OFF_TOPIC[0]}, orchestrate=False)[:5]]
+    assert f"(similarity {similarity(embedder, OFF_TOPIC[0], passages):.2f} <" in answer.reason
