@@ -14,7 +14,8 @@ likely to produce a confident wrong answer. Two signals, cheapest first:
 A threshold of 0 turns a signal off. ``min_similarity: auto`` (the default) reads the floor that
 ingestion computed for the index it published (``record_floor``, from the index sink's finalize:
 a sample of inverse-cloze pseudo-queries scored against their own passage, the floor that 98 % of
-them clear, kept in the index state's meta with the generation it was computed on), so a question
+them clear, kept in the index state's meta with the generation it was computed on, computed again
+once the index changed size by a tenth or its embedder changed), so a question
 the documents do not cover is refused out of the box; the query only reads it. ``ragline tune``
 sets both thresholds from its own pseudo-queries (no labels): see ``tasks/tune_retrieval.py``. The refusal is the generator's own text and an empty context, so
 ``generate`` returns it with the gate's reason and without calling the LLM.
@@ -153,6 +154,7 @@ class Floor(BaseModel):
 
     min_similarity: float | None  # None: too few pseudo-queries to place it (the gate stays off)
     generation: int
+    chunks: int = 0  # the index's size then: the floor is computed again once it changed by a tenth
     pairs: int
     keep: float
     embedder: str  # the vectors key of the embedder it was computed with (another one: not used)
@@ -161,12 +163,14 @@ class Floor(BaseModel):
 def record_floor(state: IndexState, embedder: Embedder, pairs: int = 48, keep: float = 0.98,
                  seed: int = 0) -> Floor:
     """Compute the floor for the index as published and keep it in the state's meta (ingestion
-    only: a query never writes). Nothing is computed when the floor of this generation is there."""
-    generation, key = state.generation, embedder.spec.vectors_key()
+    only: a query never writes). The floor describes the collection, not one document: it is kept
+    until the embedder changes or the index grows or shrinks by a tenth (encoding the pseudo-queries
+    costs about a second, several on a loaded machine)."""
+    generation, key, chunks = state.generation, embedder.spec.vectors_key(), state.counts()[1]
     current = read_floor(state)
-    if current is not None and (current.generation, current.embedder) == (generation, key):
+    if current is not None and current.embedder == key and abs(chunks - current.chunks) * 10 <= current.chunks:
         return current
-    floor = Floor(min_similarity=None, generation=generation, pairs=0, keep=keep, embedder=key)
+    floor = Floor(min_similarity=None, generation=generation, chunks=chunks, pairs=0, keep=keep, embedder=key)
     found = inverse_cloze(state, pairs, seed)
     if found:
         questions, rests = zip(*found)

@@ -129,17 +129,23 @@ def test_ingestion_sets_the_floor_and_ask_refuses_off_topic_questions_without_a_
     assert not any(a.reason.startswith("no reference is close") for a in on)
 
 
-def test_the_floor_is_computed_once_per_generation_of_the_index(company):
+def test_the_floor_is_computed_again_only_when_the_index_changed_size_by_a_tenth(company):
+    """The floor describes the collection: an edited document keeps it (encoding the pseudo-queries
+    costs seconds on a loaded machine), a collection that grew is measured again."""
     project = company()
     state = project.resource("state")
     before = state.get_meta(FLOOR_KEY)
-    engine.run(project.pipeline("index"), orchestrate=False)  # nothing changed: nothing recomputed
-    assert state.get_meta(FLOOR_KEY) == before
+    engine.run(project.pipeline("index"), orchestrate=False)  # nothing changed
     (project.base_dir / "docs" / "office.txt").write_text(
         (COMPANY / "office.txt").read_text() + "\nThe canteen serves lunch from 12:00 to 14:00 on working days.\n")
-    engine.run(project.pipeline("index"), orchestrate=False)
+    engine.run(project.pipeline("index"), orchestrate=False)  # one document edited: five chunks still
+    assert state.get_meta(FLOOR_KEY) == before and read_floor(state).generation < state.generation
+    (project.base_dir / "docs" / "canteen.md").write_text(
+        "# The canteen\n\nThe canteen on the first floor serves a warm lunch from 12:00 to 14:00. Vegetarian "
+        "and vegan dishes are on the menu every day. Employees pay with their badge at the till.\n")
+    engine.run(project.pipeline("index"), orchestrate=False)  # six chunks: a fifth more
     floor = read_floor(state)
-    assert floor.generation == state.generation and state.get_meta(FLOOR_KEY) != before
+    assert floor.generation == state.generation and floor.chunks == 6 and state.get_meta(FLOOR_KEY) != before
 
 
 def test_too_few_sentences_for_a_floor_leave_the_gate_open(company):
