@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Answer, Context, Query
+from ragline.flows.contracts import Answer, Context, Query, Source
 from ragline.flows.llm_output import clip, option_probabilities, sentences, strip_citations
 from ragline.flows.registry import stage
 from ragline.flows.resources.llm import LLMClient
@@ -64,6 +64,8 @@ def verify(query: Query, answer: Answer, context: Context, params: Params, ctx: 
         return answer
     if answer.confidence is not None and answer.confidence < params.min_confidence:
         return _refuse(answer, params, f"low confidence: {answer.confidence:.2f} < {params.min_confidence:.2f}")
+    if not answer.citations and params.min_grounding > 0:
+        answer = attributed(answer, query.text, context)
     cited = cited_passages(answer, context)
     if params.refuse_degenerate and (problem := degenerate(answer.text, query.text, cited, params)):
         return _refuse(answer, params, f"degenerate answer: {problem}")
@@ -140,6 +142,20 @@ def cited_passages(answer: Answer, context: Context) -> list[str]:
     return [documents[n].passage.text for n in answer.citations if n in documents]
 
 
+def attributed(answer: Answer, question: str, context: Context) -> Answer:
+    """An answer that cites nothing, cited (as inferred) to the one inserted passage holding most of
+    its own words, which grounding then reads: never the words of several passages together."""
+    scored = [(grounding(answer.text, question, [d.passage.text])[0], -d.number, d) for d in context.documents]
+    found, _, best = max(scored, key=lambda s: s[:2], default=(0, 0, None))
+    if best is None or not found:
+        return answer
+    source = Source(number=best.number, chunk_id=best.passage.chunk_id, source_id=best.passage.source_id,
+                    title=best.passage.title, path=str(best.passage.metadata.get("source", best.passage.source_id)),
+                    url=str(best.passage.metadata.get("url", "")), passage=best.passage.text)
+    return answer.model_copy(update={"citations": [best.number], "inferred_citations": [best.number],
+                                     "sources": [source]})
+
+
 def own_words(answer: str, question: str) -> list[str]:
     """The answer's content words (stems) that the question does not already contain."""
     asked = set(stems(tokens(question)))
@@ -193,6 +209,16 @@ def _sentence_pairs(text: str) -> list[tuple[set[str], set[str]]]:
     return list(zip([set()] + said[:-1], said))
 
 
+NUMBER_QUESTION = re.compile(r"\b(?:how (?:many|much|long|old|far)|when|what (?:year|date|time)|version|number|"
+                             r"percent|percentage|price|cost|rate|score)\b", re.I)
+
+
+def asks_for_number(question: str) -> bool:
+    """Whether the answer to ``question`` is a number (a count, a version, a date): then a number in
+    a longer answer is its answer, and must be the one the cited passages give for it."""
+    return bool(NUMBER_QUESTION.search(question))
+
+
 def asked_unit(question: str) -> str | None:
     """The noun a "how many" question counts ("days" in "How many days of leave ..."), or None."""
     words = tokens(question)
@@ -236,7 +262,8 @@ def ungrounded(answer: str, question: str, cited: list[str], min_grounding: floa
         return None
     if total and found / total < min_grounding:
         return f"not grounded in the cited references: {found} of {total} answer words found"
-    if (number := untied_number(own_words(answer, question), question, cited, bare=False)):
+    if asks_for_number(question) and (number := untied_number(own_words(answer, question), question, cited,
+                                                               bare=False)):
         return f"not grounded in the cited references: {number} is not given there for what the question asks"
     return None
 
