@@ -1,5 +1,8 @@
 """Answer quality on RGB en_fact (100 questions) through the `ask` pipeline and a real LLM server:
 EM, token F1, accuracy (answer string in the response), citations, refusals, fact checking.
+Accuracy with the answer is the `positive` row, refusal with negatives only the `negative` row's
+refusal rate, the fake-answer rejection the `positive_wrong` row's refusal rate (and how often it
+repeats the fake answer). With --limit N the table says it is a subset.
 
 Usage: .venv/bin/python bench/rgb_answers.py [--limit N] [--pipeline ask]
 Needs the LLM server of pipelines.yaml (deploy/vllm/serve.sh, or RAGLINE_LLM_BASE_URL).
@@ -31,7 +34,8 @@ def main() -> None:
         project = load_project(REPO / "pipelines.yaml")
         result = evaluate_answers(project, DATA / "rgb" / "en_fact.json", args.pipeline, limit=args.limit)
         save("rgb_answers", result)
-    table = [f"RGB en_fact, {result['questions']} questions, pipeline `{result['pipeline']}`, "
+    subset = f" (the first {result['questions']}: a subset)" if result["questions"] < 100 else ""
+    table = [f"RGB en_fact, {result['questions']} questions{subset}, pipeline `{result['pipeline']}`, "
              f"model {result['model']} (SmolLM2-135M-Instruct, bf16, vLLM CPU).", "",
              "| references | accuracy | EM | token F1 | refusal rate | cited | citations valid | s / question |",
              "|---|---|---|---|---|---|---|---|"]

@@ -139,8 +139,8 @@ def fact_check_claims(project: Project, pipeline: str, items: list[RgbItem]) -> 
             for claim, is_true in ((item.answers[0], True), (item.fake_answers[0], False)):
                 ctx = StepContext(pipeline=pipeline, step_id=step.id, prompt_name=prompt,
                                   render_prompt=project.prompts.render)
-                verdict = engine.invoke(compiled, step, {"query": query, "context": context,
-                                                         "answer": Answer(question=item.query, text=claim)},
+                claimed = Answer(question=item.query, text=claim, citations=[d.number for d in documents])
+                verdict = engine.invoke(compiled, step, {"query": query, "context": context, "answer": claimed},
                                         ctx, params=params)
                 kept_true += is_true and not verdict.refused
                 flagged_fake += (not is_true) and verdict.refused

@@ -43,6 +43,9 @@ class Params(BaseModel):
     wait_timeout_seconds: float | None = Field(None, gt=0, description="give up waiting after this long")
     reconcile: Literal["auto", "always"] = Field(
         "auto", description="auto: check the stores against the state after an interrupted run; always: every run")
+    gate_floor_pairs: int = Field(48, ge=0, le=1000, description="inverse-cloze pseudo-queries that set the "
+                                                                 "answerability gates' similarity floor once the "
+                                                                 "index changed (min_similarity: auto); 0: none")
 
 
 USES = {"store": ("chroma",), "sparse": ("bm25",), "state": ("index_state",)}
@@ -139,9 +142,10 @@ def gone_sources(indexed: Iterable[str], seen: set[str], failures: list[Failure]
 
 
 @index.on_finalize
-def finalize(plan: IngestPlan, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
+def finalize(plan: IngestPlan, params: Params, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
              state: IndexState) -> IndexReport:
-    """Delete removed sources everywhere, republish BM25 if the state moved, mark the run clean."""
+    """Delete removed sources everywhere, republish BM25 if the state moved, mark the run clean,
+    set the answerability floor of the published index."""
     removed_ids = state.chunk_ids(plan.removed)
     state.forget(plan.removed)
     failpoints.hit("finalize.after_forget")
@@ -150,7 +154,27 @@ def finalize(plan: IngestPlan, ctx: StepContext, store: ChromaStore, sparse: BM2
     sparse.sync(state)
     failpoints.hit("finalize.after_publish")
     state.set_meta(DIRTY, "0")
+    gate_floor(params, ctx, state)
     return IndexReport(deleted=len(plan.removed), chunks_deleted=len(removed_ids))
+
+
+def gate_floor(params: Params, ctx: StepContext, state: IndexState) -> None:
+    """The answerability gates' similarity floor for this generation (``answerable.record_floor``),
+    with the embedder that embedded it; a failure costs the floor, never the run."""
+    from ragline.tasks.answerable import record_floor
+
+    steps = ctx.project.pipeline(ctx.pipeline).steps if ctx.project is not None else []
+    embedder = next((s.resources["embedder"] for s in steps if "embedder" in s.resources), None)
+    if not params.gate_floor_pairs or embedder is None:
+        return
+    try:
+        floor = record_floor(state, ctx.project.resource(embedder), params.gate_floor_pairs)
+    except Exception as exc:  # noqa: BLE001 - the index is published; only the gate's floor is missing
+        ctx.logger.warning("answerability floor not set (%s: %s); gates with min_similarity auto stay open",
+                           type(exc).__name__, exc)
+        return
+    ctx.logger.info("answerability floor %s on generation %d (%d pseudo-queries)", floor.min_similarity,
+                    floor.generation, floor.pairs)
 
 
 def _ensure_dimension(store: ChromaStore, state: IndexState, chunks: list[Chunk], ctx: StepContext) -> None:

@@ -3,7 +3,16 @@ references do not bear on is refused before generation (no generation request is
 gate's reason; an answerable one goes through unchanged; its prompt opens like the answer prompt."""
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ragline.flows import engine
+from ragline.flows.compile import load_project
 from ragline.flows.contracts import Context
+from ragline.tasks.answerable import FLOOR_KEY, read_floor
 from tests.scripted_llm import ScriptedLLM
 from tests.tasks.test_llm_stages import chat_prompts, project_for, run
 
@@ -75,3 +84,109 @@ def test_an_empty_context_passes_through_without_any_call():
 
     empty = Context()
     assert answerable.fn(None, empty, Params(min_similarity=0.9, min_probability=0.9), None, None, None) is empty
+
+
+# ----------------------------------------------------------------------------- the floor set at ingestion
+# Issue 24 item 2: the gate refuses what the documents do not cover out of the box, with a floor that
+# ingestion computes from the index it publishes (no `ragline tune` needed); a query only reads it.
+COMPANY = Path(__file__).resolve().parents[1] / "fixtures" / "company"
+REPO = Path(__file__).resolve().parents[2]
+QUESTIONS = json.loads((COMPANY.parent / "company-questions.json").read_text())
+ANSWERABLE, OFF_TOPIC = list(QUESTIONS["answerable"]), QUESTIONS["off_topic"]
+
+
+@pytest.fixture
+def company(tmp_path, monkeypatch):
+    """The shipped pipelines.yaml over a copy of five made-up-company documents; ``load(url)``
+    points its LLM at ``url`` and indexes the documents."""
+    (tmp_path / "pipelines.yaml").write_text((REPO / "pipelines.yaml").read_text().replace(
+        "paths: [samples/docs]", "paths: [docs]"))
+    shutil.copytree(REPO / "prompts", tmp_path / "prompts")
+    shutil.copytree(COMPANY, tmp_path / "docs")
+
+    def load(url: str = "http://127.0.0.1:9/v1"):
+        monkeypatch.setenv("RAGLINE_LLM_BASE_URL", url)
+        project = load_project(tmp_path / "pipelines.yaml", tuned=False)
+        engine.run(project.pipeline("index"), orchestrate=False)
+        return project
+
+    return load
+
+
+def test_ingestion_sets_the_floor_and_ask_refuses_off_topic_questions_without_a_call(company):
+    with ScriptedLLM(lambda prompt: "Employees get 27 days of paid annual leave [1].") as llm:
+        project = company(llm.base_url)
+        state = project.resource("state")
+        floor = read_floor(state)
+        assert floor is not None and floor.generation == state.generation and floor.pairs >= 20
+        assert 0.05 < floor.min_similarity < 0.3 and project.pipeline("ask").step("gate").params.min_similarity == "auto"
+        off = [engine.run(project.pipeline("ask"), {"query": q}, orchestrate=False) for q in OFF_TOPIC]
+        assert chat_prompts(llm) == []  # refused before generation: not one LLM call
+        on = [engine.run(project.pipeline("ask"), {"query": q}, orchestrate=False) for q in ANSWERABLE]
+        assert len(chat_prompts(llm)) == len(ANSWERABLE)  # every answerable question reached the generator
+    assert all(a.refused and a.reason.startswith("no reference is close to the question (similarity ")
+               and a.reason.endswith(f" < {floor.min_similarity:.2f}, the floor set at ingestion)") for a in off)
+    assert not any(a.reason.startswith("no reference is close") for a in on)
+
+
+def test_the_floor_is_computed_again_only_when_the_index_changed_size_by_a_tenth(company):
+    """The floor describes the collection: an edited document keeps it (encoding the pseudo-queries
+    costs seconds on a loaded machine), a collection that grew is measured again."""
+    project = company()
+    state = project.resource("state")
+    before = state.get_meta(FLOOR_KEY)
+    engine.run(project.pipeline("index"), orchestrate=False)  # nothing changed
+    (project.base_dir / "docs" / "office.txt").write_text(
+        (COMPANY / "office.txt").read_text() + "\nThe canteen serves lunch from 12:00 to 14:00 on working days.\n")
+    engine.run(project.pipeline("index"), orchestrate=False)  # one document edited: five chunks still
+    assert state.get_meta(FLOOR_KEY) == before and read_floor(state).generation < state.generation
+    (project.base_dir / "docs" / "canteen.md").write_text(
+        "# The canteen\n\nThe canteen on the first floor serves a warm lunch from 12:00 to 14:00. Vegetarian "
+        "and vegan dishes are on the menu every day. Employees pay with their badge at the till.\n")
+    engine.run(project.pipeline("index"), orchestrate=False)  # six chunks: a fifth more
+    floor = read_floor(state)
+    assert floor.generation == state.generation and floor.chunks == 6 and state.get_meta(FLOOR_KEY) != before
+
+
+def test_too_few_sentences_for_a_floor_leave_the_gate_open(company):
+    project = company()
+    docs = project.base_dir / "docs"
+    for path in docs.iterdir():
+        if path.name != "benefits.md":
+            path.unlink()
+    engine.run(project.pipeline("index"), orchestrate=False)
+    floor = read_floor(project.resource("state"))
+    assert floor.pairs < 20 and floor.min_similarity is None
+    with ScriptedLLM(lambda prompt: "I cannot answer this question") as llm:
+        project = load_project(project.path, tuned=False).with_resource("llm", base_url=llm.base_url)
+        answer = engine.run(project.pipeline("ask"), {"query": "What is the capital of Peru?"}, orchestrate=False)
+        assert len(chat_prompts(llm)) == 1 and answer.reason == "the references do not contain the answer"
+
+
+def test_a_floor_computed_with_another_embedder_is_not_used(company):
+    project = company()
+    state = project.resource("state")
+    state.set_meta(FLOOR_KEY, read_floor(state).model_copy(update={"embedder": "another", "min_similarity": 0.99})
+                   .model_dump_json())
+    with ScriptedLLM(lambda prompt: "I cannot answer this question") as llm:
+        project = load_project(project.path, tuned=False).with_resource("llm", base_url=llm.base_url)
+        engine.run(project.pipeline("ask"), {"query": ANSWERABLE[0]}, orchestrate=False)
+        assert len(chat_prompts(llm)) == 1  # 0.99 would have refused it
+
+
+def test_the_gate_reads_the_stored_vectors_instead_of_encoding_every_passage_again(company, monkeypatch):
+    """Encoding five passages on each question took 1.4 s on the loaded test machine; the store
+    holds their vectors (the embedder's own: the same similarity as encoding them)."""
+    from ragline.tasks.answerable import similarity
+
+    with ScriptedLLM(lambda prompt: "I cannot answer this question") as llm:
+        project = company(llm.base_url)
+        embedder = project.resource("embedder")
+        encoded: list[int] = []
+        encode = embedder.encode_documents
+        monkeypatch.setattr(embedder, "encode_documents", lambda texts, *a, **k: encoded.append(len(texts)) or
+                            encode(texts, *a, **k))
+        answer = engine.run(project.pipeline("ask"), {"query": OFF_TOPIC[0]}, orchestrate=False)
+    assert answer.refused and encoded == []
+    passages = [p.text for p in engine.run(project.pipeline("search"), {"query": OFF_TOPIC[0]}, orchestrate=False)[:5]]
+    assert f"(similarity {similarity(embedder, OFF_TOPIC[0], passages):.2f} <" in answer.reason

@@ -240,7 +240,7 @@ def test_tune_writes_an_overlay_that_search_uses(indexed, capsys, monkeypatch):
         assert "gate" not in report["overrides"]["pipelines"]["search"]
         assert tuned.pipeline("gated").step("gate").params.min_similarity == floor
         assert load_project(indexed / "pipelines.yaml", tuned=False).pipeline("gated").step("gate").params \
-            .min_similarity == 0.0
+            .min_similarity == "auto"  # the file's default: the floor set at ingestion
 
         assert cli.main(["validate", str(indexed / "pipelines.yaml")]) == 0
         out = capsys.readouterr().out
