@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ragline.flows import engine, settings
 from ragline.flows.compile import CompiledPipeline
 from ragline.flows.contracts import IndexReport, PipelineKind, StepResult, to_json
+from ragline.flows.errors import RaglineError
 from ragline.flows.spec import RunnerSpec
 from ragline.flows.steps import PipelineRef, StepCall, digest_of, execute, served_copy
 
@@ -76,9 +77,11 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     return to_json(result)
 
 
-class SourcesUnreachable(Exception):
+class SourcesUnreachable(RaglineError):
     """An ingestion run that could not reach one of its roots: the Failed state's data, so the
     process that ran the flow in-process gets the report back as the exception Prefect raises."""
+
+    error_code = "sources_unreachable"
 
     def __init__(self, report: IndexReport | str):
         self.report = report if isinstance(report, IndexReport) else None
