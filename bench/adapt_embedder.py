@@ -31,11 +31,11 @@ from pathlib import Path
 
 from common import OUT, REPO, SCIFACT, save
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
-from ragline.flows.evaluate import BeirDataset, eval_workspace, load_beir, score, to_run
-from ragline.flows.progress import IngestProgress
+from ragline.flows.evaluation.retrieval import BeirDataset, eval_workspace, load_beir, score, to_run
+from ragline.flows.run.progress import IngestProgress
 from ragline.flows.resources.state import IndexBusy
 
 

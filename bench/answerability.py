@@ -28,10 +28,10 @@ import time
 from common import DATA, OUT, REPO, publish, save
 from tuning import rgb_as_beir
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import ContextDocument, Passage
-from ragline.flows.evaluate import eval_workspace, load_beir
+from ragline.flows.evaluation.retrieval import eval_workspace, load_beir
 from ragline.tasks.answerable import probability, similarity
 from ragline.tasks.tune_retrieval import auc
 

@@ -27,8 +27,8 @@ from common import REPO, index_more, indexed_workspace, percentile, publish, sav
 # ingestion another process runs during the load is what the API's dense side searches next.
 SERVED = """
 import contextlib, sys, uvicorn
-from ragline.flows.api import create_app
-from ragline.flows.chroma_server import serve_stores
+from ragline.flows.serve.api import create_app
+from ragline.flows.ops.chroma_server import serve_stores
 app = create_app(sys.argv[1], token=sys.argv[2], max_concurrent_runs=int(sys.argv[4]))
 with contextlib.ExitStack() as stack:
     serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr))
@@ -106,7 +106,7 @@ async def search_while_ingesting(port: int, args, questions: list[str], pipeline
 
 
 def llm_endpoint(stack: list) -> str:
-    from ragline.flows.llm_server import ready, start_vllm
+    from ragline.flows.ops.llm_server import ready, start_vllm
 
     url = os.environ.get("RAGLINE_LLM_BASE_URL", "")
     if url and ready(url, None):

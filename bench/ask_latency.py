@@ -14,8 +14,8 @@ from collections import defaultdict
 
 from common import REPO, save, summary_ms, publish
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 
 QUESTIONS = ["How does ragline keep the index up to date when documents change?",
              "What does reciprocal rank fusion add for each chunk?",

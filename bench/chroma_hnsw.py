@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 from common import REPO, SCIFACT, save, summary_ms, publish
 
-from ragline.flows.compile import load_project
-from ragline.flows.evaluate import eval_workspace, load_beir
+from ragline.flows.spec.compile import load_project
+from ragline.flows.evaluation.retrieval import eval_workspace, load_beir
 
 CONFIGS = {
     "chroma default (M 16, ef_c 100, ef_s 100)": None,

@@ -82,8 +82,8 @@ def indexed_workspace(docs: int, extra_pipelines: str = ""):
     SciFact abstracts indexed in-process; yields (pipelines file, project, the first SciFact queries)."""
     import tempfile
 
-    from ragline.flows import engine
-    from ragline.flows.compile import load_project
+    from ragline.flows.run import engine
+    from ragline.flows.spec.compile import load_project
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

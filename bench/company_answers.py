@@ -28,8 +28,8 @@ ANSWERABLE, UNANSWERABLE, OFF_TOPIC = QUESTIONS["answerable"], QUESTIONS["unansw
 
 def project_in(folder: Path, repo: Path):
     """The checkout's pipelines.yaml and prompts over a copy of the company documents, indexed."""
-    from ragline.flows import engine
-    from ragline.flows.compile import load_project
+    from ragline.flows.run import engine
+    from ragline.flows.spec.compile import load_project
 
     (folder / "pipelines.yaml").write_text((repo / "pipelines.yaml").read_text().replace(
         "paths: [samples/docs]", "paths: [docs]"))
@@ -49,7 +49,7 @@ def classify(answer, expected: str | None) -> str:
 
 
 def run(repo: Path) -> dict:
-    from ragline.flows import engine
+    from ragline.flows.run import engine
 
     with tempfile.TemporaryDirectory() as tmp:
         project = project_in(Path(tmp), repo)

@@ -27,10 +27,10 @@ from pathlib import Path
 import httpx
 
 from common import REPO, indexed_workspace, percentile, publish, save
-from ragline.flows import engine
+from ragline.flows.run import engine
 
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-SERVE = ("import sys; from ragline.flows.serve import serve; "
+SERVE = ("import sys; from ragline.flows.serve.service import serve; "
          "sys.exit(serve(sys.argv[1], api=False, poll_seconds=float(sys.argv[2])))")
 
 
@@ -79,7 +79,7 @@ def ms(values: list[float]) -> dict[str, float]:
 
 
 def measure(project_path: Path, project, questions: list[str], poll_seconds: float) -> dict:
-    from ragline.flows.serve import start_prefect_server
+    from ragline.flows.serve.service import start_prefect_server
 
     pipeline = project.pipeline("search")
     with tempfile.TemporaryDirectory() as home:

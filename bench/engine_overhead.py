@@ -16,11 +16,11 @@ from concurrent.futures import Future
 
 from common import indexed_workspace, publish, save, summary_ms
 
-from ragline.flows import engine
-from ragline.flows.compile import CompiledPipeline
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import CompiledPipeline
 from ragline.flows.contracts import Query
-from ragline.flows.registry import stage
-from ragline.flows.steps import execute
+from ragline.flows.spec.registry import stage
+from ragline.flows.run.steps import execute
 
 LLM_LIKE_SECONDS = 0.05
 

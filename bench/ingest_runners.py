@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 from common import REPO, save, subset_corpus, publish
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 from tests.integration.harness import snapshot
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from common import REPO, save, subset_corpus, publish
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.tasks.chunk import chunk
 from ragline.tasks.convert import convert

@@ -14,8 +14,8 @@ import json
 
 from common import DATA, OUT, REPO, save, publish
 
-from ragline.flows.compile import load_project
-from ragline.flows.evaluate_answers import evaluate_answers
+from ragline.flows.spec.compile import load_project
+from ragline.flows.evaluation.answers import evaluate_answers
 
 ROWS = [("positive", "references contain the answer"), ("negative", "references do not contain it"),
         ("positive_wrong", "counterfactual references (fake answer)")]

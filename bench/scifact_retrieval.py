@@ -11,9 +11,9 @@ import platform
 
 from common import OUT, REPO, SCIFACT, save, publish
 
-from ragline.flows.compile import load_project
-from ragline.flows.evaluate import evaluate, load_beir
-from ragline.flows.progress import IngestProgress
+from ragline.flows.spec.compile import load_project
+from ragline.flows.evaluation.retrieval import evaluate, load_beir
+from ragline.flows.run.progress import IngestProgress
 
 PIPELINES = [("search_bm25", "BM25 (bm25s, stemmed)"), ("search_dense", "dense (all-MiniLM-L6-v2)"),
              ("search", "hybrid RRF (BM25 + dense)")]

@@ -1,7 +1,7 @@
 """What serving an embedded store through its managed Chroma server costs, and what it buys.
 
 ``ragline serve`` / ``ragline api`` start a ``chroma run`` over each embedded store and every process
-of the project reaches the store through it (flows/chroma_server.py). Measured here on the shipped
+of the project reaches the store through it (flows/ops/chroma_server.py). Measured here on the shipped
 ``search_dense`` pipeline over a SciFact index, in one process, alternating (AB, BA, ...):
 - dense query latency with the store opened embedded (the baseline: what every process did before)
   vs through the managed server (HTTP on loopback), the same queries, one phase after the other
@@ -20,9 +20,9 @@ import sys
 import time
 
 from common import REPO, index_more, indexed_workspace, percentile, publish, save
-from ragline.flows import engine
-from ragline.flows.chroma_server import serve_stores
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.ops.chroma_server import serve_stores
+from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 
 

@@ -139,13 +139,13 @@ class VllmProcess:
     """The packaged CPU vLLM server (deploy/vllm), stopped with SIGKILL to its group and restarted."""
 
     def __init__(self, port: int):
-        from ragline.flows.llm_server import PACKAGED_MODEL
+        from ragline.flows.ops.llm_server import PACKAGED_MODEL
 
         self.port, self.server, self.model = port, None, PACKAGED_MODEL
         self.base_url = f"http://127.0.0.1:{port}/v1"
 
     def start(self) -> None:
-        from ragline.flows.llm_server import start_vllm
+        from ragline.flows.ops.llm_server import start_vllm
 
         self.server = start_vllm(self.port)
 
@@ -176,8 +176,8 @@ def wait_for(ready, timeout: float, message: str, every: float = 0.2) -> None:
 def workspace(root: Path, docs: int, llm) -> tuple[Path, list[str], list[str]]:
     """The pipelines file over ``docs`` SciFact abstracts and three notes, indexed in this process;
     returns (file, questions, spare abstracts for the notes written during the run)."""
-    from ragline.flows import engine
-    from ragline.flows.compile import load_project
+    from ragline.flows.run import engine
+    from ragline.flows.spec.compile import load_project
     from ragline.flows.resources import clear_cache
 
     (root / "docs").mkdir(parents=True)

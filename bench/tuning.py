@@ -30,10 +30,10 @@ from pathlib import Path
 
 from common import DATA, OUT, REPO, SCIFACT, publish, save
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
-from ragline.flows.evaluate import eval_workspace, load_beir, score, to_run
-from ragline.flows.progress import IngestProgress
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
+from ragline.flows.evaluation.retrieval import eval_workspace, load_beir, score, to_run
+from ragline.flows.run.progress import IngestProgress
 
 STRATEGIES = {  # name -> pseudo_queries parameters
     "inverse_cloze": {"strategies": ["inverse_cloze"]},

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ragline.flows import prefect_server, settings
-from ragline.flows.compile import DEFAULT_FILE, load_project
+from ragline.flows import settings
+from ragline.flows.ops import prefect_server
+from ragline.flows.spec.compile import DEFAULT_FILE, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import RaglineError
-from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
-from ragline.flows.spec import SpecValidationError
+from ragline.flows.serve.service import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
+from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.terminal import PrintableFormatter, printable
 
 EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     if args.allow_module:
-        from ragline.flows.registry import set_allowed_modules
+        from ragline.flows.spec.registry import set_allowed_modules
 
         set_allowed_modules(args.allow_module)
     if getattr(args, "no_tuned", False):
@@ -196,7 +197,7 @@ def _check_command(command) -> None:
 
 
 def _check(args) -> int:
-    from ragline.flows.check import check
+    from ragline.flows.run.check import check
 
     project = _project(args)
 
@@ -249,14 +250,14 @@ def _project(args):
 def _query_pipeline(project, name: str):
     """A query pipeline by name; an ingestion pipeline is refused before anything runs (it would
     load its own paths and delete every other document from the index)."""
-    from ragline.flows.evaluate import require_kinds
+    from ragline.flows.evaluation.retrieval import require_kinds
 
     require_kinds(project, query=name)
     return project.pipeline(name)
 
 
 def _validate(args) -> int:
-    from ragline.flows.compile import validate_file
+    from ragline.flows.spec.compile import validate_file
 
     path = args.path or args.file
     errors = validate_file(path)
@@ -273,9 +274,9 @@ def _validate(args) -> int:
 
 
 def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
-    from ragline.flows import engine
-    from ragline.flows.evaluate import require_kinds
-    from ragline.flows.progress import IngestProgress
+    from ragline.flows.run import engine
+    from ragline.flows.evaluation.retrieval import require_kinds
+    from ragline.flows.run.progress import IngestProgress
 
     project = _project(args)
     require_kinds(project, ingestion=pipeline_name)
@@ -313,7 +314,7 @@ def _index(args) -> int:
 
 
 def _search(args) -> int:
-    from ragline.flows import engine
+    from ragline.flows.run import engine
 
     pipeline = _query_pipeline(_project(args), args.pipeline)
     query: dict[str, Any] = {"text": args.question, "filters": args.where}
@@ -323,7 +324,7 @@ def _search(args) -> int:
 
 
 def _ask(args) -> int:
-    from ragline.flows import engine
+    from ragline.flows.run import engine
 
     pipeline = _query_pipeline(_project(args), args.pipeline)
     streamed: list[str] = []
@@ -370,8 +371,8 @@ def _print_passages(passages, as_json: bool) -> None:
 
 
 def _eval(args) -> int:
-    from ragline.flows.evaluate import METRICS, evaluate, load_beir
-    from ragline.flows.progress import IngestProgress
+    from ragline.flows.evaluation.retrieval import METRICS, evaluate, load_beir
+    from ragline.flows.run.progress import IngestProgress
 
     project = _project(args)
     if Path(args.dataset).is_file():
@@ -398,7 +399,7 @@ def _eval(args) -> int:
 
 
 def _eval_answers(args, project) -> int:
-    from ragline.flows.evaluate_answers import evaluate_answers
+    from ragline.flows.evaluation.answers import evaluate_answers
 
     result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
                               orchestrate=args.orchestrate)
@@ -430,9 +431,9 @@ def _set_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _tune(args) -> int:
-    from ragline.flows import engine
+    from ragline.flows.run import engine
     from ragline.flows.contracts import TuneReport
-    from ragline.flows.evaluate import require_kinds
+    from ragline.flows.evaluation.retrieval import require_kinds
     from ragline.tasks.tune_retrieval import summary
 
     project = _project(args)
@@ -451,7 +452,7 @@ def _tune(args) -> int:
 
 
 def _run(args) -> int:
-    from ragline.flows import engine
+    from ragline.flows.run import engine
 
     project = _project(args)
     pipeline = project.pipeline(args.pipeline).with_overrides(_set_overrides(args.set))
@@ -475,7 +476,7 @@ def _describe(pipeline) -> str:
 
 
 def _api(args) -> int:
-    from ragline.flows.api import serve_api
+    from ragline.flows.serve.api import serve_api
 
     serve_api(args.file, host=args.host, port=args.port, token=args.token, data_dir=args.data_dir,
               max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
@@ -514,7 +515,7 @@ def _keep_days(value: str) -> float:
 
 
 def _serve(args) -> int:
-    from ragline.flows.serve import serve
+    from ragline.flows.serve.service import serve
 
     # the packaged LLM is started (and supervised) by serve, once every argument and port checked out
     return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
@@ -526,7 +527,7 @@ def _serve(args) -> int:
 @contextlib.contextmanager
 def _packaged_llms(project, enabled: bool):
     """The packaged model on vLLM for each local LLM endpoint that is down, for this command's life."""
-    from ragline.flows.llm_server import local_llm
+    from ragline.flows.ops.llm_server import local_llm
 
     endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
                  if getattr(spec, "type", None) == "openai_compatible"}
@@ -553,7 +554,7 @@ def _quickstart(args) -> int:
 
 
 def _search_and_answer(project, question: str) -> int:
-    from ragline.flows import engine
+    from ragline.flows.run import engine
 
     print(f"\nsearch: {printable(question)}\n")
     passages = engine.run(project.pipeline("search"), {"query": question}, orchestrate=True)

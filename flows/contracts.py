@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 Metadata = dict[str, str | int | float | bool]
 
 
+DEFAULT_MAX_QUESTION_CHARS = 10_000  # the longest question a query takes unless the API is told otherwise
+
+
 def content_hash(text: str) -> str:
     """Stable hash of a text, used for change detection and chunk ids."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -243,6 +246,11 @@ class TuneReport(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, description="the overlay's resources and pipelines")
     overlay: str = Field("", description="the overlay file")
     written: bool = False
+    write_requested: bool = Field(False, description="the stage asks the job runner to write the overlay")
+    overlay_file: str | None = Field(None, description="where the job runner writes the overlay (None: the default)")
+    generation: int | None = Field(None, description="the index generation the settings were tuned on")
+    state_resource: str | None = Field(None, description="the index state the tuned BM25 is rebuilt under")
+    sparse_resources: list[str] = Field(default_factory=list, description="BM25 indexes rebuilt with the tuned settings")
     seconds: float = 0.0
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
     budget_exhausted: bool = False
@@ -386,3 +394,31 @@ class StepResult:
 
     def __repr__(self) -> str:
         return f"StepResult({type(self.value).__name__}, {len(self.failures)} failures, {self.seconds:.3f} s)"
+
+
+class AdaptReport(BaseModel):
+    """What `adapt_embedder` trained and where it is; ``overlay`` points the embedder at it."""
+
+    model_path: str = Field(description="the adapted model's folder (absolute)")
+    base_model: str = Field(description="the model it was trained from (name or path)")
+    embedder: str = Field("embedder", description="the embedder resource the overlay sets")
+    key: str = Field(description="hash of base model, training rows and parameters (in the folder name)")
+    pairs: int = Field(0, description="pseudo-query pairs trained on")
+    strategies: dict[str, int] = Field(default_factory=dict)
+    hard_negatives: int = Field(0, description="negatives per pair")
+    mined_negatives: int = Field(0, description="negatives BM25 found (the rest were random chunks)")
+    steps: int = 0
+    epochs: float = 0.0
+    loss: float | None = Field(None, description="mean training loss")
+    stopped_early: bool = Field(False, description="max_seconds ran out before the last step")
+    reused: bool = Field(False, description="a finished model with this key existed: nothing was trained")
+    chunks: int = Field(0, description="chunks the next ingestion re-embeds with the adapted model")
+    overlay: dict[str, Any] = Field(default_factory=dict, description="the overlay entries that point the "
+                                                                      "embedder at the model")
+    overlay_yaml: str = ""
+    overlay_path: str = Field("", description="the overlay file written (empty: not written)")
+    overlay_file: str | None = Field(None, description="where the job runner writes the overlay (None: the default)")
+    write_requested: bool = Field(False, description="the stage asks the job runner to write the overlay")
+    seconds: float = 0.0
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
+    created: str = ""

@@ -43,12 +43,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import PseudoQuery
-from ragline.flows.registry import stage
+from ragline.flows.contracts import AdaptReport, PseudoQuery
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec, resolve_model_path
 from ragline.flows.resources.state import IndexState
 from ragline.tasks.tune_retrieval import Corpus, closest_of_other_documents
+from ragline.tasks.pseudo_queries import without
 
 MANIFEST = "ragline-adapt.json"
 VERSION = 1  # of the training recipe: part of the folder's key
@@ -82,32 +83,6 @@ class Params(BaseModel):
                                           "the entry only)")
     overlay: str | None = Field(None, description="overlay file; default: <pipelines file stem>.tuned.yaml beside "
                                                   "the data")
-
-
-class AdaptReport(BaseModel):
-    """What `adapt_embedder` trained and where it is; ``overlay`` points the embedder at it."""
-
-    model_path: str = Field(description="the adapted model's folder (absolute)")
-    base_model: str = Field(description="the model it was trained from (name or path)")
-    embedder: str = Field("embedder", description="the embedder resource the overlay sets")
-    key: str = Field(description="hash of base model, training rows and parameters (in the folder name)")
-    pairs: int = Field(0, description="pseudo-query pairs trained on")
-    strategies: dict[str, int] = Field(default_factory=dict)
-    hard_negatives: int = Field(0, description="negatives per pair")
-    mined_negatives: int = Field(0, description="negatives BM25 found (the rest were random chunks)")
-    steps: int = 0
-    epochs: float = 0.0
-    loss: float | None = Field(None, description="mean training loss")
-    stopped_early: bool = Field(False, description="max_seconds ran out before the last step")
-    reused: bool = Field(False, description="a finished model with this key existed: nothing was trained")
-    chunks: int = Field(0, description="chunks the next ingestion re-embeds with the adapted model")
-    overlay: dict[str, Any] = Field(default_factory=dict, description="the overlay entries that point the "
-                                                                      "embedder at the model")
-    overlay_yaml: str = ""
-    overlay_path: str = Field("", description="the overlay file written (empty: not written)")
-    seconds: float = 0.0
-    timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
-    created: str = ""
 
 
 @stage("adapt_embedder", params=Params, produces="adaptation", kind="job",
@@ -167,13 +142,8 @@ def adapt_embedder(pairs: list[PseudoQuery], params: Params, ctx: StepContext, e
     report.overlay = {"resources": {resource: {"model": str(folder)}}}
     report.overlay_yaml = overlay_yaml(report.overlay)
     report.timings = {k: round(v, 2) for k, v in timings.items()}
-    if params.write and ctx.project is not None:
-        from ragline.flows import overlay
-
-        report.overlay_path = str(overlay.write_adaptation(ctx.project, overlay.overlay_path(ctx.project,
-                                                                                             params.overlay), report))
-        ctx.logger.info("adapt: %s now points the embedder '%s' at the model; the next ingestion re-embeds, "
-                        "then run `ragline tune` again", report.overlay_path, resource)
+    report.write_requested = params.write and ctx.project is not None  # the job runner writes it
+    report.overlay_file = params.overlay
     report.seconds = round(time.perf_counter() - started, 2)
     ctx.progress("pairs", report.pairs)
     ctx.logger.info("adapt: %s from %s on %d pairs in %.1f s%s", folder, base, report.pairs, report.seconds,
@@ -241,7 +211,6 @@ def training_rows(pairs: list[PseudoQuery], corpus: Corpus, bm25: Any, negatives
 
 def _passage(pair: PseudoQuery, chunk: int, corpus: Corpus) -> tuple[int, str] | None:
     """The pair's chunk without the cut text; when nothing of it is left, the document's longest chunk."""
-    from ragline.tasks.pseudo_queries import without
 
     text = without(corpus.texts[chunk], pair.cut).strip()
     if len(text.split()) >= 3:

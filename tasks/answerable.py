@@ -32,11 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Context, ContextDocument, Query
-from ragline.flows.llm_output import clip, option_probabilities
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import clip, option_probabilities
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState, StoreMissing
+from ragline.tasks.pseudo_queries import body, sentences_of, without
 
 YES_NO = {"yes": ("yes",), "no": ("no",)}
 
@@ -176,7 +177,7 @@ def record_floor(state: IndexState, embedder: Embedder, pairs: int = 48, keep: f
         questions, rests = zip(*found)
         values = [max_cosine(q, d[None]) for q, d in zip(embedder.encode_queries(list(questions)),
                                                          embedder.encode_documents(list(rests)))]
-        floor.pairs, floor.min_similarity = len(values), kept(values, keep)
+        floor.pairs, floor.min_similarity = len(values), kept_floor(values, keep)
     state.set_meta(FLOOR_KEY, floor.model_dump_json())
     return floor
 
@@ -211,7 +212,6 @@ def indexed_floor(ctx: StepContext, embedder: Embedder | None) -> float | None:
 def inverse_cloze(state: IndexState, n: int, seed: int = 0) -> list[tuple[str, str]]:
     """Up to ``n`` (sentence, its passage without it) pairs from chunks sampled with ``seed``: one
     sentence per chunk first, then a second one, and so on (``tasks/pseudo_queries.py``'s cut)."""
-    from ragline.tasks.pseudo_queries import body, sentences_of, without
 
     rng = random.Random(seed)
     ids = sorted(state.chunk_ids())
@@ -228,9 +228,11 @@ def inverse_cloze(state: IndexState, n: int, seed: int = 0) -> list[tuple[str, s
     return [pair for pair in itertools.chain.from_iterable(rounds) if pair is not None][:n]
 
 
-def kept(values: list[float], keep: float) -> float | None:
-    """The value ``keep`` of them clear (the tuner's rule, ``tune_retrieval.kept_floor``)."""
-    from ragline.tasks.tune_retrieval import kept_floor
-
-    return kept_floor(values, keep)
+def kept_floor(scores: list[float | None], keep: float | None) -> float | None:
+    """The score (a gate's similarity or P(answerable)) that ``keep`` of the pseudo-queries clear
+    with their own source: below it, a question is unlike anything answerable in this collection."""
+    values = [v for v in scores if v is not None]
+    if keep is None or len(values) < 20:  # too few to place a low quantile
+        return None
+    return round(float(np.quantile(values, 1.0 - keep)), 4)
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.embedder import Embedder
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP] (or <s>, </s>) take room in every sequence

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 
 # Below trafilatura's own MIN_EXTRACTED_SIZE it falls back to a raw dump of the page that keeps
 # navigation and loses headings; for such short pages the plain fallback below does better...

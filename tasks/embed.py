@@ -4,7 +4,7 @@ from __future__ import annotations
 from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.embedder import Embedder
 
 

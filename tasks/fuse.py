@@ -1,21 +1,18 @@
 """Fusion of rankings from several retrievers and search texts (RRF, or score combination).
 
 A retriever weighed 0 contributes nothing, not even its passages at score 0, so the query runner
-does not run it at all (``idle_retrievers``): `ragline tune` choosing dense or BM25 alone costs
-one retriever's time, not two.
+does not run it at all (the stage's ``ignores``, read by the query runner): `ragline tune`
+choosing dense or BM25 alone costs one retriever's time, not two.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Passage, Ranking
-from ragline.flows.registry import stage
-
-if TYPE_CHECKING:
-    from ragline.flows.model import CompiledPipeline
-
+from ragline.flows.spec.registry import stage
 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -27,7 +24,12 @@ class Params(BaseModel):
     top_k: int = Field(100, ge=1, le=10_000, description="passages kept")
 
 
-@stage("fuse", params=Params, produces="passages", kind="query")
+def weighed_zero(params: Params, wiring: Mapping[str, list[str]]) -> set[str]:
+    """The rankings this fuse step weighs 0: their retrievers' work would be thrown away."""
+    return {step for step in wiring.get("rankings", []) if params.weights.get(step, 1.0) == 0}
+
+
+@stage("fuse", params=Params, produces="passages", kind="query", ignores=weighed_zero)
 def fuse(rankings: list[Ranking], params: Params) -> list[Passage]:
     """One ranked list from many: every retriever and every rewritten query contributes."""
     scores: dict[str, float] = {}
@@ -55,14 +57,3 @@ def _contributions(ranking: Ranking, params: Params) -> list[tuple[str, float]]:
     return [(p.chunk_id, (p.score - low) / spread if spread else 1.0) for p in passages]
 
 
-def idle_retrievers(pipeline: "CompiledPipeline") -> set[str]:
-    """Steps whose output only feeds fuse steps that weigh them 0 (and nothing waits on otherwise):
-    their work would be thrown away, so the query runner skips them."""
-    consumers: dict[str, list[tuple[str, bool]]] = {}
-    for step in pipeline.steps:
-        for upstream in step.upstream:
-            ranked = upstream in step.wiring.get("rankings", [])
-            off = step.stage.name == "fuse" and ranked and step.params.weights.get(upstream, 1.0) == 0
-            consumers.setdefault(upstream, []).append((step.id, off))
-    return {s.id for s in pipeline.steps
-            if s.id != pipeline.output and consumers.get(s.id) and all(off for _, off in consumers[s.id])}

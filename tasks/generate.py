@@ -7,8 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, Query, Source
-from ragline.flows.llm_output import MarkupFilter, clip, normalize_text, parse_citations, sentences, strip_markup
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import MarkupFilter, clip, normalize_text, parse_citations, sentences, strip_markup
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import Completion, LLMClient
 
 REFUSAL = "I cannot answer this question"

@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, ContextDocument, Query
-from ragline.flows.llm_output import clip
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import clip
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import Completion, LLMClient

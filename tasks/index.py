@@ -23,13 +23,14 @@ from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
 from ragline.flows.contracts import IngestPlan
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources import integrity
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.integrity import reconcile
 from ragline.flows.resources.state import IndexState, LeaseHolder
-from ragline.flows.source_ids import Moves, find_moves, move_chunks
+from ragline.flows.resources.source_ids import Moves, find_moves, move_chunks
+from ragline.tasks.answerable import record_floor
 
 DIRTY = "dirty"
 
@@ -161,7 +162,6 @@ def finalize(plan: IngestPlan, params: Params, ctx: StepContext, store: ChromaSt
 def gate_floor(params: Params, ctx: StepContext, state: IndexState) -> None:
     """The answerability gates' similarity floor for this generation (``answerable.record_floor``),
     with the embedder that embedded it; a failure costs the floor, never the run."""
-    from ragline.tasks.answerable import record_floor
 
     steps = ctx.project.pipeline(ctx.pipeline).steps if ctx.project is not None else []
     embedder = next((s.resources["embedder"] for s in steps if "embedder" in s.resources), None)

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Context, ContextDocument, Passage
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
 
 Order = Literal["relevance", "reversed", "lost_in_the_middle"]

@@ -26,7 +26,7 @@ from pypdf import PdfReader
 from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document, Metadata, content_hash
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 

@@ -34,8 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import PseudoQuery
-from ragline.flows.llm_output import parse_lines
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import parse_lines
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
 

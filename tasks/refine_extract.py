@@ -5,8 +5,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.llm_output import clip, sentences
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import clip, sentences
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
 
 

@@ -5,8 +5,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.llm_output import sentences
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import sentences
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.embedder import Embedder
 
 

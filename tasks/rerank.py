@@ -6,7 +6,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.cross_encoder import CrossEncoderModel
 
 

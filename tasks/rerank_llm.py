@@ -7,8 +7,8 @@ from pydantic import Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.llm_output import clip, option_probabilities, parse_permutation
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import clip, option_probabilities, parse_permutation
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
 from ragline.tasks.rerank import BlendParams, blend
 

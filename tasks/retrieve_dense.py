@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query, Ranking
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources import filters
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder

@@ -14,7 +14,7 @@ import time
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query, Ranking
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing
 from ragline.tasks.retrieve_dense import Params, combined_filter, store_fault

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.llm_output import clip, parse_json, parse_lines
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import clip, parse_json, parse_lines
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
 
 Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]

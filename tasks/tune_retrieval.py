@@ -39,14 +39,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, GateCalibration, PipelineKind, PseudoQuery, TuneReport
-from ragline.flows.registry import stage
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index, in_memory, ranked, tokenize
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
-from ragline.tasks.answerable import max_cosine
+from ragline.tasks.answerable import kept_floor, max_cosine, probability
 from ragline.tasks.pseudo_queries import without
+from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
+from ragline.flows.contracts import ContextDocument, Passage
+from ragline.flows.resources.llm_output import clip
 
 Metric = Literal["ndcg@10", "mrr@10", "recall@100"]
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
@@ -134,8 +137,6 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
                    embedder: Embedder, sparse: BM25Index, state: IndexState,
                    llm: LLMClient | None = None) -> TuneReport:
     """Score fusion and BM25 settings on pseudo-queries; write the best as the tuned overlay."""
-    from ragline.flows import overlay
-
     started = time.perf_counter()
     project = ctx.project
     if project is None:
@@ -177,7 +178,6 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
         timings["gate_llm"] = time.perf_counter() - clock
     p_floor = calibration.threshold if calibration is not None and calibration.enabled else None
     overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor)
-    path = overlay.overlay_path(project, params.overlay)
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
@@ -185,7 +185,7 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
                         by_strategy=by_strategy(pairs, candidates, per_query, params.metric,
                                                 {"chosen": chosen, "best single": decision.single,
                                                  "pipelines.yaml": baseline}),
-                        overrides=overrides, overlay=str(path), budget_exhausted=exhausted,
+                        overrides=overrides, budget_exhausted=exhausted,
                         gate_floor=floor if gate is not None else None, gate_llm=calibration,
                         timings={k: round(v, 2) for k, v in timings.items()})
     report.seconds = round(time.perf_counter() - started, 2)
@@ -193,10 +193,10 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
         ctx.logger.warning("the index changed while tuning (generation %d -> %d): the overlay records %d, the "
                            "generation the settings were tuned on; run `ragline tune` again", generation,
                            state.generation, generation)
-    if params.write:
-        overlay.write_overlay(project, path, report, state_generation=generation)
-        report.written = True
-        publish_tuned_bm25(project, targets, state, ctx)
+    # the job runner (flows.run.jobs) writes the overlay and rebuilds BM25 with it: a stage only reports
+    report.write_requested, report.overlay_file, report.generation = params.write, params.overlay, generation
+    report.state_resource = step.resources.get("state")
+    report.sparse_resources = sorted({t.sparse_resource for t in targets})
     ctx.logger.info("tune: chose %s (%s %.4f) over %d candidates", chosen.name, params.metric,
                     chosen.scores[params.metric], len(candidates))
     return report
@@ -209,7 +209,6 @@ def consistent_read(state: IndexState, ctx: StepContext) -> tuple[int, list[tupl
     """The generation and the chunks of one published state: wait while an ingestion run writes
     (its batches move the state and Chroma apart), then read both in one transaction. The
     overlay records this generation. Read-only: no lease is taken, nothing is written."""
-    from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
 
     told, deadline = False, time.monotonic() + WRITER_WAIT_SECONDS
     while (holder := state.lease_holder()) is not None and not holder.stale(time.time(), LEASE_STALE_SECONDS):
@@ -221,19 +220,6 @@ def consistent_read(state: IndexState, ctx: StepContext) -> tuple[int, list[tupl
             told = True
         time.sleep(0.5)
     return state.snapshot()
-
-
-def publish_tuned_bm25(project: Any, targets: list[Target], state: IndexState, ctx: StepContext) -> None:
-    """Rebuild BM25 with the settings the overlay now sets, as a writer (under the lease): queries
-    never rebuild it, and a version built with other settings (a stemmer changed) would not match
-    the queries' terms."""
-    from ragline.flows.overlay import apply_overlay
-
-    tuned = apply_overlay(project.untuned or project)
-    with state.lease(f"{ctx.pipeline} (publishing tuned BM25)"):
-        for name in sorted({t.sparse_resource for t in targets}):
-            if tuned.resource(name).sync(state):
-                ctx.logger.info("BM25 %s rebuilt with the tuned settings", name)
 
 
 # ----------------------------------------------------------------------------- targets
@@ -296,15 +282,6 @@ def gate_similarities(pairs: list[PseudoQuery], similarity: list[float | None]) 
     return worded if sum(s is not None for s in worded) >= 20 else similarity
 
 
-def kept_floor(scores: list[float | None], keep: float | None) -> float | None:
-    """The score (a gate's similarity or P(answerable)) that ``keep`` of the pseudo-queries clear
-    with their own source: below it, a question is unlike anything answerable in this collection."""
-    values = [v for v in scores if v is not None]
-    if keep is None or len(values) < 20:  # too few to place a low quantile
-        return None
-    return round(float(np.quantile(values, 1.0 - keep)), 4)
-
-
 def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any],
                     floor: float | None = None, probability_floor: float | None = None) -> dict[str, Any]:
     """The overlay for a setting: the BM25 resource's parameters and, per target pipeline, its
@@ -357,9 +334,6 @@ def gate_probabilities(pairs: list[PseudoQuery], corpus: "Corpus", cache: "Ranki
     up to ``n`` pseudo-queries, questions first (LLM-written, then titles, then inverse cloze): with
     the query's source chunk (without the cut) among the closest chunks of other documents (its
     place varies, so a model's position bias does not set the threshold), and with those only."""
-    from ragline.flows.contracts import ContextDocument, Passage
-    from ragline.flows.llm_output import clip
-    from ragline.tasks.answerable import probability
 
     step = project.pipeline(target.pipeline).step(target.gate)
     position = {cid: i for i, cid in enumerate(corpus.ids)}

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, Query, Source
-from ragline.flows.llm_output import clip, option_probabilities, sentences, strip_citations
-from ragline.flows.registry import stage
+from ragline.flows.resources.llm_output import clip, option_probabilities, sentences, strip_citations
+from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
 from ragline.tasks.generate import REFUSAL
 

@@ -16,8 +16,8 @@ import os
 import time
 import urllib.request
 
-from ragline.flows.llm_server import VllmServer, source_root
-from ragline.flows.llm_server import start_vllm as start_packaged
+from ragline.flows.ops.llm_server import VllmServer, source_root
+from ragline.flows.ops.llm_server import start_vllm as start_packaged
 
 REPO = source_root()
 

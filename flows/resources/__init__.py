@@ -1,7 +1,13 @@
 """Resources: heavy shared objects (models, stores) configured in pipelines.yaml.
 
 Each is created once per process (keyed by its configuration) and shared by every stage
-that ``uses`` it; construction is cheap and the heavy part loads on first use.
+that ``uses`` it; construction is cheap and the heavy part loads on first use. Also here: the
+index state (``state``), store integrity (``integrity``), the managed-server record of a store
+(``chroma_owner``), moving sources without re-embedding (``source_ids``) and parsing LLM output
+(``llm_output``).
+
+May import the base modules only (``contracts``, ``errors``, ``settings``, ``context``,
+``failpoints``); every layer above may import it, stages included.
 """
 from __future__ import annotations
 

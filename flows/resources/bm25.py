@@ -18,13 +18,14 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    from ragline.flows.resources.state import IndexState
+from ragline.flows import failpoints
+from ragline.flows.resources.filters import matches
+from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault
 
 
 def _bm25s():
@@ -34,9 +35,6 @@ def _bm25s():
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     return bm25s
 
-from ragline.flows import failpoints
-from ragline.flows.resources.filters import matches
-from ragline.flows.resources.state import REMEDY, StoreDamaged, StoreMissing
 
 
 class BM25Spec(BaseModel):
@@ -208,7 +206,6 @@ class BM25Index:
         reason (numpy's and json's own ``[Errno 28] No space left on device`` or ``19738 requested
         and 16352 written`` name neither), or None when the disk is not at fault."""
         shutil.rmtree(folder, ignore_errors=True)
-        from ragline.flows.resources.state import disk_fault
 
         return disk_fault(exc, folder, "bm25 version not published, writing")
 

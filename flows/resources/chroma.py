@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import DependencyUnavailable, IndexUnavailable
+from ragline.flows.resources.chroma_owner import owner_of
+from ragline.flows.resources.state import REMEDY, StoreMissing, disk_fault
 
 log = logging.getLogger("ragline.chroma")
 T = TypeVar("T")
@@ -153,14 +155,13 @@ class ChromaStore:
             return self._client
 
     def _served_by(self):
-        """The managed server (``flows/chroma_server.py``) that owns the embedded folder, decided once
+        """The managed server (``flows/ops/chroma_server.py``) that owns the embedded folder, decided once
         per process at the first call: while a ``ragline serve``/``api`` owns the folder, every
         process goes through its server instead of opening the files itself."""
         if self.spec.host:
             return None
         with self._lock:
             if not self._owner_resolved:
-                from ragline.flows.chroma_server import owner_of
 
                 self._owner = owner_of(self.path)
                 self._owner_resolved = True
@@ -192,8 +193,6 @@ class ChromaStore:
 
     def _existing(self):
         from chromadb.errors import NotFoundError
-
-        from ragline.flows.resources.state import REMEDY, StoreMissing
 
         if not self.spec.host and not (self.path / "chroma.sqlite3").is_file():
             raise StoreMissing(f"{self.location}: there is no store at {self.path}; {REMEDY}")
@@ -241,7 +240,6 @@ class ChromaStore:
         try:
             return call()
         except Exception as exc:
-            from ragline.flows.resources.state import disk_fault
 
             fault = disk_fault(exc, self.path, f"chroma {what} in")
             if fault is None:

@@ -76,7 +76,7 @@ class StorageError(RaglineError, OSError):
     Why: SQLite says ``disk I/O error`` or ``unable to open database file`` and embedded Chroma
     ``Error in compaction: Failed to apply logs to the metadata segment`` for a full or read-only
     disk, naming neither the file nor the cause (ENOSPC and EROFS provoked on a real tmpfs,
-    tests/flows/test_dependency_faults.py). An OSError, so callers that tolerate a store they
+    tests/flows/run/test_dependency_faults.py). An OSError, so callers that tolerate a store they
     cannot write (``retrieve_sparse.catch_up``) still do."""
 
     error_code = "storage_error"  # a 500: the disk is the operator's to fix, not the client's
@@ -393,7 +393,7 @@ class IndexState:
         return rows
 
     def rename_sources(self, renamed: dict[str, Document], chunks: list[Chunk]) -> None:
-        """Give sources their new ids (root-relative, see flows/source_ids.py) in one transaction:
+        """Give sources their new ids (root-relative, see flows/resources/source_ids.py) in one transaction:
         the sources keep their hash and fingerprint, their chunks their ids, text and vectors."""
         with self.transaction() as tx:
             for old, doc in renamed.items():

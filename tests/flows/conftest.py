@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from tests.conftest import scifact_records, write_jsonl
 from tests.flows.api_harness import TOKEN, Script, running, write_project
 from tests.scripted_llm import ScriptedLLM
@@ -39,7 +39,7 @@ def api_project(tmp_path_factory, scripted_llm) -> Path:
 
 @pytest.fixture(scope="session")
 def served(api_project) -> Iterator[str]:
-    from ragline.flows.api import create_app
+    from ragline.flows.serve.api import create_app
 
     with running(create_app(str(api_project), token=TOKEN)) as url:
         yield url

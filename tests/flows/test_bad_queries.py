@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from ragline.flows import engine
+from ragline.flows.run import engine
 from ragline.flows.cli import main
-from ragline.flows.compile import load_project
+from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 from tests.conftest import index_and_search_yaml
 from tests.integration.harness import snapshot

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 from ragline.flows import cli
-from ragline.flows.api import ApiError, QueryService
+from ragline.flows.serve.query_service import ApiError, QueryService
 from ragline.flows.errors import DependencyUnavailable, RaglineError
 from ragline.flows.resources.chroma import ChromaUnavailable, EmbedderMismatch
 from ragline.flows.resources.filters import FilterError
 from ragline.flows.resources.llm import LLMUnavailable
 from ragline.flows.resources.state import IndexBusy, StorageError, StoreMissing
-from ragline.flows.steps import StepFailed, StepTimedOut
+from ragline.flows.run.steps import StepFailed, StepTimedOut
 from tests.conftest import REPO
 
 CONTROL_FLOW = {"_StreamCut", "_NoTokenizeEndpoint", "Stopped", "UnreadableHtml"}  # caught where raised

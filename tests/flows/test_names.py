@@ -6,7 +6,7 @@ import json
 import re
 from collections import Counter
 
-from ragline.flows.compile import load_project
+from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import PipelineKind
 from tests.conftest import REPO
 

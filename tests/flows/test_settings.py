@@ -60,7 +60,8 @@ def test_the_readme_table_lists_every_setting():
     ("1", True), ("yes", True), ("anything", True), ("", True),  # empty counts as unset: the default
 ])
 def test_one_flag_parser_for_every_on_off_setting(monkeypatch, text, expected):
-    from ragline.flows import llm_server, overlay
+    from ragline.flows.ops import llm_server
+    from ragline.flows.spec import overlay
 
     monkeypatch.setenv("RAGLINE_TUNED", text)
     monkeypatch.setenv("RAGLINE_START_LLM", text)
@@ -70,7 +71,8 @@ def test_one_flag_parser_for_every_on_off_setting(monkeypatch, text, expected):
 
 
 def test_settings_are_read_when_asked_not_at_import(monkeypatch, tmp_path):
-    from ragline.flows import prefect_server, registry
+    from ragline.flows.ops import prefect_server
+    from ragline.flows.spec import registry
     from ragline.flows.resources import onnx_backend
 
     monkeypatch.setenv("RAGLINE_HOME", str(tmp_path / "home"))
@@ -91,7 +93,7 @@ def test_a_bad_value_is_one_error_naming_its_variable(monkeypatch):
 
 
 def test_served_deployments_round_trip(monkeypatch):
-    from ragline.flows.entrypoints import served_deployments
+    from ragline.flows.run.entrypoints import served_deployments
 
     monkeypatch.delenv("RAGLINE_SERVED_DEPLOYMENTS", raising=False)
     with served_deployments({"ragline/index": {"pipeline": "index"}}):
@@ -103,7 +105,7 @@ def test_served_deployments_round_trip(monkeypatch):
 
 
 def test_tool_ragline_of_pyproject_is_read_through_the_settings_source(tmp_path):
-    from ragline.flows.compile import project_allowlist
+    from ragline.flows.spec.compile import project_allowlist
 
     (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["mypkg.stages"]\n')
     assert project_allowlist(tmp_path / "pipelines.yaml") == (("mypkg.stages",), [])

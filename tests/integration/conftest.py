@@ -18,8 +18,8 @@ def prefect_api(tmp_path_factory):
     """A real Prefect server with its scheduler (not the ephemeral test harness, which runs no
     scheduler): ragline's own `--start-prefect` server, on a temporary database. One per module:
     each module's project registers its deployments under the same names."""
-    from ragline.flows.prefect_server import database_url
-    from ragline.flows.serve import start_prefect_server
+    from ragline.flows.ops.prefect_server import database_url
+    from ragline.flows.serve.service import start_prefect_server
 
     home = tmp_path_factory.mktemp("prefect-home")
     # its own database even when the session's test harness (whose settings name the harness's

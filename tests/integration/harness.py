@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 from tests.conftest import REPO, scifact_records, write_jsonl
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.tasks.verify import Params, degenerate, grounding
 from tests.conftest import REPO
 

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Chunk
-from ragline.flows.engine import StepFailed
+from ragline.flows.run.engine import StepFailed
 from ragline.flows.resources import clear_cache
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.state import StoreMissing

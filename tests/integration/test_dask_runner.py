@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project, validate_file
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.resources import clear_cache
 from tests.conftest import BASE_RESOURCES, scifact_records, write_jsonl
 from tests.integration.harness import snapshot
@@ -198,8 +198,8 @@ def test_runner_errors_are_located(make_project):
 def test_runner_defaults_to_thread_and_builds_task_runners():
     from prefect_dask import DaskTaskRunner
 
-    from ragline.flows.entrypoints import task_runner
-    from ragline.flows.spec import PipelineSpec, RunnerSpec
+    from ragline.flows.run.entrypoints import task_runner
+    from ragline.flows.spec.parse import PipelineSpec, RunnerSpec
 
     spec = PipelineSpec.model_validate({"kind": "ingestion", "steps": [{"id": "load", "task": "load"}]})
     assert spec.runner.type == "thread" and task_runner(spec.runner) is None
@@ -213,8 +213,8 @@ def test_runner_defaults_to_thread_and_builds_task_runners():
 def test_ray_runner_without_prefect_ray_says_what_to_install():
     import importlib.util
 
-    from ragline.flows.entrypoints import task_runner
-    from ragline.flows.spec import RunnerSpec
+    from ragline.flows.run.entrypoints import task_runner
+    from ragline.flows.spec.parse import RunnerSpec
 
     if importlib.util.find_spec("prefect_ray") is not None:
         from prefect_ray import RayTaskRunner

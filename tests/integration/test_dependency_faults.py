@@ -1,7 +1,7 @@
 """Faults in what ragline depends on, provoked for real, end to end (issue 9, item 1): a Chroma
 server stopped mid-query behind the HTTP API; the Prefect API on a closed port for queries (CLI in
 process, HTTP API); the disk under the data folder full (a small tmpfs) or read-only (a read-only
-bind mount) during ingestion. Store-level versions, without models: tests/flows/test_dependency_faults.py."""
+bind mount) during ingestion. Store-level versions, without models: tests/flows/run/test_dependency_faults.py."""
 from __future__ import annotations
 
 import errno
@@ -15,15 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ragline.flows import engine
+from ragline.flows.run import engine
 from ragline.flows.cli import main
-from ragline.flows.compile import load_project
+from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 from ragline.flows.resources.state import StorageError
 from tests.conftest import index_and_search_yaml, scifact_records, write_jsonl
 from tests.fault_mounts import fill, read_only, tmpfs
 from tests.flows.api_harness import AUTH, QUESTION, TOKEN, Script, running, write_project
-from tests.flows.test_dependency_faults import closed_port
+from tests.flows.run.test_dependency_faults import closed_port
 from tests.integration.harness import ChromaServer, run_index, snapshot
 from tests.scripted_llm import ScriptedLLM
 
@@ -75,7 +75,7 @@ def test_chroma_server_stopped_mid_query_is_a_503_naming_it_and_answered_again_o
     store = chroma_server.store_yaml(retry_max_seconds=3, timeout_seconds=2)
     path.write_text(path.read_text().replace(EMBEDDED_STORE, store))
     assert run_index(path).added == 6
-    from ragline.flows.api import create_app
+    from ragline.flows.serve.api import create_app
 
     server = f"Chroma server {chroma_server.url} unreachable"
     ask = {"question": QUESTION, "pipeline": "search"}
@@ -127,7 +127,7 @@ def test_queries_answer_with_the_prefect_api_unreachable_and_lost_events_are_rep
                                                                                       capsys, caplog):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from ragline.flows.api import create_app
+    from ragline.flows.serve.api import create_app
 
     write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(6))
     script = Script()

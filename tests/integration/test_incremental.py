@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from tests.integration.harness import default_corpus, run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ragline.flows.compile import load_project
+from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import IndexReport
 from ragline.flows.resources import clear_cache
 from tests.conftest import REPO, scifact_records
@@ -285,7 +285,7 @@ def cli(project: Path, *extra: str, env: dict | None = None) -> subprocess.Popen
 
 
 def test_the_interrupt_guard_takes_sigterm_and_gives_it_back():
-    from ragline.flows import prefect_server
+    from ragline.flows.ops import prefect_server
 
     before = signal.getsignal(signal.SIGTERM)
     with prefect_server.interrupt_guard():
@@ -370,7 +370,7 @@ def test_a_scheduled_run_firing_during_a_manual_run_waits_and_loses_nothing(pref
     could not see (made after its load). Both succeed; the index equals a clean build."""
     from prefect.settings import PREFECT_API_URL
 
-    from ragline.flows.serve import deployment_options, served_flow
+    from ragline.flows.serve.service import deployment_options, served_flow
 
     project = index_project(batch_size=BATCH)
     docs = tmp_path / "docs"

@@ -8,11 +8,11 @@ import time
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Passage, Query, Ranking
-from ragline.flows.engine import StepFailed
-from ragline.flows.registry import stage
+from ragline.flows.run.engine import StepFailed
+from ragline.flows.spec.registry import stage
 from tests.integration.harness import default_corpus
 
 pytestmark = pytest.mark.integration

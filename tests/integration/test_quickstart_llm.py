@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ragline.flows.llm_server import free_port
+from ragline.flows.ops.llm_server import free_port
 from tests.conftest import REPO
 from tests.fake_vllm import fake_deploy
 

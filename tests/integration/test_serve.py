@@ -61,7 +61,7 @@ pipelines:
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 5}}
 """
 
-SERVE = ("import sys; from ragline.flows.serve import serve; "
+SERVE = ("import sys; from ragline.flows.serve.service import serve; "
          "sys.exit(serve(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], api=sys.argv[4] == '1'))")
 
 
@@ -157,7 +157,7 @@ def _wait_flow_run(prefect_api: str, run_id: str, timeout: float = 180) -> dict:
 
 # ----------------------------------------------------------------------------- tests
 def test_serve_creates_one_deployment_per_pipeline(served, prefect_api, project):
-    from ragline.flows.steps import digest_of
+    from ragline.flows.run.steps import digest_of
 
     index, notes, search = (_deployment(prefect_api, name) for name in ("index", "notes", "search"))
     for name, deployment in (("index", index), ("notes", notes), ("search", search)):
@@ -165,7 +165,7 @@ def test_serve_creates_one_deployment_per_pipeline(served, prefect_api, project)
         assert deployment["parameters"] == {"pipeline": name, "file": str(project.resolve()),
                                             "digest": digest_of(project)}  # the copy serve pinned
         assert deployment["paused"] is False
-        assert deployment["entrypoint"] == "ragline.flows.entrypoints.run_pipeline"
+        assert deployment["entrypoint"] == "ragline.flows.run.entrypoints.run_pipeline"
     [interval] = index["schedules"]
     assert interval["schedule"]["interval"] == 30 and interval["active"] and interval["slug"] == "every 30 s"
     [cron] = notes["schedules"]
@@ -235,7 +235,7 @@ def _wait_status(served: str, run_id: str, until: set[str], timeout: float = 180
 
 
 def test_ingest_over_the_api_is_a_job_with_a_409_while_it_runs(served, prefect_api, project):
-    from ragline.flows.compile import load_project
+    from ragline.flows.spec.compile import load_project
 
     for bad, code in (({"pipeline": "search"}, 400), ({"pipeline": "nope"}, 404)):
         assert httpx.post(f"{served}/v1/ingest", json=bad, headers=AUTH, timeout=30).status_code == code
@@ -344,8 +344,8 @@ def test_a_second_file_never_takes_over_the_first_files_deployments(served, pref
 
 
 def test_redactor_hides_the_file_and_the_data_dir(project):
-    from ragline.flows.api_runs import Redactor
-    from ragline.flows.compile import load_project
+    from ragline.flows.serve.runs import Redactor
+    from ragline.flows.spec.compile import load_project
 
     loaded = load_project(project)
     redact = Redactor(loaded)

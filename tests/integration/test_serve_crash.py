@@ -65,7 +65,7 @@ def _running(process: psutil.Process) -> bool:
 
 
 def test_a_killed_serve_takes_its_flow_runs_along_and_the_next_serve_crashes_their_runs(prefect_api, tmp_path):
-    from ragline.flows.compile import load_project
+    from ragline.flows.spec.compile import load_project
 
     project = tmp_path / "pipelines.yaml"
     project.write_text(textwrap.dedent(PIPELINES))

@@ -14,14 +14,14 @@ import httpx
 import psutil
 import pytest
 
-from ragline.flows.llm_server import free_port, port_free
+from ragline.flows.ops.llm_server import free_port, port_free
 from tests.fake_vllm import fake_deploy
 from tests.flows.api_harness import write_project
 from tests.integration.test_serve import AUTH, TOKEN, _stop
 
 pytestmark = pytest.mark.integration
 
-SERVE = ("import sys; from ragline.flows.serve import serve; "
+SERVE = ("import sys; from ragline.flows.serve.service import serve; "
          "sys.exit(serve(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], start_llm=True))")
 
 

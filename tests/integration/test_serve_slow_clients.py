@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.flows.test_slow_clients import half_sent, healthz_meanwhile, many_fds, wait_closed  # noqa: F401
+from tests.flows.serve.test_slow_clients import half_sent, healthz_meanwhile, many_fds, wait_closed  # noqa: F401
 from tests.integration.test_serve import _start, _stop, project  # noqa: F401 - project: a fixture
 
 pytestmark = pytest.mark.integration

@@ -187,8 +187,8 @@ def test_runs_outside_a_deployment_keep_their_overrides(served, prefect_api, pro
     """The CLI's flow runs (no deployment) still take overrides: the check is per deployment."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from ragline.flows import engine
-    from ragline.flows.compile import load_project
+    from ragline.flows.run import engine
+    from ragline.flows.spec.compile import load_project
 
     pipeline = load_project(project).pipeline("search").with_overrides({"fuse": {"top_k": 2}})
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
@@ -211,8 +211,8 @@ def test_the_readme_trigger_snippet_waits_for_the_result(served, prefect_api):
 
 
 def test_schedules_are_named_after_what_they_do(served, prefect_api, project):
-    from ragline.flows.compile import load_project
-    from ragline.flows.serve import deployment_options
+    from ragline.flows.spec.compile import load_project
+    from ragline.flows.serve.service import deployment_options
 
     [cron] = _deployment(prefect_api, "index")["schedules"]  # as the real server stored it
     assert cron["slug"] == "0 3 * * * (Europe/Berlin)" and cron["schedule"]["cron"] == "0 3 * * *"
@@ -225,7 +225,7 @@ def test_schedules_are_named_after_what_they_do(served, prefect_api, project):
 
 
 def test_a_running_ingestion_reports_its_phase_and_planned_documents(served, prefect_api, project):
-    from ragline.flows.compile import load_project
+    from ragline.flows.spec.compile import load_project
 
     seen: list[dict] = []
 
@@ -256,7 +256,7 @@ def test_a_running_ingestion_reports_its_phase_and_planned_documents(served, pre
 def test_an_edit_while_serving_changes_neither_the_api_nor_the_runs_until_restart(served, prefect_api, project):
     """Last in the module: it edits the served file. Pinned: the API and a deployment run both keep
     the configuration the server started with (top_k 5), and /readyz says the file on disk differs."""
-    from ragline.flows.steps import digest_of
+    from ragline.flows.run.steps import digest_of
 
     started = digest_of(project)
     config = httpx.get(f"{served}/readyz", headers=AUTH, timeout=60).json()["checks"]["config"]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ragline.flows.cli import main
-from ragline.flows.compile import load_project
+from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 from tests.conftest import REPO, index_and_search_yaml, scifact_records, write_jsonl
 from tests.flows.api_harness import ASK, running
@@ -179,7 +179,7 @@ def test_check_compares_everything_and_repairs(project, capsys):
 
 
 def test_readyz_compares_the_stores_with_the_state(project):
-    from ragline.flows.api import create_app
+    from ragline.flows.serve.api import create_app
 
     clear_cache()
     with running(create_app(str(project))) as url:
@@ -220,7 +220,7 @@ def test_no_query_path_changes_a_byte_of_the_index_even_without_its_state(projec
         shutil.copytree(REPO / "prompts", project.parent / "prompts", dirs_exist_ok=True)
         clear_cache()
         assert main(["ask", "cells", "-f", str(project)]) == 0
-        from ragline.flows.api import create_app
+        from ragline.flows.serve.api import create_app
 
         clear_cache()
         with running(create_app(str(project))) as url:

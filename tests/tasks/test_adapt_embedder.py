@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.flows.resources.bm25 import in_memory, tokenize
 from ragline.tasks import adapt_embedder as ae
@@ -203,7 +203,7 @@ def test_a_short_budget_stops_early_and_is_not_reused(project, tmp_path):
 def test_the_overlay_points_the_embedder_at_it_and_the_next_ingestion_re_embeds(project, adapted):
     from sentence_transformers import SentenceTransformer
 
-    from ragline.flows.engine import StepFailed
+    from ragline.flows.run.engine import StepFailed
     from ragline.flows.resources.chroma import EmbedderMismatch
 
     index = project.pipeline("index")

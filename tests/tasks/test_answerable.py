@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Context
 from ragline.tasks.answerable import FLOOR_KEY, read_floor
 from tests.scripted_llm import ScriptedLLM

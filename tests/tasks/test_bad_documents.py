@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pypdf import PdfReader, PdfWriter
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
 from ragline.tasks.convert import Params as ConvertParams, convert

@@ -7,7 +7,7 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Context, ContextDocument, Passage, Query
-from ragline.flows.prompts import PromptLibrary
+from ragline.flows.spec.prompts import PromptLibrary
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.llm import Completion, LLMClient, LLMSpec, TokenLogprob
 from ragline.tasks.generate_flare import Params, _first_sentence, _masked, generate_flare

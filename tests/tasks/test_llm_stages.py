@@ -9,11 +9,11 @@ import re
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.engine import StepFailed
-from ragline.flows.registry import stage
+from ragline.flows.run.engine import StepFailed
+from ragline.flows.spec.registry import stage
 from tests.scripted_llm import ScriptedLLM
 
 REPO_PROMPTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "prompts"
@@ -128,7 +128,7 @@ def test_pointwise_rerank_uses_yes_probability(make_project):
 def rewrite_with(reply: str, mode: str, query: Query, **params):
     """Run the rewrite stage alone against a scripted reply; returns (rewritten, prompts sent)."""
     from ragline.flows.context import StepContext
-    from ragline.flows.prompts import PromptLibrary
+    from ragline.flows.spec.prompts import PromptLibrary
     from ragline.flows.resources.llm import LLMClient, LLMSpec
     from ragline.tasks.rewrite import Params, rewrite
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
-from ragline.flows.prompts import library
+from ragline.flows.spec.prompts import library
 from ragline.flows.resources.llm import LLMClient, LLMSpec
 from ragline.flows.resources.state import IndexState, StateSpec
 from ragline.tasks.pseudo_queries import Params, body, keyword_query, pseudo_queries, sentences_of, without

@@ -10,8 +10,8 @@ import sqlite3
 
 import pytest
 
-from ragline.flows import engine
-from ragline.flows.compile import load_project
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 from tests.integration.harness import run_index, snapshot
 

@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragline.flows import cli, engine
-from ragline.flows.compile import load_project
+from ragline.flows import cli
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, Passage, Ranking
-from ragline.flows.evaluate import load_beir, score, to_run
+from ragline.flows.evaluation.retrieval import load_beir, score, to_run
 from ragline.flows.resources import clear_cache
+from ragline.tasks import answerable
 from ragline.tasks import tune_retrieval as tr
 from ragline.tasks.fuse import Params as FuseParams
 from ragline.tasks.fuse import fuse
@@ -127,9 +129,9 @@ def test_overlay_entries_weight_each_pipelines_own_steps():
 
 def test_the_gate_floor_is_a_low_quantile_of_the_sources_similarity_and_needs_enough_pairs():
     values = [i / 100 for i in range(100)] + [None] * 5  # a pair without a source has no similarity
-    assert tr.kept_floor(values, 0.98) == pytest.approx(0.0198)
-    assert tr.kept_floor(values, 0.9) == pytest.approx(0.099)
-    assert tr.kept_floor(values[:19], 0.98) is None and tr.kept_floor(values, None) is None
+    assert answerable.kept_floor(values, 0.98) == pytest.approx(0.0198)
+    assert answerable.kept_floor(values, 0.9) == pytest.approx(0.099)
+    assert answerable.kept_floor(values[:19], 0.98) is None and tr.kept_floor(values, None) is None
 
 
 def test_the_gate_floor_comes_from_pairs_worded_like_questions_not_keyword_queries():
@@ -138,7 +140,7 @@ def test_the_gate_floor_comes_from_pairs_worded_like_questions_not_keyword_queri
     pairs = [PseudoQuery(text="t", source_id="s", chunk_id="c", strategy=k) for k in ["inverse_cloze", "keywords"] * 30]
     similarity = [0.5 + i / 1000 if p.strategy == "inverse_cloze" else 0.05 for i, p in enumerate(pairs)]
     assert tr.gate_similarities(pairs, similarity) == similarity[::2]
-    assert tr.kept_floor(tr.gate_similarities(pairs, similarity), 0.98) > 0.5  # keyword pairs do not drag it down
+    assert answerable.kept_floor(tr.gate_similarities(pairs, similarity), 0.98) > 0.5  # keyword pairs do not drag it down
     assert tr.gate_similarities(pairs[:20], similarity[:20]) == similarity[:20]  # too few worded ones: all
 
 
@@ -347,7 +349,7 @@ def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(ind
     """`ragline index; ragline tune; ragline eval`: eval applies the overlay tune wrote beside the
     user's data (not one of its private workspace), says so, and a retrieval-only difference (BM25's
     k1 and b, fusion) reuses the workspace's vectors instead of re-embedding the corpus."""
-    from ragline.flows.evaluate import eval_workspace, evaluate
+    from ragline.flows.evaluation.retrieval import eval_workspace, evaluate
 
     monkeypatch.setenv("RAGLINE_TUNED", "1")
     judged(indexed / "dataset")

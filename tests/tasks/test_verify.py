@@ -32,7 +32,7 @@ def context(texts=REFERENCES) -> Context:
 
 
 def checked(question: str, text: str, texts=REFERENCES, **params) -> Answer:
-    from ragline.flows.llm_output import parse_citations
+    from ragline.flows.resources.llm_output import parse_citations
 
     answer = Answer(question=question, text=text, citations=parse_citations(text))
     return verify.fn(query=Query(text=question), answer=answer, context=context(texts),

@@ -1,0 +1,20 @@
+"""What only the calling process can give a run (a progress bar, streamed tokens, a trace list):
+set in a context variable by the driver, read by the steps that run on its threads."""
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class DriverHooks:
+    """What only the calling process can use (a progress bar, streamed tokens, a trace list):
+    never flow-run parameters, so a deployed run simply has none."""
+
+    progress: Any = None
+    on_token: Callable[[str], None] | None = None
+    trace: list | None = None
+
+
+DRIVER: ContextVar[DriverHooks] = ContextVar("ragline_driver_hooks", default=DriverHooks())

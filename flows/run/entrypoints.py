@@ -1,0 +1,321 @@
+"""Importable Prefect entry points: the flow any deployment, worker or ``prefect deploy`` runs.
+
+``run_pipeline`` takes JSON parameters and returns JSON, so a deployment can be created from it
+(``run_pipeline.to_deployment(name="index", parameters={"pipeline": "index"})``) and triggered over
+the Prefect API. Each step is the module-level task ``step_task.run_step``; its arguments are plain data and
+upstream futures, so a thread, Dask or Ray task runner can run it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from prefect import flow
+from prefect.task_runners import TaskRunner
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ragline.flows import settings
+from ragline.flows.run.driver import DRIVER, DriverHooks
+from ragline.flows.run.executors import PrefectExecutor
+from ragline.flows.run.pipeline import execute_pipeline
+from ragline.flows.spec.compile import CompiledPipeline
+from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, IndexReport, PipelineKind, to_json
+from ragline.flows.errors import RaglineError
+from ragline.flows.spec.parse import RunnerSpec
+from ragline.flows.run.steps import PipelineRef, digest_of, served_copy
+from ragline.flows.resources.filters import validate
+
+FLOW_NAME = "ragline"  # deployments are "ragline/<name>"
+
+
+@flow(name="ragline", flow_run_name="{pipeline}", validate_parameters=False, persist_result=False, log_prints=False)
+def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str = "pipelines.yaml",
+                 overrides: dict[str, dict[str, Any]] | None = None,
+                 resources: dict[str, dict[str, Any]] | None = None, data_dir: str | None = None,
+                 digest: str | None = None) -> Any:
+    """Run one pipeline of a pipelines file; the result as JSON (an ingestion run's report, the
+    passages of a search, the answer of an ask pipeline). An ingestion run that could not reach one
+    of its roots ends Failed (``SourcesUnreachable``, which carries its report). ``digest``: run the copy of the
+    file that ``ragline serve`` pinned (``steps.pin_file``), not the file as it is now.
+
+    A run of a deployment takes only what the deployment allows (``deployment_refusal``): anything
+    else ends Failed before the file is read."""
+    from prefect.states import Failed
+
+    given = dict(pipeline=pipeline, inputs=inputs, file=file, overrides=overrides, resources=resources,
+                 data_dir=data_dir, digest=digest)
+    refusal = deployment_refusal(given)
+    if refusal is not None:
+        return Failed(message=refusal)
+    path = Path(file).resolve()
+    source = str(served_copy(path, data_dir, digest)) if digest else None
+    if source is not None and not Path(source).is_file():
+        return Failed(message=f"the pipelines file this deployment was served with ({digest}) is gone from "
+                              f"{Path(source).parent}: restart `ragline serve`")
+    ref = PipelineRef(str(path), pipeline, overrides or {}, resources or {}, data_dir,
+                      digest or digest_of(path), source)
+    compiled = ref.resolve()
+    if refusal := _query_refusal(compiled, inputs):
+        return Failed(message=refusal)
+    runner = task_runner(compiled.spec.runner)
+    driver = DRIVER.get()
+    progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
+    hooks = DriverHooks(progress, driver.on_token, driver.trace)
+    with _api_for_workers(runner), PrefectExecutor(runner) as executor:
+        result = execute_pipeline(compiled, inputs or {}, executor, hooks)
+    if isinstance(result, IndexReport) and result.incomplete:
+        unreachable = SourcesUnreachable(result)  # returned, not raised: no traceback in the run's log
+        return Failed(message=str(unreachable), data=unreachable)
+    return to_json(result)
+
+
+class SourcesUnreachable(RaglineError):
+    """An ingestion run that could not reach one of its roots: the Failed state's data, so the
+    process that ran the flow in-process gets the report back as the exception Prefect raises."""
+
+    error_code = "sources_unreachable"
+
+    def __init__(self, report: IndexReport | str):
+        self.report = report if isinstance(report, IndexReport) else None
+        if isinstance(report, str):  # rebuilt from a persisted result: the message only
+            super().__init__(report)
+            return
+        unreachable = ", ".join(f.source_id for f in report.incomplete)
+        super().__init__(f"source path(s) could not be reached ({unreachable}): nothing was deleted")
+
+
+# ----------------------------------------------------------------------------- what a deployment may run
+SERVED = "served_deployments"  # {deployment name: parameters}, set by `ragline serve` for its runs
+PINNED = ("pipeline", "file", "overrides", "resources", "data_dir", "digest")  # fixed by the deployment
+_DEFAULTS: dict[str, Any] = {"file": "pipelines.yaml"}
+
+
+@contextmanager
+def served_deployments(parameters: dict[str, dict[str, Any]]) -> Iterator[None]:
+    """Tell the flow-run processes this runner starts what each deployment was created with, so a
+    run compares its parameters with that, not with what the Prefect API says now (anyone who can
+    reach the API can also change a deployment's stored parameters)."""
+    previous = settings.get(SERVED)
+    settings.export(SERVED, json.dumps(parameters))
+    try:
+        yield
+    finally:
+        settings.export(SERVED, json.dumps(previous) if previous else None)
+
+
+def deployment_refusal(given: dict[str, Any]) -> str | None:
+    """Why a deployment's run must not run with ``given`` (None: it may, or it is no deployment's
+    run: the CLI and in-process runs take overrides). Every parameter but ``inputs`` must be the
+    one the deployment was created with; ``inputs`` is checked once the pipeline's kind is known."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    deployment_id = context.flow_run.deployment_id if context is not None and context.flow_run else None
+    if deployment_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment(deployment_id)
+    name = f"{FLOW_NAME}/{deployment.name}"
+    served = settings.get(SERVED)
+    expected = served.get(name, deployment.parameters or {})
+    for parameter in PINNED:
+        if _normal(given.get(parameter)) != _normal(expected.get(parameter, _DEFAULTS.get(parameter))):
+            return (f"deployment '{name}' refuses parameter '{parameter}': a deployment runs only what it was "
+                    f"created with (change pipelines.yaml and restart `ragline serve`, or run `ragline` locally)")
+    return None
+
+
+def _normal(value: Any) -> Any:
+    return None if value in (None, {}, "") else value
+
+
+def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) -> str | None:
+    """A deployment's query run takes the question, its history and filters, checked as the HTTP
+    API checks them (length, roles, filter shape); an ingestion or job run takes no inputs."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
+        return None
+    if pipeline.kind != PipelineKind.QUERY:
+        return None if not inputs else (f"pipeline '{pipeline.name}' ({pipeline.kind}) refuses parameter 'inputs': "
+                                        f"its deployment takes no parameters")
+    try:
+        DeployedInputs.model_validate(inputs or {})
+    except ValidationError as exc:
+        problems = "; ".join(f"'{'.'.join(['inputs', *map(str, e['loc'])])}': {e['msg']}" for e in exc.errors())
+        return f"pipeline '{pipeline.name}' refuses parameter {problems}"
+    return None
+
+
+class DeployedTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant", "system"]
+    content: str
+
+
+class DeployedQuery(BaseModel):
+    """What a triggered query may carry: the API's question, history and filters, nothing else
+    (not the pipeline-internal fields of ``Query``: variants, instruction, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    history: list[DeployedTurn] = Field(default_factory=list)
+    filters: dict[str, Any] | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _question(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the question is empty")
+        if len(value) > DEFAULT_MAX_QUESTION_CHARS:
+            raise ValueError(f"the question is {len(value):,} characters long; the limit is "
+                             f"{DEFAULT_MAX_QUESTION_CHARS:,}")
+        return value
+
+    @field_validator("filters")
+    @classmethod
+    def _filters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+
+        validate(value)
+        return value
+
+
+class DeployedInputs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: DeployedQuery
+
+    @field_validator("query", mode="before")
+    @classmethod
+    def _plain_text(cls, value: Any) -> Any:
+        return {"text": value} if isinstance(value, str) else value
+
+
+# ----------------------------------------------------------------------------- progress on the flow run
+PROGRESS_LABEL = "ragline.progress."  # flow-run labels: phase, documents_planned, documents_done, chunks_written
+
+
+class RunProgress:
+    """An ingestion run's progress as labels of its flow run (what ``GET /v1/runs/{id}`` and the
+    dashboard read: the run is another process), passed on to the driver's bar when there is one.
+    Best effort: a label that cannot be written never fails the run."""
+
+    def __init__(self, flow_run_id: Any, driver: Any = None):
+        self.flow_run_id, self.driver = flow_run_id, driver
+        self.done = self.chunks = 0
+
+    def phase(self, name: str) -> None:
+        self._label(phase=name)
+        if self.driver is not None and hasattr(self.driver, "phase"):
+            self.driver.phase(name)
+
+    def start(self, total_documents: int) -> None:
+        self._label(documents_planned=total_documents, documents_done=0, chunks_written=0)
+        if self.driver is not None:
+            self.driver.start(total_documents)
+
+    def advance(self, documents: int, chunks: int) -> None:
+        self.done += documents
+        self.chunks += chunks
+        self._label(documents_done=self.done, chunks_written=self.chunks)
+        if self.driver is not None:
+            self.driver.advance(documents, chunks)
+
+    def _label(self, **values: Any) -> None:
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                client.update_flow_run_labels(self.flow_run_id, {PROGRESS_LABEL + k: v for k, v in values.items()})
+        except Exception as exc:  # noqa: BLE001 - progress is a courtesy
+            logging.getLogger("ragline.progress").debug("could not record progress %s: %s", values, exc)
+
+
+def _run_progress(driver: Any) -> Any:
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return driver
+    return RunProgress(context.flow_run.id, driver)
+
+
+def task_runner(runner: RunnerSpec) -> TaskRunner | None:
+    """The cluster task runner a pipeline's ``runner:`` names (not started: the run enters it, and
+    leaves it when done, which stops a local cluster); None for ``thread``, the flow's own pool.
+    Chosen inside the flow, so a deployment-triggered run uses it exactly like an in-process one."""
+    if runner.type == "thread":
+        return None
+    if runner.type == "dask":
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError as exc:
+            raise ImportError(f"runner type 'dask' needs prefect-dask: install ragline[dask] "
+                              f"(pip install 'ragline[dask]'); {exc}") from exc
+        if runner.address:
+            return DaskTaskRunner(address=runner.address)
+        local = dict(n_workers=runner.n_workers, threads_per_worker=runner.threads_per_worker,
+                     processes=runner.processes)
+        return DaskTaskRunner(cluster_kwargs={k: v for k, v in local.items() if v is not None})
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError as exc:
+        raise ImportError(f"runner type 'ray' needs prefect-ray: install ragline[ray] "
+                          f"(pip install 'ragline[ray]'); {exc}") from exc
+    return RayTaskRunner(address=runner.address,
+                         init_kwargs={"num_cpus": runner.n_workers} if runner.n_workers else None)
+
+
+@contextmanager
+def _api_for_workers(runner: TaskRunner | None) -> Iterator[None]:
+    """Worker processes record their task runs through the Prefect API named in the settings they
+    receive with each task. Prefect's temporary server (no PREFECT_API_URL set) is not named there,
+    so each worker would start a server of its own: name this run's. (A cluster on other machines
+    needs a PREFECT_API_URL they can reach.)"""
+    from prefect.context import FlowRunContext
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    context = FlowRunContext.get()
+    if runner is None or PREFECT_API_URL.value() or context is None:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_API_URL: str(context.client.api_url).rstrip("/")}):
+        yield
+
+
+def output_type(pipeline: CompiledPipeline) -> Any:
+    if pipeline.kind == PipelineKind.INGESTION:
+        return IndexReport
+    return pipeline.step(pipeline.output).stage.output_type
+
+
+def run_as_flow(pipeline: CompiledPipeline, inputs: dict[str, Any], hooks: DriverHooks) -> Any:
+    """Run ``pipeline`` as a flow run of ``run_pipeline`` from this process (the CLI's default for
+    ingestion), with this process's progress bar; in-process runs skip the ~1 s heartbeat wait."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from pydantic import TypeAdapter
+
+    ref = PipelineRef.of(pipeline)
+    parameters = dict(pipeline=ref.pipeline, inputs=to_json(inputs), file=ref.file, overrides=ref.overrides,
+                      resources=ref.resources, data_dir=ref.data_dir)
+    token = DRIVER.set(hooks)
+    try:
+        # The plain call returns the flow's in-memory return value (raises what it raised). Its final
+        # state may instead be the API's copy, without data, when a loaded server answered the
+        # proposal of that state late and the client's retry was told the run had already ended.
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            value = run_pipeline(**parameters)
+    except SourcesUnreachable as unreachable:
+        if unreachable.report is None:
+            raise
+        return unreachable.report
+    finally:
+        DRIVER.reset(token)
+    return TypeAdapter(output_type(pipeline)).validate_python(value)

@@ -1,0 +1,111 @@
+"""The incremental-ingestion protocol.
+
+The sink's ``plan`` hook decides which documents changed (and which sources are gone); the steps
+between the sources and the sink run once per batch of changed documents, pipelined (different
+steps overlap across batches, each step takes the batches in order); the sink's ``finalize`` hook
+removes deleted sources and publishes derived indexes; its ``session`` hook (the writer lease)
+spans the whole run.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Iterator
+
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Document, IndexReport, IngestPlan, StepResult
+from ragline.flows.run.executors import Run, settle
+from ragline.flows.spec.model import CompiledPipeline, CompiledStep
+from ragline.flows.run.steps import PipelineRef, invoke
+
+
+def _batches(documents: list[Document], size: int) -> Iterator[list[Document]]:
+    for start in range(0, len(documents), size):
+        yield documents[start:start + size]
+
+
+def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = None) -> IndexReport:
+    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    if sink is None or sink.stage.session is None:
+        return _ingest(pipeline, executor, progress)
+    ctx = StepContext(pipeline=pipeline.name, step_id=sink.id, base_dir=str(pipeline.project.base_dir))
+    _phase(progress, "waiting")  # for the index's writer lease (another writer holds it)
+    with invoke(pipeline, sink, {}, ctx, hook=sink.stage.session):
+        return _ingest(pipeline, executor, progress)
+
+
+def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexReport:
+    started = time.perf_counter()
+    sources_steps = [s for s in pipeline.steps if not s.stage.inputs and s.stage.produces == "documents"]
+    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    middle = [s for s in pipeline.steps if s not in sources_steps]
+    run = Run(pipeline, executor, PipelineRef.of(pipeline), pipeline.fingerprint([s for s in middle if s is not sink]))
+
+    _phase(progress, "listing")  # sources listed and read, then compared with the state DB
+    loaded = {s.id: run.result(run.submit(s, {})) for s in sources_steps}
+    origin = {d.source_id: sid for sid, result in loaded.items() for d in result.value}
+    documents = [d for result in loaded.values() for d in result.value]
+    failures = [f for result in loaded.values() for f in result.failures]
+    covered = [c for result in loaded.values() for c in result.covered]
+
+    if sink is None:
+        plan = IngestPlan(to_index=documents, new={d.source_id for d in documents})
+        plan_future = None
+    else:
+        given = {"documents": [StepResult(documents)], "failures": [StepResult(failures)],
+                 "covered": [StepResult(covered)]}
+        plan_future = run.submit(sink, {}, label=f"{sink.id}.plan", hook="plan", inputs=given)
+        plan_result = run.result(plan_future)
+        plan, failures = plan_result.value, failures + plan_result.failures
+    report = IndexReport(unchanged=plan.unchanged, migrated=plan.migrated)
+    if progress is not None:
+        progress.start(len(plan.to_index))
+    _phase(progress, "indexing")  # batches: converted, chunked, embedded and written, pipelined
+    in_flight: deque[tuple[list[Document], dict[str, Any]]] = deque()
+    previous: dict[str, Any] = {}
+    for number, batch in enumerate(_batches(plan.to_index, pipeline.spec.batch_size)):
+        # Pipelined: each step takes the batches in order, but different steps overlap, so batch
+        # n+1 is chunked (and batch n-1 written) while batch n is embedded. Two batches in flight.
+        sources: dict[str, Any] = {sid: StepResult([d for d in batch if origin.get(d.source_id) == sid])
+                                   for sid in loaded}
+        for step in middle:
+            sources[step.id] = run.submit(step, sources, label=f"{step.id}[batch {number}]",
+                                          after=[previous[step.id]] if step.id in previous else [])
+        previous = {step.id: sources[step.id] for step in middle}
+        in_flight.append((batch, sources))
+        if len(in_flight) > 1:
+            report = _collect(run, in_flight.popleft(), middle, sink, report, progress, failures)
+    while in_flight:
+        report = _collect(run, in_flight.popleft(), middle, sink, report, progress, failures)
+    if sink is not None and sink.stage.finalize is not None:
+        _phase(progress, "publishing")  # deletions, then the derived indexes (BM25) published
+        final = run.result(run.submit(sink, {}, label=f"{sink.id}.finalize", hook="finalize",
+                                      inputs={"plan": [plan_future]}))
+        report = report.merge(final.value)
+        failures += final.failures
+    report.failures = failures
+    report.failed = len({f.source_id for f in failures})
+    report.roots = [c.path for c in covered] + [f.source_id for f in failures if f.root]
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _phase(progress: Any, name: str) -> None:
+    """Tell a progress reporter that understands phases (``entrypoints.RunProgress``) where the run is."""
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase(name)
+
+
+def _collect(run: Run, done: tuple[list[Document], dict[str, Any]], middle: list[CompiledStep],
+             sink: CompiledStep | None, report: IndexReport, progress: Any, failures: list) -> IndexReport:
+    """Wait for one batch; keep its failures; add its sink's report; advance the progress bar."""
+    batch, sources = done
+    results = settle(run, middle, sources)
+    failures.extend(f for result in results for f in result.failures)
+    value = run.result(sources[sink.id if sink else middle[-1].id]).value
+    written = value.chunks_written if isinstance(value, IndexReport) else 0
+    if progress is not None:
+        progress.advance(len(batch), written)
+    return report.merge(value) if isinstance(value, IndexReport) else report
+
+

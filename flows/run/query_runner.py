@@ -1,0 +1,56 @@
+"""Running a query pipeline: every step submitted at once, each starting when its inputs are ready."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from ragline.flows.contracts import PipelineKind, Query, StepResult
+from ragline.flows.errors import InputError
+from ragline.flows.run.executors import Run, settle
+from ragline.flows.spec.model import CompiledPipeline
+from ragline.flows.resources import filters
+from ragline.flows.run.steps import PipelineRef
+
+
+def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any]:
+    if pipeline.kind == PipelineKind.QUERY:
+        query = inputs.get("query")
+        if query is None:
+            raise InputError(f"pipeline '{pipeline.name}' needs a 'query' input", field="question")
+        if isinstance(query, str):
+            query = {"text": query}
+        try:
+            query = TypeAdapter(Query).validate_python(query)
+            filters.validate(query.filters)  # a bad request, refused before any step runs (not a step failure)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'query'}: {e['msg']}" for e in exc.errors())
+            raise InputError(f"pipeline '{pipeline.name}': invalid query ({problems})", field="question") from None
+        except filters.FilterError as exc:
+            raise InputError(f"pipeline '{pipeline.name}': invalid query (filters: {exc})", field="question") from None
+        inputs = dict(inputs, query=query)
+    return inputs
+
+
+def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, trace: list | None = None) -> Any:
+
+    run = Run(pipeline, executor, PipelineRef.of(pipeline))
+    sources: dict[str, Any] = {name: StepResult(value) for name, value in inputs.items()}
+    idle = idle_steps(pipeline)  # e.g. weighed 0 by every fuse step they feed: not run
+    steps = [s for s in pipeline.steps if s.id not in idle]
+    for step in pipeline.steps:
+        sources[step.id] = StepResult([]) if step.id in idle else run.submit(step, sources)
+    results = settle(run, steps, sources)
+    if trace is not None:
+        trace.extend((step.id, result.seconds) for step, result in zip(steps, results))
+    return run.result(sources[pipeline.output]).value
+
+
+def idle_steps(pipeline: CompiledPipeline) -> set[str]:
+    """Steps whose output every consumer ignores as configured (``Stage.ignores``; fuse: weighed 0)
+    and that are not the output: their work would be thrown away, so they are not run."""
+    consumers: dict[str, list[bool]] = {}
+    for step in pipeline.steps:
+        ignored = step.stage.ignores(step.params, step.wiring) if step.stage.ignores else set()
+        for upstream in step.upstream:
+            consumers.setdefault(upstream, []).append(upstream in ignored)
+    return {s.id for s in pipeline.steps if s.id != pipeline.output and consumers.get(s.id) and all(consumers[s.id])}

@@ -1,0 +1,18 @@
+"""The Prefect task every step runs as (``run_step``): module-level, so a thread, Dask or Ray task
+runner can import it; its arguments are plain data and upstream futures."""
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ragline.flows.contracts import StepResult
+from ragline.flows.run.driver import DRIVER
+from ragline.flows.run.steps import StepCall, execute
+
+
+@task(name="step", cache_policy=NO_CACHE, persist_result=False)
+def run_step(call: StepCall, inputs: dict[str, list[StepResult]]) -> StepResult:
+    """One step of one run; Prefect has already resolved the upstream futures in ``inputs``. On a
+    thread of the calling process the driver's token callback streams too (Prefect copies the
+    context into its worker threads); elsewhere there is none."""
+    return execute(call, inputs, DRIVER.get().on_token)

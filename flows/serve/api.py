@@ -1,0 +1,576 @@
+"""The HTTP API: query pipelines over FastAPI, OpenAPI at ``/docs``.
+
+- ``POST /v1/query``: run a query pipeline; JSON, or server-sent events with ``"stream": true``.
+- ``POST /v1/chat/completions``, ``GET /v1/models``: the OpenAI-compatible surface (``flows/serve/openai_api.py``).
+- ``GET /healthz`` (alive) and ``GET /readyz`` (one status per dependency: Chroma, LLM, Prefect API).
+
+The project is compiled once at start-up. Queries run in-process (``engine.run(orchestrate=False)``)
+on a pool of driver threads, never on the event loop; streamed tokens cross from the generating
+step's thread to the loop through ``call_soon_threadsafe`` into an ``asyncio.Queue``.
+
+One ASGI guard in front of every route gives each request an id (``X-Request-ID``), serves only
+loopback ``Host`` names and ``Origin``s when there is no token (DNS rebinding, ``api_checks``),
+checks the bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
+``max_body_bytes`` (413 beyond it, chunked bodies included), refuses a JSON body no field can take
+(invalid UTF-8, nested too deep, NaN, numbers beyond 64 bits, lone surrogates: a 4xx naming the
+field) and turns any unexpected exception into a generic 500 naming the request id (the traceback
+goes to the log, never to the client). Slow and half-sent requests are bounded below it, in the
+HTTP protocol (``connections``).
+A question longer than ``max_question_chars`` (10,000 by default) is refused naming its field
+(422 on ``/v1/query``, 400 on the OpenAI route, code ``question_too_long``) before any step runs:
+the pipeline would read only its start (prompts clip a question to ~2,000 characters, the embedder
+to 256 tokens) and answer a question the client did not ask, while BM25 scored every word.
+Every error of every route is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``,
+with a code; messages never show the pipelines file or the data dir (``api_runs.Redactor``).
+
+After each query a Prefect event (``ragline.query.completed`` / ``.failed``) is emitted on a
+background thread when a Prefect API is configured: never on the response's path, never fatal.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ragline.flows import settings
+from ragline.flows.serve.guard import BodyProblem, check_json, foreign_host, is_loopback
+from ragline.flows.spec.compile import CompiledPipeline, Project, load_project
+from ragline.flows.contracts import PipelineKind
+from ragline.flows.errors import ConfigError
+
+from ragline.flows.serve.openai_api import openai_router
+from ragline.flows.serve.query_service import (
+    ApiError,
+    CHECK_TIMEOUT_SECONDS,
+    DEFAULT_MAX_QUESTION_CHARS,
+    DependencyStatus,
+    ERRORS,
+    OPENAI_PATHS,
+    Outcome,
+    QueryRequest,
+    QueryResponse,
+    QueryService,
+    REPLACED_NOTICE,
+    Readiness,
+    STREAM_HEADERS,
+    internal_error,
+    request_id,
+    sse,
+)
+from ragline.flows.run.check import indexes
+from ragline.flows.resources.state import REMEDY, StoreMissing
+from ragline.flows.resources.llm import without_credentials
+from ragline.flows.ops.llm_server import managed
+from ragline.flows.run.steps import digest_of
+from ragline.flows.serve.connections import server_limits
+from ragline.flows.ops.chroma_server import serve_stores
+
+log = logging.getLogger("ragline.api")
+
+def query_router(service: QueryService) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["query"])
+
+    @router.post("/query", response_model=QueryResponse, responses=ERRORS,
+                 summary="Run a query pipeline: an answer with its sources, or ranked passages")
+    async def query(body: QueryRequest, request: Request) -> Response:
+        """JSON by default. With `"stream": true`, server-sent events: `event: token` /
+        `data: {"text": ...}` for every generated piece, then exactly one `event: answer` whose data is
+        this endpoint's JSON response plus `replaced_by_refusal` (when true, verification replaced the
+        streamed draft with the refusal text: discard the streamed tokens), or `event: error` /
+        `data: {"error": {...}}`. Comment lines (`: keep-alive`) may arrive while a step runs."""
+        rid = request_id(request)
+        try:
+            service.check_question(body.question, "question", 422)
+            pipeline = service.pipeline(body.pipeline, stream=body.stream)
+            if body.stream and not service.answers(body.pipeline):
+                raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
+                                    f"text; stream an answer pipeline or leave stream false", param="stream",
+                               code="stream_not_supported")
+        except ApiError as exc:
+            return exc.response()
+        query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters}
+        if body.stream:
+            return StreamingResponse(_sse_query(service, pipeline, query, rid), media_type="text/event-stream",
+                                     headers=STREAM_HEADERS)
+        try:
+            outcome = await service.run(pipeline, query)
+        except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
+            return service.failure(exc, rid).response()
+        return JSONResponse(outcome.to_json(body.top_k))
+
+    return router
+
+
+async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: dict[str, Any],
+                     rid: str) -> AsyncIterator[str]:
+    try:
+        async for item in service.stream(pipeline, query):
+            if isinstance(item, Outcome):
+                final = {**item.to_json(), "replaced_by_refusal": item.replaced_by_refusal()}
+                if final["replaced_by_refusal"]:
+                    final["notice"] = REPLACED_NOTICE
+                yield sse("answer", final)
+            else:
+                yield sse("token", None if item is None else {"text": item})
+    except Exception as exc:  # noqa: BLE001 - the status line is sent: report in-band
+        yield sse("error", service.failure(exc, rid).body())
+
+
+# ----------------------------------------------------------------------------- chat page
+PAGE_HEADERS = {  # the page's own inline script and style only; it talks to this origin alone
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+def page_router() -> APIRouter:
+    """The chat page at ``/``: one static file, served without a token (it asks for one when the
+    API answers 401, and sends it on the /v1 calls it makes)."""
+    from importlib.resources import files
+
+    from fastapi.responses import HTMLResponse
+
+    page = (files("ragline.flows.serve") / "web" / "index.html").read_text(encoding="utf-8")
+    router = APIRouter(tags=["page"])
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def chat_page() -> HTMLResponse:
+        return HTMLResponse(page, headers=PAGE_HEADERS)
+
+    return router
+
+
+# ----------------------------------------------------------------------------- health
+def health_router(service: QueryService, require_prefect: bool = False) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", summary="Liveness: the process answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}},
+                summary="Readiness: one status per dependency; 503 unless every required one is up")
+    async def readyz(request: Request) -> JSONResponse:
+        """No token needed (probes); when the server has one, errors and details (endpoints, counts)
+        are shown only to callers that send it."""
+        checks = await readiness(service, require_prefect)
+        ready = all(c.status == "up" for c in checks.values() if c.required)
+        if not getattr(request.state, "authorized", True):
+            checks = {name: c.model_copy(update={"error": None, "detail": {}}) for name, c in checks.items()}
+        down = [name for name, c in checks.items() if c.required and c.status != "up"]
+        error = None if ready else ApiError(503, f"not ready: {', '.join(down)} not up (see checks)",
+                                            "service_unavailable_error", code="not_ready").body()["error"]
+        body = Readiness(status="ready" if ready else "not_ready", checks=checks, error=error,
+                         events={"emitted": service.events.emitted, "failed": service.events.failed})
+        return JSONResponse(body.model_dump(mode="json"), 200 if ready else 503)
+
+    return router
+
+
+async def readiness(service: QueryService, require_prefect: bool) -> dict[str, DependencyStatus]:
+    """Every check at once, each with its own time limit."""
+    resources = service.project.spec.resources
+    jobs: dict[str, Any] = {}
+    for name, spec in resources.items():
+        if spec.type in ("chroma", "bm25"):
+            jobs[name] = _check_store(service, name)
+        elif spec.type == "openai_compatible":
+            jobs[name] = _check_llm(service, name)
+    jobs["prefect" if "prefect" not in jobs else "prefect_api"] = _check_prefect(service.events.url, require_prefect)
+    jobs["config" if "config" not in jobs else "pipelines_config"] = _check_config(service)
+    results = await asyncio.gather(*jobs.values())
+    return dict(zip(jobs, results))
+
+
+async def _check_store(service: QueryService, name: str) -> DependencyStatus:
+    """The store against the index state it belongs to, on a thread, with a time limit: Chroma's
+    count (and BM25's published count) must be the state's chunk count; a store that is missing,
+    unreadable or short while the state holds chunks is down, with the reason and the remedy.
+    Read-only, as every query path: nothing is created or rebuilt here."""
+    kind = service.project.spec.resources[name].type
+    try:
+        detail = await asyncio.wait_for(asyncio.to_thread(_store_against_state, service.project, name),
+                                        CHECK_TIMEOUT_SECONDS)
+    except TimeoutError:
+        return DependencyStatus(status="down", required=True, type=kind,
+                                error=f"no answer within {CHECK_TIMEOUT_SECONDS:g} s")
+    except Exception as exc:  # noqa: BLE001 - reported, redacted
+        return DependencyStatus(status="down", required=True, type=kind,
+                                error=service.redact(f"{type(exc).__name__}: {exc}"))
+    problem = detail.pop("problem", None)
+    if problem:
+        return DependencyStatus(status="down", required=True, type=kind, detail=detail,
+                                error=service.redact(problem))
+    return DependencyStatus(status="up", required=True, type=kind, detail=detail)
+
+
+def _store_against_state(project: Any, name: str) -> dict[str, Any]:
+    """{"chunks": what the store holds, "state_chunks": what the state names, "problem": why they
+    disagree (absent when they agree)}."""
+
+    store = project.resource(name)
+    states = {i.state for i in indexes(project) if name in (i.store, i.sparse)}
+    state = project.resource(states.pop()) if len(states) == 1 else None
+    try:
+        expected = state.counts()[1] if state is not None else None
+    except StoreMissing:
+        expected = 0
+    detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
+    if store.spec.type == "bm25":
+        problem = store.problem(state)
+        published = None if problem else store.published_version()
+        detail["chunks"] = published.get("count", 0) if published else 0
+        if problem:
+            detail["problem"] = f"{problem}; {REMEDY}" if REMEDY not in problem else problem
+        return detail
+    try:
+        detail["chunks"] = store.count()
+    except StoreMissing as exc:
+        detail["chunks"] = 0
+        if expected:
+            detail["problem"] = f"{exc} while the index state holds {expected} chunks"
+        return detail
+    if expected is not None and detail["chunks"] != expected:
+        detail["problem"] = (f"{store.location} holds {detail['chunks']} vectors, the index state names {expected} "
+                             f"chunks; {REMEDY}")
+    return detail
+
+
+async def _check_llm(service: QueryService, name: str) -> DependencyStatus:
+    """The endpoint's /health (vLLM), as ``LLMClient.health()`` asks it, else its /models; with the error."""
+    import httpx
+
+    llm = service.project.resource(name)
+    root = llm.spec.base_url.rstrip("/").removesuffix("/v1")
+    detail = {"base_url": without_credentials(llm.spec.base_url), "model": llm.spec.model}
+    supervised = managed(llm.spec.base_url)  # the packaged LLM `ragline serve` runs: starting, restarting, gone
+    problem = supervised.problem() if supervised is not None else None
+    if problem:
+        return DependencyStatus(status="down", required=True, type="openai_compatible",
+                                detail={**detail, "managed": supervised.state}, error=service.redact(problem))
+    try:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_SECONDS) as client:
+            response = await client.get(f"{root}/health")
+            if response.status_code in (404, 405):  # not vLLM: any OpenAI-compatible server lists models
+                response = await client.get(f"{llm.spec.base_url.rstrip('/')}/models",
+                                            headers={"Authorization": f"Bearer {llm.spec.api_key}"})
+    except httpx.HTTPError as exc:
+        return DependencyStatus(status="down", required=True, type="openai_compatible", detail=detail,
+                                error=f"{llm.location} unreachable: {type(exc).__name__}: {exc or 'no answer'}")
+    if response.status_code != 200:
+        return DependencyStatus(status="down", required=True, type="openai_compatible", detail=detail,
+                                error=f"{llm.location} answered HTTP {response.status_code}")
+    return DependencyStatus(status="up", required=True, type="openai_compatible", detail=detail)
+
+
+async def _check_config(service: QueryService) -> DependencyStatus:
+    """The pipelines file this server serves (by digest) and whether the file on disk still says
+    the same. Never a reason to be unready: an edit is applied by a restart, not half-way."""
+
+    project = service.project
+    on_disk = await asyncio.to_thread(digest_of, project.path)
+    changed = on_disk != service.config_digest
+    policy = "pinned" if project.source is not None else "read at start"
+    detail = {"digest": service.config_digest, "policy": policy, "file_digest": on_disk or None,
+              "changed_on_disk": changed}
+    if changed:
+        detail["note"] = (f"{project.path.name} changed since this server started; the API"
+                          f"{' and its deployment runs' if project.source is not None else ''} keep serving "
+                          f"{service.config_digest}: restart to apply the edit")
+    return DependencyStatus(status="up", required=False, type="config", detail=detail)
+
+
+async def _check_prefect(url: str | None, required: bool) -> DependencyStatus:
+    import httpx
+
+    if not url:
+        return DependencyStatus(status="not_configured", required=required, type="prefect",
+                                error="PREFECT_API_URL is not set: no events are emitted")
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            response = await client.get(f"{url.rstrip('/')}/health")
+    except httpx.HTTPError as exc:
+        return DependencyStatus(status="down", required=required, type="prefect", detail={"url": url},
+                                error=f"Prefect API {url} unreachable: {type(exc).__name__}: {exc or 'no answer'}")
+    if response.status_code != 200:
+        return DependencyStatus(status="down", required=required, type="prefect", detail={"url": url},
+                                error=f"Prefect API {url} answered HTTP {response.status_code}")
+    return DependencyStatus(status="up", required=required, type="prefect", detail={"url": url})
+
+
+# ----------------------------------------------------------------------------- the guard (ASGI)
+class Guard:
+    """Request id, Host/Origin (without a token), bearer token, body limit, body checks and
+    last-resort 500s, before FastAPI sees a request."""
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: str = "/v1",
+                 allowed_origins: Iterable[str] = ()):
+        self.app, self.max_body_bytes, self.protected = app, max_body_bytes, protected
+        self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
+        self.allowed_origins = frozenset(allowed_origins)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = uuid.uuid4().hex[:16]
+        authorized = self._authorized(scope)
+        scope.setdefault("state", {}).update(request_id=rid, authorized=authorized)
+        send = _tagged(send, rid)
+        if self._expected is None and (refusal := foreign_host(scope["headers"], self.allowed_origins)):
+            return await _reply(send, ApiError(403, refusal[1], code=refusal[0]))
+        if not authorized and _under(scope["path"], self.protected) and scope["method"] != "OPTIONS":
+            return await _reply(send, ApiError(401, "missing or wrong bearer token (send `Authorization: Bearer "
+                                                    "<token>`)", code="invalid_api_key",
+                                               headers={"WWW-Authenticate": "Bearer"}))
+        body = await self._read_body(scope, receive)
+        if body is None:  # the client left before sending its whole body: nothing to answer
+            return
+        if isinstance(body, ApiError):
+            return await _reply(send, body, close=True)
+        if body and _json_request(scope):
+            try:
+                check_json(body)
+            except BodyProblem as problem:
+                return await _reply(send, _body_error(problem, scope["path"]))
+        started = False
+
+        async def replay() -> dict:
+            nonlocal body
+            if body is not None:
+                message, body = {"type": "http.request", "body": body, "more_body": False}, None
+                return message
+            return await receive()
+
+        async def tracking(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, replay, tracking)
+        except Exception as exc:
+            log.error("request %s (%s %s) failed", rid, scope["method"], scope["path"], exc_info=exc)
+            if started:
+                raise  # too late for a response: the server closes the connection
+            await _reply(send, internal_error(rid))
+
+    def _authorized(self, scope: dict) -> bool:
+        """The right bearer token was sent (or none is configured); compared in constant time."""
+        if self._expected is None:
+            return True
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return hmac.compare_digest(hashlib.sha256(given).digest(), self._expected)
+
+    async def _read_body(self, scope: dict, receive: Callable) -> bytes | ApiError | None:
+        """The whole body, a 413 as soon as it is known to be too large (declared or sent), or None
+        when the client disconnected first (a truncated body must never reach a route)."""
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return self._too_large()
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"request body too large: the limit is {self.max_body_bytes} bytes",
+                        code="request_too_large")
+
+
+def _json_request(scope: dict) -> bool:
+    """A request whose body FastAPI will parse as JSON (no Content-Type counts: FastAPI tries JSON)."""
+    if scope["method"] not in ("POST", "PUT", "PATCH"):
+        return False
+    content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
+    return content_type is None or _is_json(content_type.decode("latin-1"))
+
+
+def _body_error(problem: Any, path: str) -> ApiError:
+    """A body problem in a field answers as that route answers a bad field (400 on the OpenAI
+    surface, 422 elsewhere); a body that is not JSON at all is a 400 everywhere."""
+    status = 400 if problem.field is None or path.startswith(OPENAI_PATHS) else 422
+    return ApiError(status, problem.message, param=problem.field, code=problem.code)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def _tagged(send: Callable, rid: str) -> Callable:
+    async def tagged(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+        await send(message)
+
+    return tagged
+
+
+async def _reply(send: Callable, error: ApiError, close: bool = False) -> None:
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    if close:  # the rest of an oversized body is never read
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ----------------------------------------------------------------------------- error handlers
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 list as one readable message naming the field; OpenAI routes answer 400."""
+    openai = request.url.path.startswith(OPENAI_PATHS)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
+    content_type = request.headers.get("content-type", "")
+    if first["type"] == "json_invalid":
+        error = ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', 'JSON decode error')} "
+                              f"(at character {first['loc'][-1]})", code="invalid_json")
+    elif first["loc"] == ("body",) and content_type and not _is_json(content_type):
+        error = ApiError(415, f"unsupported Content-Type {content_type.split(';')[0]!r}: send application/json",
+                         code="unsupported_media_type")
+    elif first["loc"] == ("body",) and first["type"] == "missing":
+        error = ApiError(400 if openai else 422, "the request body is missing: send a JSON object",
+                         code="missing_body")
+    else:
+        messages = [f"field '{_field(e['loc'])}': {_message(e)}" for e in errors]
+        param = _field(first["loc"]) or None
+        error = ApiError(400 if openai else 422, "; ".join(messages), param=param,
+                         code="invalid_filter" if param == "filters" else "invalid_value")
+    return error.response()
+
+
+def _field(loc: Iterable[Any]) -> str:
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _message(error: dict[str, Any]) -> str:
+    message = str(error.get("msg", "invalid value"))
+    return message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def _is_json(content_type: str) -> bool:
+    mime = content_type.split(";")[0].strip().lower()
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette/FastAPI HTTPExceptions (unknown routes, wrong methods) in the one error shape,
+    with a code named after the status."""
+    message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+
+
+def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    """An ApiError raised by a route (mounted routers raise them too)."""
+    return exc.response()
+
+
+# ----------------------------------------------------------------------------- the app
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>` when the server has a token")
+
+
+def create_app(project_path: str, *, token: str | None = None, routers: Iterable[APIRouter] = (),
+               max_body_bytes: int = 1_000_000, cors_origins: Iterable[str] = (), data_dir: str | None = None,
+               require_prefect: bool = False, max_concurrent_runs: int = 32,
+               max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, source: str | None = None) -> FastAPI:
+    """The API of one pipelines file, compiled now (an invalid file fails here, not per request).
+    ``routers`` are mounted under the same token, body limit and error shapes; ``source``: the
+    file's text pinned by ``ragline serve`` (``steps.pin_file``), compiled instead of the file."""
+    if token is not None and not token.strip():
+        raise ValueError("the API token is empty")
+    cors_origins = list(cors_origins)
+    project = load_project(project_path, source=source)
+    if data_dir:
+        project = project.relocated(data_dir)
+    if max_question_chars < 1:
+        raise ValueError(f"max_question_chars must be at least 1, got {max_question_chars}")
+    service = QueryService(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.close()
+
+    app = FastAPI(title="ragline", version="1", description=_description(project, token), lifespan=lifespan,
+                  openapi_tags=[{"name": "query"}, {"name": "openai"}, {"name": "health"}])
+    app.state.service = service
+    secured = [Depends(_bearer)]  # shows the scheme in /docs; Guard enforces it before the body is read
+    app.include_router(query_router(service), dependencies=secured)
+    app.include_router(openai_router(service), dependencies=secured)
+    for router in routers:
+        app.include_router(router, dependencies=secured)
+    app.include_router(health_router(service, require_prefect))
+    app.include_router(page_router())
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes, allowed_origins=cors_origins)
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["X-Request-ID"])
+    return app
+
+
+def _description(project: Project, token: str | None) -> str:
+    queries = ", ".join(n for n, p in project.pipelines.items() if p.kind == PipelineKind.QUERY) or "none"
+    auth = "every /v1 route needs `Authorization: Bearer <token>`" if token else "no token (loopback only)"
+    return f"Query pipelines of {project.path.name}: {queries}. Authentication: {auth}."
+
+
+# ----------------------------------------------------------------------------- serving
+class ApiConfigError(ConfigError, ValueError):
+    """The API cannot start as asked (e.g. exposed without a token): one clear line."""
+
+
+
+
+def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
+              data_dir: str | None = None, routers: Iterable[APIRouter] = (), max_body_bytes: int = 1_000_000,
+              cors_origins: Iterable[str] = (), log_level: str = "info",
+              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, limits: Any = None) -> None:
+    """Serve the API with uvicorn until stopped. ``token`` defaults to ``RAGLINE_API_TOKEN``; off
+    loopback a token is required: anyone who can reach the port could otherwise run queries.
+    ``limits`` (``connections.ConnectionLimits``, default: from the environment) bound slow and
+    half-sent requests and the number of open connections."""
+
+    token = token or settings.get("api_token") or None
+    if not is_loopback(host) and not token:
+        raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
+                             f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+    server_settings = server_limits(limits)
+    import uvicorn
+
+    app = create_app(project_path, token=token, routers=routers, max_body_bytes=max_body_bytes,
+                     cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
+    with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
+        serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **server_settings)

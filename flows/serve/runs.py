@@ -1,0 +1,395 @@
+"""Ingestion jobs and run status over HTTP: ``POST /v1/ingest`` and ``GET /v1/runs/{id}``.
+
+``runs_router(project_path)`` is mounted by the API app (``flows/serve/api.py``) that ``ragline serve``
+runs beside the Prefect runner serving the file's deployments (``flows/serve/service.py``).
+
+- ``POST /v1/ingest`` ``{"pipeline": "index"}`` creates a flow run of that ingestion pipeline's
+  deployment (``ragline/<pipeline>``) and answers 202 ``{"run_id", "pipeline", "state"}``. It
+  answers 409, naming the holder, while a run writing the same index (this pipeline, or any
+  ingestion pipeline of the file with the same state DB) is pending, running or due to start
+  (checked on the Prefect API), or while the index's writer lease is held (a ``ragline index``
+  run, a run of another server). 404: no such pipeline; 400: a query pipeline; 503: not deployed
+  or the Prefect API is unreachable. Concurrent requests are serialised, so two POSTs can never
+  both start a run.
+- ``GET /v1/runs/{id}`` reports a run of this file's pipelines (deployment-triggered, scheduled,
+  or ``ragline index``): state, times, the persisted JSON result once completed (the IndexReport
+  of an ingestion run, also for a run that failed because a root was unreachable; the answer or
+  passages of a query run), the ingestion summary line, per-document failures, the failure
+  message, and for a running ingestion run its progress (see ``progress``). 404 for any other id.
+
+Progress comes from what the run records, read live: its phase (waiting for the lease, listing,
+then converting/chunking/embedding/writing as its steps run, publishing) and the documents it
+planned, indexed and the chunks it wrote, which the run sets as labels of its flow run
+(``entrypoints.RunProgress``, fed by the ingestion's progress hooks); completed ``<sink>[batch n]``
+task runs on the Prefect API (each is one batch written), the steps running now, the documents the
+state DB recorded since the run started and the writer lease's heartbeat (every 5 s while the run
+holds the index).
+
+Nothing returned names the pipelines file or the data dir: messages and failure reasons have
+those paths (and any absolute path outside the configured source roots) replaced.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragline.flows.serve.query_service import ERRORS, ApiError
+from ragline.flows.spec.compile import Project, load_project
+from ragline.flows.contracts import PipelineKind
+from ragline.flows.serve.layout import data_dir_of, deployment_name
+from ragline.flows.serve.redact import Redactor
+from ragline.flows.run.entrypoints import PROGRESS_LABEL
+from ragline.flows.contracts import IndexReport
+
+ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
+DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
+LEASE_STALE_SECONDS = 30.0  # as IndexState.lease: a holder silent this long has lost the lease
+STEP_PHASES = {"convert": "converting", "chunk": "chunking", "embed": "embedding"}  # by stage, in pipeline order
+
+
+class IngestRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: str = Field("index", min_length=1, description="an ingestion pipeline of the served file")
+
+
+class IngestAccepted(BaseModel):
+    run_id: str
+    pipeline: str
+    state: str = Field(description="Prefect state type, e.g. SCHEDULED")
+    state_name: str = Field(description="Prefect state name, e.g. Scheduled")
+
+
+class RunStatus(BaseModel):
+    id: str
+    pipeline: str
+    kind: str
+    state: str = Field(description="Prefect state type: SCHEDULED, PENDING, RUNNING, COMPLETED, FAILED, CRASHED, "
+                                   "CANCELLED, ...")
+    state_name: str = Field(description="Prefect state name, e.g. Late, AwaitingConcurrencySlot, Completed")
+    created: str | None = None
+    started: str | None = None
+    ended: str | None = None
+    result: Any = Field(None, description="the persisted JSON result: an ingestion run's report, a query's output")
+    summary: str | None = Field(None, description="an ingestion run's summary line")
+    failures: list[dict[str, Any]] = Field(default_factory=list, description="documents that could not be indexed")
+    message: str | None = Field(None, description="why a run failed, crashed or was cancelled")
+    progress: dict[str, Any] | None = Field(None, description="a running ingestion run's progress")
+
+
+# ----------------------------------------------------------------------------- the router
+class _Runs:
+    """What the endpoints share: the compiled project, deployment ids, index groups, a lock."""
+
+    def __init__(self, project: Project):
+        self.project = project
+        self.file = str(project.path.resolve())
+        self.redact = Redactor(project)
+        self.deployment_ids: dict[str, UUID] = {}
+        self.lock = asyncio.Lock()
+        self.sinks: dict[str, Any] = {}
+        self.state_resource: dict[str, str | None] = {}
+        for name, pipeline in project.pipelines.items():
+            if pipeline.kind != PipelineKind.INGESTION:
+                continue
+            sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+            self.sinks[name] = sink
+            self.state_resource[name] = sink.resources.get("state") if sink is not None else None
+
+    # -- the index a pipeline writes, and who else writes it
+    def state_path(self, pipeline: str) -> Path | None:
+        resource = self.state_resource.get(pipeline)
+        if resource is None:
+            return None
+        return (data_dir_of(self.project) / self.project.spec.resources[resource].path).resolve()
+
+    def same_index(self, pipeline: str) -> list[str]:
+        path = self.state_path(pipeline)
+        if path is None:
+            return [pipeline]
+        return [name for name in self.state_resource if self.state_path(name) == path]
+
+    def lease_holder(self, pipeline: str):
+        resource = self.state_resource.get(pipeline)
+        if resource is None or not (path := self.state_path(pipeline)) or not path.exists():
+            return None
+        holder = self.project.resource(resource).lease_holder()
+        if holder is None or holder.stale(time.time(), LEASE_STALE_SECONDS):
+            return None
+        return holder
+
+    def documents_written_since(self, pipeline: str, since: datetime.datetime) -> int | None:
+        path = self.state_path(pipeline)
+        if path is None or not path.exists():
+            return None
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+            try:
+                row = conn.execute("SELECT COUNT(*) FROM sources WHERE indexed_at >= ?", (since.timestamp(),)).fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return None
+        return int(row[0])
+
+    # -- Prefect
+    async def deployment_id(self, client: Any, pipeline: str) -> UUID | None:
+        from prefect.exceptions import ObjectNotFound
+
+        if pipeline not in self.deployment_ids:
+            try:
+                deployment = await client.read_deployment_by_name(deployment_name(self.project, pipeline))
+            except ObjectNotFound:
+                return None
+            if (deployment.parameters or {}).get("file") != self.file:
+                return None  # the same name, deployed from another file: not ours
+            self.deployment_ids[pipeline] = deployment.id
+        return self.deployment_ids[pipeline]
+
+    async def running(self, client: Any, pipeline: str) -> str | None:
+        """Why a new run of ``pipeline`` must not start now (None: it may)."""
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterDeploymentId,
+            FlowRunFilterExpectedStartTime,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        group = self.same_index(pipeline)
+        ids = {name: await self.deployment_id(client, name) for name in group}
+        by_id = {dep: name for name, dep in ids.items() if dep is not None}
+        if by_id:
+            deployments = FlowRunFilterDeploymentId(any_=list(by_id))
+            due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=DUE_SLACK_SECONDS)
+            filters = [
+                FlowRunFilter(deployment_id=deployments, state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(ACTIVE)))),
+                FlowRunFilter(deployment_id=deployments, state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"])),
+                              expected_start_time=FlowRunFilterExpectedStartTime(before_=due)),
+            ]
+            for flow_run_filter in filters:
+                runs = await client.read_flow_runs(flow_run_filter=flow_run_filter, sort=FlowRunSort.START_TIME_DESC,
+                                                   limit=1)
+                if runs:
+                    run = runs[0]
+                    name = by_id.get(run.deployment_id, pipeline)
+                    state = run.state.name if run.state else "unknown"
+                    since = run.start_time or run.expected_start_time
+                    when = f", since {since.astimezone().strftime('%H:%M:%S')}" if since else ""
+                    return (f"pipeline '{name}' writes this index and has a run in progress: flow run {run.id} "
+                            f"({state}{when}); try again when it ends (GET /v1/runs/{run.id})")
+        holder = await asyncio.to_thread(self.lease_holder, pipeline)
+        if holder is not None:
+            return f"the index is being written by {holder.describe()}; try again when that run ends"
+        return None
+
+    def owns(self, flow_run: Any) -> bool:
+        parameters = flow_run.parameters or {}
+        if parameters.get("pipeline") not in self.project.pipelines:
+            return False
+        if flow_run.deployment_id is not None and flow_run.deployment_id in self.deployment_ids.values():
+            return True
+        file = parameters.get("file")
+        return isinstance(file, str) and bool(file) and str(Path(file).resolve()) == self.file
+
+    async def result(self, state: Any) -> Any:
+        from prefect._internal.result_records import ResultRecordMetadata
+
+        if not isinstance(state.data, ResultRecordMetadata):
+            return None
+        if getattr(state.data.serializer, "type", None) != "json":
+            return None
+        try:
+            value = await state.aresult(raise_on_failure=False)
+        except Exception:
+            return None
+        return None if isinstance(value, BaseException) else value
+
+    async def progress(self, client: Any, flow_run: Any, pipeline: str) -> dict[str, Any]:
+        sink = self.sinks.get(pipeline)
+        runs = {"id": {"any_": [str(flow_run.id)]}}
+        out: dict[str, Any] = {}
+        if sink is not None:
+            body = {"flow_runs": runs, "task_runs": {"name": {"like_": f"{sink.id}[batch "},
+                                                     "state": {"type": {"any_": ["COMPLETED"]}}}}
+            response = await client.request("POST", "/task_runs/count", json=body)
+            out["batches_written"] = response.json() if response.status_code == 200 else None
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterId,
+            TaskRunFilter,
+            TaskRunFilterState,
+            TaskRunFilterStateType,
+        )
+
+        running = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+            task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=["RUNNING"]))),
+            limit=20)
+        out["running_steps"] = sorted(t.name for t in running)
+        out.update(self.recorded_progress(flow_run, pipeline, out["running_steps"]))
+        if flow_run.start_time is not None:
+            out["documents_written"] = await asyncio.to_thread(self.documents_written_since, pipeline,
+                                                               flow_run.start_time)
+        holder = await asyncio.to_thread(self.lease_holder, pipeline)
+        if holder is not None:
+            out["lease_heartbeat_seconds_ago"] = round(max(0.0, time.time() - holder.heartbeat_at), 1)
+        return out
+
+    def recorded_progress(self, flow_run: Any, pipeline: str, running_steps: list[str]) -> dict[str, Any]:
+        """What the run records on itself (``entrypoints.RunProgress``: flow-run labels): the
+        documents it planned to index, those done, chunks written, and its phase, made exact
+        while batches run by the steps running now (the furthest along the pipeline)."""
+
+        labels = {k.removeprefix(PROGRESS_LABEL): v for k, v in (flow_run.labels or {}).items()
+                  if k.startswith(PROGRESS_LABEL)}
+        out = {key: labels.get(key) for key in ("documents_planned", "documents_done", "chunks_written")}
+        order = ["listing", *STEP_PHASES.values(), "writing", "publishing"]
+        running = [p for p in (self.phase_of(pipeline, name) for name in running_steps) if p in order]
+        recorded = labels.get("phase")
+        out["phase"] = max(running, key=order.index) if running and recorded in (None, "indexing") else recorded
+        return out
+
+    def phase_of(self, pipeline: str, task_run: str) -> str:
+        """A task run's phase: ``load``/``write.plan`` listing, ``convert[batch 2]`` converting, ...,
+        the sink's batches writing, its ``finalize`` publishing."""
+        step_id, _, rest = task_run.partition("[")
+        step_id, _, hook = step_id.partition(".")
+        sink = self.sinks.get(pipeline)
+        if hook == "plan" or not rest and not hook:
+            return "listing"
+        if hook == "finalize":
+            return "publishing"
+        if sink is not None and step_id == sink.id:
+            return "writing"
+        try:
+            stage = self.project.pipeline(pipeline).step(step_id).stage.name
+        except (KeyError, StopIteration, ValueError):
+            return step_id
+        return STEP_PHASES.get(stage, step_id)
+
+    async def status(self, client: Any, flow_run: Any) -> RunStatus:
+
+        pipeline = flow_run.parameters["pipeline"]
+        kind = self.project.pipeline(pipeline).kind
+        state = flow_run.state
+        status = RunStatus(id=str(flow_run.id), pipeline=pipeline, kind=kind,
+                           state=state.type.value if state else "UNKNOWN", state_name=state.name if state else "Unknown",
+                           created=_iso(flow_run.created), started=_iso(flow_run.start_time),
+                           ended=_iso(flow_run.end_time))
+        if state is None:
+            return status
+        if state.is_completed() or (state.is_failed() and kind == PipelineKind.INGESTION):
+            status.result = await self.result(state)
+        if kind == PipelineKind.INGESTION and isinstance(status.result, dict):
+            try:
+                report = IndexReport.model_validate(status.result)
+            except Exception:
+                report = None
+            if report is not None:
+                status.failures = [dict(f.model_dump(mode="json"), reason=self.redact(f.reason)) for f in report.failures]
+                status.result = dict(status.result, failures=status.failures)
+                status.summary = report.summary()
+        if state.is_failed() or state.is_crashed() or state.is_cancelled() or state.is_cancelling():
+            status.message = self.redact(state.message) or None
+        if kind == PipelineKind.INGESTION and state.type.value in ("RUNNING", "PENDING"):
+            try:
+                status.progress = await self.progress(client, flow_run, pipeline)
+            except Exception as exc:  # progress is a courtesy: never fail the status for it
+                status.progress = {"error": self.redact(str(exc))}
+        return status
+
+
+def _iso(value: datetime.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
+                source: str | Path | None = None) -> APIRouter:
+    """The ``/v1/ingest`` and ``/v1/runs/{id}`` endpoints for the pipelines of one file (its
+    deployments ``ragline/<pipeline>``, as ``ragline serve`` creates them); ``source``: the pinned
+    copy of the file (``steps.pin_file``)."""
+    project = load_project(project_path, source=source)
+    if data_dir:
+        project = project.relocated(Path(data_dir))
+    runs = _Runs(project)
+    router = APIRouter(prefix="/v1", tags=["runs"])
+
+    @router.post("/ingest", status_code=202, response_model=IngestAccepted,
+                 responses={**ERRORS, 400: {**ERRORS[400], "description": "a query pipeline"},
+                            404: {**ERRORS[404], "description": "no such pipeline"},
+                            409: {**ERRORS[400], "description": "a run is writing this index (code index_busy)"},
+                            503: {**ERRORS[503], "description": "not deployed, or the Prefect API is unreachable"}})
+    async def ingest(request: IngestRequest) -> IngestAccepted:
+        """Start a run of an ingestion pipeline's deployment; poll ``GET /v1/runs/{run_id}``."""
+        name = request.pipeline
+        if name not in project.pipelines:
+            ingestion = [n for n, p in project.pipelines.items() if p.kind == PipelineKind.INGESTION]
+            raise ApiError(404, f"field 'pipeline': no pipeline '{name}'; ingestion pipelines: "
+                                f"{', '.join(ingestion) or 'none'}", param="pipeline", code="pipeline_not_found")
+        if project.pipeline(name).kind != PipelineKind.INGESTION:
+            raise ApiError(400, f"field 'pipeline': pipeline '{name}' is a query pipeline: POST /v1/ingest starts "
+                                f"ingestion pipelines only", param="pipeline", code="not_an_ingestion_pipeline")
+        from prefect.client.orchestration import get_client
+
+        async with runs.lock:
+            try:
+                async with get_client() as client:
+                    deployment = await runs.deployment_id(client, name)
+                    if deployment is None:
+                        raise ApiError(503, f"pipeline '{name}' is not deployed: run `ragline serve` for this file",
+                                       "service_unavailable_error", code="not_deployed")
+                    busy = await runs.running(client, name)
+                    if busy is not None:
+                        raise ApiError(409, busy, code="index_busy")
+                    flow_run = await client.create_flow_run_from_deployment(deployment, tags=["ragline-api"])
+            except ApiError:
+                raise
+            except Exception as exc:
+                raise _prefect_down(exc) from None
+        return IngestAccepted(run_id=str(flow_run.id), pipeline=name,
+                              state=flow_run.state.type.value if flow_run.state else "SCHEDULED",
+                              state_name=flow_run.state.name if flow_run.state else "Scheduled")
+
+    @router.get("/runs/{run_id}", response_model=RunStatus,
+                responses={**ERRORS, 404: {**ERRORS[404], "description": "no such run (code run_not_found)"}})
+    async def run_status(run_id: str) -> RunStatus:
+        """A run's state, times, result, summary, failures and progress."""
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            flow_run_id = UUID(run_id)
+        except ValueError:
+            raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
+        try:
+            async with get_client() as client:
+                for name in project.pipelines:  # learn this file's deployment ids (cached)
+                    await runs.deployment_id(client, name)
+                try:
+                    flow_run = await client.read_flow_run(flow_run_id)
+                except ObjectNotFound:
+                    raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
+                if not runs.owns(flow_run):
+                    raise ApiError(404, f"no run '{run_id}' of this server's pipelines", code="run_not_found")
+                return await runs.status(client, flow_run)
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise _prefect_down(exc) from None
+
+    return router
+
+
+def _prefect_down(exc: BaseException) -> ApiError:
+    return ApiError(503, f"the Prefect API did not answer: {type(exc).__name__}", "service_unavailable_error",
+                    code="prefect_unavailable")

@@ -1,0 +1,72 @@
+"""flows/ops/parent_death.py's DiesWith: what makes serve's flow-run processes die with it (issue 16.11)."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+from tests.fake_vllm import REPO
+
+# The parent starts a child, writes the child's pid, then waits or exits; the child unpickles the
+# marker (as a flow-run process unpickles the served flow) and reports that it is still running.
+PARENT = r"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], str(os.getpid())])
+print(child.pid, flush=True)
+if sys.argv[3] == "wait":
+    time.sleep(60)
+"""
+CHILD = r"""
+import os, pickle, sys, time
+from ragline.flows.ops.parent_death import DiesWith
+parent = int(sys.argv[2])
+time.sleep(float(sys.argv[1]))  # the parent may be gone by now
+pickle.loads(pickle.dumps(DiesWith(parent)))
+print("armed", flush=True)
+time.sleep(30)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _family(delay: float, parent_waits: bool) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD, str(delay), "wait" if parent_waits else "exit"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    return parent, int(parent.stdout.readline())
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_a_child_dies_when_its_parent_is_killed():
+    parent, child = _family(delay=0.0, parent_waits=True)
+    time.sleep(1.5)  # armed by now
+    assert _alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone_within(child, 5)
+
+
+def test_a_child_whose_parent_died_before_it_was_armed_exits_at_once():
+    parent, child = _family(delay=1.0, parent_waits=False)
+    parent.wait()
+    assert _gone_within(child, 5)  # it would sleep 30 s were the late arming not checked
+
+
+def test_unpickled_in_the_parent_itself_nothing_happens():
+    from ragline.flows.ops.parent_death import DiesWith
+
+    assert isinstance(pickle.loads(pickle.dumps(DiesWith(os.getpid()))), DiesWith)  # and we are still here

@@ -1,0 +1,169 @@
+"""The chat page at `/` in a real headless Chromium (Debian's, driven by playwright) against the real
+API on uvicorn with the scripted LLM: type, submit, watch the answer stream in, follow a citation to
+its source and passage, see a refusal's reason, and give the token the API asks for."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.flows.api_harness import QUESTION, TOKEN
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = os.environ.get("RAGLINE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SCREENSHOT = Path(__file__).resolve().parents[3] / "docs" / "img" / "chat.png"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        pytest.fail(f"no Chromium at {CHROMIUM}: run `bash deploy/bootstrap.sh` (it installs Debian's chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, served):
+    context = browser.new_context(viewport={"width": 1000, "height": 760})
+    page = context.new_page()
+    page.add_init_script(f"sessionStorage.setItem('ragline.token', {TOKEN!r})")
+    page.goto(served + "/")
+    page.wait_for_selector("#pipeline option[value=ask]", state="attached")
+    yield page
+    context.close()
+
+
+def ask(page, question: str, pipeline: str = "ask"):
+    page.select_option("#pipeline", pipeline)
+    page.fill("#question", question)
+    page.click("#submit")
+    card = page.locator("article.card").first
+    card.locator(".meta, .banner, ol.sources").first.wait_for(timeout=60_000)
+    return card
+
+
+def test_the_page_is_served_without_a_token_with_a_strict_policy(served):
+    response = httpx.get(served + "/", timeout=30)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    page = response.text.lower()
+    assert not any(ref in page for ref in ('src="http', "href=\"http", "@import", "url(http"))  # no external assets
+
+
+@pytest.fixture
+def paced(scripted_llm):
+    """Words 50 ms apart: at the session's 2 ms a loaded machine can deliver the whole answer in one
+    read, and the page would rightly show it at once."""
+    saved, scripted_llm.chunk_delay = scripted_llm.chunk_delay, 0.05
+    yield
+    scripted_llm.chunk_delay = saved
+
+
+def test_answer_streams_in_and_its_citation_leads_to_the_source_and_passage(page, fresh_script, paced):
+    fresh_script.answer = "Diffusion tensor imaging measures white matter development in newborns [1]."
+    streamed: list[str] = []
+    page.expose_function("sawDraft", lambda text: streamed.append(text))
+    page.evaluate("""() => new MutationObserver(() => {
+        const draft = document.querySelector('.answer.streaming');
+        if (draft && draft.textContent) window.sawDraft(draft.textContent);
+    }).observe(document.getElementById('results'), {subtree: true, childList: true, characterData: true})""")
+    card = ask(page, QUESTION)
+    assert "Diffusion tensor imaging measures white matter development in newborns [1]." in card.locator(".answer").inner_text()
+    assert len(set(streamed)) > 1, "the answer should appear piece by piece"
+    assert card.locator(".banner.refusal").count() == 0
+    citation = card.locator("a.cite").first
+    assert citation.inner_text() == "[1]"
+    target = citation.get_attribute("href")
+    source = page.locator(target)
+    assert source.locator(".source-title").inner_text().startswith("[1] ")
+    passage = source.locator("blockquote").inner_text()
+    assert len(passage) > 50  # the cited passage itself, from the SciFact abstract
+    citation.click()
+    assert page.evaluate("location.hash") == target
+    if os.environ.get("RAGLINE_SCREENSHOTS") == "1":  # the README's picture
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+
+def test_a_refusal_shows_its_reason_and_withdraws_the_draft(page, fresh_script):
+    fresh_script.answer = "Volcanic ash improves the memory of goldfish [1]."
+    fresh_script.verdict = "No"
+    card = ask(page, QUESTION)
+    banner = card.locator(".banner.refusal")
+    assert banner.inner_text().startswith("Refused:") and len(banner.inner_text()) > len("Refused: ")
+    assert "withdrawn" in card.inner_text()
+    assert card.locator(".answer").inner_text() == "I cannot answer this question"
+    assert card.locator("ol.sources").count() == 0
+
+
+def test_a_search_pipeline_lists_its_passages(page):
+    card = ask(page, "white matter in newborns", pipeline="search")
+    assert card.locator("ol.sources li").count() >= 1
+    assert card.locator("ol.sources li blockquote").first.inner_text()
+
+
+def test_without_a_token_the_page_asks_for_one_then_answers(browser, served):
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(served + "/")
+        page.locator("#token-box.shown").wait_for(timeout=30_000)
+        assert "needs an API token" in page.inner_text("#status")
+        page.fill("#token", TOKEN)
+        page.click("#token-box button")
+        page.wait_for_selector("#pipeline option[value=search]", state="attached")
+        card = ask(page, "white matter in newborns", pipeline="search")
+        assert card.locator("ol.sources li").count() >= 1
+        assert page.evaluate("sessionStorage.getItem('ragline.token')") == TOKEN
+    finally:
+        context.close()
+
+
+def test_a_wrong_token_is_forgotten_and_asked_for_again(browser, served):
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.add_init_script("sessionStorage.setItem('ragline.token', 'wrong-token')")
+        page.goto(served + "/")
+        page.locator("#token-box.shown").wait_for(timeout=30_000)
+        assert "refused this token" in page.inner_text("#status")
+        assert page.evaluate("sessionStorage.getItem('ragline.token')") is None
+    finally:
+        context.close()
+
+
+def test_an_error_names_the_field(page):
+    page.evaluate("document.getElementById('pipeline').append(new Option('nope', 'nope'))")
+    card = ask(page, "anything", pipeline="nope")
+    assert "field 'pipeline'" in card.locator(".banner.error").inner_text()
+
+
+def test_a_passage_links_only_to_the_loaders_url_never_to_its_own_metadata(page):
+    """Issue 16 item 9: metadata a document brings (a JSONL record's `path`) is never a link; only
+    the `url` the loader set from a root's url_prefix is. The passages are the server's real answer
+    with the two cases written into their metadata on the way to the page."""
+    def spoof(route):
+        response = route.fetch()
+        body = response.json()
+        if "passages" in body and len(body["passages"]) >= 2:
+            body["passages"][0]["metadata"].update(path="https://evil.example/phish", source="docs/a.md")
+            body["passages"][1]["metadata"].update(path="https://evil.example/x", source="https://wiki.example.com/b",
+                                                   url="https://wiki.example.com/b")
+        route.fulfill(response=response, json=body)
+
+    page.route("**/v1/query", spoof)
+    card = ask(page, "white matter in newborns", pipeline="search")
+    hrefs = [a.get_attribute("href") for a in card.locator("ol.sources a").all()]
+    assert hrefs == ["https://wiki.example.com/b"]
+    assert "docs/a.md" in card.locator("ol.sources li").first.inner_text()
+    assert "evil.example" not in card.inner_html()

@@ -1,0 +1,98 @@
+"""The architecture, checked by tools rather than review (issue 23): the layering contracts of
+pyproject.toml hold (import-linter), no import cycles (lazy imports included), and a ragline
+module is imported at module level unless a listed reason says why not."""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINT = REPO / "deploy" / "lint-imports"
+
+# (module file, imported module) -> why it is imported inside a function
+LAZY = {
+    ("flows/run/engine.py", "ragline.flows.run.entrypoints"): "Prefect loads only for orchestrated runs",
+    ("flows/run/executors.py", "ragline.flows.run.step_task"): "Prefect loads only for orchestrated runs",
+    ("flows/resources/embedder.py", "ragline.flows.resources.onnx_backend"): "the optional onnx extra",
+}
+# each command imports what it runs, so `--help` and `validate` do not load the engine, Prefect or torch
+LAZY_FILES = {"flows/cli.py"}
+
+
+def _linked_package(root: Path, source: Path = REPO) -> Path:
+    """<root>/ragline with the installed shape, its folders linked to ``source``'s."""
+    package = root / "ragline"
+    package.mkdir(parents=True)
+    shutil.copy(REPO / "ragline" / "__init__.py", package)
+    for folder in ("flows", "tasks", "prompts"):
+        (package / folder).symlink_to(source / folder)
+    return root
+
+
+def test_the_layering_contracts_are_kept():
+    result = subprocess.run([str(LINT)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_a_lower_layer_importing_the_api_breaks_the_contract(tmp_path):
+    """The check is not vacuous: a resource module that imports the HTTP API is refused."""
+    copy = tmp_path / "repo"
+    for folder in ("flows", "tasks", "prompts"):
+        shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    filters = copy / "flows" / "resources" / "filters.py"
+    filters.write_text(filters.read_text() + "\nfrom ragline.flows.serve import api  # noqa\n")
+    tree = _linked_package(tmp_path / "tree", copy)
+    result = subprocess.run([str(REPO / ".venv" / "bin" / "lint-imports"), "--config", str(REPO / "pyproject.toml"),
+                             "--no-cache"], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "engine layers BROKEN" in result.stdout
+    assert "ragline.flows.resources.filters -> ragline.flows.serve.api" in result.stdout
+
+
+def test_there_are_no_import_cycles(tmp_path):
+    script = (
+        "import grimp, sys\n"
+        "g = grimp.build_graph('ragline', include_external_packages=False, cache_dir=None,"
+        " exclude_type_checking_imports=True)\n"
+        "mods = sorted(g.modules)\n"
+        "cycles = [m for m in mods if any(g.chain_exists(d, m) for d in g.find_modules_directly_imported_by(m))]\n"
+        "print('\\n'.join(cycles))\n")
+    tree = _linked_package(tmp_path)
+    result = subprocess.run([sys.executable, "-c", script], cwd=tree, env={"PYTHONPATH": str(tree)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "", f"modules on an import cycle:\n{result.stdout}"
+
+
+def _function_level_imports() -> list[tuple[str, str, int]]:
+    found = []
+    for path in sorted([*REPO.glob("flows/**/*.py"), *REPO.glob("tasks/**/*.py")]):
+        relative = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("ragline"):
+                    found.append((relative, inner.module, inner.lineno))
+                elif isinstance(inner, ast.Import) and any(a.name.startswith("ragline") for a in inner.names):
+                    found.append((relative, inner.names[0].name, inner.lineno))
+    return found
+
+
+def test_ragline_modules_are_imported_at_module_level_unless_a_reason_is_listed():
+    unexplained = [f"{file}:{line} imports {module}" for file, module, line in _function_level_imports()
+                   if file not in LAZY_FILES and (file, module) not in LAZY]
+    assert unexplained == [], "import these at module level, or list the reason in LAZY:\n" + "\n".join(unexplained)
+
+
+@pytest.mark.parametrize("package", ["spec", "run", "serve", "ops", "evaluation", "resources"])
+def test_each_package_says_what_it_owns(package):
+    doc = ast.get_docstring(ast.parse((REPO / "flows" / package / "__init__.py").read_text()))
+    assert doc and len(doc.split()) >= 8, f"flows/{package}/__init__.py needs a docstring saying what it owns"
