@@ -38,8 +38,9 @@ def _pages() -> list[Path]:
 def test_the_readme_is_a_short_page_that_links_to_the_docs():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
-    assert [h for h in re.findall(r"^## (.+)$", text, re.M)] == [
-        "Set up", "A five-minute tour", "Documentation", "Working on ragline"]
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    required = ["Set up", "A five-minute tour", "Documentation", "Working on ragline"]
+    assert [h for h in headings if h in required] == required, headings
     for page in ("configuration", "serving", "tuning", "reliability", "results"):
         assert f"](docs/{page}.md)" in text, page
     tour = _section(text, "A five-minute tour")
