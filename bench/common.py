@@ -1,4 +1,4 @@
-"""Shared helpers for benchmarks: data location, timing, writing result tables into the README."""
+"""Shared helpers for benchmarks: data location, timing, writing result tables into their docs pages."""
 from __future__ import annotations
 
 import json
@@ -56,23 +56,35 @@ def save(name: str, payload: dict) -> Path:
     return path
 
 
-def write_readme_section(marker: str, markdown: str) -> None:
-    """Replace the text between <!-- bench:MARKER --> and <!-- /bench:MARKER --> in README.md."""
-    readme = REPO / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    pattern = re.compile(rf"(<!-- bench:{marker} -->\n).*?(<!-- /bench:{marker} -->)", re.S)
-    if not pattern.search(text):
-        print(f"README.md has no bench:{marker} markers; table not written", file=sys.stderr)
-        return
-    readme.write_text(pattern.sub(lambda m: m.group(1) + markdown.rstrip() + "\n" + m.group(2), text),
-                      encoding="utf-8")
+def pages(root: Path = REPO) -> list[Path]:
+    """The pages a result table may live in: README.md and every Markdown file under docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def marker_pattern(marker: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- bench:{re.escape(marker)} -->\n).*?(<!-- /bench:{re.escape(marker)} -->)", re.S)
+
+
+def write_section(marker: str, markdown: str, root: Path = REPO) -> Path | None:
+    """Replace the text between <!-- bench:MARKER --> and <!-- /bench:MARKER --> in the one page
+    that holds them (tables moved from the README to docs/; the script need not know which page)."""
+    pattern = marker_pattern(marker)
+    holders = [page for page in pages(root) if pattern.search(page.read_text(encoding="utf-8"))]
+    if len(holders) != 1:
+        where = ", ".join(str(page.relative_to(root)) for page in holders) or "no page"
+        print(f"bench:{marker} markers in {where} (need exactly one page); table not written", file=sys.stderr)
+        return None
+    [page] = holders
+    text = page.read_text(encoding="utf-8")
+    page.write_text(pattern.sub(lambda m: m.group(1) + markdown.rstrip() + "\n" + m.group(2), text), encoding="utf-8")
+    return page
 
 
 def publish(marker: str, lines: list[str], readme: bool = True) -> None:
-    """Print a result table and, unless told not to, put it into the README."""
+    """Print a result table and, unless told not to (``--no-readme``), put it into its docs page."""
     table = "\n".join(lines)
     if readme:
-        write_readme_section(marker, table)
+        write_section(marker, table)
     print(table)
 
 

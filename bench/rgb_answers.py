@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--pipeline", default="ask")
     parser.add_argument("--no-readme", action="store_true")
-    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the last run")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the docs table from the last run")
     args = parser.parse_args()
     if args.table_only:
         result = json.loads((OUT / "rgb_answers.json").read_text())

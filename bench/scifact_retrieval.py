@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backends", default="torch,onnx_int8")
     parser.add_argument("--no-readme", action="store_true")
-    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the last run")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the docs table from the last run")
     args = parser.parse_args()
     if args.table_only:
         rows = json.loads((OUT / "scifact_retrieval.json").read_text())["rows"]

@@ -50,7 +50,7 @@ def main() -> None:
                         help="pseudo-query strategies to compare (the first one is the shipped default, tuned for real)")
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--no-readme", action="store_true")
-    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the last run")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the docs table from the last run")
     parser.add_argument("--no-rgb", action="store_true", help="SciFact only (skip the RGB collection)")
     args = parser.parse_args()
     if args.table_only:

@@ -1,11 +1,12 @@
 """Every ``RAGLINE_*`` setting in one pydantic-settings model: the only module that reads them.
 
 Why: the variables were read in fourteen modules, each with its own parsing ("0/false/no/off"
-three times); one model gives each a type, a default, a description (the README's table is made
-from it: ``python -m ragline.flows.settings --readme README.md``) and one error naming the
-variable. Settings are read when asked for (``current()``), not frozen at import: a test, or
-``ragline --no-tuned``, changes the environment and the next read sees it. ``[tool.ragline]`` of a
-project's pyproject.toml is read by ``pyproject_table`` (what it may set: ``allow_modules``).
+three times); one model gives each a type, a default, a description (docs/configuration.md's
+table is made from it: ``python -m ragline.flows.settings --doc docs/configuration.md``) and one
+error naming the variable. Settings are read when asked for (``current()``), not frozen at
+import: a test, or ``ragline --no-tuned``, changes the environment and the next read sees it.
+``[tool.ragline]`` of a project's pyproject.toml is read by ``pyproject_table`` (what it may set:
+``allow_modules``).
 
 Variables of other tools (``PREFECT_*``, ``HF_*``, ``OMP_*``) and those a pipelines file names
 itself (``${RAGLINE_LLM_BASE_URL}``, ``token_env``) are not settings of ragline's and are read where used.
@@ -115,7 +116,7 @@ def pyproject_table(pyproject: Path) -> dict[str, Any] | None:
         return None
 
 
-# ----------------------------------------------------------------------------- the README's table
+# ----------------------------------------------------------------------------- the docs' table
 def settings_table() -> str:
     """Every setting as a Markdown table: variable, default, what it does."""
     rows = ["| Variable | Default | What it sets |", "|---|---|---|"]
@@ -126,14 +127,14 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
-def with_table(readme: str) -> str:
-    """The README text with its settings table (between the markers) regenerated."""
-    start, end = readme.index(TABLE_START) + len(TABLE_START), readme.index(TABLE_END)
-    return readme[:start] + "\n" + settings_table() + "\n" + readme[end:]
+def with_table(page: str) -> str:
+    """A page's text (docs/configuration.md) with its settings table (between the markers) regenerated."""
+    start, end = page.index(TABLE_START) + len(TABLE_START), page.index(TABLE_END)
+    return page[:start] + "\n" + settings_table() + "\n" + page[end:]
 
 
-if __name__ == "__main__":  # python -m ragline.flows.settings [--readme README.md]
-    if sys.argv[1:2] == ["--readme"]:
+if __name__ == "__main__":  # python -m ragline.flows.settings [--doc docs/configuration.md]
+    if sys.argv[1:2] in (["--doc"], ["--readme"]):  # --readme: its name from when the table was in the README
         path = Path(sys.argv[2])
         path.write_text(with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
     else:

@@ -146,7 +146,7 @@ def page_router() -> APIRouter:
 
     from fastapi.responses import HTMLResponse
 
-    page = (files("ragline.flows.serve") / "web" / "index.html").read_text(encoding="utf-8")
+    page = (files("ragline.flows.serve.web") / "index.html").read_text(encoding="utf-8")
     router = APIRouter(tags=["page"])
 
     @router.get("/", response_class=HTMLResponse, include_in_schema=False)

@@ -1,4 +1,4 @@
-"""One settings model: the only reader of RAGLINE_* variables, read when asked, documented in the README."""
+"""One settings model: the only reader of RAGLINE_* variables, read when asked, documented in docs/configuration.md."""
 from __future__ import annotations
 
 import ast
@@ -48,11 +48,11 @@ def test_every_ragline_variable_named_in_the_code_is_a_setting():
     assert named - fields - FILE_NAMED == set()
 
 
-def test_the_readme_table_lists_every_setting():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert settings.with_table(readme) == readme, "stale: python -m ragline.flows.settings --readme README.md"
+def test_the_configuration_page_lists_every_setting():
+    page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert settings.with_table(page) == page, "stale: python -m ragline.flows.settings --doc docs/configuration.md"
     for name, info in RaglineSettings.model_fields.items():
-        assert f"`{settings.env_name(name)}`" in readme and info.description in readme
+        assert f"`{settings.env_name(name)}`" in page and info.description in page
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -1,7 +1,7 @@
 """What a served deployment may be asked to do over Prefect's REST API (issue 16 items 5 and 15,
 issue 15 item 6): parameters that change what it runs are refused inside the run; an edit of
 pipelines.yaml while serving changes neither the API nor the runs (pinned, shown in /readyz); the
-README's trigger snippet polls to COMPLETED; schedules are named after what they do; a running
+trigger snippet of docs/serving.md polls to COMPLETED; schedules are named after what they do; a running
 ingestion reports its phase and the documents it planned. A real Prefect server (scheduler
 included) and `ragline serve` in a subprocess, as in production."""
 from __future__ import annotations
@@ -197,9 +197,9 @@ def test_runs_outside_a_deployment_keep_their_overrides(served, prefect_api, pro
 
 
 # ----------------------------------------------------------------------------- issue 15 item 6
-def test_the_readme_trigger_snippet_waits_for_the_result(served, prefect_api):
-    readme = (REPO / "README.md").read_text()
-    [snippet] = [block for block in re.findall(r"```bash\n(.*?)```", readme, re.S) if "create_flow_run" in block]
+def test_the_documented_trigger_snippet_waits_for_the_result(served, prefect_api):
+    page = (REPO / "docs" / "serving.md").read_text()
+    [snippet] = [block for block in re.findall(r"```bash\n(.*?)```", page, re.S) if "create_flow_run" in block]
     script = snippet.replace("http://127.0.0.1:4200/api", prefect_api).replace("http://127.0.0.1:8080", served)
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=300,
                           env={"TOKEN": TOKEN, "PATH": "/usr/bin:/bin"})

@@ -114,9 +114,11 @@ def test_the_api_and_the_llm_have_different_default_ports():
     assert _parser().parse_args(["serve"]).port == _parser().parse_args(["api"]).port == 8080 != llm_port == 8000
 
 
-def test_readme_examples_reach_the_api_on_its_port_not_the_llms():
-    """README.md and deploy/README.md: the API's examples use 8080; 8000 is the LLM's (and Chroma's)."""
-    for doc in (REPO / "README.md", REPO / "deploy" / "README.md"):
+def test_documented_examples_reach_the_api_on_its_port_not_the_llms():
+    """README.md, docs/ and deploy/README.md: the API's examples use 8080; 8000 is the LLM's (and Chroma's)."""
+    docs = sorted((REPO / "docs").glob("*.md"))
+    assert docs, "docs/ has no pages"
+    for doc in (REPO / "README.md", *docs, REPO / "deploy" / "README.md"):
         text = doc.read_text()
         for match in re.finditer(r"127\.0\.0\.1:(\d+)(/v1/(?:query|runs|ingest|chat)|/readyz|/healthz)", text):
             assert match.group(1) == "8080", f"{doc.name}: {match.group(0)}"
