@@ -149,17 +149,9 @@ class Project:
             from ragline.flows.overlay import apply_overlay
 
             return apply_overlay(self.untuned.relocated(data_dir))
-        from pydantic import TypeAdapter
-        from ragline.flows.resources import LOCATED_TYPES, ResourceSpec
+        from ragline.flows.resources import resource_type
 
-        resources = dict(self.spec.resources)
-        for name, spec in resources.items():
-            if spec.type not in LOCATED_TYPES:
-                continue
-            fields = spec.model_dump()
-            if Path(fields["path"]).is_absolute() or fields.get("host"):
-                fields.update(path=name, **({"host": None} if "host" in fields else {}))
-            resources[name] = TypeAdapter(ResourceSpec).validate_python(fields)
+        resources = {name: resource_type(spec).relocated(spec, name) for name, spec in self.spec.resources.items()}
         return self._copy(resources, Path(data_dir).resolve())
 
     def resource(self, name: str) -> Any:

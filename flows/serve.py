@@ -77,6 +77,7 @@ from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
 from ragline.flows.parent_death import DiesWith
+from ragline.flows.resources import close_resources
 from ragline.flows.steps import digest_of
 
 logger = logging.getLogger("ragline.serve")
@@ -634,6 +635,7 @@ class ServeSupervisor:
                 logger.warning("ragline serve: the %s did not stop in time", name)
         if any(thread.is_alive() for thread in self._threads.values()):
             _kill_flow_run_processes()  # never leave a flow run behind this process
+        close_resources()  # the API's models and store clients, before the stores' servers stop
         self._stack.close()
         while self._llms:
             self._llms.pop().stop()  # its whole process group: SIGTERM, SIGKILL after a grace

@@ -1,64 +1,103 @@
 """Resources: heavy shared objects (models, stores) configured in pipelines.yaml.
 
-Each is created once per process (keyed by its configuration) and shared by every stage
-that ``uses`` it; construction is cheap and the heavy part loads on first use.
+Each type is a ``Resource`` (``flows/resources/base.py``) registered in the ``ragline.resources``
+entry-point group; each instance is created once per process (keyed by its configuration) and
+shared by every stage that ``uses`` it; construction is cheap and the heavy part loads on first
+use or at ``warm_up``. ``close_resources`` ends them all (process shutdown).
 """
 from __future__ import annotations
 
+import logging
 import sys
 import threading
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Iterable, Union
 
 from pydantic import Field
 
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.flows.resources.llm import LLMClient, LLMSpec
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.base import Health, Resource
 
-_FACTORIES: dict[str, Any] = {
-    "sentence_transformer": Embedder,
-    "chroma": ChromaStore,
-    "bm25": BM25Index,
-    "index_state": IndexState,
-    "openai_compatible": LLMClient,
-    "cross_encoder": CrossEncoderModel,
-}
-_SPECS: list[Any] = [EmbedderSpec, ChromaSpec, BM25Spec, StateSpec, LLMSpec, CrossEncoderSpec]
+log = logging.getLogger("ragline.resources")
+GROUP = "ragline.resources"  # entry-point group: `<type> = "package.module:ResourceClass"`
 
-ResourceSpec = Annotated[Union[tuple(_SPECS)], Field(discriminator="type")]  # type: ignore[valid-type]
-RESOURCE_TYPES = tuple(_FACTORIES)
 
-_cache: dict[tuple[str, str, str], Any] = {}
+def _discover() -> dict[str, type[Resource]]:
+    """Every registered resource type by its pipelines.yaml ``type:`` name."""
+    found: dict[str, type[Resource]] = {}
+    for entry in entry_points(group=GROUP):
+        cls = entry.load()
+        if not (isinstance(cls, type) and issubclass(cls, Resource)):
+            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) is not a Resource subclass")
+        if cls.type_name() != entry.name:
+            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) names a resource whose spec "
+                            f"says type '{cls.type_name()}': use that name for the entry point")
+        found.setdefault(entry.name, cls)
+    if not found:
+        raise RuntimeError(f"no resource types are registered in the entry-point group {GROUP}: reinstall "
+                           f"ragline (pip install -e .) so its entry points are recorded")
+    return found
+
+
+TYPES: dict[str, type[Resource]] = _discover()
+ResourceSpec = Annotated[Union[tuple(t.Spec for t in TYPES.values())],  # type: ignore[valid-type]
+                         Field(discriminator="type")]
+RESOURCE_TYPES = tuple(TYPES)
+
+_cache: dict[tuple[str, str, str], Resource] = {}
 _lock = threading.Lock()
 
 
-LOCATED_TYPES = frozenset({"chroma", "bm25", "index_state"})  # resources stored under the data folder
+def resource_type(spec: Any) -> type[Resource]:
+    """The registered type of a resource's settings."""
+    return TYPES[spec.type]
 
 
 def get_resource(spec: Any, base_dir: Path) -> Any:
     """The process-wide instance for this configuration (created on first request). Models and
-    clients are shared across data folders; stores are per folder."""
-    key = (spec.type, spec.model_dump_json(), str(base_dir.resolve()) if spec.type in LOCATED_TYPES else "")
+    clients are shared across data folders; located stores are per folder."""
+    cls = resource_type(spec)
+    key = (spec.type, spec.model_dump_json(), str(base_dir.resolve()) if cls.located else "")
     with _lock:
         if key not in _cache:
-            factory = _FACTORIES[spec.type]
-            _cache[key] = factory(spec, base_dir)
+            _cache[key] = cls(spec, base_dir)
         return _cache[key]
 
 
-def clear_cache() -> None:
-    """Forget every resource (tests use it to simulate a new process)."""
+def warm_up(resources: Iterable[tuple[str, Resource]]) -> dict[str, str]:
+    """Warm each resource up; a failure is logged and returned (name -> error), never raised:
+    readiness reports what is down, and the first query that needs it says why."""
+    failed: dict[str, str] = {}
+    for name, resource in resources:
+        try:
+            resource.warm_up()
+        except Exception as exc:  # noqa: BLE001 - reported by /readyz and by the query that needs it
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            log.warning("resource '%s' (%s) did not warm up: %s", name, resource.location, failed[name])
+    return failed
+
+
+def close_resources() -> None:
+    """Close and forget every resource: the end of the process's use of them (API shutdown)."""
     with _lock:
-        for res in _cache.values():
-            close = getattr(res, "close", None)
-            if close:
-                close()
+        resources = list(_cache.values())
         _cache.clear()
+    for resource in resources:
+        try:
+            resource.close()
+        except Exception as exc:  # noqa: BLE001 - closing the others matters more
+            log.warning("closing %s failed: %s: %s", resource.location, type(exc).__name__, exc)
+
+
+def clear_cache() -> None:
+    """Forget every resource, as a new process would see them (tests): closed, and Chroma's
+    per-path systems dropped too."""
+    close_resources()
     if "chromadb" in sys.modules:  # Chroma keeps one system per path; drop them too
         from chromadb.api.client import SharedSystemClient
 
         SharedSystemClient.clear_system_cache()
+
+
+__all__ = ["GROUP", "Health", "RESOURCE_TYPES", "Resource", "ResourceSpec", "TYPES", "clear_cache",
+           "close_resources", "get_resource", "resource_type", "warm_up"]
