@@ -7,6 +7,7 @@ use or at ``warm_up``. ``close_resources`` ends them all (process shutdown).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -14,7 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Union
 
-from pydantic import Field
+from pydantic import Field, GetCoreSchemaHandler
 
 from ragline.flows.resources.base import Health, Resource
 
@@ -22,8 +23,11 @@ log = logging.getLogger("ragline.resources")
 GROUP = "ragline.resources"  # entry-point group: `<type> = "package.module:ResourceClass"`
 
 
-def _discover() -> dict[str, type[Resource]]:
-    """Every registered resource type by its pipelines.yaml ``type:`` name."""
+@functools.cache
+def resource_types() -> dict[str, type[Resource]]:
+    """Every registered resource type by its pipelines.yaml ``type:`` name, read from the entry
+    points on first use (not at import: a type's module imports ``resources.base``, which runs this
+    package first)."""
     found: dict[str, type[Resource]] = {}
     for entry in entry_points(group=GROUP):
         cls = entry.load()
@@ -39,10 +43,15 @@ def _discover() -> dict[str, type[Resource]]:
     return found
 
 
-TYPES: dict[str, type[Resource]] = _discover()
-ResourceSpec = Annotated[Union[tuple(t.Spec for t in TYPES.values())],  # type: ignore[valid-type]
-                         Field(discriminator="type")]
-RESOURCE_TYPES = tuple(TYPES)
+class ResourceSpec:
+    """The settings of any registered resource type, told apart by ``type`` (a pydantic type: use
+    it in a model or a ``TypeAdapter``). The union is built from the entry points when first used."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        specs = tuple(t.Spec for t in resource_types().values())
+        return handler.generate_schema(Annotated[Union[specs], Field(discriminator="type")])  # type: ignore[valid-type]
+
 
 _cache: dict[tuple[str, str, str], Resource] = {}
 _lock = threading.Lock()
@@ -50,7 +59,7 @@ _lock = threading.Lock()
 
 def resource_type(spec: Any) -> type[Resource]:
     """The registered type of a resource's settings."""
-    return TYPES[spec.type]
+    return resource_types()[spec.type]
 
 
 def get_resource(spec: Any, base_dir: Path) -> Any:
@@ -99,5 +108,5 @@ def clear_cache() -> None:
         SharedSystemClient.clear_system_cache()
 
 
-__all__ = ["GROUP", "Health", "RESOURCE_TYPES", "Resource", "ResourceSpec", "TYPES", "clear_cache",
-           "close_resources", "get_resource", "resource_type", "warm_up"]
+__all__ = ["GROUP", "Health", "Resource", "ResourceSpec", "clear_cache", "close_resources", "get_resource",
+           "resource_type", "resource_types", "warm_up"]
