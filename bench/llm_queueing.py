@@ -39,6 +39,7 @@ from typing import Callable
 from common import percentile, publish, save
 
 from ragline.flows.context import QUERY_ARRIVAL
+from ragline.flows.resources.base import Lazy
 from ragline.flows.resources.fair_slots import FairSlots
 from ragline.flows.resources.llm import LLMClient, LLMSpec
 
@@ -169,7 +170,7 @@ def run_policy(name: str, limit: int, apply, clients: int, queries: int, scale: 
     engine = SimulatedVLLM(scale)
     # no health checks: simulated calls are never silent for long (hung_after_seconds is real time)
     llm = LLMClient(LLMSpec(type="openai_compatible", max_concurrency=limit, hung_after_seconds=3600))
-    llm._client = FakeOpenAI(engine)
+    llm._client = Lazy(lambda: FakeOpenAI(engine))
     apply(llm)
     drivers = ThreadPoolExecutor(max_workers=runs)
     started: dict[str, float] = {}

@@ -562,7 +562,7 @@ def _search_and_answer(project, question: str) -> int:
     if "ask" not in project.pipelines or "llm" not in project.spec.resources:
         return 0
     llm = project.resource("llm")
-    if not llm.health():
+    if llm.health().status != "up":
         print(printable(f"(no LLM server at {llm.spec.base_url}: start one with `bash deploy/vllm/setup.sh && "
                         f"bash deploy/vllm/serve.sh`, then `.venv/bin/ragline ask \"...\"` answers with citations)"))
         return 0

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import ragline
 from ragline.flows import settings
 from ragline.flows.ops.parent_death import PRELUDE
+from ragline.flows.resources.llm import supervise, supervisor_of, unsupervise
 
 PACKAGED_MODEL = "smollm2"  # the served name of SmolLM2-135M-Instruct (deploy/vllm/serve.sh)
 START_TIMEOUT = 600.0  # seconds; a cold CPU start of the packaged model takes 45-120 s here
@@ -273,7 +274,7 @@ class ManagedLLM:
         self._thread = threading.Thread(target=self._supervise, name=f"ragline-llm-{self.port}", daemon=True)
 
     def start(self) -> ManagedLLM:
-        _MANAGED[self.base_url] = self
+        supervise(self.base_url, self)
         self._thread.start()
         return self
 
@@ -291,8 +292,7 @@ class ManagedLLM:
         if server is not None:
             server.stop(self.grace)
         self.state, self.reason = "stopped", "stopped"
-        if _MANAGED.get(self.base_url) is self:
-            del _MANAGED[self.base_url]
+        unsupervise(self.base_url, self)
 
     def _supervise(self) -> None:
         failures = 0
@@ -347,12 +347,9 @@ class ManagedLLM:
         self.state, self.reason = state, reason
 
 
-_MANAGED: dict[str, ManagedLLM] = {}
-
-
 def managed(base_url: str) -> ManagedLLM | None:
     """The packaged LLM this process supervises at ``base_url``, if any."""
-    return _MANAGED.get(base_url.rstrip("/"))
+    return supervisor_of(base_url)
 
 
 def is_local(base_url: str) -> bool:

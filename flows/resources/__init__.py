@@ -1,8 +1,10 @@
 """Resources: heavy shared objects (models, stores) configured in pipelines.yaml.
 
-Each is created once per process (keyed by its configuration) and shared by every stage
-that ``uses`` it; construction is cheap and the heavy part loads on first use. Also here: the
-index state (``state``), store integrity (``integrity``), the managed-server record of a store
+Each type is a ``Resource`` (``flows/resources/base.py``) registered in the ``ragline.resources``
+entry-point group; each instance is created once per process (keyed by its configuration) and
+shared by every stage that ``uses`` it; construction is cheap and the heavy part loads on first
+use or at ``warm_up``. ``close_resources`` ends them all (process shutdown). Also here: the index state
+(``state``), store integrity (``integrity``), the managed-server record of a store
 (``chroma_owner``), moving sources without re-embedding (``source_ids``) and parsing LLM output
 (``llm_output``).
 
@@ -11,60 +13,106 @@ May import the base modules only (``contracts``, ``errors``, ``settings``, ``con
 """
 from __future__ import annotations
 
+import functools
+import logging
 import sys
 import threading
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Iterable, Union
 
-from pydantic import Field
+from pydantic import Field, GetCoreSchemaHandler
 
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.flows.resources.llm import LLMClient, LLMSpec
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.base import Health, Resource
 
-_FACTORIES: dict[str, Any] = {
-    "sentence_transformer": Embedder,
-    "chroma": ChromaStore,
-    "bm25": BM25Index,
-    "index_state": IndexState,
-    "openai_compatible": LLMClient,
-    "cross_encoder": CrossEncoderModel,
-}
-_SPECS: list[Any] = [EmbedderSpec, ChromaSpec, BM25Spec, StateSpec, LLMSpec, CrossEncoderSpec]
+log = logging.getLogger("ragline.resources")
+GROUP = "ragline.resources"  # entry-point group: `<type> = "package.module:ResourceClass"`
 
-ResourceSpec = Annotated[Union[tuple(_SPECS)], Field(discriminator="type")]  # type: ignore[valid-type]
-RESOURCE_TYPES = tuple(_FACTORIES)
 
-_cache: dict[tuple[str, str, str], Any] = {}
+@functools.cache
+def resource_types() -> dict[str, type[Resource]]:
+    """Every registered resource type by its pipelines.yaml ``type:`` name, read from the entry
+    points on first use (not at import: a type's module imports ``resources.base``, which runs this
+    package first)."""
+    found: dict[str, type[Resource]] = {}
+    for entry in entry_points(group=GROUP):
+        cls = entry.load()
+        if not (isinstance(cls, type) and issubclass(cls, Resource)):
+            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) is not a Resource subclass")
+        if cls.type_name() != entry.name:
+            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) names a resource whose spec "
+                            f"says type '{cls.type_name()}': use that name for the entry point")
+        found.setdefault(entry.name, cls)
+    if not found:
+        raise RuntimeError(f"no resource types are registered in the entry-point group {GROUP}: reinstall "
+                           f"ragline (pip install -e .) so its entry points are recorded")
+    return found
+
+
+class ResourceSpec:
+    """The settings of any registered resource type, told apart by ``type`` (a pydantic type: use
+    it in a model or a ``TypeAdapter``). The union is built from the entry points when first used."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        specs = tuple(t.Spec for t in resource_types().values())
+        return handler.generate_schema(Annotated[Union[specs], Field(discriminator="type")])  # type: ignore[valid-type]
+
+
+_cache: dict[tuple[str, str, str], Resource] = {}
 _lock = threading.Lock()
 
 
-LOCATED_TYPES = frozenset({"chroma", "bm25", "index_state"})  # resources stored under the data folder
+def resource_type(spec: Any) -> type[Resource]:
+    """The registered type of a resource's settings."""
+    return resource_types()[spec.type]
 
 
 def get_resource(spec: Any, base_dir: Path) -> Any:
     """The process-wide instance for this configuration (created on first request). Models and
-    clients are shared across data folders; stores are per folder."""
-    key = (spec.type, spec.model_dump_json(), str(base_dir.resolve()) if spec.type in LOCATED_TYPES else "")
+    clients are shared across data folders; located stores are per folder."""
+    cls = resource_type(spec)
+    key = (spec.type, spec.model_dump_json(), str(base_dir.resolve()) if cls.located else "")
     with _lock:
         if key not in _cache:
-            factory = _FACTORIES[spec.type]
-            _cache[key] = factory(spec, base_dir)
+            _cache[key] = cls(spec, base_dir)
         return _cache[key]
 
 
-def clear_cache() -> None:
-    """Forget every resource (tests use it to simulate a new process)."""
+def warm_up(resources: Iterable[tuple[str, Resource]]) -> dict[str, str]:
+    """Warm each resource up; a failure is logged and returned (name -> error), never raised:
+    readiness reports what is down, and the first query that needs it says why."""
+    failed: dict[str, str] = {}
+    for name, resource in resources:
+        try:
+            resource.warm_up()
+        except Exception as exc:  # noqa: BLE001 - reported by /readyz and by the query that needs it
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            log.warning("resource '%s' (%s) did not warm up: %s", name, resource.location, failed[name])
+    return failed
+
+
+def close_resources() -> None:
+    """Close and forget every resource: the end of the process's use of them (API shutdown)."""
     with _lock:
-        for res in _cache.values():
-            close = getattr(res, "close", None)
-            if close:
-                close()
+        resources = list(_cache.values())
         _cache.clear()
+    for resource in resources:
+        try:
+            resource.close()
+        except Exception as exc:  # noqa: BLE001 - closing the others matters more
+            log.warning("closing %s failed: %s: %s", resource.location, type(exc).__name__, exc)
+
+
+def clear_cache() -> None:
+    """Forget every resource, as a new process would see them (tests): closed, and Chroma's
+    per-path systems dropped too."""
+    close_resources()
     if "chromadb" in sys.modules:  # Chroma keeps one system per path; drop them too
         from chromadb.api.client import SharedSystemClient
 
         SharedSystemClient.clear_system_cache()
+
+
+__all__ = ["GROUP", "Health", "Resource", "ResourceSpec", "clear_cache", "close_resources", "get_resource",
+           "resource_type", "resource_types", "warm_up"]

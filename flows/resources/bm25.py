@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows import failpoints
 from ragline.flows.resources.filters import matches
-from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault
+from ragline.flows.resources.base import Health, Resource
+from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
 
 
 def _bm25s():
@@ -34,7 +35,6 @@ def _bm25s():
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     return bm25s
-
 
 
 class BM25Spec(BaseModel):
@@ -48,20 +48,20 @@ class BM25Spec(BaseModel):
     stemmer: Literal["english", "none"] = Field("english", description="Snowball stemmer (PyStemmer)")
     stopwords: Literal["en", "none"] = "en"
 
-    def fingerprint_fields(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"type", "path"})
 
 
-class BM25Index:
+class BM25Index(Resource):
     """Loads the published version memory-mapped; reloads when a new version is published."""
+
+    Spec = BM25Spec
+    located = True
 
     POINTER = "CURRENT"
     LOCK = "BUILD.lock"
     GRACE_SECONDS = 300.0  # version folders younger than this are never removed
 
     def __init__(self, spec: BM25Spec, base_dir: Path | None = None):
-        self.spec = spec
-        self.base_dir = base_dir or Path.cwd()
+        super().__init__(spec, base_dir)
         self._loaded: tuple[str, Any, list[str], list[dict[str, Any]]] | None = None
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
@@ -73,6 +73,29 @@ class BM25Index:
     @property
     def location(self) -> str:
         return f"bm25 {self.path}"
+
+    @classmethod
+    def fingerprint_fields(cls, spec: BM25Spec) -> dict[str, Any]:
+        return spec.model_dump(exclude={"type", "path"})
+
+    def warm_up(self) -> None:
+        """Map the published version and search it once (bm25s and the stemmer load on first use)."""
+        self.search(["warm-up"], 1)
+
+    def health(self, index_state: IndexState | None = None) -> Health:
+        """The published version searchable, and in step with ``index_state`` (when given)."""
+        expected = expected_chunks(index_state)
+        detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
+        problem = self.problem(index_state)
+        published = None if problem else self.published_version()
+        detail["chunks"] = published.get("count", 0) if published else 0
+        if problem:
+            return Health.down(f"{problem}; {REMEDY}" if REMEDY not in problem else problem, **detail)
+        return Health.up(**detail)
+
+    def close(self) -> None:
+        with self._lock:
+            self._loaded = None
 
     def _tokenize(self, texts: list[str]):
         return tokenize(texts, self.spec.stemmer, self.spec.stopwords)

@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import DependencyUnavailable, IndexUnavailable
+from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.chroma_owner import owner_of
-from ragline.flows.resources.state import REMEDY, StoreMissing, disk_fault
+from ragline.flows.resources.state import REMEDY, StoreMissing, disk_fault, expected_chunks as _expected_chunks
 
 log = logging.getLogger("ragline.chroma")
 T = TypeVar("T")
@@ -86,16 +87,18 @@ def is_transient(exc: BaseException | None) -> bool:
     return isinstance(exc, ValueError) and isinstance(exc.__context__, network)
 
 
-class ChromaStore:
+class ChromaStore(Resource):
     """One collection. The client is created lazily and shared (Chroma clients are thread-safe)."""
 
+    Spec = ChromaSpec
+    located = True
+
     def __init__(self, spec: ChromaSpec, base_dir: Path | None = None):
-        self.spec = spec
-        self.base_dir = base_dir or Path.cwd()
+        super().__init__(spec, base_dir)
         self._collection = None
-        self._client = None
-        self._max_batch: int | None = None
         self._lock = threading.RLock()
+        self._client = Lazy(self._new_client, self._lock)
+        self._max_batch: int | None = None
         self._owner = None  # the managed server that owned the folder when this process connected
         self._owner_resolved = False
 
@@ -131,28 +134,23 @@ class ChromaStore:
         return self._retrying("open the collection", self._open)
 
     def _connect(self):
-        with self._lock:
-            if self._client is None:
-                import chromadb
+        return self._client.get()
 
-                if self.spec.host:
-                    client = chromadb.HttpClient(host=self.spec.host, port=self.spec.port, ssl=self.spec.ssl,
-                                                 settings=self._settings())
-                    _set_http_timeout(client, self.spec.timeout_seconds)
-                    self._client = client
-                elif self._served_by() is not None:
-                    client = chromadb.HttpClient(host=self._owner.host, port=self._owner.port,
-                                                 settings=self._settings())
-                    _set_http_timeout(client, self.spec.timeout_seconds)
-                    self._client = client
-                else:
-                    self.path.mkdir(parents=True, exist_ok=True)
-                    try:
-                        self._client = chromadb.PersistentClient(path=str(self.path), settings=self._settings())
-                    except Exception:
-                        _forget_failed_system(str(self.path))
-                        raise
-            return self._client
+    def _new_client(self):
+        import chromadb
+
+        if self.spec.host or self._served_by() is not None:
+            host, port = (self.spec.host, self.spec.port) if self.spec.host else (self._owner.host, self._owner.port)
+            client = chromadb.HttpClient(host=host, port=port, ssl=self.spec.ssl and bool(self.spec.host),
+                                         settings=self._settings())
+            _set_http_timeout(client, self.spec.timeout_seconds)
+            return client
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            return chromadb.PersistentClient(path=str(self.path), settings=self._settings())
+        except Exception:
+            _forget_failed_system(str(self.path))
+            raise
 
     def _served_by(self):
         """The managed server (``flows/ops/chroma_server.py``) that owns the embedded folder, decided once
@@ -205,6 +203,43 @@ class ChromaStore:
         return {"hnsw": {"space": self.spec.space, "ef_construction": self.spec.ef_construction,
                          "max_neighbors": self.spec.max_neighbors, "ef_search": self.spec.ef_search}}
 
+    # ------------------------------------------------------------------ lifecycle
+    def warm_up(self) -> None:
+        """Open the collection and search it once (Chroma loads its HNSW index on the first query).
+        A store never written is left alone: a query path creates nothing."""
+        if not self.spec.host and self._served_by() is None and not (self.path / "chroma.sqlite3").is_file():
+            return
+        try:
+            sample = self._call("read one vector", lambda c: c.get(limit=1, include=["embeddings"]), create=False)
+        except StoreMissing:
+            return
+        if len(sample["embeddings"]):
+            self.query(np.asarray(sample["embeddings"][:1], dtype=np.float32), 1)
+
+    def health(self, index_state: Any = None) -> Health:
+        """Reachable, and holding as many vectors as ``index_state`` names chunks (when given).
+        Read-only: nothing is created here."""
+        expected = _expected_chunks(index_state)
+        detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
+        try:
+            detail["chunks"] = self.count()
+        except StoreMissing as exc:
+            detail["chunks"] = 0
+            if expected:
+                return Health.down(f"{exc} while the index state holds {expected} chunks", **detail)
+            return Health.degraded(f"{exc}", **detail) if expected is None else Health.up(**detail)
+        if expected is not None and detail["chunks"] != expected:
+            return Health.down(f"{self.location} holds {detail['chunks']} vectors, the index state names "
+                               f"{expected} chunks; {REMEDY}", **detail)
+        return Health.up(**detail)
+
+    def close(self) -> None:
+        with self._lock:
+            self._collection = None
+            client = self._client.reset()
+        if client is not None:
+            client.close()
+
     # ------------------------------------------------------------------ faults
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call``; against a server, retry connection failures with backoff up to the deadline."""
@@ -245,7 +280,8 @@ class ChromaStore:
             if fault is None:
                 raise
             with self._lock:
-                client, self._collection, self._client = self._client, None, None
+                self._collection = None
+                client = self._client.reset()
             if client is not None:
                 try:
                     client.close()

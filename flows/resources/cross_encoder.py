@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.resources.base import Health, Lazy, Resource
+
 
 class CrossEncoderSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -17,25 +19,40 @@ class CrossEncoderSpec(BaseModel):
     max_length: int | None = Field(512, ge=16, description="tokens per (query, passage) pair")
 
 
-class CrossEncoderModel:
-    """Lazily loads the model on first use; thread-safe; cheap to construct."""
+class CrossEncoderModel(Resource):
+    """Lazily loads the model on first use (or at ``warm_up``); thread-safe; cheap to construct."""
+
+    Spec = CrossEncoderSpec
 
     def __init__(self, spec: CrossEncoderSpec, base_dir: Any = None):
-        self.spec = spec
-        self._model = None
-        self._lock = threading.Lock()
+        super().__init__(spec, base_dir)
+        self._model = Lazy(self._load)
         self._predict_lock = threading.Lock()
 
     @property
-    def model(self):
-        if self._model is None:
-            with self._lock:
-                if self._model is None:
-                    from sentence_transformers import CrossEncoder
+    def location(self) -> str:
+        return f"cross-encoder {self.spec.model}"
 
-                    self._model = CrossEncoder(self.spec.model, device=self.spec.device,
-                                               max_length=self.spec.max_length)
-        return self._model
+    @property
+    def model(self):
+        return self._model.get()
+
+    def _load(self):
+        from sentence_transformers import CrossEncoder
+
+        return CrossEncoder(self.spec.model, device=self.spec.device, max_length=self.spec.max_length)
+
+    def warm_up(self) -> None:
+        """Load the model and score one pair: the first real query pays neither."""
+        self.score("warm-up", ["warm-up"])
+
+    def health(self, index_state: Any = None) -> Health:
+        if self._model.loaded:
+            return Health.up(model=self.spec.model, loaded=True)
+        return Health.degraded("not loaded yet: the first use loads it", model=self.spec.model, loaded=False)
+
+    def close(self) -> None:
+        self._model.reset()
 
     def score(self, query: str, texts: list[str]) -> list[float]:
         """One relevance score per text, in order."""

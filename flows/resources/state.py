@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.errors import EX_TEMPFAIL, IndexUnavailable, RaglineError
+from ragline.flows.resources.base import Health, Resource
 
 log = logging.getLogger("ragline.state")
 
@@ -201,12 +202,14 @@ class StateSpec(BaseModel):
     path: str = Field(".ragline/state.sqlite", description="SQLite file beside the indexes")
 
 
-class IndexState:
+class IndexState(Resource):
     """Thread-safe access to the state file; every public write is one transaction."""
 
+    Spec = StateSpec
+    located = True
+
     def __init__(self, spec: StateSpec, base_dir: Path | None = None):
-        self.spec = spec
-        self.base_dir = base_dir or Path.cwd()
+        super().__init__(spec, base_dir)
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._lock = threading.RLock()
@@ -522,9 +525,34 @@ class IndexState:
             except StorageError as exc:
                 log.warning("writer lease heartbeat skipped: %s", exc)
 
+    @property
+    def location(self) -> str:
+        return f"index state {self.path}"
+
+    def warm_up(self) -> None:
+        """Open the read connection, when there is a state to read (none is created)."""
+        self.exists()
+
+    def health(self, index_state: Any = None) -> Health:
+        try:
+            sources, chunks = self.counts()
+        except StoreMissing as exc:
+            return Health.degraded(str(exc), sources=0, chunks=0)
+        return Health.up(sources=sources, chunks=chunks)
+
     def close(self) -> None:
         with self._lock:
             self._drop_connection()
+
+
+def expected_chunks(state: IndexState | None) -> int | None:
+    """How many chunks a store of this index state should hold (0: none indexed yet; None: no state)."""
+    if state is None:
+        return None
+    try:
+        return state.counts()[1]
+    except StoreMissing:
+        return 0
 
 
 def _rollback_journal(conn: sqlite3.Connection) -> None:

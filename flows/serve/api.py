@@ -2,7 +2,11 @@
 
 - ``POST /v1/query``: run a query pipeline; JSON, or server-sent events with ``"stream": true``.
 - ``POST /v1/chat/completions``, ``GET /v1/models``: the OpenAI-compatible surface (``flows/serve/openai_api.py``).
-- ``GET /healthz`` (alive) and ``GET /readyz`` (one status per dependency: Chroma, LLM, Prefect API).
+- ``GET /healthz`` (alive) and ``GET /readyz`` (one status per dependency: each resource's ``health()``,
+  the Prefect API, the pipelines file).
+
+At start-up (the app's lifespan, before the port answers) the resources of the query pipelines are
+warmed up (``Resource.warm_up``: models loaded, stores opened), so the first query does not pay it.
 
 The project is compiled once at start-up. Queries run in-process (``engine.run(orchestrate=False)``)
 on a pool of driver threads, never on the event loop; streamed tokens cross from the generating
@@ -71,14 +75,14 @@ from ragline.flows.serve.query_service import (
     sse,
 )
 from ragline.flows.run.check import indexes
-from ragline.flows.resources.state import REMEDY, StoreMissing
-from ragline.flows.resources.llm import without_credentials
-from ragline.flows.ops.llm_server import managed
 from ragline.flows.run.steps import digest_of
 from ragline.flows.serve.connections import server_limits
 from ragline.flows.ops.chroma_server import serve_stores
 
+from ragline.flows.resources import close_resources
+
 log = logging.getLogger("ragline.api")
+SERVING = ("up", "degraded")  # the dependency statuses a ready server may have
 
 def query_router(service: QueryService) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["query"])
@@ -170,10 +174,10 @@ def health_router(service: QueryService, require_prefect: bool = False) -> APIRo
         """No token needed (probes); when the server has one, errors and details (endpoints, counts)
         are shown only to callers that send it."""
         checks = await readiness(service, require_prefect)
-        ready = all(c.status == "up" for c in checks.values() if c.required)
+        down = [name for name, c in checks.items() if c.required and c.status not in SERVING]
+        ready = not down
         if not getattr(request.state, "authorized", True):
             checks = {name: c.model_copy(update={"error": None, "detail": {}}) for name, c in checks.items()}
-        down = [name for name, c in checks.items() if c.required and c.status != "up"]
         error = None if ready else ApiError(503, f"not ready: {', '.join(down)} not up (see checks)",
                                             "service_unavailable_error", code="not_ready").body()["error"]
         body = Readiness(status="ready" if ready else "not_ready", checks=checks, error=error,
@@ -184,99 +188,42 @@ def health_router(service: QueryService, require_prefect: bool = False) -> APIRo
 
 
 async def readiness(service: QueryService, require_prefect: bool) -> dict[str, DependencyStatus]:
-    """Every check at once, each with its own time limit."""
-    resources = service.project.spec.resources
-    jobs: dict[str, Any] = {}
-    for name, spec in resources.items():
-        if spec.type in ("chroma", "bm25"):
-            jobs[name] = _check_store(service, name)
-        elif spec.type == "openai_compatible":
-            jobs[name] = _check_llm(service, name)
+    """Every check at once, each with its own time limit: each resource's ``health()`` (a store
+    against the index state it belongs to), the Prefect API and the pipelines file."""
+
+    states: dict[str, set[str]] = {}
+    for index in indexes(service.project):
+        for member in (index.store, index.sparse):
+            if member:
+                states.setdefault(member, set()).add(index.state)
+    jobs: dict[str, Any] = {name: _check_resource(service, name, states.get(name, set()))
+                            for name in service.project.spec.resources}
     jobs["prefect" if "prefect" not in jobs else "prefect_api"] = _check_prefect(service.events.url, require_prefect)
     jobs["config" if "config" not in jobs else "pipelines_config"] = _check_config(service)
     results = await asyncio.gather(*jobs.values())
     return dict(zip(jobs, results))
 
 
-async def _check_store(service: QueryService, name: str) -> DependencyStatus:
-    """The store against the index state it belongs to, on a thread, with a time limit: Chroma's
-    count (and BM25's published count) must be the state's chunk count; a store that is missing,
-    unreadable or short while the state holds chunks is down, with the reason and the remedy.
-    Read-only, as every query path: nothing is created or rebuilt here."""
-    kind = service.project.spec.resources[name].type
+async def _check_resource(service: QueryService, name: str, states: set[str]) -> DependencyStatus:
+    """The resource's own ``health()`` on a thread, with a time limit; ``states``: the index states
+    it is a store of (compared only when there is exactly one)."""
+    project = service.project
+    kind = project.spec.resources[name].type
+
+    def health() -> Any:
+        state = project.resource(next(iter(states))) if len(states) == 1 else None
+        return project.resource(name).health(state)
+
     try:
-        detail = await asyncio.wait_for(asyncio.to_thread(_store_against_state, service.project, name),
-                                        CHECK_TIMEOUT_SECONDS)
+        found = await asyncio.wait_for(asyncio.to_thread(health), CHECK_TIMEOUT_SECONDS)
     except TimeoutError:
         return DependencyStatus(status="down", required=True, type=kind,
                                 error=f"no answer within {CHECK_TIMEOUT_SECONDS:g} s")
     except Exception as exc:  # noqa: BLE001 - reported, redacted
         return DependencyStatus(status="down", required=True, type=kind,
                                 error=service.redact(f"{type(exc).__name__}: {exc}"))
-    problem = detail.pop("problem", None)
-    if problem:
-        return DependencyStatus(status="down", required=True, type=kind, detail=detail,
-                                error=service.redact(problem))
-    return DependencyStatus(status="up", required=True, type=kind, detail=detail)
-
-
-def _store_against_state(project: Any, name: str) -> dict[str, Any]:
-    """{"chunks": what the store holds, "state_chunks": what the state names, "problem": why they
-    disagree (absent when they agree)}."""
-
-    store = project.resource(name)
-    states = {i.state for i in indexes(project) if name in (i.store, i.sparse)}
-    state = project.resource(states.pop()) if len(states) == 1 else None
-    try:
-        expected = state.counts()[1] if state is not None else None
-    except StoreMissing:
-        expected = 0
-    detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
-    if store.spec.type == "bm25":
-        problem = store.problem(state)
-        published = None if problem else store.published_version()
-        detail["chunks"] = published.get("count", 0) if published else 0
-        if problem:
-            detail["problem"] = f"{problem}; {REMEDY}" if REMEDY not in problem else problem
-        return detail
-    try:
-        detail["chunks"] = store.count()
-    except StoreMissing as exc:
-        detail["chunks"] = 0
-        if expected:
-            detail["problem"] = f"{exc} while the index state holds {expected} chunks"
-        return detail
-    if expected is not None and detail["chunks"] != expected:
-        detail["problem"] = (f"{store.location} holds {detail['chunks']} vectors, the index state names {expected} "
-                             f"chunks; {REMEDY}")
-    return detail
-
-
-async def _check_llm(service: QueryService, name: str) -> DependencyStatus:
-    """The endpoint's /health (vLLM), as ``LLMClient.health()`` asks it, else its /models; with the error."""
-    import httpx
-
-    llm = service.project.resource(name)
-    root = llm.spec.base_url.rstrip("/").removesuffix("/v1")
-    detail = {"base_url": without_credentials(llm.spec.base_url), "model": llm.spec.model}
-    supervised = managed(llm.spec.base_url)  # the packaged LLM `ragline serve` runs: starting, restarting, gone
-    problem = supervised.problem() if supervised is not None else None
-    if problem:
-        return DependencyStatus(status="down", required=True, type="openai_compatible",
-                                detail={**detail, "managed": supervised.state}, error=service.redact(problem))
-    try:
-        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_SECONDS) as client:
-            response = await client.get(f"{root}/health")
-            if response.status_code in (404, 405):  # not vLLM: any OpenAI-compatible server lists models
-                response = await client.get(f"{llm.spec.base_url.rstrip('/')}/models",
-                                            headers={"Authorization": f"Bearer {llm.spec.api_key}"})
-    except httpx.HTTPError as exc:
-        return DependencyStatus(status="down", required=True, type="openai_compatible", detail=detail,
-                                error=f"{llm.location} unreachable: {type(exc).__name__}: {exc or 'no answer'}")
-    if response.status_code != 200:
-        return DependencyStatus(status="down", required=True, type="openai_compatible", detail=detail,
-                                error=f"{llm.location} answered HTTP {response.status_code}")
-    return DependencyStatus(status="up", required=True, type="openai_compatible", detail=detail)
+    return DependencyStatus(status=found.status, required=True, type=kind, detail=found.detail,
+                            error=service.redact(found.error) if found.error else None)
 
 
 async def _check_config(service: QueryService) -> DependencyStatus:
@@ -500,10 +447,12 @@ _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <toke
 def create_app(project_path: str, *, token: str | None = None, routers: Iterable[APIRouter] = (),
                max_body_bytes: int = 1_000_000, cors_origins: Iterable[str] = (), data_dir: str | None = None,
                require_prefect: bool = False, max_concurrent_runs: int = 32,
-               max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, source: str | None = None) -> FastAPI:
+               max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, source: str | None = None,
+               warm_up: bool = True) -> FastAPI:
     """The API of one pipelines file, compiled now (an invalid file fails here, not per request).
     ``routers`` are mounted under the same token, body limit and error shapes; ``source``: the
-    file's text pinned by ``ragline serve`` (``steps.pin_file``), compiled instead of the file."""
+    file's text pinned by ``ragline serve`` (``steps.pin_file``), compiled instead of the file;
+    ``warm_up``: load the query pipelines' resources at start-up (the lifespan), before serving."""
     if token is not None and not token.strip():
         raise ValueError("the API token is empty")
     cors_origins = list(cors_origins)
@@ -515,6 +464,8 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     service = QueryService(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if warm_up:
+            await asyncio.to_thread(service.warm_up)
         yield
         service.close()
 
@@ -573,4 +524,5 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
                      cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
     with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
         serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
+        stack.callback(close_resources)  # before the stores' server stops: its clients go first
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **server_settings)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
 from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, Passage, PipelineKind
+from ragline.flows.resources import warm_up as warm_up_resources
 from ragline.flows.serve.redact import Redactor
 from ragline.flows.errors import InputError, RaglineError
 from ragline.flows.resources.filters import validate
@@ -131,9 +132,10 @@ class QueryResponse(BaseModel):
 
 
 class DependencyStatus(BaseModel):
-    status: Literal["up", "down", "not_configured"]
-    required: bool = Field(description="whether readiness depends on it")
-    type: str = Field(description="chroma, openai_compatible or prefect")
+    status: Literal["up", "degraded", "down", "not_configured"] = Field(
+        description="degraded: serving, not at full speed or not with everything (e.g. a model not loaded yet)")
+    required: bool = Field(description="whether readiness depends on it (degraded counts as serving)")
+    type: str = Field(description="the resource's type (chroma, openai_compatible, ...), prefect or config")
     error: str | None = None
     detail: dict[str, Any] = Field(default_factory=dict)
 
@@ -384,6 +386,15 @@ class QueryService:
             return ApiError(500, f"{exc.where} failed (request id {request_id}; details in the server log)",
                             "server_error", code=exc.error_code, headers=no_retry)
         return internal_error(request_id)
+
+    def warm_up(self) -> dict[str, str]:
+        """Load every resource a query pipeline uses; returns those that failed (name -> error):
+        they are reported by /readyz, and the first query that needs one says why."""
+        names = dict.fromkeys(name for p in self.queries.values() for s in p.steps for name in s.resources.values())
+        started = time.perf_counter()
+        failed = warm_up_resources((name, self.project.resource(name)) for name in names)
+        log.info("warmed up %d resource(s) in %.1f s", len(names) - len(failed), time.perf_counter() - started)
+        return failed
 
     def close(self) -> None:
         self.drivers.shutdown(wait=False, cancel_futures=True)

@@ -89,6 +89,7 @@ from ragline.flows.serve.connections import server_limits
 from ragline.flows.ops.chroma_server import serve_stores
 from ragline.flows.ops.prefect_server import _drain_prefect_workers
 from ragline.flows.resources.state import _pid_alive
+from ragline.flows.resources import close_resources
 
 logger = logging.getLogger("ragline.serve")
 
@@ -616,6 +617,7 @@ class ServeSupervisor:
                 logger.warning("ragline serve: the %s did not stop in time", name)
         if any(thread.is_alive() for thread in self._threads.values()):
             _kill_flow_run_processes()  # never leave a flow run behind this process
+        close_resources()  # the API's models and store clients, before the stores' servers stop
         self._stack.close()
         while self._llms:
             self._llms.pop().stop()  # its whole process group: SIGTERM, SIGKILL after a grace

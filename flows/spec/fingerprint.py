@@ -11,6 +11,8 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ragline.flows.resources import resource_type
+
 if TYPE_CHECKING:
     from ragline.flows.spec.model import CompiledPipeline, CompiledStep
 
@@ -62,5 +64,4 @@ def _sha(value: Any) -> str:
 
 
 def _resource_fingerprint(spec: Any) -> Any:
-    fields = getattr(spec, "fingerprint_fields", None)
-    return fields() if fields else spec.model_dump(mode="json")
+    return resource_type(spec).fingerprint_fields(spec)

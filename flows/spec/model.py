@@ -18,8 +18,9 @@ from ragline.flows.spec.parse import (
     pydantic_message,
     suggest,
 )
-from ragline.flows.resources import LOCATED_TYPES, ResourceSpec, get_resource
+from ragline.flows.resources import ResourceSpec, get_resource
 from ragline.flows.spec.overlay import apply_overlay
+from ragline.flows.resources import resource_type
 
 
 @dataclass
@@ -148,16 +149,8 @@ class Project:
         if self.untuned is not None:
 
             return apply_overlay(self.untuned.relocated(data_dir))
-        from pydantic import TypeAdapter
 
-        resources = dict(self.spec.resources)
-        for name, spec in resources.items():
-            if spec.type not in LOCATED_TYPES:
-                continue
-            fields = spec.model_dump()
-            if Path(fields["path"]).is_absolute() or fields.get("host"):
-                fields.update(path=name, **({"host": None} if "host" in fields else {}))
-            resources[name] = TypeAdapter(ResourceSpec).validate_python(fields)
+        resources = {name: resource_type(spec).relocated(spec, name) for name, spec in self.spec.resources.items()}
         return self._copy(resources, Path(data_dir).resolve())
 
     def resource(self, name: str) -> Any:

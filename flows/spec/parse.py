@@ -21,8 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, Val
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import ConfigError
 from ragline.flows.spec.registry import MODULE_PATTERN
-from ragline.flows.resources import ResourceSpec
-from ragline.flows.resources import RESOURCE_TYPES
+from ragline.flows.resources import ResourceSpec, resource_types
 
 Loc = tuple[str | int, ...]
 
@@ -410,8 +409,7 @@ def parse_file(path: str | Path, source: str | Path | None = None
     """Parse and structurally validate each resource and pipeline on its own, so one bad entry
     does not hide the errors of the others; semantic checks are in ``flows.compile``. ``source``:
     read the text from there (a pinned copy), errors still name ``path``."""
-
-    _UNION_TAGS.update(RESOURCE_TYPES)
+    _UNION_TAGS.update(resource_types())
     path = Path(path)
     doc, errors = _read_yaml(path, Path(source) if source else None)
     if doc is None:

@@ -47,7 +47,7 @@ def test_matches_a_direct_encode(minilm):
 
 def test_document_prefix_is_used(minilm):
     prefixed = Embedder(EmbedderSpec(type="sentence_transformer", document_prefix="passage: "))
-    prefixed._model = minilm.model  # same weights, different prefix
+    prefixed._model = minilm._model  # same weights, different prefix
     out = run(chunks()[:1], prefixed)
     np.testing.assert_allclose(out[0].embedding, minilm.encode_documents(["passage: " + TEXTS[0]])[0], atol=1e-6)
     assert not np.allclose(out[0].embedding, minilm.encode_documents([TEXTS[0]])[0], atol=1e-3)
@@ -69,7 +69,7 @@ def test_empty_batch(minilm):
 def test_empty_batch_does_not_load_the_model():
     cold = Embedder(EmbedderSpec(type="sentence_transformer"))
     assert run([], _NoModel()) == []
-    assert run([], cold) == [] and cold._model is None
+    assert run([], cold) == [] and not cold._model.loaded
 
 
 def test_progress_counts_chunks(minilm):

@@ -195,7 +195,7 @@ def test_spec_validation_and_fingerprint():
         BM25Spec(type="bm25", b=1.5)
     with pytest.raises(ValueError):
         BM25Spec(type="bm25", method="tfidf")
-    fields = BM25Spec(type="bm25", path="x").fingerprint_fields()
+    fields = BM25Index.fingerprint_fields(BM25Spec(type="bm25", path="x"))
     assert "path" not in fields and "type" not in fields
     assert fields["k1"] == 1.2 and fields["stemmer"] == "english"
 

@@ -33,7 +33,7 @@ def test_model_properties(minilm):
 
 def test_model_loads_once():
     emb = Embedder(EmbedderSpec(type="sentence_transformer"))
-    assert emb._model is None  # construction is cheap: nothing loaded yet
+    assert not emb._model.loaded  # construction is cheap: nothing loaded yet
     first = emb.model
     assert first is not None
     assert emb.model is first
@@ -78,7 +78,7 @@ def test_encoding_is_deterministic_and_batch_independent(minilm):
 def test_prefixes_are_applied(minilm):
     spec = EmbedderSpec(type="sentence_transformer", query_prefix="query: ", document_prefix="passage: ")
     prefixed = Embedder(spec)
-    prefixed._model = minilm.model  # share the loaded weights; the prefixes are the embedder's job
+    prefixed._model = minilm._model  # share the loaded weights; the prefixes are the embedder's job
     text = "penguins cannot fly"
     plain = minilm.encode_documents([text])[0]
     as_query = prefixed.encode_queries([text])[0]
@@ -107,8 +107,8 @@ def test_max_seq_length_override_truncates():
 
 
 def test_fingerprint_fields():
-    fields = EmbedderSpec(type="sentence_transformer", device="cuda", batch_size=8,
-                          query_prefix="q: ", document_prefix="p: ").fingerprint_fields()
+    fields = Embedder.fingerprint_fields(EmbedderSpec(type="sentence_transformer", device="cuda", batch_size=8,
+                                                      query_prefix="q: ", document_prefix="p: "))
     assert set(fields) == {"model", "backend", "normalize", "max_seq_length", "document_prefix"}
     assert fields["document_prefix"] == "p: "
 
