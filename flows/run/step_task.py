@@ -6,8 +6,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ragline.flows.contracts import StepResult
-from ragline.flows.run.driver import DRIVER
-from ragline.flows.run.steps import StepCall, execute
+from ragline.flows.run import driver  # a module global: cloudpickle sends a module by name, a ContextVar not at all
+from ragline.flows.run import steps
+from ragline.flows.run.steps import StepCall
 
 
 @task(name="step", cache_policy=NO_CACHE, persist_result=False)
@@ -15,4 +16,4 @@ def run_step(call: StepCall, inputs: dict[str, list[StepResult]]) -> StepResult:
     """One step of one run; Prefect has already resolved the upstream futures in ``inputs``. On a
     thread of the calling process the driver's token callback streams too (Prefect copies the
     context into its worker threads); elsewhere there is none."""
-    return execute(call, inputs, DRIVER.get().on_token)
+    return steps.execute(call, inputs, driver.DRIVER.get().on_token)
