@@ -18,7 +18,8 @@ from prefect.task_runners import TaskRunner
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ragline.flows import settings
-from ragline.flows.run.driver import DRIVER, DriverHooks
+from ragline.flows.run import driver as drivers  # by module: the flow is pickled by value into Dask workers
+from ragline.flows.run.driver import DriverHooks
 from ragline.flows.run.executors import PrefectExecutor
 from ragline.flows.run.pipeline import execute_pipeline
 from ragline.flows.spec.compile import CompiledPipeline
@@ -61,7 +62,7 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     if refusal := _query_refusal(compiled, inputs):
         return Failed(message=refusal)
     runner = task_runner(compiled.spec.runner)
-    driver = DRIVER.get()
+    driver = drivers.DRIVER.get()
     progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
     hooks = DriverHooks(progress, driver.on_token, driver.trace)
     with _api_for_workers(runner), PrefectExecutor(runner) as executor:
@@ -305,7 +306,7 @@ def run_as_flow(pipeline: CompiledPipeline, inputs: dict[str, Any], hooks: Drive
     ref = PipelineRef.of(pipeline)
     parameters = dict(pipeline=ref.pipeline, inputs=to_json(inputs), file=ref.file, overrides=ref.overrides,
                       resources=ref.resources, data_dir=ref.data_dir)
-    token = DRIVER.set(hooks)
+    token = drivers.DRIVER.set(hooks)
     try:
         # The plain call returns the flow's in-memory return value (raises what it raised). Its final
         # state may instead be the API's copy, without data, when a loaded server answered the
@@ -317,5 +318,5 @@ def run_as_flow(pipeline: CompiledPipeline, inputs: dict[str, Any], hooks: Drive
             raise
         return unreachable.report
     finally:
-        DRIVER.reset(token)
+        drivers.DRIVER.reset(token)
     return TypeAdapter(output_type(pipeline)).validate_python(value)
