@@ -60,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import ipaddress
 import logging
 import os
 import signal
@@ -76,6 +75,7 @@ from ragline.flows.compile import Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
+from ragline.flows.net import is_loopback
 from ragline.flows.parent_death import DiesWith
 from ragline.flows.steps import digest_of
 
@@ -300,15 +300,6 @@ def _check_api(url: str, timeout: float = 10.0) -> None:
 
 
 # ----------------------------------------------------------------------------- the HTTP API
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def api_app(project_path: str | Path, *, token: str | None = None, data_dir: str | Path | None = None,
             source: str | Path | None = None):
     """``flows/api.py``'s app (query, OpenAI-compatible and health routes) with the runs router
@@ -462,7 +453,7 @@ class ServeSupervisor:
         problems: list[str] = []
         if not options:
             problems.append(f"{self.project_path.name} defines no pipeline to serve")
-        if self.api and not _is_loopback(self.host) and not self.token:
+        if self.api and not is_loopback(self.host) and not self.token:
             problems.append(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
                             f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
         clash = [url for url in llms if self.api and endpoint_port(url) == self.port]
