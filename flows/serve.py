@@ -77,6 +77,7 @@ from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
 from ragline.flows.net import is_loopback
 from ragline.flows.parent_death import DiesWith
+from ragline.flows.prefect_server import configured_api_url
 from ragline.flows.steps import digest_of
 
 logger = logging.getLogger("ragline.serve")
@@ -254,14 +255,6 @@ def start_prefect_server(home: Path | None = None, database: str | None = None):
     server = _serving_server_class()(home, database)
     server.start()
     return server
-
-
-def _configured_api_url() -> str | None:
-    if os.environ.get("PREFECT_API_URL", "").strip():
-        return os.environ["PREFECT_API_URL"].strip()
-    from prefect.settings import get_current_settings
-
-    return get_current_settings().api.url or None
 
 
 def use_prefect_api(url: str, stack: contextlib.ExitStack) -> None:
@@ -471,7 +464,7 @@ class ServeSupervisor:
                 problems.append(f"the LLM endpoint {url} does not answer, but its port {endpoint_port(url)} is "
                                 f"in use by another program, so the packaged LLM cannot start there: stop that "
                                 f"program, or point the endpoint elsewhere (RAGLINE_LLM_BASE_URL)")
-        url = _configured_api_url()
+        url = configured_api_url()
         if url is None and not self.start_prefect:
             problems.append(PREFECT_HOWTO)
         elif url is not None:
@@ -486,7 +479,7 @@ class ServeSupervisor:
         return sock
 
     def _connect_prefect(self) -> None:
-        url = _configured_api_url()
+        url = configured_api_url()
         if url is None:
             self.log("ragline serve: starting a local Prefect server (with its scheduler) ...")
             self._prefect_server = start_prefect_server(self.prefect_home)
