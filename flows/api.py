@@ -48,7 +48,8 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse, format_sse_event
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -452,12 +453,13 @@ def request_id(request: Request) -> str:
     return getattr(request.state, "request_id", "-")
 
 
-def sse(event: str | None, data: Any) -> str:
-    """One server-sent event; ``None`` data makes a keep-alive comment."""
+def sse(event: str | None, data: Any) -> bytes:
+    """One server-sent event, framed by FastAPI; ``None`` data makes a keep-alive comment. Data is
+    compact JSON (a string is sent as it is: the OpenAI client's ``[DONE]``)."""
     if data is None:
-        return ": keep-alive\n\n"
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")) if not isinstance(data, str) else data
-    return (f"event: {event}\n" if event else "") + f"data: {text}\n\n"
+        return format_sse_event(comment="keep-alive")
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return format_sse_event(event=event, data_str=text)
 
 
 def estimate_tokens(text: str) -> int:
@@ -489,8 +491,7 @@ def query_router(service: QueryService) -> APIRouter:
             return exc.response()
         query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters}
         if body.stream:
-            return StreamingResponse(_sse_query(service, pipeline, query, rid), media_type="text/event-stream",
-                                     headers=STREAM_HEADERS)
+            return EventSourceResponse(_sse_query(service, pipeline, query, rid), headers=STREAM_HEADERS)
         try:
             outcome = await service.run(pipeline, query)
         except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
@@ -501,7 +502,7 @@ def query_router(service: QueryService) -> APIRouter:
 
 
 async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: dict[str, Any],
-                     rid: str) -> AsyncIterator[str]:
+                     rid: str) -> AsyncIterator[bytes]:
     try:
         async for item in service.stream(pipeline, query):
             if isinstance(item, Outcome):
