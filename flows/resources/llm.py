@@ -22,7 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.resources.fair_slots import FairSlots
+from ragline.flows.threads import on_own_thread
 
 log = logging.getLogger("ragline.llm")
 SHORT_CALL_TOKENS = 16  # completions this short (verify: 2, pointwise rerank: 1) take the short lane
@@ -281,22 +282,8 @@ class LLMClient:
     def _watched(self, request: Callable[[], Any], what: str) -> Any:
         """``request()`` on a helper thread, awaited here while checking that a silent server is up.
         A request given up on stays with its thread until its own timeout, unused."""
-        box: dict[str, Any] = {}
-        ended = threading.Event()
-
-        def run() -> None:
-            try:
-                box["value"] = request()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                box["error"] = exc
-            finally:
-                ended.set()
-
-        threading.Thread(target=run, name="ragline-llm-request", daemon=True).start()
-        self._await(lambda timeout: (ended.wait(timeout), None), what)
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        answer = on_own_thread(request, "ragline-llm-request")
+        return self._await(lambda timeout: _ready(answer, timeout), what)
 
     def _events(self, kwargs: dict[str, Any]) -> Iterator[Any]:
         """A streamed completion's events, read on a helper thread; each is awaited like ``_watched``."""
@@ -320,7 +307,7 @@ class LLMClient:
             except queue.Empty:
                 return False, None
 
-        threading.Thread(target=run, name="ragline-llm-stream", daemon=True).start()
+        on_own_thread(run, "ragline-llm-stream")  # run() hands every outcome over the queue
         finished = False
         try:
             while True:
@@ -490,6 +477,13 @@ class LLMClient:
             return httpx.get(f"{root}/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+def _ready(future: Future, timeout: float) -> tuple[bool, Any]:
+    """``(True, result)`` once ``future`` is done (its error raised), ``(False, None)`` until ``timeout``."""
+    if wait([future], timeout).not_done:
+        return False, None
+    return True, future.result()
 
 
 def _transient(exc: BaseException) -> bool:
