@@ -6,9 +6,10 @@ choosing dense or BM25 alone costs one retriever's time, not two.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Passage, Ranking
@@ -32,28 +33,50 @@ def weighed_zero(params: Params, wiring: Mapping[str, list[str]]) -> set[str]:
 @stage("fuse", params=Params, produces="passages", kind="query", ignores=weighed_zero)
 def fuse(rankings: list[Ranking], params: Params) -> list[Passage]:
     """One ranked list from many: every retriever and every rewritten query contributes."""
-    scores: dict[str, float] = {}
-    best: dict[str, Passage] = {}
-    for ranking in rankings:
-        weight = params.weights.get(ranking.retriever, 1.0)
-        if weight == 0:
-            continue  # switched off: the same result whether it ran or not
-        for chunk_id, contribution in _contributions(ranking, params):
-            scores[chunk_id] = scores.get(chunk_id, 0.0) + weight * contribution
-        for passage in ranking.passages:
-            best.setdefault(passage.chunk_id, passage)
-    ordered = sorted(scores, key=lambda cid: (-scores[cid], cid))[: params.top_k]
-    return [best[cid].model_copy(update={"score": scores[cid], "retriever": "fuse"}) for cid in ordered]
-
-
-def _contributions(ranking: Ranking, params: Params) -> list[tuple[str, float]]:
-    passages = ranking.passages
-    if params.method == "rrf":
-        return [(p.chunk_id, 1.0 / (params.k + rank)) for rank, p in enumerate(passages, start=1)]
-    if not passages:
+    weights = np.array([[params.weights.get(r.retriever, 1.0) for r in rankings]])
+    fused = fused_scores([[(p.chunk_id, p.score) for p in r.passages] for r in rankings], weights,
+                         np.array([[params.k]]), np.array([[params.method == "rrf"]]))
+    if fused is None:
         return []
-    high, low = max(p.score for p in passages), min(p.score for p in passages)
-    spread = high - low
-    return [(p.chunk_id, (p.score - low) / spread if spread else 1.0) for p in passages]
+    chunk_ids, scores, kept = fused
+    best: dict[str, Passage] = {}
+    for ranking, weight in zip(rankings, weights[0]):
+        for passage in ranking.passages if weight else ():  # switched off: the same result whether it ran or not
+            best.setdefault(passage.chunk_id, passage)
+    return [best[chunk_ids[i]].model_copy(update={"score": float(scores[0, i]), "retriever": "fuse"})
+            for i in fused_order(scores[0], kept[0], params.top_k)]
+
+
+def fused_scores(rankings: Sequence[Sequence[tuple[Any, float]]], weights: np.ndarray, ks: np.ndarray,
+                 rrf: np.ndarray) -> tuple[list[Any], np.ndarray, np.ndarray] | None:
+    """Fusion of one query's rankings (``(key, score)`` best first) under one or many settings at once
+    (the tuner scores hundreds): every key, sorted, with its fused score per row of settings, and per
+    row whether a ranking of non-zero weight holds it (the others add nothing, not even the key).
+    ``weights``: rows x rankings; ``ks`` (the RRF constant) and ``rrf`` (RRF, else the weighted sum of
+    min-max normalised scores): rows x 1. None when no ranking holds anything."""
+    keys = sorted({key for ranking in rankings for key, _ in ranking})
+    if not keys:
+        return None
+    at = {key: i for i, key in enumerate(keys)}
+    scores = np.zeros((len(weights), len(keys)))
+    kept = np.zeros((len(weights), len(keys)), dtype=bool)
+    for column, ranking in enumerate(rankings):
+        weight = weights[:, column:column + 1]
+        if not ranking or not weight.any():
+            continue
+        where = np.array([at[key] for key, _ in ranking])
+        values = np.array([score for _, score in ranking], dtype=np.float64)
+        spread = values.max() - values.min()
+        normalised = (values - values.min()) / spread if spread else np.ones(len(values))
+        contribution = np.where(rrf, 1.0 / (ks + np.arange(1, len(ranking) + 1)), normalised)
+        np.add.at(scores, (slice(None), where), weight * contribution)
+        kept[:, where] |= weight != 0
+    return keys, scores, kept
+
+
+def fused_order(scores: np.ndarray, kept: np.ndarray, top_k: int) -> np.ndarray:
+    """Positions of one row's kept keys, best first (ties: the smaller key), at most ``top_k``."""
+    valid = np.flatnonzero(kept)
+    return valid[np.lexsort((valid, -scores[valid]))][:top_k]
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import pytrec_eval
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
@@ -46,6 +47,7 @@ from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
 from ragline.tasks.answerable import kept_floor, max_cosine, probability
+from ragline.tasks.fuse import fused_order, fused_scores
 from ragline.tasks.pseudo_queries import without
 from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
 from ragline.flows.contracts import ContextDocument, Passage
@@ -694,28 +696,27 @@ def by_strategy(pairs: list[PseudoQuery], candidates: list[Candidate], per_query
 def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: list[set[int]],
                    top_k: int, per_query: dict[str, np.ndarray] | None = None) -> list[Candidate]:
     """Each setting's mean nDCG@10, MRR@10 and Recall@100 over the queries (documents ranked at
-    their best chunk, as ``eval`` does), fusing the cached rankings exactly as ``fuse`` does;
+    their best chunk, as ``eval`` does), fusing the cached rankings with ``fuse``'s own fusion;
     ``per_query`` receives each setting's figures per query (for the paired test)."""
-    docs = cache.docs
-    values = np.zeros((len(settings), len(relevant), 3))
+    runs: list[dict[str, dict[str, float]]] = [{} for _ in settings]
+    names = cache.docs.astype(str)  # of each chunk's document, as the judgements name it
     groups: dict[tuple[str, int, int], list[int]] = {}
     for i, s in enumerate(settings):
         groups.setdefault((variant_name(s["bm25"]), s["depth_dense"], s["depth_sparse"]), []).append(i)
     for (variant, d_dense, d_sparse), rows in groups.items():
         sparse = cache.sparse[variant]
-        methods = [settings[i]["method"] for i in rows]
+        weights = np.array([[settings[i]["dense_weight"], 1 - settings[i]["dense_weight"]] for i in rows])
         ks = np.array([settings[i]["k"] for i in rows], dtype=np.float64)[:, None]
-        alphas = np.array([settings[i]["dense_weight"] for i in rows], dtype=np.float64)[:, None]
-        is_rrf = np.array([m == "rrf" for m in methods])[:, None]
-        for q, rel in enumerate(relevant):
-            fused = _fuse(cache.dense[q][:d_dense], sparse[q][:d_sparse], ks, alphas, is_rrf)
+        is_rrf = np.array([settings[i]["method"] == "rrf" for i in rows])[:, None]
+        for q in range(len(relevant)):
+            fused = fused_scores([cache.dense[q][:d_dense], sparse[q][:d_sparse]], weights, ks, is_rrf)
             if fused is None:
                 continue
-            chunk, scores, kept = fused
+            chunk = np.array(fused[0])
             for row, i in enumerate(rows):
-                valid = np.flatnonzero(kept[row])  # a list weighed 0 adds nothing, as in fuse
-                order = valid[np.lexsort((chunk[valid], -scores[row][valid]))][:top_k]
-                values[i, q] = _metrics(docs[chunk[order]], rel)
+                order = chunk[fused_order(fused[1][row], fused[2][row], top_k)]
+                runs[i][str(q)] = document_run(names[order].tolist())
+    values = _metrics(runs, relevant)
     n = max(1, len(relevant))
     totals = values.sum(axis=1)
     candidates = [Candidate(name=setting_name(s), setting=s,
@@ -726,55 +727,31 @@ def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: li
     return candidates
 
 
-def _fuse(dense: list[tuple[int, float]], sparse: list[tuple[int, float]], ks: np.ndarray, alphas: np.ndarray,
-          is_rrf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Fused scores of the union of both lists for every (method, k, weight) row, and per row
-    which chunks a list of non-zero weight holds (fuse drops the others); chunk indexes sort like
-    chunk ids, so ``lexsort((chunk, -score))`` is fuse's (-score, chunk id) order."""
-    union = sorted({c for c, _ in dense} | {c for c, _ in sparse})
-    if not union:
-        return None
-    at = {c: i for i, c in enumerate(union)}
-    n = len(union)
-    parts = []
-    for ranking in (dense, sparse):
-        rank = np.zeros(n)
-        norm = np.zeros(n)
-        present = np.zeros(n, dtype=bool)
-        if ranking:
-            values = np.array([s for _, s in ranking])
-            high, low = values.max(), values.min()
-            spread = high - low
-            for r, (c, s) in enumerate(ranking, start=1):
-                i = at[c]
-                rank[i], present[i] = r, True
-                norm[i] = (s - low) / spread if spread else 1.0
-        parts.append((rank, norm, present))
-    (r_d, n_d, p_d), (r_s, n_s, p_s) = parts
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rrf_d = np.where(p_d, 1.0 / (ks + r_d), 0.0)
-        rrf_s = np.where(p_s, 1.0 / (ks + r_s), 0.0)
-    scores = np.where(is_rrf, alphas * rrf_d + (1 - alphas) * rrf_s, alphas * n_d + (1 - alphas) * n_s)
-    kept = ((alphas > 0) & p_d) | ((alphas < 1) & p_s)
-    return np.array(union), scores, kept
+def document_run(ranked_docs: list[str]) -> dict[str, float]:
+    """A query's run for pytrec_eval, its first 100 documents, from its chunks' documents in fused
+    order: a document ranks where its best chunk does (as ``eval``'s ``to_run``), scored so that
+    none tie."""
+    return dict(zip(dict.fromkeys(ranked_docs), _RUN_SCORES))
 
 
-def _metrics(ranked_docs: np.ndarray, relevant: set[int]) -> np.ndarray:
-    """nDCG@10, MRR@10, Recall@100 (binary relevance) of one query from its chunks' documents in
-    fused order; a document ranks where its best chunk does."""
-    unique, first = np.unique(ranked_docs, return_index=True)
-    order = np.sort(first)
-    ranks = []
-    for d in relevant:
-        at = int(np.searchsorted(unique, d))
-        if at < len(unique) and unique[at] == d:
-            ranks.append(int(np.searchsorted(order, first[at])))  # 0-based document rank
-    ranks = sorted(r for r in ranks if r < 100)
-    dcg = sum(1.0 / np.log2(r + 2) for r in ranks if r < 10)
-    ideal = sum(1.0 / np.log2(i + 2) for i in range(min(10, len(relevant))))
-    mrr = 1.0 / (ranks[0] + 1) if ranks and ranks[0] < 10 else 0.0
-    recall = len(ranks) / len(relevant) if relevant else 0.0
-    return np.array([dcg / ideal if ideal else 0.0, mrr, recall])
+_RUN_SCORES = [float(100 - rank) for rank in range(100)]  # Recall@100 needs no more
+
+
+def _metrics(runs: list[dict[str, dict[str, float]]], relevant: list[set[int]]) -> np.ndarray:
+    """nDCG@10, MRR@10 and Recall@100 (binary relevance) by pytrec_eval, as ``eval`` measures them:
+    settings x queries x 3; a query that retrieved nothing scores 0."""
+    qrels = {str(q): {str(d): 1 for d in rel} for q, rel in enumerate(relevant)}
+    full = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"})
+    first = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"})
+    values = np.zeros((len(runs), len(relevant), 3))
+    for i, run in enumerate(runs):
+        top10 = {q: dict(itertools.islice(docs.items(), 10)) for q, docs in run.items()}  # ranked order
+        measured, reciprocal = full.evaluate(run), first.evaluate(top10)
+        for q in range(len(relevant)):
+            m, r = measured.get(str(q)), reciprocal.get(str(q))
+            values[i, q] = (m["ndcg_cut_10"] if m else 0.0, r["recip_rank"] if r else 0.0,
+                            m["recall_100"] if m else 0.0)
+    return values
 
 
 def summary(report: TuneReport, shown: int = 12) -> str:

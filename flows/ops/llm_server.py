@@ -39,6 +39,7 @@ import ragline
 from ragline.flows import settings
 from ragline.flows.ops.parent_death import PRELUDE
 from ragline.flows.resources.llm import supervise, supervisor_of, unsupervise
+from ragline.flows.net import is_loopback
 
 PACKAGED_MODEL = "smollm2"  # the served name of SmolLM2-135M-Instruct (deploy/vllm/serve.sh)
 START_TIMEOUT = 600.0  # seconds; a cold CPU start of the packaged model takes 45-120 s here
@@ -47,7 +48,6 @@ STOP_GRACE = 12.0  # seconds the group gets after SIGTERM before SIGKILL (Engine
 RESTART_DELAYS = (2.0, 5.0, 15.0, 30.0, 60.0)  # seconds before the 1st, 2nd, ... restart of a managed LLM
 MAX_FAILURES = 5  # restarts in a row (each failed or died early) before a managed LLM is given up
 STABLE_AFTER = 600.0  # seconds of service after which a death counts as the first failure again
-LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 Say = Callable[[str], None]
 
@@ -353,7 +353,7 @@ def managed(base_url: str) -> ManagedLLM | None:
 
 
 def is_local(base_url: str) -> bool:
-    return (urlsplit(base_url).hostname or "") in LOOPBACK
+    return is_loopback(urlsplit(base_url).hostname or "")
 
 
 def should_start(base_url: str, model: str, *, enabled: bool = True, say: Say = _stderr) -> bool:

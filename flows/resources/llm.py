@@ -22,16 +22,18 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
+import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.fair_slots import FairSlots
+from ragline.flows.threads import on_own_thread
 
 log = logging.getLogger("ragline.llm")
 SHORT_CALL_TOKENS = 16  # completions this short (verify: 2, pointwise rerank: 1) take the short lane
@@ -141,7 +143,7 @@ class LLMClient(Resource):
 
     @property
     def client(self):
-        """The openai client, retrying nothing itself: ``_attempts`` decides what is worth a retry."""
+        """The openai client, retrying nothing itself: ``_retrying`` decides what is worth a retry."""
         return self._client.get()
 
     def _connect(self):
@@ -181,28 +183,27 @@ class LLMClient(Resource):
         kwargs["stream"] = True
         pieces: list[str] = []
         tokens: list[TokenLogprob] = []
-        finish = None
-        with self._long.slot():
-            for attempt in range(1, self.spec.max_retries + 2):
-                try:
-                    for event in self._events(kwargs):
-                        if not event.choices:
-                            continue
-                        choice = event.choices[0]
-                        delta = choice.delta.content or ""
-                        if delta:
-                            pieces.append(delta)
-                            if on_token:
-                                on_token(delta)
-                        tokens.extend(_tokens(choice.logprobs))
-                        finish = choice.finish_reason or finish
-                    if finish is None:  # vLLM ends every answer with a finish reason; without one it was cut
-                        raise _StreamCut(f"the streamed answer stopped after {len(''.join(pieces))} characters "
-                                         f"without an end (the connection closed mid-answer)")
-                    break
-                except Exception as exc:  # noqa: BLE001 - retried before the first token, else one clear error
-                    if pieces or not self._retry(exc, attempt):
-                        self._raise(exc, "", attempt)
+
+        def read() -> str | None:
+            finish = None
+            for event in self._events(kwargs):
+                if not event.choices:
+                    continue
+                choice = event.choices[0]
+                delta = choice.delta.content or ""
+                if delta:
+                    pieces.append(delta)
+                    if on_token:
+                        on_token(delta)
+                tokens.extend(_tokens(choice.logprobs))
+                finish = choice.finish_reason or finish
+            if finish is None:  # vLLM ends every answer with a finish reason; without one it was cut
+                raise _StreamCut(f"the streamed answer stopped after {len(''.join(pieces))} characters "
+                                 f"without an end (the connection closed mid-answer)")
+            return finish
+
+        with self._long.slot():  # retried before the first token only: words shown cannot be taken back
+            finish = self._retrying(read, "", final=lambda exc: bool(pieces))
         return Completion(text="".join(pieces), tokens=tokens, finish_reason=finish)
 
     def map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
@@ -238,49 +239,31 @@ class LLMClient(Resource):
 
     def _call(self, request: Callable[[], Any], lane: FairSlots, what: str = "",
               keep: Callable[[Exception], bool] = lambda exc: False) -> Any:
-        """``request`` in a slot of ``lane``, watched and retried (see ``_attempts``); errors translated,
-        except those ``keep`` wants as they are."""
+        """``request`` in a slot of ``lane``, watched (see ``_watched``) and retried (see ``_retrying``)."""
         with lane.slot():
-            return self._attempts(request, what, keep)
+            return self._retrying(lambda: self._watched(request, what), what, keep)
 
-    def _attempts(self, request: Callable[[], Any], what: str, keep: Callable[[Exception], bool]) -> Any:
-        for attempt in range(1, self.spec.max_retries + 2):
-            try:
-                return self._watched(request, what)
-            except Exception as exc:  # noqa: BLE001 - retried where sensible, else one clear error
-                if keep(exc) or not self._retry(exc, attempt):
-                    self._raise(exc, what, attempt, keep)
-        raise AssertionError("unreachable")
+    def _retrying(self, call: Callable[[], T], what: str, keep: Callable[[Exception], bool] = lambda exc: False,
+                  final: Callable[[Exception], bool] = lambda exc: False) -> T:
+        """``call()``, tried again after a transient failure (``_transient``) up to ``max_retries`` times
+        with ``_backoff``; then one clear error, except for errors ``keep`` wants as they are. Errors
+        ``final`` names are not retried."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda exc: not keep(exc) and not final(exc) and _transient(exc)),
+            stop=tenacity.stop_after_attempt(self.spec.max_retries + 1), wait=_backoff, reraise=True,
+            before_sleep=self._log_retry)
+        try:
+            return retrying(call)
+        except Exception as exc:  # noqa: BLE001 - retried where sensible, else one clear error
+            failure = exc if keep(exc) else self._failed(exc, what, retrying.statistics["attempt_number"])
+            if failure is exc:
+                raise
+            raise failure from exc
 
-    def _raise(self, exc: Exception, what: str, attempts: int,
-               keep: Callable[[Exception], bool] = lambda exc: False) -> None:
-        failure = exc if keep(exc) else self._failed(exc, what, attempts)
-        if failure is exc:
-            raise exc
-        raise failure from exc
-
-    def _retry(self, exc: Exception, attempt: int) -> bool:
-        """Whether to try again after ``exc`` (sleeping first): refused or dropped connections, 429, 5xx.
-        Not a hung server (``LLMUnavailable``) and not a timeout: the same request would wait as long."""
-        import openai
-
-        if attempt > self.spec.max_retries or isinstance(exc, LLMUnavailable):
-            return False
-        if isinstance(exc, openai.APITimeoutError):  # httpx's or httpx2's, as the openai client uses
-            transient = type(exc.__cause__).__name__ == "ConnectTimeout"
-        else:  # a malformed body or a cut stream may be a proxy's or a restart's: worth another try
-            transient = isinstance(exc, (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError,
-                                         json.JSONDecodeError, openai.APIResponseValidationError, _StreamCut))
-        if not transient:
-            return False
-        delay = min(8.0, 0.5 * 2 ** (attempt - 1))
-        response = getattr(exc, "response", None)
-        with contextlib.suppress(TypeError, ValueError, AttributeError):
-            delay = min(30.0, max(delay, float(response.headers.get("retry-after"))))
-        log.info("%s: %s; retrying in %.1f s (attempt %d of %d)", self.location, type(exc).__name__, delay,
-                 attempt + 1, self.spec.max_retries + 1)
-        time.sleep(delay)
-        return True
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        log.info("%s: %s; retrying in %.1f s (attempt %d of %d)", self.location,
+                 type(state.outcome.exception()).__name__, state.upcoming_sleep, state.attempt_number + 1,
+                 self.spec.max_retries + 1)
 
     def _failed(self, exc: Exception, request: str, attempts: int) -> Exception:
         """One clear error naming the endpoint (and ``request``, when it is not a completion)."""
@@ -310,22 +293,8 @@ class LLMClient(Resource):
     def _watched(self, request: Callable[[], Any], what: str) -> Any:
         """``request()`` on a helper thread, awaited here while checking that a silent server is up.
         A request given up on stays with its thread until its own timeout, unused."""
-        box: dict[str, Any] = {}
-        ended = threading.Event()
-
-        def run() -> None:
-            try:
-                box["value"] = request()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                box["error"] = exc
-            finally:
-                ended.set()
-
-        threading.Thread(target=run, name="ragline-llm-request", daemon=True).start()
-        self._await(lambda timeout: (ended.wait(timeout), None), what)
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        answer = on_own_thread(request, "ragline-llm-request")
+        return self._await(lambda timeout: _ready(answer, timeout), what)
 
     def _events(self, kwargs: dict[str, Any]) -> Iterator[Any]:
         """A streamed completion's events, read on a helper thread; each is awaited like ``_watched``."""
@@ -349,7 +318,7 @@ class LLMClient(Resource):
             except queue.Empty:
                 return False, None
 
-        threading.Thread(target=run, name="ragline-llm-stream", daemon=True).start()
+        on_own_thread(run, "ragline-llm-stream")  # run() hands every outcome over the queue
         finished = False
         try:
             while True:
@@ -527,6 +496,39 @@ class LLMClient(Resource):
         if response.status_code != 200:
             return Health.down(f"{self.location} answered HTTP {response.status_code}", **detail)
         return Health.up(**detail)
+
+
+def _ready(future: Future, timeout: float) -> tuple[bool, Any]:
+    """``(True, result)`` once ``future`` is done (its error raised), ``(False, None)`` until ``timeout``."""
+    if wait([future], timeout).not_done:
+        return False, None
+    return True, future.result()
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another try: refused or dropped connections, 429, 5xx, a malformed body or a cut stream
+    (a proxy's or a restart's). Not a hung server (``LLMUnavailable``) and not a timeout: the same
+    request would wait as long."""
+    import openai
+
+    if isinstance(exc, LLMUnavailable):
+        return False
+    if isinstance(exc, openai.APITimeoutError):  # httpx's or httpx2's, as the openai client uses
+        return type(exc.__cause__).__name__ == "ConnectTimeout"
+    return isinstance(exc, (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError,
+                            json.JSONDecodeError, openai.APIResponseValidationError, _StreamCut))
+
+
+_EXPONENTIAL = tenacity.wait_exponential(multiplier=0.5, max=8.0)
+
+
+def _backoff(state: tenacity.RetryCallState) -> float:
+    """0.5 s, doubling to 8 s; the server's Retry-After instead when it is longer (up to 30 s)."""
+    delay = _EXPONENTIAL(state)
+    response = getattr(state.outcome.exception(), "response", None)
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        delay = min(30.0, max(delay, float(response.headers.get("retry-after"))))
+    return delay
 
 
 def without_credentials(url: str) -> str:

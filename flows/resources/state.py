@@ -411,6 +411,11 @@ class IndexState(Resource):
             return (self.reader.execute("SELECT COUNT(*) FROM sources").fetchone()[0],
                     self.reader.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
 
+    def sources_indexed_since(self, timestamp: float) -> int:
+        """How many sources were (re)indexed at or after ``timestamp``: what an ingestion run has written so far."""
+        with self._guarded():
+            return self.reader.execute("SELECT COUNT(*) FROM sources WHERE indexed_at >= ?", (timestamp,)).fetchone()[0]
+
     def sample_chunk_ids(self, n: int) -> list[str]:
         """Up to ``n`` chunk ids picked at random: the cheap check that a store holds what the state names."""
         with self._guarded():

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import contextvars
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import tenacity
+
 from ragline.flows.contracts import StepResult
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep
 from ragline.flows.run.steps import PipelineRef, StepCall, StepTimedOut, execute
+from ragline.flows.threads import call_with_timeout
 
 _POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="ragline-step")
 
@@ -75,29 +77,15 @@ def _transfer(done: Future, out: Future) -> None:
 def run_with_policy(step: CompiledStep, fn: Callable[[], StepResult]) -> StepResult:
     """Retries with a fixed delay and a per-attempt timeout: what Prefect applies to a task run."""
     spec = step.spec
-    for attempt in range(spec.retries + 1):
-        try:
-            return _with_timeout(step, fn) if spec.timeout_seconds else fn()
-        except Exception:
-            if attempt == spec.retries:
-                raise
-            time.sleep(spec.retry_delay_seconds)
-    raise AssertionError("unreachable")
+    retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(spec.retries + 1),
+                                 wait=tenacity.wait_fixed(spec.retry_delay_seconds), reraise=True)
+    return retrying(_with_timeout, step, fn) if spec.timeout_seconds else retrying(fn)
 
 
 def _with_timeout(step: CompiledStep, fn: Callable[[], StepResult]) -> StepResult:
-    """Give up on an attempt after ``timeout_seconds`` (its thread finishes in the background, unused)."""
-    attempt: Future = Future()
-
-    def target() -> None:
-        try:
-            attempt.set_result(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            attempt.set_exception(exc)
-
-    threading.Thread(target=target, name=f"ragline-{step.id}", daemon=True).start()
+    """Give up on an attempt after ``timeout_seconds``."""
     try:
-        return attempt.result(timeout=step.spec.timeout_seconds)
+        return call_with_timeout(fn, step.spec.timeout_seconds, name=f"ragline-{step.id}")
     except TimeoutError:
         raise StepTimedOut(None, step.id, step.stage.name, step.spec.timeout_seconds) from None
 

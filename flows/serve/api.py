@@ -45,7 +45,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -107,8 +108,7 @@ def query_router(service: QueryService) -> APIRouter:
             return exc.response()
         query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters}
         if body.stream:
-            return StreamingResponse(_sse_query(service, pipeline, query, rid), media_type="text/event-stream",
-                                     headers=STREAM_HEADERS)
+            return EventSourceResponse(_sse_query(service, pipeline, query, rid), headers=STREAM_HEADERS)
         try:
             outcome = await service.run(pipeline, query)
         except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
@@ -119,7 +119,7 @@ def query_router(service: QueryService) -> APIRouter:
 
 
 async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: dict[str, Any],
-                     rid: str) -> AsyncIterator[str]:
+                     rid: str) -> AsyncIterator[bytes]:
     try:
         async for item in service.stream(pipeline, query):
             if isinstance(item, Outcome):

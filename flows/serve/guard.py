@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import re
@@ -23,23 +22,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ragline.flows.errors import InputError
+from ragline.flows.net import is_loopback
 
 MAX_JSON_DEPTH = 64  # a query's filters at their limit nest ~20 levels; a bomb is refused before any walk
 INT64 = 2**63
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 (also IPv4-mapped), or the name ``localhost``."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def _host_name(value: str) -> str | None:

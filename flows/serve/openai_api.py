@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.serve.query_service import ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService, request_id, sse
@@ -119,8 +120,7 @@ def openai_router(service: QueryService) -> APIRouter:
             return exc.response()
         reply = Reply(body, query)
         if body.stream:
-            return StreamingResponse(_chunks(service, pipeline, query, reply, rid), media_type="text/event-stream",
-                                     headers=STREAM_HEADERS)
+            return EventSourceResponse(_chunks(service, pipeline, query, reply, rid), headers=STREAM_HEADERS)
         try:
             outcome = await service.run(pipeline, query, surface="chat")
         except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
@@ -187,7 +187,7 @@ class Reply:
                              "finish_reason": "stop"}],
                 "usage": self.usage(text), **extras(outcome)}
 
-    def chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> str:
+    def chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
         frame: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                                  "model": self.model}
         frame["choices"] = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
@@ -225,12 +225,12 @@ def extras(outcome: Outcome) -> dict[str, Any]:
 
 
 async def _chunks(service: QueryService, pipeline: Any, query: dict[str, Any], reply: Reply,
-                  rid: str) -> AsyncIterator[str]:
+                  rid: str) -> AsyncIterator[bytes]:
     yield reply.chunk({"role": "assistant", "content": ""})
     try:
         async for item in service.stream(pipeline, query, surface="chat"):
             if item is None:
-                yield ": keep-alive\n\n"
+                yield sse(None, None)
             elif isinstance(item, Outcome):
                 for frame in _final(reply, item):
                     yield frame
@@ -238,10 +238,10 @@ async def _chunks(service: QueryService, pipeline: Any, query: dict[str, Any], r
                 yield reply.chunk({"content": item})
     except Exception as exc:  # noqa: BLE001 - the status line is sent: report in-band, as OpenAI does
         yield sse(None, service.failure(exc, rid).body())
-    yield "data: [DONE]\n\n"
+    yield sse(None, "[DONE]")
 
 
-def _final(reply: Reply, outcome: Outcome) -> list[str]:
+def _final(reply: Reply, outcome: Outcome) -> list[bytes]:
     """Whatever text the tokens did not carry, the stop chunk with the extras, the usage chunk."""
     frames, text = [], content(outcome)
     streamed = "".join(outcome.tokens)

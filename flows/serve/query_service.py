@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from fastapi.sse import format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows.run import engine
@@ -427,12 +428,13 @@ def request_id(request: Request) -> str:
     return getattr(request.state, "request_id", "-")
 
 
-def sse(event: str | None, data: Any) -> str:
-    """One server-sent event; ``None`` data makes a keep-alive comment."""
+def sse(event: str | None, data: Any) -> bytes:
+    """One server-sent event, framed by FastAPI; ``None`` data makes a keep-alive comment. Data is
+    compact JSON (a string is sent as it is: the OpenAI client's ``[DONE]``)."""
     if data is None:
-        return ": keep-alive\n\n"
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")) if not isinstance(data, str) else data
-    return (f"event: {event}\n" if event else "") + f"data: {text}\n\n"
+        return format_sse_event(comment="keep-alive")
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return format_sse_event(event=event, data_str=text)
 
 
 def estimate_tokens(text: str) -> int:

@@ -48,6 +48,7 @@ from ragline.flows.serve.layout import data_dir_of, deployment_name
 from ragline.flows.serve.redact import Redactor
 from ragline.flows.run.entrypoints import PROGRESS_LABEL
 from ragline.flows.contracts import IndexReport
+from ragline.flows.resources.state import StorageError, StoreDamaged
 
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
@@ -127,18 +128,13 @@ class _Runs:
         return holder
 
     def documents_written_since(self, pipeline: str, since: datetime.datetime) -> int | None:
-        path = self.state_path(pipeline)
-        if path is None or not path.exists():
+        resource = self.state_resource.get(pipeline)
+        if resource is None or not (path := self.state_path(pipeline)) or not path.exists():
             return None
         try:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-            try:
-                row = conn.execute("SELECT COUNT(*) FROM sources WHERE indexed_at >= ?", (since.timestamp(),)).fetchone()
-            finally:
-                conn.close()
-        except sqlite3.Error:
+            return self.project.resource(resource).sources_indexed_since(since.timestamp())
+        except (sqlite3.Error, StorageError, StoreDamaged):  # a status line without the count, not a failure
             return None
-        return int(row[0])
 
     # -- Prefect
     async def deployment_id(self, client: Any, pipeline: str) -> UUID | None:

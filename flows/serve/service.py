@@ -60,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import ipaddress
 import logging
 import os
 import signal
@@ -90,6 +89,8 @@ from ragline.flows.ops.chroma_server import serve_stores
 from ragline.flows.ops.prefect_server import _drain_prefect_workers
 from ragline.flows.resources.state import _pid_alive
 from ragline.flows.resources import close_resources
+from ragline.flows.net import is_loopback
+from ragline.flows.ops.prefect_server import configured_api_url
 
 logger = logging.getLogger("ragline.serve")
 
@@ -246,14 +247,6 @@ def start_prefect_server(home: Path | None = None, database: str | None = None):
     return server
 
 
-def _configured_api_url() -> str | None:
-    if os.environ.get("PREFECT_API_URL", "").strip():
-        return os.environ["PREFECT_API_URL"].strip()
-    from prefect.settings import get_current_settings
-
-    return get_current_settings().api.url or None
-
-
 def use_prefect_api(url: str, stack: contextlib.ExitStack) -> None:
     """Point every reader of Prefect's settings at ``url``: this context, the process-global one
     (threads), and os.environ (flow-run processes). Undone when ``stack`` closes."""
@@ -290,15 +283,6 @@ def _check_api(url: str, timeout: float = 10.0) -> None:
 
 
 # ----------------------------------------------------------------------------- the HTTP API
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def api_app(project_path: str | Path, *, token: str | None = None, data_dir: str | Path | None = None,
             source: str | Path | None = None):
     """``flows/serve/api.py``'s app (query, OpenAI-compatible and health routes) with the runs router
@@ -445,7 +429,7 @@ class ServeSupervisor:
         problems: list[str] = []
         if not options:
             problems.append(f"{self.project_path.name} defines no pipeline to serve")
-        if self.api and not _is_loopback(self.host) and not self.token:
+        if self.api and not is_loopback(self.host) and not self.token:
             problems.append(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
                             f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
         clash = [url for url in llms if self.api and endpoint_port(url) == self.port]
@@ -463,7 +447,7 @@ class ServeSupervisor:
                 problems.append(f"the LLM endpoint {url} does not answer, but its port {endpoint_port(url)} is "
                                 f"in use by another program, so the packaged LLM cannot start there: stop that "
                                 f"program, or point the endpoint elsewhere (RAGLINE_LLM_BASE_URL)")
-        url = _configured_api_url()
+        url = configured_api_url()
         if url is None and not self.start_prefect:
             problems.append(PREFECT_HOWTO)
         elif url is not None:
@@ -478,7 +462,7 @@ class ServeSupervisor:
         return sock
 
     def _connect_prefect(self) -> None:
-        url = _configured_api_url()
+        url = configured_api_url()
         if url is None:
             self.log("ragline serve: starting a local Prefect server (with its scheduler) ...")
             self._prefect_server = start_prefect_server(self.prefect_home)

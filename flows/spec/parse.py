@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
 from ragline.flows.contracts import PipelineKind
@@ -92,47 +93,31 @@ class ScheduleSpec(BaseModel):
 
 
 _CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
-_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-# minute hour day-of-month month day-of-week [second [year]]: (name, lowest, highest, names from lowest)
-_CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()), ("month", 1, 12, _MONTHS),
-                ("day of week", 0, 7, _DAYS), ("second", 0, 59, ()), ("year", 1970, 2099, ()))
+# minute hour day-of-month month day-of-week [second [year]], named in messages: (name, lowest, highest)
+_CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7),
+                ("second", 0, 59), ("year", 1970, 2099))
 
 
 def cron_problem(expression: str) -> str | None:
-    """What is wrong with a cron expression, or None: the grammar Prefect's croniter accepts
-    (5 fields, optionally seconds and a year; lists, ranges, steps, names, 'L', 'N#K', '?', and
-    the @hourly-style macros), checked without importing Prefect."""
-    fields = expression.split()
-    if len(fields) == 1 and fields[0].lower() in _CRON_MACROS:
+    """What is wrong with a cron expression, or None. croniter decides (Prefect vendors the same
+    parser, so this accepts what ``ragline serve`` can register, without importing Prefect); this
+    only names the field and item it refuses."""
+    if _prefect_accepts(expression):
         return None
+    fields = expression.split()
     if not 5 <= len(fields) <= 7:
         return (f"{expression!r} has {len(fields)} fields; expected 5 (minute hour day-of-month month "
                 f"day-of-week), e.g. '0 * * * *', or one of {', '.join(_CRON_MACROS)}")
-    for text, (name, low, high, names) in zip(fields, _CRON_FIELDS):
+    for i, (text, (name, low, high)) in enumerate(zip(fields, _CRON_FIELDS)):
         for item in text.split(","):
-            if not _cron_item_ok(item, name, low, high, names):
+            if not item or not _prefect_accepts(" ".join(item if j == i else "*" for j in range(len(fields)))):
                 return f"{item!r} is not a valid {name} (from {low} to {high}) in {expression!r}"
-    return None
+    return f"{expression!r} is not a valid cron expression"
 
 
-def _cron_item_ok(item: str, name: str, low: int, high: int, names: tuple[str, ...]) -> bool:
-    def value(text: str) -> bool:
-        if text.isdigit():
-            return low <= int(text) <= high
-        return text.lower() in names
-
-    base, slash, step = item.partition("/")
-    if slash and not (step.isdigit() and int(step) > 0):
-        return False
-    if base == "*" or (base == "?" and name in ("day of month", "day of week")) or \
-            (base == "L" and name == "day of month"):
-        return True
-    if "#" in base and name == "day of week":
-        day, _, nth = base.partition("#")
-        return value(day) and nth in ("1", "2", "3", "4", "5")
-    first, dash, last = base.partition("-")
-    return value(first) and (not dash or value(last))
+def _prefect_accepts(expression: str) -> bool:
+    """Prefect's own rule: what croniter parses, except its random and hashed fields (R, H)."""
+    return croniter.is_valid(expression) and not any(f.casefold() in ("r", "h") for f in expression.split())
 
 
 @lru_cache(maxsize=1)

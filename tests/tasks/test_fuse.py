@@ -141,3 +141,27 @@ def test_idle_retrievers_are_those_every_fuse_step_weighs_zero(make_project):
     assert idle_retrievers(search.with_overrides({"fuse": {"weights": {"dense": 0.0, "sparse": 1.0}}})) == {"dense"}
     assert idle_retrievers(search.with_overrides({"fuse": {"weights": {"dense": 1.0, "sparse": 0}}})) == {"sparse"}
     assert idle_retrievers(search.with_overrides({"fuse": {"weights": {"dense": 0.01}}})) == set()
+
+
+def test_many_settings_at_once_rank_as_the_stage_does_each():
+    """The tuner scores hundreds of settings with ``fused_scores`` (one call per query): each row must
+    be exactly what the stage gives for that setting, so tuned figures are what ``fuse`` serves."""
+    import random
+
+    import numpy as np
+
+    from ragline.tasks.fuse import fused_order, fused_scores
+
+    rng = random.Random(4)
+    for _ in range(50):
+        dense = ranking("dense", [(f"c{i:03d}", round(1 - n / 50, 3)) for n, i in enumerate(rng.sample(range(80), 30))])
+        sparse = ranking("sparse", [(f"c{i:03d}", round(20 - n / 3, 1)) for n, i in enumerate(rng.sample(range(80), 40))])
+        rows = [(m, k, a) for m in ("rrf", "score") for k in (5, 60) for a in (0.0, 0.3, 1.0)]
+        keys, fused, kept = fused_scores([[(p.chunk_id, p.score) for p in r.passages] for r in (dense, sparse)],
+                                         np.array([[a, 1 - a] for _, _, a in rows]),
+                                         np.array([[k] for _, k, _ in rows], dtype=float),
+                                         np.array([[m == "rrf"] for m, _, _ in rows]))
+        for row, (method, k, alpha) in enumerate(rows):
+            stage = run([dense, sparse], method=method, k=k, top_k=25, weights={"dense": alpha, "sparse": 1 - alpha})
+            order = fused_order(fused[row], kept[row], 25)
+            assert [(keys[i], float(fused[row, i])) for i in order] == [(p.chunk_id, p.score) for p in stage]

@@ -118,3 +118,38 @@ def test_credentials_in_the_endpoint_url_never_reach_a_message():
         client(url, max_retries=0).chat("hello")
     assert "s3cret" not in str(failure.value) and "alice" not in str(failure.value)
     assert "http://<credentials>@127.0.0.1:" in str(failure.value)
+
+
+@pytest.mark.parametrize("retry_after, slept", [(None, [0.5, 1.0, 2.0]), ("1.3", [1.3, 1.3, 2.0]), ("100", [30.0] * 3)],
+                         ids=["backoff", "retry-after", "retry-after-capped"])
+def test_429_backs_off_exponentially_or_as_the_server_asks(monkeypatch, retry_after, slept):
+    """The retry policy: 0.5 s doubling (to 8 s), or the server's Retry-After when longer (to 30 s)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class TooMany(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"error": {"message": "slow down", "type": "rate_limit"}}).encode()
+            self.send_response(429)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if retry_after:
+                self.send_header("Retry-After", retry_after)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    waits: list[float] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), TooMany)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(time, "sleep", waits.append)
+    try:
+        with pytest.raises(LLMUnavailable, match=r"did not answer after 4 attempts: RateLimitError"):
+            client(f"http://127.0.0.1:{server.server_address[1]}/v1", max_retries=3).chat("hello")
+    finally:
+        server.shutdown()
+    assert waits == slept

@@ -209,3 +209,23 @@ def test_close_then_reuse_reopens(state):
     state.close()
     state.close()  # idempotent
     assert set(state.sources()) == {"a"}
+
+
+def test_sources_indexed_since_counts_what_a_run_wrote_read_only(state, tmp_path):
+    """What `GET /v1/runs/{id}` reports as documents_written: read through IndexState (issue 23), not
+    by SQL of the API's own; a reader that never creates or changes the file."""
+    import time
+
+    state.record("docs", "fp", [doc("old")], chunks_of("old", 1))
+    started = time.time()
+    state.record("docs", "fp", [doc("a"), doc("b")], chunks_of("a", 1) + chunks_of("b", 1))
+    reader = IndexState(StateSpec(type="index_state", path="s.sqlite"), base_dir=tmp_path)
+    try:
+        assert reader.sources_indexed_since(started) == 2 and reader.sources_indexed_since(0) == 3
+        assert reader.sources_indexed_since(time.time() + 1) == 0
+    finally:
+        reader.close()
+    missing = IndexState(StateSpec(type="index_state", path="none.sqlite"), base_dir=tmp_path)
+    with pytest.raises(StoreMissing):
+        missing.sources_indexed_since(0)
+    assert not (tmp_path / "none.sqlite").exists()

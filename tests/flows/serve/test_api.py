@@ -296,3 +296,14 @@ def test_twenty_concurrent_queries_all_succeed(served):
         responses = list(pool.map(ask, range(20)))
     assert [r.status_code for r in responses] == [200] * 20
     assert all(("answer" in r.text) for r in responses[::4])
+
+
+def test_server_sent_event_frames_are_exact():
+    """The frames both streaming endpoints send (FastAPI's SSE framing since issue 23): compact JSON,
+    unescaped text, a comment for keep-alive, and the OpenAI client's ``[DONE]`` sentinel as is."""
+    from ragline.flows.serve.api import sse
+
+    assert sse("token", {"text": "Ünïcode [1]"}) == 'event: token\ndata: {"text":"Ünïcode [1]"}\n\n'.encode()
+    assert sse(None, {"choices": []}) == b'data: {"choices":[]}\n\n'
+    assert sse("token", None) == b": keep-alive\n\n"
+    assert sse(None, "[DONE]") == b"data: [DONE]\n\n"
