@@ -101,7 +101,7 @@ def test_the_service_waits_for_an_embedded_writer_before_serving_the_store(make_
 
     from ragline.flows.chroma_server import serve_stores
     from ragline.flows.compile import load_project
-    from tests.conftest import index_and_search_yaml
+    from tests.helpers.data import index_and_search_yaml
 
     project = load_project(make_project(index_and_search_yaml()))
     holding, said = threading.Event(), []

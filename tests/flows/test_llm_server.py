@@ -21,7 +21,7 @@ import pytest
 from ragline.flows import llm_server
 from ragline.flows.llm_server import ManagedLLM, free_port, local_llm
 from tests.fake_vllm import REPO, fake_deploy
-from tests.flows.resources.test_llm_faults import closed_port
+from tests.helpers.net import closed_port
 
 
 @pytest.fixture
@@ -243,7 +243,7 @@ def test_a_server_restarted_by_hand_is_used_and_watched(stand_in):
 
 def test_readyz_gives_the_reason_the_managed_llm_is_down(stand_in, tmp_path):
     from ragline.flows.api import create_app
-    from tests.flows.api_harness import AUTH, TOKEN, running, write_project
+    from tests.helpers.api_harness import AUTH, TOKEN, running, write_project
 
     stand_in(before="echo 'model file missing' >&2; exit 7\n")
     url = f"http://127.0.0.1:{free_port()}/v1"

@@ -10,8 +10,8 @@ import pytest
 from ragline.flows import engine
 from ragline.flows.compile import load_project, validate_file
 from ragline.flows.resources import clear_cache
-from tests.conftest import BASE_RESOURCES, scifact_records, write_jsonl
-from tests.integration.harness import snapshot
+from tests.helpers.data import BASE_RESOURCES, scifact_records, write_jsonl
+from tests.helpers.harness import snapshot
 
 DOCS = 24  # SciFact abstracts
 BATCH = 5  # documents per batch: five batches, so several run on the cluster at once

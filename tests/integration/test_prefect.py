@@ -13,7 +13,7 @@ from ragline.flows.compile import load_project
 from ragline.flows.contracts import Passage, Query, Ranking
 from ragline.flows.engine import StepFailed
 from ragline.flows.registry import stage
-from tests.integration.harness import default_corpus
+from tests.helpers.harness import default_corpus
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ragline.flows.llm_server import free_port
-from tests.conftest import REPO
+from tests.helpers.data import REPO
 from tests.fake_vllm import fake_deploy
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from ragline.flows.compile import load_project
 from ragline.flows.contracts import Context
 from ragline.tasks.answerable import FLOOR_KEY, read_floor
 from tests.scripted_llm import ScriptedLLM
-from tests.tasks.test_llm_stages import chat_prompts, project_for, run
+from tests.helpers.llm_stages import chat_prompts, project_for, run
 
 ZEBRAFISH = "Zebrafish regenerate their heart muscle after injury by dedifferentiation of cardiomyocytes."
 GATED = """      - {id: insert, task: insert, with: {max_tokens: 1000}}

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
-from tests.flows.api_harness import AUTH, QUESTION, TOKEN, running
-from tests.flows.test_api import events
-from tests.tasks.test_prompt_injection import FORGED, HOSTILE
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, running
+from tests.helpers.api_harness import events
+from tests.helpers.hostile import FORGED, HOSTILE
 
 pytestmark = pytest.mark.integration
 

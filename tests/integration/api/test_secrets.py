@@ -24,7 +24,7 @@ import pytest
 from ragline.flows import engine
 from ragline.flows.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.flows.api_harness import QUESTION, running, write_project
+from tests.helpers.api_harness import QUESTION, running, write_project
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration

@@ -11,25 +11,14 @@ import httpx
 import pytest
 
 from ragline.flows import engine
-from tests.flows.api_harness import AUTH, QUESTION, TOKEN, running
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, running
+from tests.helpers.api_harness import events
 
 pytestmark = pytest.mark.integration
 
 
 def post(url: str, body, headers=AUTH, **kwargs) -> httpx.Response:
     return httpx.post(f"{url}/v1/query", json=body, headers=headers, timeout=60, **kwargs)
-
-
-def events(response: httpx.Response) -> list[tuple[str, dict]]:
-    """Server-sent events as (name, data); comments skipped."""
-    out = []
-    for block in response.text.split("\n\n"):
-        lines = [line for line in block.splitlines() if line and not line.startswith(":")]
-        if lines:
-            name = next((line[7:] for line in lines if line.startswith("event: ")), "message")
-            data = "".join(line[6:] for line in lines if line.startswith("data: "))
-            out.append((name, json.loads(data)))
-    return out
 
 
 # ----------------------------------------------------------------------------- queries
