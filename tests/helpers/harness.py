@@ -66,7 +66,6 @@ def run_child(project_path: Path, failpoints: str = "", timeout: float = 600) ->
                           capture_output=True, text=True, timeout=timeout)
 
 
-
 class ChromaServer:
     """A real `chroma run` (started by deploy/chroma/serve.sh) on a fixed path and port, so a test can
     stop it and start it again as the same server. Its output goes to ``log`` beside the data folder."""

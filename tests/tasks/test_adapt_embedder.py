@@ -146,6 +146,7 @@ def test_same_pairs_and_seed_same_folder_and_weights(project, adapted, tmp_path)
                         ae.Params(**ADAPT)) != adapted.key
 
 
+@pytest.mark.integration  # mines the index of 40 SciFact abstracts
 def test_hard_negatives_are_bm25s_best_chunks_of_other_documents(project):
     state, spec = project.resource("state"), project.resource("sparse").spec
     corpus = Corpus.from_state(state)

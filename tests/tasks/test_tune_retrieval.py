@@ -392,6 +392,7 @@ def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(ind
         overlay.unlink(missing_ok=True)
 
 
+@pytest.mark.integration  # the engine end to end on a SciFact index
 def test_a_retriever_weighed_zero_is_not_run(indexed, monkeypatch):
     """Dense alone or BM25 alone, as the tuner may choose them, runs one retriever: the other one is
     never called (no query embedding, no Chroma query), and the answer is that retriever's alone."""
