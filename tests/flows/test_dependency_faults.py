@@ -21,10 +21,10 @@ import pytest
 from ragline.flows.resources.bm25 import BM25Index, BM25Spec
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.state import IndexState, StateSpec, StorageError
-from tests.helpers.data import REPO, index_and_search_yaml
 from tests.fault_mounts import fill, read_only, resize, tmpfs, without_root_override
-from tests.helpers.store_data import chunks, doc
+from tests.helpers.data import REPO, index_and_search_yaml
 from tests.helpers.net import closed_port
+from tests.helpers.store_data import chunks, doc
 
 
 def assert_names(error: BaseException, path: Path, reason: str) -> None:

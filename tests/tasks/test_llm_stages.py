@@ -12,8 +12,8 @@ from ragline.flows import engine
 from ragline.flows.contracts import Query
 from ragline.flows.engine import StepFailed
 from ragline.flows.registry import stage
-from tests.scripted_llm import ScriptedLLM
 from tests.helpers.llm_stages import ANSWER_STEPS, REPO_PROMPTS, chat_prompts, project_for, run
+from tests.scripted_llm import ScriptedLLM
 
 
 def test_citations_map_to_sources_and_invalid_ones_are_reported(make_project):

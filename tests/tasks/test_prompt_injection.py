@@ -11,9 +11,9 @@ import pytest
 
 from ragline.flows.contracts import ContextDocument, Passage
 from ragline.flows.prompts import PromptLibrary
-from tests.scripted_llm import ScriptedLLM
-from tests.helpers.llm_stages import ANSWER_STEPS, chat_prompts, project_for, run
 from tests.helpers.hostile import FORGED, HOSTILE
+from tests.helpers.llm_stages import ANSWER_STEPS, chat_prompts, project_for, run
+from tests.scripted_llm import ScriptedLLM
 
 PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
 

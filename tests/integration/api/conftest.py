@@ -10,8 +10,8 @@ import pytest
 
 from ragline.flows import engine
 from ragline.flows.compile import load_project
-from tests.helpers.data import scifact_records, write_jsonl
 from tests.helpers.api_harness import TOKEN, Script, running, write_project
+from tests.helpers.data import scifact_records, write_jsonl
 from tests.scripted_llm import ScriptedLLM
 
 
