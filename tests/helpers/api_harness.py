@@ -1,6 +1,7 @@
 """The API test harness: a small indexed project with a scripted LLM, served by real uvicorn."""
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import threading
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 from tests.helpers.data import REPO, index_and_search_yaml
 
 TOKEN = "s3cret-api-token"

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from tests.helpers.data import REPO
-from tests.integration.serving import (AUTH, FINAL, _create_flow_run, _deployment, _start, _stop, _wait_flow_run, _wait_status,
-                                        served_project)
+from tests.integration.serving import (AUTH, FINAL, PIPELINES, _create_flow_run, _deployment, _start, _stop, _wait_flow_run,
+                                        _wait_status, served_project)
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from ragline.flows import engine
-from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, running
-from tests.helpers.api_harness import events
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, events, running
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.slow_clients import half_sent, healthz_meanwhile, wait_closed
+
 pytestmark = pytest.mark.integration
 
 DEADLINE = 3.0  # header and body deadlines of the server under test
@@ -27,7 +29,6 @@ if soft:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 from ragline.flows.api import serve_api
 from ragline.flows.connections import ConnectionLimits
-from tests.helpers.slow_clients import half_sent, healthz_meanwhile, wait_closed
 serve_api(project, port=port, log_level="error",
           limits=ConnectionLimits(header_timeout_seconds=deadline, body_timeout_seconds=deadline))
 """
