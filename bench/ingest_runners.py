@@ -22,7 +22,7 @@ from common import REPO, save, subset_corpus, publish
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.integration.harness import snapshot
+from tests.helpers.harness import snapshot
 
 
 def write_project(folder: Path, corpus: Path, runner: dict, batch_size: int | None) -> Path:

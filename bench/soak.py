@@ -460,7 +460,7 @@ class Soak:
 def consistency(project: Path) -> dict:
     """Chroma ids == BM25 documents == the state's chunks; the indexed sources == the files on disk."""
     sys.path.insert(0, str(REPO))
-    from tests.integration.harness import snapshot
+    from tests.helpers.harness import snapshot
 
     snap = snapshot(project)
     chroma = {row[0] for row in snap["chroma"]}

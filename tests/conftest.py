@@ -1,8 +1,7 @@
-"""Shared fixtures: real SciFact data from ../shared/data, project folders, a shared embedder."""
+"""Shared fixtures: project folders, one packaged MiniLM embedder, a tiny cross-encoder and a vLLM server
+per session (data and templates: tests/helpers/data.py)."""
 from __future__ import annotations
 
-import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -10,60 +9,8 @@ import pytest
 
 import ragline.flows  # noqa: F401 - offline defaults before any heavy import
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("RAGLINE_DATA_DIR", REPO.parent / "shared" / "data"))
-SCIFACT = DATA / "scifact"
-
-BASE_RESOURCES = """
-resources:
-  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
-  store:    {type: chroma, path: idx/chroma, collection: test}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
-"""
-
-INDEX_AND_SEARCH = BASE_RESOURCES + """
-pipelines:
-  index:
-    kind: ingestion
-    batch_size: BATCH_SIZE
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: CHUNK_SIZE, overlap: 8}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 20}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
-"""
-
-
-def index_and_search_yaml(batch_size: int = 256, chunk_size: int = 128) -> str:
-    return INDEX_AND_SEARCH.replace("BATCH_SIZE", str(batch_size)).replace("CHUNK_SIZE", str(chunk_size))
-
-
-def scifact_records(n: int, offset: int = 0) -> list[dict]:
-    """The first n SciFact corpus records (read from shared data, never copied into the repo)."""
-    if not SCIFACT.exists():
-        pytest.skip(f"SciFact data not found at {SCIFACT}")
-    out = []
-    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as handle:
-        for i, line in enumerate(handle):
-            if i >= offset + n:
-                break
-            if i >= offset:
-                out.append(json.loads(line))
-    return out
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
+from tests.helpers.data import (BASE_RESOURCES, DATA, INDEX_AND_SEARCH, REPO, SCIFACT,  # noqa: F401 - for old imports
+                                index_and_search_yaml, scifact_records, write_jsonl)
 
 
 @pytest.fixture
@@ -91,7 +38,26 @@ def index_project(make_project):
     return make
 
 
-from tests.llm_conftest import vllm_server  # noqa: E402,F401 - session fixture: a real vLLM server
+@pytest.fixture(scope="session")
+def minilm():
+    """The packaged all-MiniLM-L6-v2 (offline), loaded once and shared by stage and resource tests."""
+    from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+
+    return Embedder(EmbedderSpec(type="sentence_transformer"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """One real vLLM server (SmolLM2-135M on CPU) for the whole session. The first use installs
+    .venv-vllm/ and converts the model (~3 min); starting takes ~45-120 s. Set
+    RAGLINE_LLM_BASE_URL=http://HOST:PORT/v1 to test against a server that is already running."""
+    from tests.llm_server import start_vllm
+
+    server = start_vllm()
+    try:
+        yield server
+    finally:
+        server.stop()  # no-op for an external server
 
 
 @pytest.fixture(scope="session")
@@ -111,3 +77,17 @@ def tiny_cross_encoder_dir(tmp_path_factory) -> Path:
     BertForSequenceClassification(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def many_fds():
+    """Room in the test process for a few thousand sockets."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard, 8192) if hard != resource.RLIM_INFINITY else 8192
+    if wanted < 4000:
+        pytest.skip(f"the fd limit ({hard}) is too low for this test")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

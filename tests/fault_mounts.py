@@ -92,7 +92,7 @@ def without_root_override(code: str, *args: str, timeout: float = 120) -> subpro
             if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
                 os._exit(77)
 
-    from tests.conftest import REPO
+    from tests.helpers.data import REPO
 
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True,

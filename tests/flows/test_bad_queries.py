@@ -12,8 +12,8 @@ from ragline.flows.run import engine
 from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.conftest import index_and_search_yaml
-from tests.integration.harness import snapshot
+from tests.helpers.data import index_and_search_yaml
+from tests.helpers.harness import snapshot
 
 DOCS = {"okapi.md": "# Okapi\n\nOkapi BM25 ranks documents by term frequency and document length.\n",
         "zebrafish.txt": "Zebrafish regenerate their fins and heart muscle.",

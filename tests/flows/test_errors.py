@@ -17,7 +17,7 @@ from ragline.flows.resources.filters import FilterError
 from ragline.flows.resources.llm import LLMUnavailable
 from ragline.flows.resources.state import IndexBusy, StorageError, StoreMissing
 from ragline.flows.run.steps import StepFailed, StepTimedOut
-from tests.conftest import REPO
+from tests.helpers.data import REPO
 
 CONTROL_FLOW = {"_StreamCut", "_NoTokenizeEndpoint", "Stopped", "UnreadableHtml"}  # caught where raised
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import PipelineKind
-from tests.conftest import REPO
+from tests.helpers.data import REPO
 
 
 def test_no_two_product_classes_share_a_name():

@@ -8,7 +8,7 @@ import pytest
 
 from ragline.flows import settings
 from ragline.flows.settings import RaglineSettings
-from tests.conftest import REPO
+from tests.helpers.data import REPO
 
 FILE_NAMED = {"RAGLINE_LLM_BASE_URL", "RAGLINE_LLM_MODEL"}  # ${...} in pipelines files, not ragline's settings
 

@@ -1,8 +1,21 @@
-"""Real Prefect API servers: the test harness's for the whole integration session, and for the
+"""Integration tests (all marked `integration`, so `pytest -m "not integration"` leaves this folder out)
+and their real Prefect API servers: the test harness's for the whole integration session, and for the
 modules that serve deployments, one of ragline's own servers per module."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Every test under tests/integration/ is an integration test, whatever its module declares."""
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
-from tests.conftest import REPO
+from tests.helpers.data import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
 

@@ -18,8 +18,8 @@ from ragline.flows.run.engine import StepFailed
 from ragline.flows.resources import clear_cache
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.state import StoreMissing
-from tests.conftest import index_and_search_yaml
-from tests.integration.harness import ChromaServer, default_corpus, run_index, snapshot
+from tests.helpers.data import index_and_search_yaml
+from tests.helpers.harness import ChromaServer, default_corpus, run_index, snapshot
 
 pytestmark = pytest.mark.integration
 

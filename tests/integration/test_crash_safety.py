@@ -11,8 +11,8 @@ import time
 import pytest
 
 from ragline.flows.resources import clear_cache
-from tests.conftest import REPO
-from tests.integration.harness import default_corpus, run_child, run_index, snapshot, write_corpus
+from tests.helpers.data import REPO
+from tests.helpers.harness import default_corpus, run_child, run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def test_killed_run_converges_to_clean_index(failpoint, changed_project, tmp_pat
 def test_random_kills_converge(changed_project, tmp_path):
     """Kill runs at random moments, several times in a row, then let one finish."""
     rng = random.Random(7)
-    code = ("import sys; from tests.integration.harness import run_index; from pathlib import Path; "
+    code = ("import sys; from tests.helpers.harness import run_index; from pathlib import Path; "
             "run_index(Path(sys.argv[1]))")
     for _ in range(3):
         child = subprocess.Popen([sys.executable, "-c", code, str(changed_project)], cwd=REPO,

@@ -12,8 +12,8 @@ from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.resources import clear_cache
 from ragline.tasks.answerable import record_floor
-from tests.conftest import BASE_RESOURCES, scifact_records, write_jsonl
-from tests.integration.harness import snapshot
+from tests.helpers.data import BASE_RESOURCES, scifact_records, write_jsonl
+from tests.helpers.harness import snapshot
 
 DOCS = 24  # SciFact abstracts
 BATCH = 5  # documents per batch: five batches, so several run on the cluster at once

@@ -20,11 +20,11 @@ from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 from ragline.flows.resources.state import StorageError
-from tests.conftest import index_and_search_yaml, scifact_records, write_jsonl
 from tests.fault_mounts import fill, read_only, tmpfs
-from tests.flows.api_harness import AUTH, QUESTION, TOKEN, Script, running, write_project
-from tests.flows.run.test_dependency_faults import closed_port
-from tests.integration.harness import ChromaServer, run_index, snapshot
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, Script, running, write_project
+from tests.helpers.data import index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.harness import ChromaServer, run_index, snapshot
+from tests.helpers.net import closed_port
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.harness import run_index, snapshot
+from tests.helpers.harness import run_index, snapshot
 
 pytestmark = pytest.mark.integration
 

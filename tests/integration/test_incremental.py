@@ -5,7 +5,7 @@ import pytest
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
-from tests.integration.harness import default_corpus, run_index, snapshot, write_corpus
+from tests.helpers.harness import default_corpus, run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,8 @@ import pytest
 from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import IndexReport
 from ragline.flows.resources import clear_cache
-from tests.conftest import REPO, scifact_records
-from tests.integration.harness import run_index, snapshot, write_corpus
+from tests.helpers.data import REPO, scifact_records
+from tests.helpers.harness import run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +116,7 @@ from pathlib import Path
 
 import bm25s, chromadb, sentence_transformers  # noqa: F401 - the slow imports, once
 import ragline.tasks  # noqa: F401
-from tests.integration.harness import run_index
+from tests.helpers.harness import run_index
 
 print("ready", flush=True)
 for line in sys.stdin:

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO
-from tests.integration.harness import free_port
+from tests.helpers.data import REPO
+from tests.helpers.harness import free_port
 
 pytestmark = pytest.mark.integration
 

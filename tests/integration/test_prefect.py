@@ -13,7 +13,7 @@ from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Passage, Query, Ranking
 from ragline.flows.run.engine import StepFailed
 from ragline.flows.spec.registry import stage
-from tests.integration.harness import default_corpus
+from tests.helpers.harness import default_corpus
 
 pytestmark = pytest.mark.integration
 

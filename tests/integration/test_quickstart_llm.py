@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from ragline.flows.ops.llm_server import free_port
-from tests.conftest import REPO
 from tests.fake_vllm import fake_deploy
+from tests.helpers.data import REPO
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -15,103 +14,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, scifact_records, write_jsonl
-from tests.integration.harness import free_port
+from tests.helpers.data import REPO
+from tests.integration.serving import (AUTH, FINAL, PIPELINES, _create_flow_run, _deployment, _start, _stop, _wait_flow_run,
+                                        _wait_status, served_project)
 
 pytestmark = pytest.mark.integration
-
-TOKEN = "serve-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-PIPELINES = """
-resources:
-  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
-  store:    {type: chroma, path: idx/chroma, collection: main}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
-  notes_store:  {type: chroma, path: idx/notes_chroma, collection: notes}
-  notes_sparse: {type: bm25, path: idx/notes_bm25}
-  notes_state:  {type: index_state, path: idx/notes_state.sqlite}
-
-pipelines:
-  index:
-    kind: ingestion
-    schedule: {interval_seconds: 30}
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed, uses: [embedder]}
-      - {id: write,   task: index, uses: {store: store, sparse: sparse, state: state}}
-  notes:
-    kind: ingestion
-    schedule: {cron: "0 3 * * *", timezone: Europe/Berlin}
-    steps:
-      - {id: load,    task: load, with: {paths: [notes]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed, uses: [embedder]}
-      - {id: write,   task: index, uses: {store: notes_store, sparse: notes_sparse, state: notes_state}}
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, uses: {store: store, embedder: embedder}, with: {k: 10}}
-      - {id: sparse, task: retrieve_sparse, uses: {sparse: sparse, state: state}, with: {k: 10}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 5}}
-"""
-
-SERVE = ("import sys; from ragline.flows.serve.service import serve; "
-         "sys.exit(serve(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], api=sys.argv[4] == '1'))")
 
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("served")
-    write_jsonl(root / "docs" / "corpus.jsonl", scifact_records(12))
-    (root / "docs" / "zebrafish.md").write_text("# Zebrafish\n\nZebrafish regenerate their fins and heart.\n")
-    (root / "notes").mkdir()
-    (root / "notes" / "alpha.md").write_text("# Alpha\n\nAlpha notes about telomerase in stem cells.\n")
-    (root / "notes" / "empty.md").write_text("")  # reported as a failure, the run goes on
-    path = root / "pipelines.yaml"
-    path.write_text(textwrap.dedent(PIPELINES))
-    return path
-
-
-def _start(project: Path, prefect_api: str, log: Path, api: bool = True) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = dict(os.environ, PREFECT_API_URL=prefect_api, OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1",
-               PREFECT_HOME=str(log.parent / "prefect-client"), PYTHONPATH=str(REPO))
-    with open(log, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-c", SERVE, str(project), str(port), TOKEN, "1" if api else "0"],
-                                   cwd=project.parent, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ragline serve exited with {process.returncode}: {log.read_text()[-3000:]}")
-        if "ragline serve: Prefect API" in log.read_text(errors="replace"):
-            return process, f"http://127.0.0.1:{port}"
-        time.sleep(0.2)
-    _stop(process)
-    raise TimeoutError(f"ragline serve did not start: {log.read_text()[-3000:]}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    return served_project(tmp_path_factory.mktemp("served"))
 
 
 @pytest.fixture(scope="module")
 def served(project, prefect_api):
     """`ragline serve` on the project (the `index` pipeline's data indexed beforehand)."""
-    from tests.integration.harness import run_index
+    from tests.helpers.harness import run_index
 
     run_index(project)  # in-process, no Prefect: the query tests need passages
     stale = project.parent / ".ragline" / "results" / "stale-result.json"  # a result 40 days old: pruned
@@ -124,35 +43,6 @@ def served(project, prefect_api):
         yield url
     finally:
         _stop(process)
-
-
-def _deployment(prefect_api: str, pipeline: str) -> dict:
-    response = httpx.get(f"{prefect_api}/deployments/name/ragline/{pipeline}", timeout=30)
-    response.raise_for_status()
-    return response.json()
-
-
-def _create_flow_run(prefect_api: str, deployment_id: str, body: dict) -> str:
-    """POST create_flow_run; a 5xx (SQLite busy under the scheduler on a loaded 2-core CI machine)
-    is retried, as Prefect's own client does, and any other answer fails with its body."""
-    url = f"{prefect_api}/deployments/{deployment_id}/create_flow_run"
-    for attempt in range(6):
-        created = httpx.post(url, json=body, timeout=30)
-        if created.status_code < 500:
-            break
-        time.sleep(1 + attempt)
-    assert created.status_code == 201, f"{created.status_code}: {created.text}"
-    return created.json()["id"]
-
-
-def _wait_flow_run(prefect_api: str, run_id: str, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run = httpx.get(f"{prefect_api}/flow_runs/{run_id}", timeout=30).json()
-        if run["state"]["type"] in FINAL:
-            return run
-        time.sleep(0.5)
-    raise TimeoutError(f"flow run {run_id} did not finish: {run['state']}")
 
 
 # ----------------------------------------------------------------------------- tests
@@ -222,16 +112,6 @@ def test_interval_schedule_fires_by_itself(served, prefect_api):
             return
         time.sleep(2)
     pytest.fail("no scheduled run of 'index' completed")
-
-
-def _wait_status(served: str, run_id: str, until: set[str], timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = httpx.get(f"{served}/v1/runs/{run_id}", headers=AUTH, timeout=30).json()
-        if status["state"] in until:
-            return status
-        time.sleep(0.3)
-    raise TimeoutError(f"run {run_id} never reached {until}: {status}")
 
 
 def test_ingest_over_the_api_is_a_job_with_a_409_while_it_runs(served, prefect_api, project):

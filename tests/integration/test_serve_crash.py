@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.test_serve import (
+from tests.integration.serving import (
     AUTH,
     FINAL,
     _create_flow_run,

@@ -16,8 +16,8 @@ import pytest
 
 from ragline.flows.ops.llm_server import free_port, port_free
 from tests.fake_vllm import fake_deploy
-from tests.flows.api_harness import write_project
-from tests.integration.test_serve import AUTH, TOKEN, _stop
+from tests.helpers.api_harness import write_project
+from tests.integration.serving import AUTH, TOKEN, _stop
 
 pytestmark = pytest.mark.integration
 

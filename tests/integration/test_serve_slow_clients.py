@@ -6,10 +6,15 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.flows.serve.test_slow_clients import half_sent, healthz_meanwhile, many_fds, wait_closed  # noqa: F401
-from tests.integration.test_serve import _start, _stop, project  # noqa: F401 - project: a fixture
+from tests.helpers.slow_clients import half_sent, healthz_meanwhile, wait_closed
+from tests.integration.serving import _start, _stop, served_project
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return served_project(tmp_path_factory.mktemp("served"))
 
 
 def test_serve_closes_half_sent_requests_and_answers_healthz(project, prefect_api, many_fds, monkeypatch):

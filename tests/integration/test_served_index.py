@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import scifact_records, write_jsonl
-from tests.integration.test_serve import (AUTH, FINAL, TOKEN as AUTH_TOKEN, _create_flow_run, _deployment, _start, _stop,
+from tests.helpers.data import scifact_records, write_jsonl
+from tests.integration.serving import (AUTH, FINAL, TOKEN as AUTH_TOKEN, _create_flow_run, _deployment, _start, _stop,
                                           _wait_flow_run, _wait_status)
 
 pytestmark = pytest.mark.integration
@@ -207,7 +207,7 @@ def test_the_chroma_server_is_supervised(served, project):
 def test_ragline_api_beside_a_terminal_index_that_adds_and_deletes(tmp_path):
     """`ragline api` (no Prefect) and a user's `ragline index` in another terminal: the API's next
     query finds the added file and never returns the deleted one (it came back as an empty passage)."""
-    from tests.integration.harness import free_port, run_index
+    from tests.helpers.harness import free_port, run_index
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "zebrafish.md").write_text(ZEBRAFISH)

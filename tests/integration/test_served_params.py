@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO
-from tests.integration.test_serve import (
+from tests.helpers.data import REPO
+from tests.integration.serving import (
     AUTH,
     FINAL,
     TOKEN,

@@ -18,8 +18,8 @@ import yaml
 from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.conftest import REPO, index_and_search_yaml, scifact_records, write_jsonl
-from tests.flows.api_harness import ASK, running
+from tests.helpers.api_harness import ASK, running
+from tests.helpers.data import REPO, index_and_search_yaml, scifact_records, write_jsonl
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from ragline.tasks import adapt_embedder as ae
 from ragline.tasks.pseudo_queries import Params as PairParams
 from ragline.tasks.pseudo_queries import pseudo_queries
 from ragline.tasks.tune_retrieval import Corpus
-from tests.conftest import SCIFACT, scifact_records, write_jsonl
+from tests.helpers.data import SCIFACT, scifact_records, write_jsonl
 
 pytest.importorskip("datasets", reason="training needs sentence-transformers[train] (datasets, accelerate)")
 pytest.importorskip("accelerate", reason="training needs sentence-transformers[train] (datasets, accelerate)")
@@ -86,6 +86,7 @@ def pairs_of(project, n=PAIRS, seed=0):
     return pseudo_queries.fn(params=PairParams(n=n, seed=seed), ctx=ctx, state=project.resource("state"))
 
 
+@pytest.mark.integration  # trains and re-embeds with the real model
 def test_it_trains_and_saves_a_loadable_model_that_embeds_differently(project, adapted, minilm):
     from sentence_transformers import SentenceTransformer
 
@@ -110,6 +111,7 @@ def test_it_trains_and_saves_a_loadable_model_that_embeds_differently(project, a
     assert (ours * base).sum(axis=1).min() > 0.5  # ... and the model is still the same model, adapted
 
 
+@pytest.mark.integration  # trains and re-embeds with the real model
 def test_same_pairs_and_seed_same_folder_and_weights(project, adapted, tmp_path):
     again = engine.run(project.pipeline("adapt"), orchestrate=False)
     assert again.reused and again.model_path == adapted.model_path and again.key == adapted.key
@@ -144,6 +146,7 @@ def test_same_pairs_and_seed_same_folder_and_weights(project, adapted, tmp_path)
                         ae.Params(**ADAPT)) != adapted.key
 
 
+@pytest.mark.integration  # mines the index of 40 SciFact abstracts
 def test_hard_negatives_are_bm25s_best_chunks_of_other_documents(project):
     state, spec = project.resource("state"), project.resource("sparse").spec
     corpus = Corpus.from_state(state)
@@ -190,6 +193,7 @@ def test_hard_negatives_are_bm25s_best_chunks_of_other_documents(project):
     assert ae.training_rows(pairs, corpus, spec, negatives=0).negatives == [[] for _ in rows.anchors]
 
 
+@pytest.mark.integration  # trains and re-embeds with the real model
 def test_a_short_budget_stops_early_and_is_not_reused(project, tmp_path):
     pipeline = project.pipeline("adapt").with_overrides({"adapt": {"output": str(tmp_path / "short"),
                                                                    "max_seconds": 0.001, "write": False}})
@@ -200,6 +204,7 @@ def test_a_short_budget_stops_early_and_is_not_reused(project, tmp_path):
     assert not again.reused and again.stopped_early  # an unfinished model is trained again
 
 
+@pytest.mark.integration  # trains and re-embeds with the real model
 def test_the_overlay_points_the_embedder_at_it_and_the_next_ingestion_re_embeds(project, adapted):
     from sentence_transformers import SentenceTransformer
 

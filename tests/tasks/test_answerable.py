@@ -12,9 +12,10 @@ import pytest
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Context
+from ragline.flows.resources import clear_cache
 from ragline.tasks.answerable import FLOOR_KEY, read_floor
+from tests.helpers.llm_stages import chat_prompts, project_for, run
 from tests.scripted_llm import ScriptedLLM
-from tests.tasks.test_llm_stages import chat_prompts, project_for, run
 
 ZEBRAFISH = "Zebrafish regenerate their heart muscle after injury by dedifferentiation of cardiomyocytes."
 GATED = """      - {id: insert, task: insert, with: {max_tokens: 1000}}
@@ -95,20 +96,30 @@ QUESTIONS = json.loads((COMPANY.parent / "company-questions.json").read_text())
 ANSWERABLE, OFF_TOPIC = list(QUESTIONS["answerable"]), QUESTIONS["off_topic"]
 
 
-@pytest.fixture
-def company(tmp_path, monkeypatch):
-    """The shipped pipelines.yaml over a copy of five made-up-company documents; ``load(url)``
-    points its LLM at ``url`` and indexes the documents."""
-    (tmp_path / "pipelines.yaml").write_text((REPO / "pipelines.yaml").read_text().replace(
+@pytest.fixture(scope="module")
+def company_indexed(tmp_path_factory):
+    """The shipped pipelines.yaml over a copy of five made-up-company documents, indexed once."""
+    root = tmp_path_factory.mktemp("company")
+    (root / "pipelines.yaml").write_text((REPO / "pipelines.yaml").read_text().replace(
         "paths: [samples/docs]", "paths: [docs]"))
-    shutil.copytree(REPO / "prompts", tmp_path / "prompts")
-    shutil.copytree(COMPANY, tmp_path / "docs")
+    shutil.copytree(REPO / "prompts", root / "prompts")
+    shutil.copytree(COMPANY, root / "docs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAGLINE_LLM_BASE_URL", "http://127.0.0.1:9/v1")
+        engine.run(load_project(root / "pipelines.yaml", tuned=False).pipeline("index"), orchestrate=False)
+    clear_cache()  # as after a process: every store closed and flushed before the folder is copied
+    return root
+
+
+@pytest.fixture
+def company(company_indexed, tmp_path, monkeypatch):
+    """A copy of the indexed company project (documents, prompts and indexes, mtimes kept) for one
+    test; ``load(url)`` points its LLM at ``url``."""
+    folder = shutil.copytree(company_indexed, tmp_path / "company", symlinks=True)
 
     def load(url: str = "http://127.0.0.1:9/v1"):
         monkeypatch.setenv("RAGLINE_LLM_BASE_URL", url)
-        project = load_project(tmp_path / "pipelines.yaml", tuned=False)
-        engine.run(project.pipeline("index"), orchestrate=False)
-        return project
+        return load_project(folder / "pipelines.yaml", tuned=False)
 
     return load
 

@@ -18,9 +18,9 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
 from ragline.tasks.convert import Params as ConvertParams, convert
 from ragline.tasks.load import Params, load
-from tests.conftest import index_and_search_yaml
-from tests.integration.harness import snapshot
-from tests.tasks.test_load import make_pdf
+from tests.helpers.data import index_and_search_yaml
+from tests.helpers.documents import make_pdf
+from tests.helpers.harness import snapshot
 
 HUGE = 100_000_000  # bytes: over the default max_bytes (50 MB), written as a sparse file
 

@@ -133,7 +133,7 @@ def test_params_validation():
 def test_idle_retrievers_are_those_every_fuse_step_weighs_zero(make_project):
     from ragline.flows.spec.compile import load_project
     from ragline.flows.run.query_runner import idle_steps as idle_retrievers
-    from tests.conftest import index_and_search_yaml
+    from tests.helpers.data import index_and_search_yaml
 
     project = load_project(make_project(index_and_search_yaml()), tuned=False)
     search = project.pipeline("search")

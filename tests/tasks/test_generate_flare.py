@@ -11,8 +11,8 @@ from ragline.flows.spec.prompts import PromptLibrary
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.llm import Completion, LLMClient, LLMSpec, TokenLogprob
 from ragline.tasks.generate_flare import Params, _first_sentence, _masked, generate_flare
+from tests.helpers.llm_stages import REPO_PROMPTS
 from tests.scripted_llm import ScriptedLLM
-from tests.tasks.test_llm_stages import REPO_PROMPTS
 
 
 def test_first_sentence_and_masked_query():

@@ -16,7 +16,7 @@ from ragline.flows.spec.prompts import library
 from ragline.flows.resources.llm import LLMClient, LLMSpec
 from ragline.flows.resources.state import IndexState, StateSpec
 from ragline.tasks.pseudo_queries import Params, body, keyword_query, pseudo_queries, sentences_of, without
-from tests.conftest import scifact_records
+from tests.helpers.data import scifact_records
 from tests.scripted_llm import ScriptedLLM
 
 REPO_PROMPTS = Path(__file__).resolve().parents[2] / "prompts"

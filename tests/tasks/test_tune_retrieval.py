@@ -23,7 +23,7 @@ from ragline.tasks import answerable
 from ragline.tasks import tune_retrieval as tr
 from ragline.tasks.fuse import Params as FuseParams
 from ragline.tasks.fuse import fuse
-from tests.conftest import SCIFACT, index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.data import SCIFACT, index_and_search_yaml, scifact_records, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 BM25 = {"k1": 1.2, "b": 0.75, "stemmer": "english"}
@@ -204,6 +204,7 @@ def tune(root: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.integration  # `ragline tune`/eval end to end on an index
 def test_tune_writes_an_overlay_that_search_uses(indexed, capsys, monkeypatch):
     monkeypatch.setenv("RAGLINE_TUNED", "1")
     file_before = (indexed / "pipelines.yaml").read_bytes()
@@ -254,6 +255,7 @@ def test_tune_writes_an_overlay_that_search_uses(indexed, capsys, monkeypatch):
         overlay.unlink(missing_ok=True)
 
 
+@pytest.mark.integration  # `ragline tune`/eval end to end on an index
 def test_tuning_reads_the_index_only_never_queries_or_qrels(indexed, tmp_path, monkeypatch):
     """Every file the tuning run opens, lists or connects to is recorded (Python audit events): none is
     in the dataset folder, whose queries and qrels sit next to the corpus. Then the queries and qrels
@@ -292,6 +294,7 @@ def test_tuning_reads_the_index_only_never_queries_or_qrels(indexed, tmp_path, m
     assert first["chosen"] == second["chosen"] == third["chosen"]
 
 
+@pytest.mark.integration  # `ragline tune`/eval end to end on an index
 def test_the_gates_llm_threshold_is_what_the_pseudo_queries_clear_with_their_own_source(indexed):
     """gate_llm_pairs asks the gate's own LLM check, as the gate asks it, about pseudo-queries with
     their source (without the cut) among the references and without it: min_probability is what 98 %
@@ -345,6 +348,7 @@ def test_the_gates_llm_threshold_is_what_the_pseudo_queries_clear_with_their_own
     scripted.unlink()
 
 
+@pytest.mark.integration  # `ragline tune`/eval end to end on an index
 def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(indexed, monkeypatch, capsys):
     """`ragline index; ragline tune; ragline eval`: eval applies the overlay tune wrote beside the
     user's data (not one of its private workspace), says so, and a retrieval-only difference (BM25's
@@ -390,6 +394,7 @@ def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(ind
         overlay.unlink(missing_ok=True)
 
 
+@pytest.mark.integration  # the engine end to end on a SciFact index
 def test_a_retriever_weighed_zero_is_not_run(indexed, monkeypatch):
     """Dense alone or BM25 alone, as the tuner may choose them, runs one retriever: the other one is
     never called (no query embedding, no Chroma query), and the answer is that retriever's alone."""

@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from ragline.flows.ops.chroma_server import MAX_RESTARTS, ManagedChroma
 from ragline.flows.resources.chroma_owner import owner_of, server_file
@@ -44,6 +45,7 @@ def test_no_file_or_a_dead_process_or_another_host_is_no_owner(tmp_path):
     assert owner_of(folder).pid == os.getpid()
 
 
+@pytest.mark.integration  # a real `chroma run` server process
 def test_every_store_of_the_folder_goes_through_the_server_and_sees_each_others_writes(tmp_path):
     writer = store(tmp_path)
     writer.upsert([chunk("a", 1)])  # embedded, before any server: the data is on disk
@@ -65,6 +67,7 @@ def test_every_store_of_the_folder_goes_through_the_server_and_sees_each_others_
     assert store(tmp_path).count() == 2  # embedded again, the server's writes on disk
 
 
+@pytest.mark.integration  # a real `chroma run` server process
 def test_a_killed_server_is_restarted_on_its_port(tmp_path):
     said: list[str] = []
     server = ManagedChroma(tmp_path / "chroma", say=said.append, logs=tmp_path / "logs").start()
@@ -96,13 +99,14 @@ def test_restarts_are_bounded(tmp_path):
     assert "stays down" in said[-1] and "exited with code 0" in server.health()["error"]
 
 
+@pytest.mark.integration  # a real `chroma run` server process
 def test_the_service_waits_for_an_embedded_writer_before_serving_the_store(make_project):
     import contextlib
     import threading
 
     from ragline.flows.ops.chroma_server import serve_stores
     from ragline.flows.spec.compile import load_project
-    from tests.conftest import index_and_search_yaml
+    from tests.helpers.data import index_and_search_yaml
 
     project = load_project(make_project(index_and_search_yaml()))
     holding, said = threading.Event(), []

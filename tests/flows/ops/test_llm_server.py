@@ -21,7 +21,7 @@ import pytest
 from ragline.flows.ops import llm_server
 from ragline.flows.ops.llm_server import ManagedLLM, free_port, local_llm
 from tests.fake_vllm import REPO, fake_deploy
-from tests.flows.resources.test_llm_faults import closed_port
+from tests.helpers.net import closed_port
 
 
 @pytest.fixture
@@ -163,6 +163,7 @@ def test_a_port_another_server_holds_is_refused_not_taken_for_ours(stand_in, oth
     assert not (deploy.parents[1] / "logs" / f"vllm-{other_llm}.log").exists()  # serve.sh never ran
 
 
+@pytest.mark.integration  # real child process groups, the production stop grace
 def test_ready_means_our_child_answers_a_completion(stand_in):
     stand_in(before="export FAKE_VLLM_BROKEN=1\n")  # /health and /v1/models answer, completions fail
     with pytest.raises(TimeoutError, match="not ready after 3 s"):
@@ -178,6 +179,7 @@ def test_a_child_that_dies_while_starting_is_one_line_with_its_log(stand_in):
     assert "loading weights | CUDA out of memory" in str(failed.value)
 
 
+@pytest.mark.integration  # real child process groups, the production stop grace
 def test_a_killed_managed_llm_is_reported_its_group_ended_and_restarted(stand_in):
     """Issue 15.3: SIGKILL of vLLM's API server left it dead, unreported, with its engine orphaned."""
     deploy = stand_in(engine=True)
@@ -220,6 +222,7 @@ def test_restarts_are_bounded(stand_in, tmp_path):
         llm.stop()
 
 
+@pytest.mark.integration  # real child process groups, the production stop grace
 def test_a_server_restarted_by_hand_is_used_and_watched(stand_in):
     """Restarting vLLM by hand keeps working: the supervisor does not fight a server on its port."""
     stand_in()
@@ -243,7 +246,7 @@ def test_a_server_restarted_by_hand_is_used_and_watched(stand_in):
 
 def test_readyz_gives_the_reason_the_managed_llm_is_down(stand_in, tmp_path):
     from ragline.flows.serve.api import create_app
-    from tests.flows.api_harness import AUTH, TOKEN, running, write_project
+    from tests.helpers.api_harness import AUTH, TOKEN, running, write_project
 
     stand_in(before="echo 'model file missing' >&2; exit 7\n")
     url = f"http://127.0.0.1:{free_port()}/v1"
@@ -271,6 +274,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.integration  # real child process groups, the production stop grace
 def test_a_killed_ragline_takes_the_llms_whole_group_along(stand_in, tmp_path):
     """kill -9 of the process that started the LLM: the parent-death signal reaches the server, and
     the rest of its group (an engine that ignores SIGTERM) is ended too, SIGKILL after the grace."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.data import REPO
 
 STARTUP = 240  # seconds a child may take to start its server (first start migrates; slow machine)
 

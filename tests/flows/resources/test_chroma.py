@@ -14,7 +14,7 @@ from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.resources.state import StoreMissing
 from ragline.flows.resources.chroma import (ChromaSpec, ChromaStore, ChromaUnavailable, EmbedderMismatch,
                                             chroma_metadata, is_transient)
-from tests.integration.harness import free_port
+from tests.helpers.harness import free_port
 
 DIM = 8
 

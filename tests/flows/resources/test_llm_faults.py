@@ -1,23 +1,17 @@
 """LLM endpoint faults: down, slow, failing, refusing — retried, then one clear error naming it."""
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 
 from ragline.flows.resources.llm import LLMClient, LLMSpec, LLMUnavailable
+from tests.helpers.net import closed_port
 from tests.scripted_llm import ScriptedLLM
 
 
 def client(base_url: str, **overrides) -> LLMClient:
     return LLMClient(LLMSpec(type="openai_compatible", base_url=base_url, **overrides))
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens once the socket is closed
 
 
 def test_server_down_names_the_endpoint():

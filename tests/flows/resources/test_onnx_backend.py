@@ -51,6 +51,7 @@ def model_path() -> str:
     return str(gt_model.get_model_path())
 
 
+@pytest.mark.integration  # exports and quantises the real model
 def test_int8_matches_torch_and_reuses_cache(cache_dir, model_path):
     from sentence_transformers import SentenceTransformer
 

@@ -8,7 +8,6 @@ import errno
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,31 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragline.flows.contracts import Chunk, Document
 from ragline.flows.resources.bm25 import BM25Index, BM25Spec
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.state import IndexState, StateSpec, StorageError
-from tests.conftest import REPO, index_and_search_yaml
 from tests.fault_mounts import fill, read_only, resize, tmpfs, without_root_override
-
-WORDS = "okapi ranking saturates term frequency and normalises document length in every field".split()
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def doc(source: str) -> Document:
-    return Document(source_id=source, text=f"text of {source}", title=source, content_hash=f"h-{source}")
-
-
-def chunks(source: str, n: int, size: int = 300) -> list[Chunk]:
-    rng = np.random.default_rng(abs(hash(source)) % 2**32)
-    return [Chunk(chunk_id=f"{source}:{i}", source_id=source, ordinal=i, title=source,
-                  text=" ".join(rng.choice(WORDS, size // 6)), embedding=rng.standard_normal(16).tolist())
-            for i in range(n)]
+from tests.helpers.data import REPO, index_and_search_yaml
+from tests.helpers.net import closed_port
+from tests.helpers.store_data import chunks, doc
 
 
 def assert_names(error: BaseException, path: Path, reason: str) -> None:
@@ -120,7 +101,7 @@ SIZE_LIMITED = r"""
 import json, resource, signal, sys
 from pathlib import Path
 from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from tests.flows.run.test_dependency_faults import chunks
+from tests.helpers.store_data import chunks
 index = BM25Index(BM25Spec(type="bm25", path="bm25"), base_dir=Path(sys.argv[1]))
 index.build([(c.chunk_id, c.text, {}) for c in chunks("a", 5)], 1, index.settings)
 before = index.published_version()
@@ -195,7 +176,7 @@ from pathlib import Path
 from ragline.flows.resources.bm25 import BM25Index, BM25Spec
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.state import IndexState, StateSpec
-from tests.flows.run.test_dependency_faults import chunks, doc
+from tests.helpers.store_data import chunks, doc
 data = Path(sys.argv[1])
 out = {}
 def attempt(name, call):

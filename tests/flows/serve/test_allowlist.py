@@ -12,7 +12,7 @@ import pytest
 
 from ragline.flows.spec import registry
 from ragline.flows.spec.compile import load_project, validate_file
-from tests.conftest import BASE_RESOURCES
+from tests.helpers.data import BASE_RESOURCES
 
 REPO = Path(__file__).resolve().parents[3]
 FUSE = BASE_RESOURCES + """

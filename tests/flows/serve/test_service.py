@@ -14,7 +14,7 @@ from ragline.flows.cli import main
 from ragline.flows.ops.llm_server import free_port
 from ragline.flows.serve.service import prune_results
 from tests.fake_vllm import REPO, fake_deploy
-from tests.flows.api_harness import write_project
+from tests.helpers.api_harness import write_project
 
 
 def test_old_results_are_pruned_and_recent_ones_kept(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.parse import cron_problem
-from tests.conftest import BASE_RESOURCES
+from tests.helpers.data import BASE_RESOURCES
 
 LLM = "  llm:      {type: openai_compatible, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
 GOOD = BASE_RESOURCES + LLM + """

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ragline.flows.spec.compile import load_project
-from tests.conftest import BASE_RESOURCES
+from tests.helpers.data import BASE_RESOURCES
 
 INDEX = BASE_RESOURCES + """
 pipelines:

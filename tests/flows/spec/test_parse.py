@@ -11,7 +11,7 @@ from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.registry import stage
 from ragline.flows.spec.parse import SpecValidationError
-from tests.conftest import BASE_RESOURCES
+from tests.helpers.data import BASE_RESOURCES
 
 
 class _PromptParams(BaseModel):

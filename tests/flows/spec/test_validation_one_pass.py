@@ -7,7 +7,7 @@ import pytest
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.context import StepContext
 from ragline.flows.spec.prompts import PromptLibrary
-from tests.conftest import BASE_RESOURCES
+from tests.helpers.data import BASE_RESOURCES
 
 LLM = "  llm: {type: openai_compatible, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.flows.api_harness import AUTH, QUESTION, TOKEN, running
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, running
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ import pytest
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.flows.api_harness import QUESTION, running, write_project
+from tests.helpers.api_harness import QUESTION, running, write_project
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration
@@ -226,12 +226,11 @@ def test_every_wrong_token_gets_the_same_401_and_a_constant_time_comparison(api_
 
 # ----------------------------------------------------------------------------- Prefect: parameters, runs, logs, events
 @pytest.fixture(scope="module")
-def prefect_api():
+def prefect_api(prefect_server):
+    """The session's test-harness server (tests/integration/conftest.py): no second one for this module."""
     from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield PREFECT_API_URL.value().rstrip("/")
+    return PREFECT_API_URL.value().rstrip("/")
 
 
 @pytest.fixture

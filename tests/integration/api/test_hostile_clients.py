@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.flows.api_harness import AUTH, QUESTION, running
+from tests.helpers.api_harness import AUTH, QUESTION, running
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +30,7 @@ def with_ingest(api_project):
     """The token-protected API with /v1/ingest and /v1/runs mounted, as `ragline serve` has them."""
     from ragline.flows.serve.api import create_app
     from ragline.flows.serve.runs import runs_router
-    from tests.flows.api_harness import TOKEN
-
+    from tests.helpers.api_harness import TOKEN
     with running(create_app(str(api_project), token=TOKEN, routers=[runs_router(str(api_project))])) as url:
         yield url
 
@@ -388,8 +387,7 @@ def test_the_chat_page_answers_in_a_real_browser_without_a_token(tokenless):
     pytest.importorskip("playwright")
     from playwright.sync_api import sync_playwright
 
-    from tests.flows.serve.test_chat_page import CHROMIUM, CHROMIUM_FLAGS, ask
-
+    from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:

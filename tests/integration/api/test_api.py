@@ -11,25 +11,12 @@ import httpx
 import pytest
 
 from ragline.flows.run import engine
-from tests.flows.api_harness import AUTH, QUESTION, TOKEN, running
-
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, events, running
 pytestmark = pytest.mark.integration
 
 
 def post(url: str, body, headers=AUTH, **kwargs) -> httpx.Response:
     return httpx.post(f"{url}/v1/query", json=body, headers=headers, timeout=60, **kwargs)
-
-
-def events(response: httpx.Response) -> list[tuple[str, dict]]:
-    """Server-sent events as (name, data); comments skipped."""
-    out = []
-    for block in response.text.split("\n\n"):
-        lines = [line for line in block.splitlines() if line and not line.startswith(":")]
-        if lines:
-            name = next((line[7:] for line in lines if line.startswith("event: ")), "message")
-            data = "".join(line[6:] for line in lines if line.startswith("data: "))
-            out.append((name, json.loads(data)))
-    return out
 
 
 # ----------------------------------------------------------------------------- queries
@@ -301,7 +288,7 @@ def test_twenty_concurrent_queries_all_succeed(served):
 def test_server_sent_event_frames_are_exact():
     """The frames both streaming endpoints send (FastAPI's SSE framing since issue 23): compact JSON,
     unescaped text, a comment for keep-alive, and the OpenAI client's ``[DONE]`` sentinel as is."""
-    from ragline.flows.serve.api import sse
+    from ragline.flows.serve.query_service import sse
 
     assert sse("token", {"text": "Ünïcode [1]"}) == 'event: token\ndata: {"text":"Ünïcode [1]"}\n\n'.encode()
     assert sse(None, {"choices": []}) == b'data: {"choices":[]}\n\n'

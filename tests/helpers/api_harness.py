@@ -1,6 +1,7 @@
 """The API test harness: a small indexed project with a scripted LLM, served by real uvicorn."""
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import threading
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.conftest import REPO, index_and_search_yaml
+import httpx
+from tests.helpers.data import REPO, index_and_search_yaml
 
 TOKEN = "s3cret-api-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -68,3 +70,15 @@ def running(app) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def events(response: httpx.Response) -> list[tuple[str, dict]]:
+    """Server-sent events as (name, data); comments skipped."""
+    out = []
+    for block in response.text.split("\n\n"):
+        lines = [line for line in block.splitlines() if line and not line.startswith(":")]
+        if lines:
+            name = next((line[7:] for line in lines if line.startswith("event: ")), "message")
+            data = "".join(line[6:] for line in lines if line.startswith("data: "))
+            out.append((name, json.loads(data)))
+    return out

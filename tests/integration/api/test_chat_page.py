@@ -11,12 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.flows.api_harness import QUESTION, TOKEN
+from tests.helpers.api_harness import QUESTION, TOKEN
+from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = os.environ.get("RAGLINE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SCREENSHOT = Path(__file__).resolve().parents[3] / "docs" / "img" / "chat.png"
 
 
@@ -41,15 +40,6 @@ def page(browser, served):
     page.wait_for_selector("#pipeline option[value=ask]", state="attached")
     yield page
     context.close()
-
-
-def ask(page, question: str, pipeline: str = "ask"):
-    page.select_option("#pipeline", pipeline)
-    page.fill("#question", question)
-    page.click("#submit")
-    card = page.locator("article.card").first
-    card.locator(".meta, .banner, ol.sources").first.wait_for(timeout=60_000)
-    return card
 
 
 def test_the_page_is_served_without_a_token_with_a_strict_policy(served):

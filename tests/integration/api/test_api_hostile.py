@@ -17,10 +17,9 @@ import httpx
 import openai
 import pytest
 
-from tests.flows.api_harness import AUTH, QUESTION, TOKEN, running
-from tests.flows.serve.test_api import events
-from tests.tasks.test_prompt_injection import FORGED, HOSTILE
-
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, running
+from tests.helpers.api_harness import events
+from tests.helpers.hostile import FORGED, HOSTILE
 pytestmark = pytest.mark.integration
 
 LIMIT = 10_000  # flows.api.DEFAULT_MAX_QUESTION_CHARS, spelled out: a changed default must show here

@@ -10,7 +10,8 @@ from pathlib import Path
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.conftest import REPO, scifact_records, write_jsonl
+from tests.helpers.data import REPO, scifact_records, write_jsonl
+from tests.helpers.net import free_port
 
 
 def write_corpus(docs: Path, records: list[dict], notes: dict[str, str]) -> None:
@@ -59,19 +60,10 @@ def snapshot(project_path: Path) -> dict:
 def run_child(project_path: Path, failpoints: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the index pipeline in a new process, optionally armed to SIGKILL itself at a failpoint."""
     env = dict(os.environ, RAGLINE_FAILPOINTS=failpoints, PYTHONPATH=str(REPO))
-    code = ("import sys; from tests.integration.harness import run_index; from pathlib import Path; "
+    code = ("import sys; from tests.helpers.harness import run_index; from pathlib import Path; "
             "r = run_index(Path(sys.argv[1])); print(r.summary())")
     return subprocess.run([sys.executable, "-c", code, str(project_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ChromaServer:

@@ -1,5 +1,5 @@
-"""Session fixtures of the HTTP API tests (test_api, test_api_openai, test_chat_page): one indexed
-project, one scripted LLM and one served app for all of them."""
+"""Session fixtures of the HTTP API tests in this folder: one indexed project, one scripted LLM and
+one served app for all of them."""
 from __future__ import annotations
 
 import socket
@@ -10,8 +10,8 @@ import pytest
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
-from tests.conftest import scifact_records, write_jsonl
-from tests.flows.api_harness import TOKEN, Script, running, write_project
+from tests.helpers.api_harness import TOKEN, Script, running, write_project
+from tests.helpers.data import scifact_records, write_jsonl
 from tests.scripted_llm import ScriptedLLM
 
 

@@ -13,9 +13,12 @@ import sys
 import time
 
 import httpx
+import pytest
 
-from tests.flows.api_harness import AUTH, QUESTION, TOKEN, Script, running, write_project
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, Script, running, write_project
 from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.integration  # the API on uvicorn, and `ragline ask` waiting the default 20 s
 
 
 def post(url: str, body: dict) -> httpx.Response:

@@ -16,8 +16,8 @@ import pytest
 from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.conftest import REPO, index_and_search_yaml, scifact_records, write_jsonl
-from tests.integration.harness import snapshot
+from tests.helpers.data import REPO, index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.harness import snapshot
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.integration.harness import run_index, snapshot
+from tests.helpers.harness import run_index, snapshot
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import math
 import openai
 import pytest
 
-pytestmark = pytest.mark.llm
+pytestmark = [pytest.mark.llm, pytest.mark.integration]
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ragline.flows.cli import main
-from tests.conftest import REPO, SCIFACT, scifact_records, write_jsonl
+from tests.helpers.data import REPO, SCIFACT, scifact_records, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def test_bad_override_is_a_clear_error(index_project, capsys):
 
 
 def test_eval_json_on_a_small_beir_dataset(make_project, mini_beir, capsys):
-    from tests.conftest import index_and_search_yaml
+    from tests.helpers.data import index_and_search_yaml
 
     project = make_project(index_and_search_yaml())
     assert main(["eval", "--dataset", str(mini_beir), "-f", str(project), "--json"]) == 0

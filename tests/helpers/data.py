@@ -1,0 +1,63 @@
+"""SciFact data from the shared data folder, and the project templates several test modules use."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("RAGLINE_DATA_DIR", REPO.parent / "shared" / "data"))
+SCIFACT = DATA / "scifact"
+
+BASE_RESOURCES = """
+resources:
+  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
+  store:    {type: chroma, path: idx/chroma, collection: test}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+"""
+
+INDEX_AND_SEARCH = BASE_RESOURCES + """
+pipelines:
+  index:
+    kind: ingestion
+    batch_size: BATCH_SIZE
+    steps:
+      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: CHUNK_SIZE, overlap: 8}}
+      - {id: embed,   task: embed}
+      - {id: write,   task: index}
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 20}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+"""
+
+
+def index_and_search_yaml(batch_size: int = 256, chunk_size: int = 128) -> str:
+    return INDEX_AND_SEARCH.replace("BATCH_SIZE", str(batch_size)).replace("CHUNK_SIZE", str(chunk_size))
+
+
+def scifact_records(n: int, offset: int = 0) -> list[dict]:
+    """The first n SciFact corpus records (read from shared data, never copied into the repo)."""
+    if not SCIFACT.exists():
+        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    out = []
+    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as handle:
+        for i, line in enumerate(handle):
+            if i >= offset + n:
+                break
+            if i >= offset:
+                out.append(json.loads(line))
+    return out
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
