@@ -118,12 +118,13 @@ def test_map_starts_nothing_more_after_a_failure():
     assert len(started) < 10
 
 
-def test_health_is_true_only_for_a_server_that_answers(echo):
-    assert client(echo.base_url).health() is True
+def test_health_is_up_only_for_a_server_that_answers(echo):
+    assert client(echo.base_url).health().status == "up"
     assert echo.paths[-1] == "/health"
     with ScriptedLLM() as stopped:
         url = stopped.base_url
-    assert client(url).health() is False
+    down = client(url).health()
+    assert down.status == "down" and "unreachable" in down.error
 
 
 @pytest.mark.parametrize("base_url, root", [
@@ -144,7 +145,7 @@ def test_credentials_never_show_in_the_location_nor_the_spec():
 def test_only_what_shapes_answers_is_fingerprinted():
     spec = LLMSpec(type="openai_compatible", model="m", temperature=0.2, seed=3, base_url="http://other/v1",
                    api_key="k", max_concurrency=9)
-    assert spec.fingerprint_fields() == {"model": "m", "temperature": 0.2, "seed": 3}
+    assert LLMClient.fingerprint_fields(spec) == {"model": "m", "temperature": 0.2, "seed": 3}
 
 
 def test_confidence_is_the_geometric_mean_token_probability():
