@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ragline.flows import prefect_server, settings
-from ragline.flows.compile import DEFAULT_FILE, load_project
-from ragline.flows.contracts import PipelineKind
-from ragline.flows.errors import RaglineError
-from ragline.flows.serve import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
-from ragline.flows.spec import SpecValidationError
-from ragline.flows.terminal import PrintableFormatter, printable
+from ragline.flows.errors import EX_USAGE, DependencyUnavailable, RaglineError
+from ragline.flows.terminal import configure_terminal, printable
+
+# Only what every command needs is imported here (issue 24.5): `--help` and `validate` never load
+# Prefect, Chroma, torch or a model; each command imports what it uses.
+DEFAULT_FILE = "pipelines.yaml"  # compile.DEFAULT_FILE
+API_PORT = 8080  # serve.DEFAULT_PORT: `ragline serve` and `ragline api`; the LLM has 8000
 
 EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
 
@@ -25,28 +25,24 @@ SAMPLE_QUESTION = "What happens to a document that cannot be read?"  # one the p
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # Prefect's per-task INFO lines stay in the dashboard; the terminal shows ragline's progress (-v: all)
-    shown = logging.INFO if args.verbose else logging.WARNING
-    terminal = logging.StreamHandler()
-    terminal.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))  # messages name files
-    terminal.setLevel(shown)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[terminal])
-    if args.handler in (_ask, _quickstart):  # while the user waits: a slow or hung LLM is said so, every 10 s
-        logging.getLogger("ragline.llm").setLevel(logging.INFO)
-        terminal.setLevel(logging.INFO)
-        terminal.addFilter(lambda record: record.levelno >= shown or record.name == "ragline.llm")
-    if args.handler is _quickstart and not args.verbose:  # a first run's failure: ragline's one line, no traceback
-        terminal.addFilter(lambda record: not record.name.startswith("prefect"))
+    # Prefect's per-task lines stay in the dashboard; the terminal shows ragline's progress and, on
+    # failure, one line (-v: every INFO record and the tracebacks)
+    waits_for_llm = args.handler in (_ask, _quickstart, _eval, _run)  # a slow or hung LLM is said so
+    configure_terminal(args.verbose, ("ragline.llm",) if waits_for_llm else ())
     if not args.verbose:
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     if args.allow_module:
         from ragline.flows.registry import set_allowed_modules
 
         set_allowed_modules(args.allow_module)
     if getattr(args, "no_tuned", False):
+        from ragline.flows import settings
+
         settings.export("tuned", "0")  # this process and the ones it starts (flow runs, workers)
     if args.handler is _serve:  # it supervises its runner, API and signals itself
         return _dispatch(args)
+    from ragline.flows import prefect_server
+
     with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
         return _dispatch(args)
 
@@ -55,18 +51,27 @@ def _dispatch(args) -> int:
     """Run the command; every failure becomes one clear line and an exit status."""
     orchestrated = getattr(args, "orchestrate", False) or args.handler is _quickstart
     try:
+        if not orchestrated:
+            return args.handler(args)
+        from ragline.flows import prefect_server
+
         # ragline's own Prefect API when none is configured: it dies with this process, even on kill -9
-        with prefect_server.local_api() if orchestrated else contextlib.nullcontext():
+        with prefect_server.local_api():
             return args.handler(args)
     except KeyboardInterrupt:
+        from ragline.flows import prefect_server
+
         return prefect_server.interrupted_exit()
     except RaglineError as exc:  # its class says the exit status; a failure of ours keeps its traceback for -v
         if exc.exit_code == 1 and getattr(args, "verbose", False):
             raise
-        for line in exc.errors if isinstance(exc, SpecValidationError) else [f"error: {exc}"]:
+        from ragline.flows.spec import SpecValidationError
+
+        listed = exc.errors if isinstance(exc, SpecValidationError) else None
+        for line in listed or [f"error: {exc}"]:
             print(printable(line), file=sys.stderr)
-        if isinstance(exc, SpecValidationError):
-            print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        if listed:
+            print(f"{len(listed)} error(s)", file=sys.stderr)
         return exc.exit_code
     except (KeyError, FileNotFoundError, ValueError) as exc:
         print(f"error: {printable(exc.args[0] if exc.args else exc)}", file=sys.stderr)
@@ -124,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="print the answer as it is generated")
     p.add_argument("--json", action="store_true", help="print the whole answer object as JSON")
     _orchestration_flags(p, default=False)
+    _start_llm_flag(p)
 
     p = command("eval", _eval, "Evaluate a query pipeline: retrieval on a BEIR folder, answers on an RGB file.")
     p.add_argument("--dataset", required=True,
@@ -134,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _orchestration_flags(p, default=False)
+    _start_llm_flag(p)
 
     p = command("tune", _tune, "Tune hybrid retrieval on pseudo-queries made from the index (no labels) and write "
                                "the choice as an overlay that search and ask use (pipelines.yaml is never written).")
@@ -153,16 +160,17 @@ def _parser() -> argparse.ArgumentParser:
     p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=settings.get("api_token"),
+    p.add_argument("--token",
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
+    _start_llm_flag(p)
 
     p = command("serve", _serve, "Serve every pipeline as a Prefect deployment (schedules included) plus the "
                                  "HTTP API, in one supervised process.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=settings.get("api_token"),
+    p.add_argument("--token",
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--no-api", action="store_true", help="serve the deployments only")
     p.add_argument("--start-prefect", action="store_true",
@@ -242,6 +250,8 @@ def _orchestration_flags(p: argparse.ArgumentParser, default: bool) -> None:
 # ----------------------------------------------------------------------------- commands
 def _project(args):
     """The pipelines file, with its indexes moved to ``--data-dir`` when one is given."""
+    from ragline.flows.compile import load_project
+
     project = load_project(args.file)
     return project.relocated(args.data_dir) if getattr(args, "data_dir", None) else project
 
@@ -256,7 +266,7 @@ def _query_pipeline(project, name: str):
 
 
 def _validate(args) -> int:
-    from ragline.flows.compile import validate_file
+    from ragline.flows.compile import load_project, validate_file
 
     path = args.path or args.file
     errors = validate_file(path)
@@ -264,7 +274,7 @@ def _validate(args) -> int:
         print(printable(error), file=sys.stderr)
     if errors:
         print(f"{printable(path)}: {len(errors)} error(s)", file=sys.stderr)
-        return 1
+        return EX_USAGE  # bad configuration (README's exit codes; errors.ConfigError's)
     project = load_project(path)
     print(printable(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})"))
     if project.overlay is not None:
@@ -295,14 +305,25 @@ def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
         progress.close()
     for failure in report.failures:
         print(printable(f"skipped {failure.source_id}: {failure.reason} (step {failure.stage})"), file=sys.stderr)
-    origin = "given on the command line" if paths else f"relative to {project.base_dir}"
-    print(printable(f"sources ({origin}): {', '.join(report.roots) or 'none'}"), file=sys.stderr)
+    listed = _source_locations(pipeline) or report.roots
+    origin = " (given on the command line)" if paths else ""
+    print(printable(f"sources{origin}: {', '.join(listed) or 'none'}"), file=sys.stderr)
     print(printable(f"{pipeline_name}: {report.summary()} in {report.seconds:.1f} s"))
     if report.incomplete:
         print(printable(f"error: {len(report.incomplete)} source path(s) could not be reached "
                         f"({', '.join(f.source_id for f in report.incomplete)}): nothing was deleted from the index"),
               file=sys.stderr)
     return project, report
+
+
+def _source_locations(pipeline) -> list[str]:
+    """The load step's roots as absolute paths (the file's own are relative to its folder): what
+    the user can find on disk, whatever names the index gives them."""
+    load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
+    if load is None:
+        return []
+    return [os.path.abspath(os.path.join(pipeline.project.base_dir, os.path.expanduser(getattr(entry, "path", entry))))
+            for entry in load.params.paths]
 
 
 def _index(args) -> int:
@@ -336,8 +357,9 @@ def _ask(args) -> int:
         pipeline = pipeline.with_overrides({s.id: {"stream": True} for s in pipeline.steps
                                             if "stream" in s.stage.params.model_fields})
     query = {"text": args.question, "history": args.history, "filters": args.where}
-    answer = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate,
-                        on_token=show if args.stream and not args.json else None)
+    with _packaged_llms(pipeline.project, args.start_llm, [args.pipeline]):
+        answer = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate,
+                            on_token=show if args.stream and not args.json else None)
     if args.json:
         print(json.dumps(answer.model_dump(mode="json"), indent=2))
         return 0
@@ -400,8 +422,9 @@ def _eval(args) -> int:
 def _eval_answers(args, project) -> int:
     from ragline.flows.evaluate_answers import evaluate_answers
 
-    result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
-                              orchestrate=args.orchestrate)
+    with _packaged_llms(project, args.start_llm, [args.pipeline or "ask"]):
+        result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
+                                  orchestrate=args.orchestrate)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -465,6 +488,8 @@ def _run(args) -> int:
 
 def _describe(pipeline) -> str:
     """What `run` is about to do, so an ingestion run (which writes and deletes) is never a surprise."""
+    from ragline.flows.contracts import PipelineKind
+
     steps = " -> ".join(f"{s.id} ({s.stage.name})" for s in pipeline.steps)
     if pipeline.kind in (PipelineKind.QUERY, PipelineKind.JOB):
         return f"running {pipeline.kind} pipeline '{pipeline.name}': {steps}"
@@ -477,9 +502,17 @@ def _describe(pipeline) -> str:
 def _api(args) -> int:
     from ragline.flows.api import serve_api
 
-    serve_api(args.file, host=args.host, port=args.port, token=args.token, data_dir=args.data_dir,
-              max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
+    with contextlib.ExitStack() as stack:
+        _api_llms(_project(args), args.start_llm, stack)
+        serve_api(args.file, host=args.host, port=args.port, token=_token(args), data_dir=args.data_dir,
+                  max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
     return 0
+
+
+def _token(args) -> str | None:
+    from ragline.flows import settings
+
+    return args.token or settings.get("api_token") or None
 
 
 def _port(value: str) -> int:
@@ -517,30 +550,113 @@ def _serve(args) -> int:
     from ragline.flows.serve import serve
 
     # the packaged LLM is started (and supervised) by serve, once every argument and port checked out
-    return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
+    return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=_token(args),
                  start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
                  limit=args.limit, pause_on_shutdown=not args.keep_schedules,
                  keep_results_days=args.keep_results_days or None, start_llm=args.start_llm)
 
 
-@contextlib.contextmanager
-def _packaged_llms(project, enabled: bool):
-    """The packaged model on vLLM for each local LLM endpoint that is down, for this command's life."""
-    from ragline.flows.llm_server import local_llm
+# ----------------------------------------------------------------------------- the LLM (issue 24.3)
+class LLMDown(DependencyUnavailable):
+    """An LLM endpoint a command needs accepts no connection, and ragline is not to start it."""
 
-    endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
-                 if getattr(spec, "type", None) == "openai_compatible"}
+
+def _llm_endpoints(project, pipelines=None) -> set[tuple[str, str]]:
+    """(base_url, model) of the LLM resources the named pipelines use (all of the file's: None)."""
+    used = None if pipelines is None else {name for p in pipelines for s in project.pipeline(p).steps
+                                          for name in s.resources.values()}
+    return {(spec.base_url, spec.model) for name, spec in project.spec.resources.items()
+            if getattr(spec, "type", None) == "openai_compatible" and (used is None or name in used)}
+
+
+def _accepts_connections(base_url: str, timeout: float = 3.0) -> bool:
+    """Something listens at the endpoint (a hung or busy server too: the pipeline's own checks say which)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from ragline.flows.llm_server import endpoint_port
+
+    try:
+        with socket.create_connection((urlsplit(base_url).hostname or "127.0.0.1", endpoint_port(base_url)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _how_to_start(base_url: str, model: str, enabled: bool) -> str:
+    """One line: the endpoint that is down and the command that starts one there."""
+    from ragline.flows.llm_server import PACKAGED_MODEL, endpoint_port, is_local, start_enabled
+
+    down = f"the LLM endpoint {base_url} (model '{model}') did not answer: nothing accepts connections there"
+    if not is_local(base_url):
+        return (f"{down}; start that server, or point RAGLINE_LLM_BASE_URL at one that runs (the packaged "
+                f"model runs here with `ragline serve`)")
+    if model != PACKAGED_MODEL:
+        return (f"{down}; start your server for '{model}' on port {endpoint_port(base_url)} (ragline starts only "
+                f"the packaged model, '{PACKAGED_MODEL}')")
+    if not (enabled and start_enabled()):
+        return (f"{down}; start it with `VLLM_PORT={endpoint_port(base_url)} bash deploy/vllm/serve.sh`, or let "
+                f"ragline start it (without --no-start-llm and RAGLINE_START_LLM=0)")
+    return f"{down}, and the packaged LLM could not start there"
+
+
+@contextlib.contextmanager
+def _packaged_llms(project, enabled: bool, pipelines=None, required: bool = True):
+    """The packaged model on vLLM for each local LLM endpoint of ``pipelines`` that is down, for this
+    command's life, as `quickstart` and `serve` do. An endpoint that is down and not ours to start
+    (remote, another model, --no-start-llm) is ``LLMDown`` in one line when ``required``."""
+    from ragline.flows.llm_server import local_llm, should_start
+
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(local_llm(base_url, model, enabled=enabled)) for base_url, model in
-                   sorted(endpoints)]
-        yield [server for server in servers if server is not None]
+        servers = []
+        for base_url, model in sorted(_llm_endpoints(project, pipelines)):
+            if _accepts_connections(base_url):
+                continue
+            why: list[str] = []
+            server = None
+            if should_start(base_url, model, enabled=enabled, say=lambda line: None):
+                def say(line: str) -> None:
+                    if line.startswith("could not start"):
+                        why.append(line)  # it becomes the error's end
+                    else:
+                        print(printable(line), file=sys.stderr, flush=True)
+
+                server = stack.enter_context(local_llm(base_url, model, enabled=enabled, say=say))
+            if server is not None:
+                servers.append(server)
+            elif required:
+                raise LLMDown(_how_to_start(base_url, model, enabled) + "".join(f": {line}" for line in why))
+            for line in why:  # quickstart searches without an LLM: the reason, in one line
+                print(printable(line), file=sys.stderr, flush=True)
+        yield servers
+
+
+def _api_llms(project, enabled: bool, stack: contextlib.ExitStack) -> None:
+    """`ragline api`'s LLMs, as `serve`'s: the packaged one started in the background and supervised
+    (/readyz reports it until it answers); any other endpoint that is down is one line, and the API
+    serves search meanwhile."""
+    from ragline.flows.llm_server import ManagedLLM, PACKAGED_MODEL, should_start
+
+    def say(line: str) -> None:
+        print(printable(f"ragline api: {line}"), file=sys.stderr, flush=True)
+
+    for base_url, model in sorted(_llm_endpoints(project)):
+        if _accepts_connections(base_url):
+            continue
+        if should_start(base_url, model, enabled=enabled, say=lambda line: None):
+            say(f"starting the packaged LLM ({PACKAGED_MODEL} on vLLM) at {base_url} in the background "
+                f"(--no-start-llm to skip); /readyz reports it until it answers")
+            stack.callback(ManagedLLM(base_url, say=say).start().stop)
+        else:
+            say(f"warning: {_how_to_start(base_url, model, enabled)}; answers fail until it runs")
 
 
 def _quickstart(args) -> int:
     project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
     if report.incomplete:
         return 1
-    with _packaged_llms(project, args.start_llm) as servers:
+    with _packaged_llms(project, args.start_llm, required=False) as servers:
         try:
             return _search_and_answer(project, args.question)
         except Exception:

@@ -10,6 +10,10 @@ import pytest
 
 import ragline.flows  # noqa: F401 - offline defaults before any heavy import
 
+# A command whose local LLM endpoint is down starts the packaged vLLM (issue 24.3): never in a test
+# unless it asks for it (tests/fake_vllm.py, RAGLINE_VLLM_DEPLOY, RAGLINE_START_LLM unset for its child).
+os.environ.setdefault("RAGLINE_START_LLM", "0")
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("RAGLINE_DATA_DIR", REPO.parent / "shared" / "data"))
 SCIFACT = DATA / "scifact"

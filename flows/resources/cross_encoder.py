@@ -31,6 +31,9 @@ class CrossEncoderModel:
         if self._model is None:
             with self._lock:
                 if self._model is None:
+                    from ragline.flows.resources.embedder import quiet_model_loading
+
+                    quiet_model_loading()
                     from sentence_transformers import CrossEncoder
 
                     self._model = CrossEncoder(self.spec.model, device=self.spec.device,
