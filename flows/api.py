@@ -975,6 +975,9 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
 
     app = create_app(project_path, token=token, routers=routers, max_body_bytes=max_body_bytes,
                      cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
+    from ragline.flows.api_discovery import published
+
     with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
         serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
+        stack.enter_context(published(app.state.service.project, host, port, token, data_dir))  # for the CLI
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **server_settings)

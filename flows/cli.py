@@ -41,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         settings.export("tuned", "0")  # this process and the ones it starts (flow runs, workers)
     if args.handler is _serve:  # it supervises its runner, API and signals itself
         return _dispatch(args)
+    if args.handler in (_search, _ask):
+        try:
+            served = _served(args)
+        except KeyboardInterrupt:
+            return 130
+        if served is not None:
+            return served
     from ragline.flows import prefect_server
 
     with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
@@ -339,7 +346,7 @@ def _search(args) -> int:
     pipeline = _query_pipeline(_project(args), args.pipeline)
     query: dict[str, Any] = {"text": args.question, "filters": args.where}
     passages = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate)
-    _print_passages(passages[: args.top], args.json)
+    _print_passages([_plain(p) for p in passages[: args.top]], args.json)
     return 0
 
 
@@ -360,35 +367,152 @@ def _ask(args) -> int:
     with _packaged_llms(pipeline.project, args.start_llm, [args.pipeline]):
         answer = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate,
                             on_token=show if args.stream and not args.json else None)
-    if args.json:
-        print(json.dumps(answer.model_dump(mode="json"), indent=2))
-        return 0
-    if streamed:
-        print("\n")
-        if answer.refused:
-            print(printable(answer.text, keep_newlines=True))
-    else:
-        print(printable(answer.text, keep_newlines=True))
-    if answer.refused and answer.reason:
-        print(printable(f"({answer.reason})"))
-    for source in [] if answer.refused else answer.sources:
-        print(printable(f"[{source.number}] {source.title or source.source_id} — {source.path}"))
-    if answer.invalid_citations:
-        print(f"warning: citations with no matching reference: {answer.invalid_citations}", file=sys.stderr)
+    _print_answer(answer.model_dump(mode="json"), args.json, bool(streamed))
     return 0
 
 
-def _print_passages(passages, as_json: bool) -> None:
+def _plain(item: Any) -> Any:
+    return item.model_dump(mode="json") if hasattr(item, "model_dump") else item
+
+
+def _print_answer(answer: dict[str, Any], as_json: bool, streamed: bool) -> None:
+    """An answer (``Answer`` as JSON, in-process or from the API): its text, or the refusal and its
+    reason, then its numbered sources."""
     if as_json:
-        print(json.dumps([p.model_dump(mode="json") for p in passages], indent=2))
+        print(json.dumps(answer, indent=2))
+        return
+    if streamed:
+        print("\n")
+        if answer["refused"]:
+            print(printable(answer["text"], keep_newlines=True))
+    else:
+        print(printable(answer["text"], keep_newlines=True))
+    if answer["refused"] and answer.get("reason"):
+        print(printable(f"({answer['reason']})"))
+    for source in [] if answer["refused"] else answer.get("sources", []):
+        print(printable(f"[{source['number']}] {source.get('title') or source['source_id']} — {source.get('path')}"))
+    if answer.get("invalid_citations"):
+        print(f"warning: citations with no matching reference: {answer['invalid_citations']}", file=sys.stderr)
+
+
+def _print_passages(passages: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(passages, indent=2))
         return
     if not passages:
         print("no passages found")
     for rank, p in enumerate(passages, start=1):
-        source = p.metadata.get("source", p.source_id)
-        print(f"{rank}. [{p.score:.4f}] {printable(p.title or p.source_id)}\n   {printable(source)}")
-        snippet = " ".join(p.text.split())
+        source = (p.get("metadata") or {}).get("source", p["source_id"])
+        print(f"{rank}. [{p['score']:.4f}] {printable(p.get('title') or p['source_id'])}\n   {printable(source)}")
+        snippet = " ".join(p["text"].split())
         print(f"   {printable(snippet[:300])}{'…' if len(snippet) > 300 else ''}\n")
+
+
+# ----------------------------------------------------------------------------- a running API (issue 24.5)
+def _served(args) -> int | None:
+    """`search` or `ask` answered by a running local `ragline api`/`serve` of this very project
+    (``api_discovery``): its models are loaded, so it answers in milliseconds where this process
+    would load the embedder first. None: there is none to use (or it refused our token): run here."""
+    if args.orchestrate or args.no_tuned:
+        return None
+    from ragline.flows.api_discovery import find
+
+    service, why = find(args.file, args.data_dir)
+    if service is None:
+        if why:
+            print(printable(f"({why}: running in-process)"), file=sys.stderr)
+        return None
+    if service.tuned and os.environ.get("RAGLINE_TUNED", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    token = _client_token(service)
+    if service.token_required and not token:
+        print(printable(f"(the ragline API at {service.url} needs a token: set RAGLINE_API_TOKEN to use it; "
+                        f"running in-process)"), file=sys.stderr)
+        return None
+    body: dict[str, Any] = {"question": args.question, "pipeline": args.pipeline, "filters": args.where}
+    if args.handler is _search:
+        body["top_k"] = args.top
+    else:
+        body["history"] = args.history
+        body["stream"] = bool(args.stream and not args.json)
+    try:
+        response = _post(f"{service.url}/v1/query", body, token)
+    except _Refused as refused:
+        if refused.status == 401:
+            print(printable(f"(the ragline API at {service.url} refused the token in RAGLINE_API_TOKEN: running "
+                            f"in-process)"), file=sys.stderr)
+            return None
+        print(printable(f"error: {refused.message} (ragline API at {service.url})"), file=sys.stderr)
+        return EX_USAGE if refused.status < 500 else 1
+    except OSError as exc:  # not listening (yet), reset: this process can still answer
+        print(printable(f"(the ragline API at {service.url} did not answer ({exc}): running in-process)"),
+              file=sys.stderr)
+        return None
+    print(printable(f"(answered by the running ragline API at {service.url}, pid {service.pid})"), file=sys.stderr)
+    with response:
+        if body.get("stream"):
+            return _print_stream(response)
+        result = json.load(response)
+    if args.handler is _search:
+        _print_passages(result["passages"], args.json)
+    else:
+        _print_answer(result["answer"], args.json, streamed=False)
+    return 0
+
+
+def _client_token(service) -> str | None:
+    """The token the CLI sends: from where `ragline api` reads its own (RAGLINE_API_TOKEN, settings)."""
+    token = os.environ.get("RAGLINE_API_TOKEN")
+    if token or not service.token_required:
+        return token
+    from ragline.flows import settings
+
+    return settings.get("api_token") or None
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _post(url: str, body: dict[str, Any], token: str | None):
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        return urllib.request.urlopen(request, timeout=900)  # an answer may wait for a busy LLM
+    except urllib.error.HTTPError as exc:
+        with exc:
+            try:
+                message = json.load(exc)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {exc.code}"
+        raise _Refused(exc.code, message) from None
+
+
+def _print_stream(response) -> int:
+    """The API's server-sent events: tokens as they come, then the answer (or its error)."""
+    event, streamed = None, False
+    for raw in response:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+            if event == "token" and data is not None:
+                streamed = True
+                print(printable(data["text"], keep_newlines=True), end="", flush=True)
+            elif event == "answer":
+                _print_answer(data["answer"], as_json=False, streamed=streamed)
+                return 0
+            elif event == "error":
+                print(printable(f"error: {data['error']['message']}"), file=sys.stderr)
+                return 1
+    print("error: the ragline API's answer stream ended early", file=sys.stderr)
+    return 1
 
 
 def _eval(args) -> int:
@@ -673,7 +797,7 @@ def _search_and_answer(project, question: str) -> int:
 
     print(f"\nsearch: {printable(question)}\n")
     passages = engine.run(project.pipeline("search"), {"query": question}, orchestrate=True)
-    _print_passages(passages[:5], as_json=False)
+    _print_passages([_plain(p) for p in passages[:5]], as_json=False)
     if "ask" not in project.pipelines or "llm" not in project.spec.resources:
         return 0
     llm = project.resource("llm")

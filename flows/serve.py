@@ -423,6 +423,10 @@ class ServeSupervisor:
             context = contextvars.copy_context()
             self._spawn("api", lambda: context.run(self._uvicorn.run, sockets=[sock]))
             self._await_ready(lambda: self._uvicorn.started, "api", "the HTTP API did not start")
+            from ragline.flows.api_discovery import published
+
+            self._stack.enter_context(published(app.state.service.project, host, port, self.token,
+                                                self.data_dir))  # a terminal search or ask uses this API
         served = ", ".join(f"{opts['name']} ({self._describe(opts)})" for opts in options.values())
         self.log(f"ragline serve: {len(options)} deployment(s) of flow '{FLOW_NAME}': {served}")
         self.log(f"ragline serve: Prefect API {self.prefect_api_url}; runner polls every {self.poll_seconds:g} s"

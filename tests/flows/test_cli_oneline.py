@@ -185,3 +185,74 @@ def test_the_cli_constants_match_their_modules():
     from ragline.flows import cli, compile, serve
 
     assert cli.API_PORT == serve.DEFAULT_PORT and cli.DEFAULT_FILE == compile.DEFAULT_FILE
+
+
+# ----------------------------------------------------------------------------- item 5: a running API answers
+API_TOKEN = "cli-service-token"
+MODULES = ("import json, sys\nfrom ragline.flows.cli import main\ncode = main(sys.argv[1:])\n"
+           f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]), file=sys.stderr)")
+
+
+@pytest.fixture
+def running_api(api_project, tmp_path):
+    """`ragline api` on the session's indexed project (a real process, real uvicorn, a token)."""
+    port = free_port()
+    log = open(tmp_path / "api.log", "wb")
+    api = subprocess.Popen([SCRIPT, "api", "-f", str(api_project), "--port", str(port)], stdout=log,
+                           stderr=subprocess.STDOUT, env={**os.environ, "RAGLINE_API_TOKEN": API_TOKEN})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=2).close()
+            break
+        except OSError:
+            assert api.poll() is None, (tmp_path / "api.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "ragline api did not start"
+            time.sleep(0.2)
+    try:
+        yield url, api.pid
+    finally:
+        api.terminate()
+        api.wait(30)
+        log.close()
+    assert not (api_project.parent / ".ragline" / "api.server.json").exists()  # withdrawn when it stops
+
+
+@pytest.mark.integration
+def test_search_and_ask_use_a_running_api_of_the_same_project_and_say_so(api_project, running_api):
+    url, pid = running_api
+    discovery = api_project.parent / ".ragline" / "api.server.json"
+    assert json.loads(discovery.read_text())["port"] == int(url.rsplit(":", 1)[1])
+    token = {"RAGLINE_API_TOKEN": API_TOKEN}
+    searched = subprocess.run([sys.executable, "-c", MODULES, "search", QUESTION, "-f", str(api_project), "--json",
+                               "-k", "2"], capture_output=True, text=True, env={**os.environ, **token}, timeout=120)
+    said, (code, heavy) = searched.stderr.splitlines()[:-1], json.loads(searched.stderr.splitlines()[-1])
+    assert code == 0 and said == [f"(answered by the running ragline API at {url}, pid {pid})"], searched.stderr
+    assert heavy == []  # no torch, no model, no Chroma, no Prefect in the CLI's process
+    served = json.loads(searched.stdout)
+    assert len(served) == 2 and served[0]["title"] and served[0]["score"] > 0
+    asked = ragline("ask", QUESTION, "-f", str(api_project), env=token)
+    assert asked.returncode == 0 and asked.stderr == f"(answered by the running ragline API at {url}, pid {pid})\n"
+    assert asked.stdout.startswith("Diffusion tensor imaging measures it [1].\n[1] ")
+    # without the token the API was given, the CLI answers in-process (and says why)
+    alone = ragline("search", QUESTION, "-f", str(api_project), "--json", "-k", "2",
+                    env={"RAGLINE_API_TOKEN": ""})
+    assert alone.returncode == 0 and alone.stderr.startswith(f"(the ragline API at {url} needs a token: set "
+                                                             f"RAGLINE_API_TOKEN to use it; running in-process)\n")
+    assert [p["chunk_id"] for p in json.loads(alone.stdout)] == [p["chunk_id"] for p in served]
+
+
+@pytest.mark.integration
+def test_an_edited_pipelines_file_is_not_answered_by_the_api_that_serves_the_old_one(api_project, running_api):
+    url, pid = running_api
+    edited = api_project.read_text()
+    try:
+        api_project.write_text(edited + "\n# edited\n")
+        result = ragline("search", QUESTION, "-f", str(api_project), "-k", "1",
+                         env={"RAGLINE_API_TOKEN": API_TOKEN})
+    finally:
+        api_project.write_text(edited)
+    assert result.returncode == 0 and result.stdout.startswith("1. [")
+    assert result.stderr.startswith(f"(the ragline API at {url} (pid {pid}) serves another version of "
+                                    f"{api_project.name}: running in-process)\n"), result.stderr
