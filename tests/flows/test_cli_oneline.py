@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -256,3 +257,44 @@ def test_an_edited_pipelines_file_is_not_answered_by_the_api_that_serves_the_old
     assert result.returncode == 0 and result.stdout.startswith("1. [")
     assert result.stderr.startswith(f"(the ragline API at {url} (pid {pid}) serves another version of "
                                     f"{api_project.name}: running in-process)\n"), result.stderr
+
+
+@pytest.mark.integration
+def test_api_starts_the_packaged_llm_in_the_background_and_stops_it(api_project, tmp_path):
+    """`ragline api` as `serve`: the API answers at once, /readyz reports the LLM until it is up."""
+    llm_port, port = free_port(), free_port()
+    project = write_project(api_project.parent, f"http://127.0.0.1:{llm_port}/v1", name="api_llm.yaml")
+    env = {**os.environ, "RAGLINE_VLLM_DEPLOY": str(fake_deploy(tmp_path)), "RAGLINE_START_LLM": "1",
+           "RAGLINE_API_TOKEN": API_TOKEN}
+    log = tmp_path / "api.log"
+    with open(log, "wb") as out:
+        api = subprocess.Popen([SCRIPT, "api", "-f", str(project), "--port", str(port)], stdout=out,
+                               stderr=subprocess.STDOUT, env=env)
+
+    def llm_status() -> str | None:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/readyz",
+                                         headers={"Authorization": f"Bearer {API_TOKEN}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.load(response)["checks"]["llm"]["status"]
+        except urllib.error.HTTPError as exc:  # 503 while the LLM is not ready
+            return json.load(exc)["checks"]["llm"]["status"]
+        except OSError:
+            return None
+
+    try:
+        deadline = time.monotonic() + 180
+        while llm_status() != "up":
+            assert api.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.3)
+        said = log.read_text()
+        assert f"ragline api: starting the packaged LLM (smollm2 on vLLM) at http://127.0.0.1:{llm_port}/v1" in said
+        assert re.search(r"ragline api: LLM ready in \d+ s \(pid \d+, ", said), said
+    finally:
+        api.terminate()
+        api.wait(60)
+    deadline = time.monotonic() + 30
+    while not port_free(llm_port):
+        assert time.monotonic() < deadline, "the packaged LLM outlived ragline api"
+        time.sleep(0.2)
