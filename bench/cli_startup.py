@@ -6,11 +6,11 @@ Each figure is a ratio against a baseline measured in the same run, on the same 
   - eager: the same command with the imports the CLI made eagerly before issue 24 (Prefect's
     server module, settings, compile, contracts, serve, spec, trafilatura, pypdf) loaded first;
   - cold: for `search` via the API, the same command with no API running (in-process, as before);
-  - before (optional, ``--before-python``): the same command from another install of ragline (e.g.
-    main's venv), for a before/after against today's code.
+  - before (optional, ``--before COMMIT``): the same command from the code at COMMIT (``git archive``
+    into a temporary folder put first on PYTHONPATH, so the same interpreter and packages run it).
 Workspace: a copy of the repository's pipelines.yaml, samples/ and prompts/, indexed once (untimed).
 
-Usage: .venv/bin/python bench/cli_startup.py [--repeats 5] [--before-python /work/main/.venv/bin/python]
+Usage: .venv/bin/python bench/cli_startup.py [--repeats 5] [--before b32d279]
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from ragline.flows.llm_server import free_port
 
 TOKEN = "bench-cli-token"
 QUESTION = "What happens to a document that cannot be read?"
+MAIN = "import sys\nfrom ragline.flows.cli import main\nsys.exit(main())"
 EAGER = ("import sys, ragline.flows.prefect_server, ragline.flows.settings, ragline.flows.compile, "
          "ragline.flows.contracts, ragline.flows.serve, ragline.flows.spec, trafilatura, pypdf\n"
          "from ragline.flows.cli import main\nsys.exit(main())")
@@ -56,7 +57,23 @@ def timed(command: list[str], cwd: Path, env: dict[str, str], repeats: int) -> l
     return seconds
 
 
+def checkout(commit: str, folder: Path) -> Path:
+    """The package ``ragline`` as it was at ``commit``, importable from ``folder`` (PYTHONPATH)."""
+    source = folder / "source"
+    source.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "ragline", "flows", "tasks", "prompts"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    package = folder / "path" / "ragline"
+    package.mkdir(parents=True)
+    shutil.copy(source / "ragline" / "__init__.py", package / "__init__.py")
+    for name in ("flows", "tasks", "prompts"):
+        (package / name).symlink_to(source / name)
+    return folder / "path"
+
+
 def workspace(root: Path, env: dict[str, str]) -> Path:
+    root.mkdir()
     shutil.copy(REPO / "pipelines.yaml", root / "pipelines.yaml")
     shutil.copytree(REPO / "samples", root / "samples")
     shutil.copytree(REPO / "prompts", root / "prompts")
@@ -88,19 +105,20 @@ def median(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--before-python", help="an interpreter with another ragline install (e.g. main's venv)")
+    parser.add_argument("--before", metavar="COMMIT", help="also time the code at this commit (e.g. the branch's base)")
     args = parser.parse_args()
     env = {**os.environ, "RAGLINE_API_TOKEN": TOKEN, "RAGLINE_START_LLM": "0"}
     env.pop("PREFECT_API_URL", None)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ragline-cli-bench-") as folder:
-        root = workspace(Path(folder), env)
+        root = workspace(Path(folder) / "project", env)
+        before_env = {**env, "PYTHONPATH": str(checkout(args.before, Path(folder) / "before"))} if args.before else None
         for name, (arguments, target) in COMMANDS.items():
             repeats = max(2, args.repeats // 2) if name.startswith("search") else args.repeats
             row = {"after_s": median(timed(script(sys.executable) + arguments, root, env, repeats)),
                    "eager_s": median(timed([sys.executable, "-c", EAGER, *arguments], root, env, repeats))}
-            if args.before_python:
-                row["before_s"] = median(timed(script(args.before_python) + arguments, root, env, repeats))
+            if before_env:
+                row["before_s"] = median(timed([sys.executable, "-c", MAIN, *arguments], root, before_env, repeats))
             results[name] = {**row, "target_s": target} if target else row
         cold = results["search (cold, in-process)"]["after_s"]
         api = running_api(root, env)
@@ -116,7 +134,7 @@ def main() -> None:
         for label, value in baselines:
             lines.append(f"| {name} | {row['after_s']} | {value} ({label}) | {value / row['after_s']:.1f}x | "
                          f"{'< %g s' % row['target_s'] if row.get('target_s') else ''} |")
-    save("cli_startup", {"repeats": args.repeats, "results": results})
+    save("cli_startup", {"repeats": args.repeats, "before": args.before, "results": results})
     publish("cli_startup", lines, readme=False)  # the README's figures are another engineer's (issue 24.6)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -28,9 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect's per-task lines stay in the dashboard; the terminal shows ragline's progress and, on
     # failure, one line (-v: every INFO record and the tracebacks)
     waits_for_llm = args.handler in (_ask, _quickstart, _eval, _run)  # a slow or hung LLM is said so
-    configure_terminal(args.verbose, ("ragline.llm",) if waits_for_llm else ())
+    configure_terminal(args.verbose, ("ragline.llm",) if waits_for_llm else (), prefect=args.handler is _serve)
     if not args.verbose:
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING" if args.handler is _serve else
+                              "CRITICAL")
     if args.allow_module:
         from ragline.flows.registry import set_allowed_modules
 
@@ -470,7 +470,9 @@ def _client_token(service) -> str | None:
     return settings.get("api_token") or None
 
 
-class _Refused(Exception):
+class _Refused(RaglineError):
+    """The running API answered the query with an error status (its message; 401: not our token)."""
+
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message

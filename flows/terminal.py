@@ -63,13 +63,13 @@ class TerminalFilter(logging.Filter):
     failed task and flow run logged its chained tracebacks, ~340 lines, before the CLI's one line)
     and each progress line once (parallel calls retried in step printed it once per call)."""
 
-    def __init__(self, level: int, progress: tuple[str, ...] = (), verbose: bool = False):
+    def __init__(self, level: int, progress: tuple[str, ...] = (), verbose: bool = False, prefect: bool = False):
         super().__init__()
-        self.level, self.progress, self.verbose = level, progress, verbose
+        self.level, self.progress, self.verbose, self.prefect = level, progress, verbose, prefect
         self._shown: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.verbose and (record.name == "prefect" or record.name.startswith("prefect.")):
+        if not (self.verbose or self.prefect) and (record.name == "prefect" or record.name.startswith("prefect.")):
             return False
         if record.levelno >= self.level:
             return True
@@ -84,12 +84,13 @@ class TerminalFilter(logging.Filter):
         return True
 
 
-def configure_terminal(verbose: bool, progress: tuple[str, ...] = ()) -> logging.Handler:
+def configure_terminal(verbose: bool, progress: tuple[str, ...] = (), prefect: bool = False) -> logging.Handler:
     """Log records on stderr as the CLI shows them (see ``TerminalFilter``); ``-v``: every INFO
-    record with its logger's name and any traceback."""
+    record with its logger's name and any traceback; ``prefect``: Prefect's warnings too (a
+    long-running ``serve`` reports its runner's problems that way)."""
     terminal = logging.StreamHandler()
     terminal.setFormatter(TerminalFormatter(verbose))
-    terminal.addFilter(TerminalFilter(logging.INFO if verbose else logging.WARNING, progress, verbose))
+    terminal.addFilter(TerminalFilter(logging.INFO if verbose else logging.WARNING, progress, verbose, prefect))
     logging.basicConfig(level=logging.WARNING, handlers=[terminal])
     for name in progress:
         logging.getLogger(name).setLevel(logging.INFO)
