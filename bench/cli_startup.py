@@ -60,7 +60,7 @@ def timed(command: list[str], cwd: Path, env: dict[str, str], repeats: int) -> l
 def checkout(commit: str, folder: Path) -> Path:
     """The package ``ragline`` as it was at ``commit``, importable from ``folder`` (PYTHONPATH)."""
     source = folder / "source"
-    source.mkdir()
+    source.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "ragline", "flows", "tasks", "prompts"],
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)

@@ -298,3 +298,33 @@ def test_api_starts_the_packaged_llm_in_the_background_and_stops_it(api_project,
     while not port_free(llm_port):
         assert time.monotonic() < deadline, "the packaged LLM outlived ragline api"
         time.sleep(0.2)
+
+
+def test_the_discovery_file_names_only_a_live_api_of_this_project_on_this_host(tmp_path):
+    """A stale file (the API was killed), another machine's, another file beside the same data, an
+    edited file or a newer tuned overlay: never used."""
+    from types import SimpleNamespace
+
+    from ragline.flows import api_discovery
+
+    project_file = tmp_path / "pipelines.yaml"
+    project_file.write_text("pipelines: {}\n")
+    project = SimpleNamespace(path=project_file, overlay=None)
+    with api_discovery.published(project, "0.0.0.0", 8123, "a-token", None) as target:
+        assert target == tmp_path / ".ragline" / "api.server.json"
+        service, why = api_discovery.find(project_file)
+        assert service == api_discovery.Service("http://127.0.0.1:8123", os.getpid(), True, False) and why is None
+        assert api_discovery.find(tmp_path / "other.yaml") == (None, None)
+        (tmp_path / "pipelines.tuned.yaml").write_text("version: 1\n")  # `ragline tune` ran since
+        assert api_discovery.find(project_file)[1] == (f"the ragline API at http://127.0.0.1:8123 (pid "
+                                                       f"{os.getpid()}) serves an older tuned overlay")
+        (tmp_path / "pipelines.tuned.yaml").unlink()
+        info = json.loads(target.read_text())
+        target.write_text(json.dumps({**info, "hostname": "elsewhere"}))
+        assert api_discovery.find(project_file) == (None, None)
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        target.write_text(json.dumps({**info, "pid": dead.pid, "started": None}))
+        assert api_discovery.find(project_file) == (None, None)
+        target.write_text(json.dumps(info))
+    assert not target.exists()
