@@ -236,6 +236,9 @@ def test_search_and_ask_use_a_running_api_of_the_same_project_and_say_so(api_pro
     asked = ragline("ask", QUESTION, "-f", str(api_project), env=token)
     assert asked.returncode == 0 and asked.stderr == f"(answered by the running ragline API at {url}, pid {pid})\n"
     assert asked.stdout.startswith("Diffusion tensor imaging measures it [1].\n[1] ")
+    streamed = ragline("ask", QUESTION, "-f", str(api_project), "--stream", env=token)  # its server-sent events
+    assert streamed.returncode == 0 and streamed.stderr == asked.stderr, streamed.stderr
+    assert streamed.stdout.startswith("Diffusion tensor imaging measures it [1].\n\n[1] "), streamed.stdout
     # without the token the API was given, the CLI answers in-process (and says why)
     alone = ragline("search", QUESTION, "-f", str(api_project), "--json", "-k", "2",
                     env={"RAGLINE_API_TOKEN": ""})
