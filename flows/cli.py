@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.handler in (_search, _ask):
         try:
             served = _served(args)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C while the API answers: nothing of ours to stop
+            print("interrupted", file=sys.stderr)
             return 130
         if served is not None:
             return served
