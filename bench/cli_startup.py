@@ -2,7 +2,8 @@
 script for `--help`, `validate`, an `index` with nothing changed, and `search` (cold: in-process,
 loading the embedder; and answered by a running `ragline api` of the same project).
 
-Each figure is a ratio against a baseline measured in the same run, on the same machine:
+Each figure is a ratio against a baseline measured in the same run, on the same machine, the
+variants' runs interleaved (medians of ``--repeats``):
   - eager: the same command with the imports the CLI made eagerly before issue 24 (Prefect's
     server module, settings, compile, contracts, serve, spec, trafilatura, pypdf) loaded first;
   - cold: for `search` via the API, the same command with no API running (in-process, as before);
@@ -115,10 +116,15 @@ def main() -> None:
         before_env = {**env, "PYTHONPATH": str(checkout(args.before, Path(folder) / "before"))} if args.before else None
         for name, (arguments, target) in COMMANDS.items():
             repeats = max(2, args.repeats // 2) if name.startswith("search") else args.repeats
-            row = {"after_s": median(timed(script(sys.executable) + arguments, root, env, repeats)),
-                   "eager_s": median(timed([sys.executable, "-c", EAGER, *arguments], root, env, repeats))}
+            variants = {"after_s": (script(sys.executable) + arguments, env),
+                        "eager_s": ([sys.executable, "-c", EAGER, *arguments], env)}
             if before_env:
-                row["before_s"] = median(timed([sys.executable, "-c", MAIN, *arguments], root, before_env, repeats))
+                variants["before_s"] = ([sys.executable, "-c", MAIN, *arguments], before_env)
+            times: dict[str, list[float]] = {key: [] for key in variants}
+            for _ in range(repeats):  # interleaved (A B C A B C ...): the machine's drift hits every variant alike
+                for key, (command, variant_env) in variants.items():
+                    times[key] += timed(command, root, variant_env, 1)
+            row = {key: median(values) for key, values in times.items()}
             results[name] = {**row, "target_s": target} if target else row
         cold = results["search (cold, in-process)"]["after_s"]
         api = running_api(root, env)
