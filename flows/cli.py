@@ -4,20 +4,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from ragline.flows import settings
-from ragline.flows.ops import prefect_server
-from ragline.flows.spec.compile import DEFAULT_FILE, load_project
-from ragline.flows.contracts import PipelineKind
-from ragline.flows.errors import RaglineError
-from ragline.flows.serve.service import DEFAULT_PORT as API_PORT  # `ragline serve` and `ragline api`; the LLM has 8000
-from ragline.flows.spec.parse import SpecValidationError
-from ragline.flows.terminal import PrintableFormatter, printable
+from ragline.flows.errors import EX_USAGE, DependencyUnavailable, RaglineError
+from ragline.flows.terminal import configure_terminal, printable
+
+# Only what every command needs is imported here (issue 24.5): `--help` and `validate` never load
+# Prefect, Chroma, torch or a model; each command imports what it uses.
+DEFAULT_FILE = "pipelines.yaml"  # compile.DEFAULT_FILE
+API_PORT = 8080  # serve.DEFAULT_PORT: `ragline serve` and `ragline api`; the LLM has 8000
 
 EXIT_SKIPPED = 3  # the run completed, but some documents could not be read and were skipped
 
@@ -26,28 +24,33 @@ SAMPLE_QUESTION = "What happens to a document that cannot be read?"  # one the p
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # Prefect's per-task INFO lines stay in the dashboard; the terminal shows ragline's progress (-v: all)
-    shown = logging.INFO if args.verbose else logging.WARNING
-    terminal = logging.StreamHandler()
-    terminal.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))  # messages name files
-    terminal.setLevel(shown)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[terminal])
-    if args.handler in (_ask, _quickstart):  # while the user waits: a slow or hung LLM is said so, every 10 s
-        logging.getLogger("ragline.llm").setLevel(logging.INFO)
-        terminal.setLevel(logging.INFO)
-        terminal.addFilter(lambda record: record.levelno >= shown or record.name == "ragline.llm")
-    if args.handler is _quickstart and not args.verbose:  # a first run's failure: ragline's one line, no traceback
-        terminal.addFilter(lambda record: not record.name.startswith("prefect"))
+    # Prefect's per-task lines stay in the dashboard; the terminal shows ragline's progress and, on
+    # failure, one line (-v: every INFO record and the tracebacks)
+    waits_for_llm = args.handler in (_ask, _quickstart, _eval, _run)  # a slow or hung LLM is said so
+    configure_terminal(args.verbose, ("ragline.llm",) if waits_for_llm else (), prefect=args.handler is _serve)
     if not args.verbose:
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING" if args.handler is _serve else
+                              "CRITICAL")
     if args.allow_module:
         from ragline.flows.spec.registry import set_allowed_modules
 
         set_allowed_modules(args.allow_module)
     if getattr(args, "no_tuned", False):
+        from ragline.flows import settings
+
         settings.export("tuned", "0")  # this process and the ones it starts (flow runs, workers)
     if args.handler is _serve:  # it supervises its runner, API and signals itself
         return _dispatch(args)
+    if args.handler in (_search, _ask):
+        try:
+            served = _served(args)
+        except KeyboardInterrupt:  # Ctrl-C while the API answers: nothing of ours to stop
+            print("interrupted", file=sys.stderr)
+            return 130
+        if served is not None:
+            return served
+    from ragline.flows.ops import prefect_server
+
     with prefect_server.interrupt_guard():  # Ctrl-C ends the process within seconds, whatever it is doing
         return _dispatch(args)
 
@@ -56,18 +59,27 @@ def _dispatch(args) -> int:
     """Run the command; every failure becomes one clear line and an exit status."""
     orchestrated = getattr(args, "orchestrate", False) or args.handler is _quickstart
     try:
+        if not orchestrated:
+            return args.handler(args)
+        from ragline.flows.ops import prefect_server
+
         # ragline's own Prefect API when none is configured: it dies with this process, even on kill -9
-        with prefect_server.local_api() if orchestrated else contextlib.nullcontext():
+        with prefect_server.local_api():
             return args.handler(args)
     except KeyboardInterrupt:
+        from ragline.flows.ops import prefect_server
+
         return prefect_server.interrupted_exit()
     except RaglineError as exc:  # its class says the exit status; a failure of ours keeps its traceback for -v
         if exc.exit_code == 1 and getattr(args, "verbose", False):
             raise
-        for line in exc.errors if isinstance(exc, SpecValidationError) else [f"error: {exc}"]:
+        from ragline.flows.spec.parse import SpecValidationError
+
+        listed = exc.errors if isinstance(exc, SpecValidationError) else None
+        for line in listed or [f"error: {exc}"]:
             print(printable(line), file=sys.stderr)
-        if isinstance(exc, SpecValidationError):
-            print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        if listed:
+            print(f"{len(listed)} error(s)", file=sys.stderr)
         return exc.exit_code
     except (KeyError, FileNotFoundError, ValueError) as exc:
         print(f"error: {printable(exc.args[0] if exc.args else exc)}", file=sys.stderr)
@@ -125,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="print the answer as it is generated")
     p.add_argument("--json", action="store_true", help="print the whole answer object as JSON")
     _orchestration_flags(p, default=False)
+    _start_llm_flag(p)
 
     p = command("eval", _eval, "Evaluate a query pipeline: retrieval on a BEIR folder, answers on an RGB file.")
     p.add_argument("--dataset", required=True,
@@ -135,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _orchestration_flags(p, default=False)
+    _start_llm_flag(p)
 
     p = command("tune", _tune, "Tune hybrid retrieval on pseudo-queries made from the index (no labels) and write "
                                "the choice as an overlay that search and ask use (pipelines.yaml is never written).")
@@ -154,16 +168,17 @@ def _parser() -> argparse.ArgumentParser:
     p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=settings.get("api_token"),
+    p.add_argument("--token",
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
+    _start_llm_flag(p)
 
     p = command("serve", _serve, "Serve every pipeline as a Prefect deployment (schedules included) plus the "
                                  "HTTP API, in one supervised process.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token", default=settings.get("api_token"),
+    p.add_argument("--token",
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--no-api", action="store_true", help="serve the deployments only")
     p.add_argument("--start-prefect", action="store_true",
@@ -243,6 +258,8 @@ def _orchestration_flags(p: argparse.ArgumentParser, default: bool) -> None:
 # ----------------------------------------------------------------------------- commands
 def _project(args):
     """The pipelines file, with its indexes moved to ``--data-dir`` when one is given."""
+    from ragline.flows.spec.compile import load_project
+
     project = load_project(args.file)
     return project.relocated(args.data_dir) if getattr(args, "data_dir", None) else project
 
@@ -257,7 +274,7 @@ def _query_pipeline(project, name: str):
 
 
 def _validate(args) -> int:
-    from ragline.flows.spec.compile import validate_file
+    from ragline.flows.spec.compile import load_project, validate_file
 
     path = args.path or args.file
     errors = validate_file(path)
@@ -265,7 +282,7 @@ def _validate(args) -> int:
         print(printable(error), file=sys.stderr)
     if errors:
         print(f"{printable(path)}: {len(errors)} error(s)", file=sys.stderr)
-        return 1
+        return EX_USAGE  # bad configuration (README's exit codes; errors.ConfigError's)
     project = load_project(path)
     print(printable(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})"))
     if project.overlay is not None:
@@ -296,14 +313,25 @@ def index_paths(args, paths: list[str], pipeline_name: str, orchestrate: bool):
         progress.close()
     for failure in report.failures:
         print(printable(f"skipped {failure.source_id}: {failure.reason} (step {failure.stage})"), file=sys.stderr)
-    origin = "given on the command line" if paths else f"relative to {project.base_dir}"
-    print(printable(f"sources ({origin}): {', '.join(report.roots) or 'none'}"), file=sys.stderr)
+    listed = _source_locations(pipeline) or report.roots
+    origin = " (given on the command line)" if paths else ""
+    print(printable(f"sources{origin}: {', '.join(listed) or 'none'}"), file=sys.stderr)
     print(printable(f"{pipeline_name}: {report.summary()} in {report.seconds:.1f} s"))
     if report.incomplete:
         print(printable(f"error: {len(report.incomplete)} source path(s) could not be reached "
                         f"({', '.join(f.source_id for f in report.incomplete)}): nothing was deleted from the index"),
               file=sys.stderr)
     return project, report
+
+
+def _source_locations(pipeline) -> list[str]:
+    """The load step's roots as absolute paths (the file's own are relative to its folder): what
+    the user can find on disk, whatever names the index gives them."""
+    load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
+    if load is None:
+        return []
+    return [os.path.abspath(os.path.join(pipeline.project.base_dir, os.path.expanduser(getattr(entry, "path", entry))))
+            for entry in load.params.paths]
 
 
 def _index(args) -> int:
@@ -319,7 +347,7 @@ def _search(args) -> int:
     pipeline = _query_pipeline(_project(args), args.pipeline)
     query: dict[str, Any] = {"text": args.question, "filters": args.where}
     passages = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate)
-    _print_passages(passages[: args.top], args.json)
+    _print_passages([_plain(p) for p in passages[: args.top]], args.json)
     return 0
 
 
@@ -337,37 +365,157 @@ def _ask(args) -> int:
         pipeline = pipeline.with_overrides({s.id: {"stream": True} for s in pipeline.steps
                                             if "stream" in s.stage.params.model_fields})
     query = {"text": args.question, "history": args.history, "filters": args.where}
-    answer = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate,
-                        on_token=show if args.stream and not args.json else None)
-    if args.json:
-        print(json.dumps(answer.model_dump(mode="json"), indent=2))
-        return 0
-    if streamed:
-        print("\n")
-        if answer.refused:
-            print(printable(answer.text, keep_newlines=True))
-    else:
-        print(printable(answer.text, keep_newlines=True))
-    if answer.refused and answer.reason:
-        print(printable(f"({answer.reason})"))
-    for source in [] if answer.refused else answer.sources:
-        print(printable(f"[{source.number}] {source.title or source.source_id} — {source.path}"))
-    if answer.invalid_citations:
-        print(f"warning: citations with no matching reference: {answer.invalid_citations}", file=sys.stderr)
+    with _packaged_llms(pipeline.project, args.start_llm, [args.pipeline]):
+        answer = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate,
+                            on_token=show if args.stream and not args.json else None)
+    _print_answer(answer.model_dump(mode="json"), args.json, bool(streamed))
     return 0
 
 
-def _print_passages(passages, as_json: bool) -> None:
+def _plain(item: Any) -> Any:
+    return item.model_dump(mode="json") if hasattr(item, "model_dump") else item
+
+
+def _print_answer(answer: dict[str, Any], as_json: bool, streamed: bool) -> None:
+    """An answer (``Answer`` as JSON, in-process or from the API): its text, or the refusal and its
+    reason, then its numbered sources."""
     if as_json:
-        print(json.dumps([p.model_dump(mode="json") for p in passages], indent=2))
+        print(json.dumps(answer, indent=2))
+        return
+    if streamed:
+        print("\n")
+        if answer["refused"]:
+            print(printable(answer["text"], keep_newlines=True))
+    else:
+        print(printable(answer["text"], keep_newlines=True))
+    if answer["refused"] and answer.get("reason"):
+        print(printable(f"({answer['reason']})"))
+    for source in [] if answer["refused"] else answer.get("sources", []):
+        print(printable(f"[{source['number']}] {source.get('title') or source['source_id']} — {source.get('path')}"))
+    if answer.get("invalid_citations"):
+        print(f"warning: citations with no matching reference: {answer['invalid_citations']}", file=sys.stderr)
+
+
+def _print_passages(passages: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(passages, indent=2))
         return
     if not passages:
         print("no passages found")
     for rank, p in enumerate(passages, start=1):
-        source = p.metadata.get("source", p.source_id)
-        print(f"{rank}. [{p.score:.4f}] {printable(p.title or p.source_id)}\n   {printable(source)}")
-        snippet = " ".join(p.text.split())
+        source = (p.get("metadata") or {}).get("source", p["source_id"])
+        print(f"{rank}. [{p['score']:.4f}] {printable(p.get('title') or p['source_id'])}\n   {printable(source)}")
+        snippet = " ".join(p["text"].split())
         print(f"   {printable(snippet[:300])}{'…' if len(snippet) > 300 else ''}\n")
+
+
+# ----------------------------------------------------------------------------- a running API (issue 24.5)
+def _served(args) -> int | None:
+    """`search` or `ask` answered by a running local `ragline api`/`serve` of this very project
+    (``serve.discovery``): its models are loaded, so it answers in milliseconds where this process
+    would load the embedder first. None: there is none to use (or it refused our token): run here."""
+    if args.orchestrate or args.no_tuned:
+        return None
+    from ragline.flows.serve.discovery import find
+
+    service, why = find(args.file, args.data_dir)
+    if service is None:
+        if why:
+            print(printable(f"({why}: running in-process)"), file=sys.stderr)
+        return None
+    if service.tuned and os.environ.get("RAGLINE_TUNED", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    token = _client_token(service)
+    if service.token_required and not token:
+        print(printable(f"(the ragline API at {service.url} needs a token: set RAGLINE_API_TOKEN to use it; "
+                        f"running in-process)"), file=sys.stderr)
+        return None
+    body: dict[str, Any] = {"question": args.question, "pipeline": args.pipeline, "filters": args.where}
+    if args.handler is _search:
+        body["top_k"] = args.top
+    else:
+        body["history"] = args.history
+        body["stream"] = bool(args.stream and not args.json)
+    try:
+        response = _post(f"{service.url}/v1/query", body, token)
+    except _Refused as refused:
+        if refused.status == 401:
+            print(printable(f"(the ragline API at {service.url} refused the token in RAGLINE_API_TOKEN: running "
+                            f"in-process)"), file=sys.stderr)
+            return None
+        print(printable(f"error: {refused.message} (ragline API at {service.url})"), file=sys.stderr)
+        return EX_USAGE if refused.status < 500 else 1
+    except OSError as exc:  # not listening (yet), reset: this process can still answer
+        print(printable(f"(the ragline API at {service.url} did not answer ({exc}): running in-process)"),
+              file=sys.stderr)
+        return None
+    print(printable(f"(answered by the running ragline API at {service.url}, pid {service.pid})"), file=sys.stderr)
+    with response:
+        if body.get("stream"):
+            return _print_stream(response)
+        result = json.load(response)
+    if args.handler is _search:
+        _print_passages(result["passages"], args.json)
+    else:
+        _print_answer(result["answer"], args.json, streamed=False)
+    return 0
+
+
+def _client_token(service) -> str | None:
+    """The token the CLI sends: from where `ragline api` reads its own (RAGLINE_API_TOKEN, settings)."""
+    token = os.environ.get("RAGLINE_API_TOKEN")
+    if token or not service.token_required:
+        return token
+    from ragline.flows import settings
+
+    return settings.get("api_token") or None
+
+
+class _Refused(RaglineError):
+    """The running API answered the query with an error status (its message; 401: not our token)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _post(url: str, body: dict[str, Any], token: str | None):
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        return urllib.request.urlopen(request, timeout=900)  # an answer may wait for a busy LLM
+    except urllib.error.HTTPError as exc:
+        with exc:
+            try:
+                message = json.load(exc)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {exc.code}"
+        raise _Refused(exc.code, message) from None
+
+
+def _print_stream(response) -> int:
+    """The API's server-sent events: tokens as they come, then the answer (or its error)."""
+    event, streamed = None, False
+    for raw in response:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+            if event == "token" and data is not None:
+                streamed = True
+                print(printable(data["text"], keep_newlines=True), end="", flush=True)
+            elif event == "answer":
+                _print_answer(data["answer"], as_json=False, streamed=streamed)
+                return 0
+            elif event == "error":
+                print(printable(f"error: {data['error']['message']}"), file=sys.stderr)
+                return 1
+    print("error: the ragline API's answer stream ended early", file=sys.stderr)
+    return 1
 
 
 def _eval(args) -> int:
@@ -401,8 +549,9 @@ def _eval(args) -> int:
 def _eval_answers(args, project) -> int:
     from ragline.flows.evaluation.answers import evaluate_answers
 
-    result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
-                              orchestrate=args.orchestrate)
+    with _packaged_llms(project, args.start_llm, [args.pipeline or "ask"]):
+        result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
+                                  orchestrate=args.orchestrate)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -466,6 +615,8 @@ def _run(args) -> int:
 
 def _describe(pipeline) -> str:
     """What `run` is about to do, so an ingestion run (which writes and deletes) is never a surprise."""
+    from ragline.flows.contracts import PipelineKind
+
     steps = " -> ".join(f"{s.id} ({s.stage.name})" for s in pipeline.steps)
     if pipeline.kind in (PipelineKind.QUERY, PipelineKind.JOB):
         return f"running {pipeline.kind} pipeline '{pipeline.name}': {steps}"
@@ -478,9 +629,17 @@ def _describe(pipeline) -> str:
 def _api(args) -> int:
     from ragline.flows.serve.api import serve_api
 
-    serve_api(args.file, host=args.host, port=args.port, token=args.token, data_dir=args.data_dir,
-              max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
+    with contextlib.ExitStack() as stack:
+        _api_llms(_project(args), args.start_llm, stack)
+        serve_api(args.file, host=args.host, port=args.port, token=_token(args), data_dir=args.data_dir,
+                  max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
     return 0
+
+
+def _token(args) -> str | None:
+    from ragline.flows import settings
+
+    return args.token or settings.get("api_token") or None
 
 
 def _port(value: str) -> int:
@@ -518,30 +677,113 @@ def _serve(args) -> int:
     from ragline.flows.serve.service import serve
 
     # the packaged LLM is started (and supervised) by serve, once every argument and port checked out
-    return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=args.token or None,
+    return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=_token(args),
                  start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
                  limit=args.limit, pause_on_shutdown=not args.keep_schedules,
                  keep_results_days=args.keep_results_days or None, start_llm=args.start_llm)
 
 
-@contextlib.contextmanager
-def _packaged_llms(project, enabled: bool):
-    """The packaged model on vLLM for each local LLM endpoint that is down, for this command's life."""
-    from ragline.flows.ops.llm_server import local_llm
+# ----------------------------------------------------------------------------- the LLM (issue 24.3)
+class LLMDown(DependencyUnavailable):
+    """An LLM endpoint a command needs accepts no connection, and ragline is not to start it."""
 
-    endpoints = {(spec.base_url, spec.model) for spec in project.spec.resources.values()
-                 if getattr(spec, "type", None) == "openai_compatible"}
+
+def _llm_endpoints(project, pipelines=None) -> set[tuple[str, str]]:
+    """(base_url, model) of the LLM resources the named pipelines use (all of the file's: None)."""
+    used = None if pipelines is None else {name for p in pipelines for s in project.pipeline(p).steps
+                                          for name in s.resources.values()}
+    return {(spec.base_url, spec.model) for name, spec in project.spec.resources.items()
+            if getattr(spec, "type", None) == "openai_compatible" and (used is None or name in used)}
+
+
+def _accepts_connections(base_url: str, timeout: float = 3.0) -> bool:
+    """Something listens at the endpoint (a hung or busy server too: the pipeline's own checks say which)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from ragline.flows.ops.llm_server import endpoint_port
+
+    try:
+        with socket.create_connection((urlsplit(base_url).hostname or "127.0.0.1", endpoint_port(base_url)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _how_to_start(base_url: str, model: str, enabled: bool) -> str:
+    """One line: the endpoint that is down and the command that starts one there."""
+    from ragline.flows.ops.llm_server import PACKAGED_MODEL, endpoint_port, is_local, start_enabled
+
+    down = f"the LLM endpoint {base_url} (model '{model}') did not answer: nothing accepts connections there"
+    if not is_local(base_url):
+        return (f"{down}; start that server, or point RAGLINE_LLM_BASE_URL at one that runs (the packaged "
+                f"model runs here with `ragline serve`)")
+    if model != PACKAGED_MODEL:
+        return (f"{down}; start your server for '{model}' on port {endpoint_port(base_url)} (ragline starts only "
+                f"the packaged model, '{PACKAGED_MODEL}')")
+    if not (enabled and start_enabled()):
+        return (f"{down}; start it with `VLLM_PORT={endpoint_port(base_url)} bash deploy/vllm/serve.sh`, or let "
+                f"ragline start it (without --no-start-llm and RAGLINE_START_LLM=0)")
+    return f"{down}, and the packaged LLM could not start there"
+
+
+@contextlib.contextmanager
+def _packaged_llms(project, enabled: bool, pipelines=None, required: bool = True):
+    """The packaged model on vLLM for each local LLM endpoint of ``pipelines`` that is down, for this
+    command's life, as `quickstart` and `serve` do. An endpoint that is down and not ours to start
+    (remote, another model, --no-start-llm) is ``LLMDown`` in one line when ``required``."""
+    from ragline.flows.ops.llm_server import local_llm, should_start
+
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(local_llm(base_url, model, enabled=enabled)) for base_url, model in
-                   sorted(endpoints)]
-        yield [server for server in servers if server is not None]
+        servers = []
+        for base_url, model in sorted(_llm_endpoints(project, pipelines)):
+            if _accepts_connections(base_url):
+                continue
+            why: list[str] = []
+            server = None
+            if should_start(base_url, model, enabled=enabled, say=lambda line: None):
+                def say(line: str) -> None:
+                    if line.startswith("could not start"):
+                        why.append(line)  # it becomes the error's end
+                    else:
+                        print(printable(line), file=sys.stderr, flush=True)
+
+                server = stack.enter_context(local_llm(base_url, model, enabled=enabled, say=say))
+            if server is not None:
+                servers.append(server)
+            elif required:
+                raise LLMDown(_how_to_start(base_url, model, enabled) + "".join(f": {line}" for line in why))
+            for line in why:  # quickstart searches without an LLM: the reason, in one line
+                print(printable(line), file=sys.stderr, flush=True)
+        yield servers
+
+
+def _api_llms(project, enabled: bool, stack: contextlib.ExitStack) -> None:
+    """`ragline api`'s LLMs, as `serve`'s: the packaged one started in the background and supervised
+    (/readyz reports it until it answers); any other endpoint that is down is one line, and the API
+    serves search meanwhile."""
+    from ragline.flows.ops.llm_server import ManagedLLM, PACKAGED_MODEL, should_start
+
+    def say(line: str) -> None:
+        print(printable(f"ragline api: {line}"), file=sys.stderr, flush=True)
+
+    for base_url, model in sorted(_llm_endpoints(project)):
+        if _accepts_connections(base_url):
+            continue
+        if should_start(base_url, model, enabled=enabled, say=lambda line: None):
+            say(f"starting the packaged LLM ({PACKAGED_MODEL} on vLLM) at {base_url} in the background "
+                f"(--no-start-llm to skip); /readyz reports it until it answers")
+            stack.callback(ManagedLLM(base_url, say=say).start().stop)
+        else:
+            say(f"warning: {_how_to_start(base_url, model, enabled)}; answers fail until it runs")
 
 
 def _quickstart(args) -> int:
     project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
     if report.incomplete:
         return 1
-    with _packaged_llms(project, args.start_llm) as servers:
+    with _packaged_llms(project, args.start_llm, required=False) as servers:
         try:
             return _search_and_answer(project, args.question)
         except Exception:
@@ -558,7 +800,7 @@ def _search_and_answer(project, question: str) -> int:
 
     print(f"\nsearch: {printable(question)}\n")
     passages = engine.run(project.pipeline("search"), {"query": question}, orchestrate=True)
-    _print_passages(passages[:5], as_json=False)
+    _print_passages([_plain(p) for p in passages[:5]], as_json=False)
     if "ask" not in project.pipelines or "llm" not in project.spec.resources:
         return 0
     llm = project.resource("llm")

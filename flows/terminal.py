@@ -38,3 +38,60 @@ class PrintableFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
         record.message = printable(record.message)
         return super().formatMessage(record)
+
+
+class TerminalFormatter(PrintableFormatter):
+    """The CLI's stderr lines. Without ``-v``: no traceback (the CLI says the failure in one line),
+    and a progress line (INFO: the LLM is slow, retried, checked) as ``… message``, not a log record."""
+
+    def __init__(self, verbose: bool):
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+        self.verbose = verbose
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self.verbose:
+            return super().format(record)
+        record.message = printable(record.getMessage())
+        if record.levelno < logging.WARNING:
+            return f"… {record.message}"
+        return self.formatMessage(record)  # the message alone, without the exception's traceback
+
+
+class TerminalFilter(logging.Filter):
+    """What the terminal shows: records at ``level`` and above, plus the INFO progress of the
+    ``progress`` loggers (what a waiting user needs); without ``-v`` never Prefect's records (each
+    failed task and flow run logged its chained tracebacks, ~340 lines, before the CLI's one line)
+    and each progress line once (parallel calls retried in step printed it once per call)."""
+
+    def __init__(self, level: int, progress: tuple[str, ...] = (), verbose: bool = False, prefect: bool = False):
+        super().__init__()
+        self.level, self.progress, self.verbose, self.prefect = level, progress, verbose, prefect
+        self._shown: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (self.verbose or self.prefect) and (record.name == "prefect" or record.name.startswith("prefect.")):
+            return False
+        if record.levelno >= self.level:
+            return True
+        if record.levelno < logging.INFO or not record.name.startswith(self.progress) or not self.progress:
+            return False
+        if self.verbose:
+            return True
+        message = record.getMessage()
+        if message in self._shown:
+            return False
+        self._shown.add(message)
+        return True
+
+
+def configure_terminal(verbose: bool, progress: tuple[str, ...] = (), prefect: bool = False) -> logging.Handler:
+    """Log records on stderr as the CLI shows them (see ``TerminalFilter``); ``-v``: every INFO
+    record with its logger's name and any traceback; ``prefect``: Prefect's warnings too (a
+    long-running ``serve`` reports its runner's problems that way)."""
+    terminal = logging.StreamHandler()
+    terminal.setFormatter(TerminalFormatter(verbose))
+    terminal.addFilter(TerminalFilter(logging.INFO if verbose else logging.WARNING, progress, verbose, prefect))
+    logging.basicConfig(level=logging.WARNING, handlers=[terminal])
+    for name in progress:
+        logging.getLogger(name).setLevel(logging.INFO)
+    return terminal

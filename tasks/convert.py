@@ -10,7 +10,6 @@ import re
 from html.parser import HTMLParser
 
 import lxml.html
-import trafilatura
 from lxml import etree
 from pydantic import BaseModel, Field
 
@@ -122,6 +121,8 @@ def _tree_text(raw: str, tree: lxml.html.HtmlElement | None, params: Params) -> 
 
 def _main_content(raw: str, params: Params) -> str:
     """Main text without scripts, navigation, footers and boilerplate; headings as '#' lines."""
+    import trafilatura  # here: ~0.3 s to import, which `ragline validate` and `--help` need not pay
+
     try:
         text = trafilatura.extract(
             raw, output_format="markdown" if params.keep_headings else "txt",

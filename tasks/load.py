@@ -21,7 +21,6 @@ from typing import Annotated, Any, Iterator
 from urllib.parse import quote
 
 from pydantic import BaseModel, Field, StringConstraints, field_validator
-from pypdf import PdfReader
 
 from ragline.flows import failpoints
 from ragline.flows.context import StepContext
@@ -424,6 +423,8 @@ def _html_title(raw: str) -> str:
 
 def _pdf_document(path: str, root: SourceRoot, data: bytes, mtime: float, ctx: StepContext) -> Document | None:
     """Text of a PDF page by page; scanned, encrypted or broken PDFs are reported, not raised."""
+    from pypdf import PdfReader  # here: only a PDF needs it (`ragline validate` need not import it)
+
     where = root.source_id(path)
     try:
         reader = PdfReader(io.BytesIO(data))

@@ -2,6 +2,7 @@
 per session (data and templates: tests/helpers/data.py)."""
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -11,6 +12,10 @@ import ragline.flows  # noqa: F401 - offline defaults before any heavy import
 
 from tests.helpers.data import (BASE_RESOURCES, DATA, INDEX_AND_SEARCH, REPO, SCIFACT,  # noqa: F401 - for old imports
                                 index_and_search_yaml, scifact_records, write_jsonl)
+
+# A command whose local LLM endpoint is down starts the packaged vLLM (issue 24.3): never in a test
+# unless it asks for it (tests/fake_vllm.py, RAGLINE_VLLM_DEPLOY, RAGLINE_START_LLM unset for its child).
+os.environ.setdefault("RAGLINE_START_LLM", "0")
 
 
 @pytest.fixture

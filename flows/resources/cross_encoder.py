@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.resources.embedder import quiet_model_loading
 from ragline.flows.resources.base import Health, Lazy, Resource
 
 
@@ -38,6 +39,7 @@ class CrossEncoderModel(Resource):
         return self._model.get()
 
     def _load(self):
+        quiet_model_loading()
         from sentence_transformers import CrossEncoder
 
         return CrossEncoder(self.spec.model, device=self.spec.device, max_length=self.spec.max_length)

@@ -21,6 +21,15 @@ PACKAGED_MODELS = {
 }
 
 
+def quiet_model_loading() -> None:
+    """No "Loading weights" progress bar on the terminal (transformers and the hub draw one per
+    model load; ragline says what it loads itself). Set where models load, not at import."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
 class EmbedderSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -90,6 +99,7 @@ class Embedder(Resource):
         self._model.reset()
 
     def _load(self):
+        quiet_model_loading()
         from sentence_transformers import SentenceTransformer
 
         path = resolve_model_path(self.spec.model)

@@ -56,6 +56,7 @@ from ragline.flows.spec.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import ConfigError
 
+from ragline.flows.serve.discovery import published
 from ragline.flows.serve.openai_api import openai_router
 from ragline.flows.serve.query_service import (
     ApiError,
@@ -524,5 +525,6 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
                      cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
     with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
         serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
+        stack.enter_context(published(app.state.service.project, host, port, token, data_dir))  # for the CLI
         stack.callback(close_resources)  # before the stores' server stops: its clients go first
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, **server_settings)

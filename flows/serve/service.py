@@ -91,6 +91,7 @@ from ragline.flows.resources.state import _pid_alive
 from ragline.flows.resources import close_resources
 from ragline.flows.net import is_loopback
 from ragline.flows.ops.prefect_server import configured_api_url
+from ragline.flows.serve.discovery import published
 
 logger = logging.getLogger("ragline.serve")
 
@@ -391,6 +392,9 @@ class ServeSupervisor:
             context = contextvars.copy_context()
             self._spawn("api", lambda: context.run(self._uvicorn.run, sockets=[sock]))
             self._await_ready(lambda: self._uvicorn.started, "api", "the HTTP API did not start")
+
+            self._stack.enter_context(published(app.state.service.project, host, port, self.token,
+                                                self.data_dir))  # a terminal search or ask uses this API
         served = ", ".join(f"{opts['name']} ({self._describe(opts)})" for opts in options.values())
         self.log(f"ragline serve: {len(options)} deployment(s) of flow '{FLOW_NAME}': {served}")
         self.log(f"ragline serve: Prefect API {self.prefect_api_url}; runner polls every {self.poll_seconds:g} s"

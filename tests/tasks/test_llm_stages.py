@@ -8,10 +8,8 @@ import re
 
 import pytest
 
-from ragline.flows.run import engine
 from ragline.flows.contracts import Query
 from ragline.flows.run.engine import StepFailed
-from ragline.flows.spec.registry import stage
 from tests.helpers.llm_stages import ANSWER_STEPS, REPO_PROMPTS, chat_prompts, project_for, run
 from tests.scripted_llm import ScriptedLLM
 

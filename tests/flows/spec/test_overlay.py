@@ -130,7 +130,7 @@ def test_an_invalid_overlay_is_an_error_naming_its_file_and_line(project_file, c
         load_project(project_file)
     error = caught.value.errors[0]
     assert error.file == str(tuned) and error.line == 13 and error.step == "fuse"
-    assert cli.main(["validate", str(project_file)]) == 1
+    assert cli.main(["validate", str(project_file)]) == 2  # bad configuration (issue 24)
     assert "pipelines.tuned.yaml:13" in capsys.readouterr().err
     tuned.write_text(OVERLAY.replace("version: 1", "version: 1\nsurprise: 2"))
     with pytest.raises(SpecValidationError, match="run `ragline tune` again"):

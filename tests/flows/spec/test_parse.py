@@ -192,7 +192,7 @@ def test_all_errors_reported_at_once(make_project):
 
 def test_validate_command_prints_every_error_and_fails(make_project, capsys):
     path = make_project(GOOD.replace("task: retrieve_dense", "task: nope").replace("with: {k: 5}", "with: {k: 5}"))
-    assert main(["validate", str(path)]) == 1
+    assert main(["validate", str(path)]) == 2  # bad configuration (issue 24)
     err = capsys.readouterr().err
     assert "unknown task 'nope'" in err and "1 error(s)" in err and f"{path}:{DENSE}" in err
 
@@ -209,7 +209,7 @@ def test_shipped_pipelines_file_is_valid():
 def test_validate_console_script_exit_code(make_project):
     path = make_project("pipelines: [")
     result = subprocess.run([sys.executable, "-m", "ragline.flows.cli", "validate", str(path)], capture_output=True, text=True)
-    assert result.returncode == 1 and "invalid YAML" in result.stderr
+    assert result.returncode == 2 and "invalid YAML" in result.stderr
 
 
 def test_overrides_are_validated(make_project):

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from ragline.flows.spec import registry
 from ragline.flows.spec.compile import validate_file
 from ragline.flows.contracts import Chunk, Document, Query, Ranking
-from ragline.flows.spec.registry import (BUILTIN_GROUP, NoParams, Stage, allowed_modules, get_stage, module_allowed,
+from ragline.flows.spec.registry import (BUILTIN_GROUP, NoParams, allowed_modules, get_stage, module_allowed,
                                     set_allowed_modules, stage, stage_names)
 
 REPO = Path(__file__).resolve().parents[3]

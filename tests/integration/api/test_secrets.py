@@ -186,7 +186,7 @@ pipelines:
     steps:
       - {{id: answer, task: generate}}
 """)
-    assert main(["validate", "-f", str(tmp_path / "pipelines.yaml")]) == 1
+    assert main(["validate", "-f", str(tmp_path / "pipelines.yaml")]) == 2  # bad configuration (issue 24)
     err = capsys.readouterr().err
     assert "field 'resources.llm.api_key': Input should be a valid string" in err
     assert numeric not in err and numeric[5:] not in err
