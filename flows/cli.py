@@ -423,7 +423,9 @@ def _served(args) -> int | None:
         if why:
             print(printable(f"({why}: running in-process)"), file=sys.stderr)
         return None
-    if service.tuned and os.environ.get("RAGLINE_TUNED", "").strip().lower() in ("0", "false", "no", "off"):
+    from ragline.flows import settings
+
+    if service.tuned and not settings.get("tuned"):  # RAGLINE_TUNED=0: the API's overlay is not wanted
         return None
     token = _client_token(service)
     if service.token_required and not token:
@@ -462,10 +464,7 @@ def _served(args) -> int | None:
 
 
 def _client_token(service) -> str | None:
-    """The token the CLI sends: from where `ragline api` reads its own (RAGLINE_API_TOKEN, settings)."""
-    token = os.environ.get("RAGLINE_API_TOKEN")
-    if token or not service.token_required:
-        return token
+    """The token the CLI sends: where `ragline api` reads its own (RAGLINE_API_TOKEN, through settings)."""
     from ragline.flows import settings
 
     return settings.get("api_token") or None

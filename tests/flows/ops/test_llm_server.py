@@ -51,6 +51,7 @@ def starts(monkeypatch) -> list[int]:
         raise RuntimeError("not in this test")
 
     monkeypatch.setattr(llm_server, "start_vllm", start)
+    monkeypatch.delenv("RAGLINE_START_LLM", raising=False)  # tests/conftest.py opts every test out; these test starting
     return calls
 
 
