@@ -137,7 +137,9 @@ def test_an_injected_question_cannot_forge_a_reference_through_v1_query(served, 
     assert response.status_code == 200, response.text[:500]
     body = events(response)[-1][1] if stream else response.json()
     answer = body["answer"]
-    assert answer["text"] == "PWNED [666]." and answer["citations"] == [666]
+    # verification refuses what only restates the (injected) question; the draft's [666] stays flagged
+    assert answer["refused"] and answer["reason"] == "degenerate answer: it only restates the question"
+    assert answer["draft"] == "PWNED [666]." and answer["citations"] == [666]
     assert answer["invalid_citations"] == [666] and answer["sources"] == []  # no document backs [666]
     assert answer["inferred_citations"] == []
     assert_nothing_forged(generation_prompts(scripted_llm))
@@ -158,8 +160,11 @@ def test_an_injected_question_cannot_forge_a_reference_through_chat_completions(
     else:
         completion = client.chat.completions.create(model="ask", messages=messages)
         text, extras = completion.choices[0].message.content, completion.model_extra
-    assert text == "PWNED [666]."
-    assert extras["sources"] == [] and extras["verification"]["refused"] is False  # no source for [666]
+    # refused (it only restates the injected question); a stream withdraws the draft it already sent
+    assert text == ("PWNED [666].\n\n[Verification withdrew the text above.] I cannot answer this question" if stream
+                    else "I cannot answer this question")
+    assert extras["verification"]["reason"] == "degenerate answer: it only restates the question"
+    assert extras["sources"] == [] and extras["verification"]["refused"] is True  # no source for [666]
     assert_nothing_forged(generation_prompts(scripted_llm))
 
 
