@@ -1,7 +1,7 @@
 """Latency of the default `ask` pipeline against a real vLLM server: per stage (median, p95), for
 **distinct** questions (each asked once: a cold prompt, as a user's question is) and, labelled
 apart, for the same questions **repeated** (vLLM's prefix cache serves most of the prefill), plus
-how much of a query's wall time is orchestration (Prefect) rather than stage time.
+the engine's own time outside the stages (Prefect's cost per run: bench/engine_overhead.py).
 
 Usage: .venv/bin/python bench/ask_latency.py [--questions 20] [--docs 300] [--pipeline ask]
 Needs the LLM server of pipelines.yaml (deploy/vllm/serve.sh, or RAGLINE_LLM_BASE_URL). Indexes the
@@ -40,16 +40,12 @@ def main() -> None:
         fresh, repeated = questions[:args.questions], questions[:args.questions]
         cold = [ask(pipeline, q, orchestrate=False) for q in fresh]  # every prompt new to the server
         cached = [ask(pipeline, q, orchestrate=False) for q in repeated]  # the same prompts again
-        prefect = [ask(pipeline, q, orchestrate=True)[0] for q in questions[args.questions:2 * args.questions]]
-        direct = [ask(pipeline, q, orchestrate=False) for q in questions[2 * args.questions:3 * args.questions]]
     stages = {label: _per_step(runs) for label, runs in (("distinct", cold), ("repeated", cached))}
     totals = {"distinct": summary_ms([t for t, _ in cold]), "repeated": summary_ms([t for t, _ in cached])}
     own = {label: statistics.median(t - sum(s for _, s in trace) for t, trace in runs)
            for label, runs in (("distinct", cold), ("repeated", cached))}
-    orchestration = statistics.median(prefect) - statistics.median([t for t, _ in direct])
     result = {"pipeline": args.pipeline, "questions": args.questions, "docs": args.docs, "stages": stages,
-              "total": totals, "outside_stages_median_ms": {k: round(1000 * v, 1) for k, v in own.items()},
-              "orchestration_ms": round(1000 * orchestration, 1)}
+              "total": totals, "outside_stages_median_ms": {k: round(1000 * v, 1) for k, v in own.items()}}
     table = ["| step | distinct questions: median | p95 | repeated (prefix-cached): median | p95 |",
              "|---|---|---|---|---|"]
     for step, row in stages["distinct"].items():
@@ -62,8 +58,9 @@ def main() -> None:
     table += ["", f"{args.questions} distinct SciFact queries over {args.docs} abstracts, each asked once (a cold "
                   f"prompt), then the same {args.questions} again (labelled repeated: vLLM's prefix cache serves "
                   f"their prefill). The engine's own time outside the stages: {1000 * own['distinct']:.1f} ms "
-                  f"per query; a Prefect flow run adds {1000 * orchestration:.0f} ms (measured on other distinct "
-                  f"questions). The rest is model time: embedding, BM25, Chroma and the LLM calls."]
+                  f"per query. The rest is model time: embedding, BM25, Chroma and the LLM calls; the "
+                  f"answer step is almost all prefill on a cold prompt (the repeated column is the same "
+                  f"generation with the prefill cached)."]
     save("ask_latency", result)
     publish("latency", table, readme=not args.no_readme)
 
