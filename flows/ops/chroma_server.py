@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.ops.parent_death import PRELUDE
-from ragline.flows.resources.chroma_owner import Endpoint, _start_time, owner_of, server_file
+from ragline.flows.processes import start_time
+from ragline.flows.resources.chroma_owner import Endpoint, owner_of, server_file
 from ragline.flows.resources.state import StorageError, StoreDamaged
 
 log = logging.getLogger("ragline.chroma_server")
@@ -143,7 +144,7 @@ class ManagedChroma:
     def _publish(self) -> None:
         """Write the server file atomically, readable by this user only."""
         info = {"host": self.host, "port": self.port, "pid": self.process.pid, "owner": os.getpid(),
-                "started": _start_time(self.process.pid), "path": str(self.path),
+                "started": start_time(self.process.pid), "path": str(self.path),
                 "hostname": socket.gethostname()}
         target = server_file(self.path)
         tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")

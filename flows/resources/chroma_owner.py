@@ -4,10 +4,11 @@ the store (``ChromaStore``), so all of them reach the one server instead of open
 from __future__ import annotations
 
 import json
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+from ragline.flows.processes import same_process
 
 SUFFIX = ".server.json"
 
@@ -43,26 +44,9 @@ def owner_of(store_path: Path) -> Endpoint | None:
         return None
     if host is not None and host != socket.gethostname():  # a data folder shared with another machine
         return None
-    if not _same_process(endpoint.pid, started):
+    if not same_process(endpoint.pid, started):
         return None
     return endpoint
 
 
-def _same_process(pid: int, started: str | None) -> bool:
-    """The process is alive and is the one recorded (its start time matches: pids are reused)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return started is None or _start_time(pid) in (None, started)
 
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), as recorded in the file."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.processes import pid_alive
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.errors import EX_TEMPFAIL, IndexUnavailable, RaglineError
 from ragline.flows.resources.base import Health, Resource
@@ -182,17 +183,9 @@ class LeaseHolder:
         """A holder whose heartbeat stopped, or a dead process on this host (kill -9), has lost the lease."""
         if now - self.heartbeat_at > stale_after:
             return True
-        return self.host == socket.gethostname() and not _pid_alive(self.pid)
+        return self.host == socket.gethostname() and not pid_alive(self.pid)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StateSpec(BaseModel):

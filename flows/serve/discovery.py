@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragline.flows.processes import same_process, start_time
+
 FILE = Path(".ragline") / "api.server.json"
 TUNED_SUFFIX = ".tuned.yaml"  # overlay.SUFFIX
 
@@ -61,7 +63,7 @@ def published(project, host: str, port: int, token: str | None, data_dir: str | 
         return
     overlay = getattr(project.overlay, "path", None) if project.overlay is not None else None
     target = discovery_file(project.path, data_dir)
-    info = {"host": _reachable(host), "port": port, "pid": os.getpid(), "started": _start_time(os.getpid()),
+    info = {"host": _reachable(host), "port": port, "pid": os.getpid(), "started": start_time(os.getpid()),
             "hostname": socket.gethostname(), "file": str(Path(project.path).resolve()),
             "digest": digest_of(project.path), "overlay": str(overlay) if overlay else None,
             "overlay_digest": digest_of(overlay), "token": bool(token)}
@@ -88,7 +90,7 @@ def find(project_file: str | Path, data_dir: str | Path | None = None) -> tuple[
         url, pid = f"http://{info['host']}:{int(info['port'])}", int(info["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None, None
-    if info.get("hostname") != socket.gethostname() or not _alive(pid, info.get("started")):
+    if info.get("hostname") != socket.gethostname() or not same_process(pid, info.get("started")):
         return None, None  # a stale file (the API was killed) or another machine's
     if info.get("file") != str(Path(project_file).resolve()):
         return None, None  # another pipelines file beside the same data
@@ -108,19 +110,4 @@ def _reachable(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _alive(pid: int, started: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return started is None or _start_time(pid) in (None, started)
 
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux): pids are reused."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None

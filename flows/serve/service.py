@@ -87,7 +87,7 @@ from ragline.flows.run.entrypoints import served_deployments
 from ragline.flows.serve.connections import server_limits
 from ragline.flows.ops.chroma_server import serve_stores
 from ragline.flows.ops.prefect_server import _drain_prefect_workers
-from ragline.flows.resources.state import _pid_alive
+from ragline.flows.processes import pid_alive
 from ragline.flows.resources import close_resources
 from ragline.flows.net import is_loopback
 from ragline.flows.ops.prefect_server import configured_api_url
@@ -704,7 +704,7 @@ def process_gone(infrastructure_pid: str | None, started: Any = None) -> bool:
         created = psutil.Process(int(pid_text)).create_time()
     except ImportError:
 
-        return not _pid_alive(int(pid_text))
+        return not pid_alive(int(pid_text))
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:  # e.g. access denied: it exists
