@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragline.flows.net import is_loopback
 from ragline.flows.processes import same_process, start_time
 
 FILE = Path(".ragline") / "api.server.json"
@@ -92,6 +93,8 @@ def find(project_file: str | Path, data_dir: str | Path | None = None) -> tuple[
         return None, None
     if info.get("hostname") != socket.gethostname() or not same_process(pid, info.get("started")):
         return None, None  # a stale file (the API was killed) or another machine's
+    if not is_loopback(str(info["host"])):  # the CLI's token goes to this machine's loopback only
+        return None, f"the ragline API record names {url}, not a loopback address: the token is not sent there"
     if info.get("file") != str(Path(project_file).resolve()):
         return None, None  # another pipelines file beside the same data
     if info.get("digest") != digest_of(project_file):

@@ -331,5 +331,8 @@ def test_the_discovery_file_names_only_a_live_api_of_this_project_on_this_host(t
         dead.wait()
         target.write_text(json.dumps({**info, "pid": dead.pid, "started": None}))
         assert api_discovery.find(project_file) == (None, None)
+        target.write_text(json.dumps({**info, "host": "203.0.113.7"}))  # a record edited to catch the token
+        assert api_discovery.find(project_file) == (None, "the ragline API record names http://203.0.113.7:8123, "
+                                                          "not a loopback address: the token is not sent there")
         target.write_text(json.dumps(info))
     assert not target.exists()
