@@ -492,10 +492,22 @@ class LLMClient(Resource):
                     response = http.get(f"{self.spec.base_url.rstrip('/')}/models",
                                         headers={"Authorization": f"Bearer {self.spec.api_key}"})
         except httpx.HTTPError as exc:
+            if supervised is not None and supervised.state == "ready" and (problem := _death_soon(supervised)):
+                return Health.down(problem, **detail, managed=supervised.state)
             return Health.down(f"{self.location} unreachable: {type(exc).__name__}: {exc or 'no answer'}", **detail)
         if response.status_code != 200:
             return Health.down(f"{self.location} answered HTTP {response.status_code}", **detail)
         return Health.up(**detail)
+
+
+def _death_soon(supervised: Any, within: float = 1.0) -> str | None:
+    """The supervisor's reason when the server it runs is found dead within ``within`` seconds: a
+    refused connection usually means the server just died, and its leader process exits a moment
+    after the server itself, so the reason (which signal, the log's tail) beats "unreachable"."""
+    deadline = time.monotonic() + within
+    while (problem := supervised.problem()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return problem
 
 
 def _ready(future: Future, timeout: float) -> tuple[bool, Any]:
