@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,8 @@ def s3(monkeypatch):
     monkeypatch.setenv("TEST_S3_KEY_ID", KEY_ID)
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
     host, port = server.get_host_and_port()
+    # moto keeps its buckets per process: start each test from an empty store
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
     direct = boto3.client("s3", endpoint_url=f"http://{host}:{port}", aws_access_key_id=KEY_ID,
                           aws_secret_access_key=SECRET, region_name="us-east-1")
     direct.create_bucket(Bucket="docs")
