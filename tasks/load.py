@@ -340,10 +340,12 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Docum
     source: Source = source_types()[spec.type](spec, params.max_bytes)
     root = _LinkedRoot(source.location, source.location, spec.name or source.location, remote=True, source=source)
     cache = ItemCache(cache_folder(ctx.base_dir, f"{spec.type} {source.location} {root.name}"))
-    listing = source.list(cache, lambda key: _matches(key, params.include) and not _matches(key, params.exclude))
-    for key, reason in listing.failed:
-        ctx.fail(root.source_id(f"{root.location}/{key}"), reason)
-        cache.carry(key)
+    listing = source.list(cache, lambda key: (not source.by_name or _matches(key, params.include))
+                          and not _matches(key, params.exclude))
+    for key, reason, permanent in listing.failed:
+        ctx.fail(root.source_id(f"{root.location}/{key}"), reason, skipped=permanent)
+        if not permanent:
+            cache.carry(key)
     documents: list[Document] = []
     for item in listing.items:
         path = f"{root.location}/{item.key}"

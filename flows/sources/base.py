@@ -29,7 +29,13 @@ from ragline.flows.errors import RaglineError
 
 
 class SourceError(RaglineError, OSError):
-    """One item could not be fetched (gone, refused, too large): reported for that item only."""
+    """One item could not be fetched (gone, refused, too large): reported for that item only.
+    ``permanent``: a property of the item, not an outage (a redirect loop, a link off the origin):
+    it protects nothing and does not make a listing incomplete."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class Listing:
     items: list[Item] = field(default_factory=list)
     complete: bool = True
     reason: str = ""
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (key, reason): items that could not be read
+    failed: list[tuple[str, str, bool]] = field(default_factory=list)  # (key, reason, permanent) of unread items
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Source(ABC):
     """A configured root of a non-local type. Built once per run from its spec."""
 
     Spec: ClassVar[type[BaseModel]]
+    by_name: ClassVar[bool] = True  # its keys are file names: `load`'s include patterns apply (not to web pages)
 
     def __init__(self, spec: Any, max_bytes: int):
         self.spec = spec
@@ -134,6 +141,20 @@ class ItemCache:
             return None
         self._kept[item.key] = entry
         return Fetched(data, entry.get("modified"), item.signal, entry.get("media_type"))
+
+    def cached(self, key: str) -> Fetched | None:
+        """The bytes last fetched for ``key`` with the signal they came with, whatever the item's now
+        (a crawler asks a server whether they are still current)."""
+        entry = self._index.get(key)
+        if entry is None:
+            return None
+        try:
+            data = (self.folder / "blobs" / entry["blob"]).read_bytes()
+        except OSError:
+            return None
+        if hashlib.sha256(data).hexdigest() != entry["blob"]:
+            return None
+        return Fetched(data, entry.get("modified"), entry.get("signal"), entry.get("media_type"))
 
     def keep(self, item: Item, fetched: Fetched, signal: str | None, **extra: Any) -> None:
         """Remember bytes fetched for ``item`` under ``signal`` (the one listed before the fetch)."""
