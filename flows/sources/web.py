@@ -175,21 +175,22 @@ class WebSource(Source):
                 if previous is None:
                     listing.complete, listing.reason = False, f"{url}: {page}"
                     continue
-                body, media_type, final = previous.data, previous.media_type, url
+                declared, links = _parse(url, previous.data, previous.media_type)
             elif page is None:  # gone (404/410) or not a page: not listed, so removed after a complete crawl
                 continue
             else:
                 item, final = page
                 body, media_type = (item.data if item.data is not None else (cache.cached(item.key) or
                                                                              Fetched(b"")).data), item.media_type
-                final = self._canonical_of(final, body, media_type)
+                declared, links = _parse(final, body, media_type)
+                final = declared if declared and self.allowed(declared) else canonical(final)
                 key = self.key(final)
                 if key not in listed and wanted(key):
                     listed.add(key)
                     listing.items.append(Item(key, item.signal, item.size, item.modified, item.media_type, item.data))
                 seen.add(final)
             if depth < self.spec.max_depth:
-                for link in _links(final, body, media_type):
+                for link in links:
                     if link not in seen and self.allowed(link) and _suffix(link) not in NOT_PAGES:
                         seen.add(link)
                         queue.append((link, depth + 1))
@@ -301,33 +302,25 @@ class WebSource(Source):
             return [page for loc in locs if self.allowed(loc) for page in self._sitemap(loc, nested=False)]
         return [loc for loc in locs if loc]
 
-    def _canonical_of(self, url: str, body: bytes, media_type: str | None) -> str:
-        """The page's <link rel=canonical> when it names this origin, else its own URL."""
-        if media_type not in ("text/html", "application/xhtml+xml") or not body:
-            return canonical(url)
-        from lxml import html
 
-        try:
-            hrefs = html.fromstring(body).xpath("//link[@rel='canonical']/@href")
-        except Exception:  # noqa: BLE001 - lxml raises several types on broken markup
-            return canonical(url)
-        target = canonical(urljoin(url, hrefs[0])) if hrefs else canonical(url)
-        return target if self.allowed(target) else canonical(url)
-
-
-def _links(url: str, body: bytes, media_type: str | None) -> list[str]:
-    """Absolute, canonical links of an HTML page (a, area, frames); none for other types."""
+def _parse(url: str, body: bytes, media_type: str | None) -> tuple[str | None, list[str]]:
+    """An HTML page's <link rel=canonical> (absolute) and its links (a, area, frames), canonical and
+    each once, from one parse; nothing for other types. In-page anchors and non-http schemes are
+    dropped before joining (API docs have thousands)."""
     if media_type not in ("text/html", "application/xhtml+xml") or not body:
-        return []
+        return None, []
     from lxml import html
 
     try:
         tree = html.fromstring(body)
-    except Exception:  # noqa: BLE001
-        return []
-    base = (tree.xpath("//base/@href") or [url])[0]
-    hrefs = tree.xpath("//a/@href | //area/@href | //frame/@src | //iframe/@src")
-    return [canonical(urljoin(urljoin(url, base), href.strip())) for href in hrefs if href.strip()]
+    except Exception:  # noqa: BLE001 - lxml raises several types on broken markup
+        return None, []
+    declared = tree.xpath("//link[@rel='canonical']/@href")
+    base = urljoin(url, (tree.xpath("//base/@href") or [url])[0])
+    hrefs = {h.strip().split("#", 1)[0] for h in tree.xpath("//a/@href | //area/@href | //frame/@src | //iframe/@src")}
+    links = sorted({canonical(urljoin(base, h)) for h in hrefs
+                    if h and not h.lower().startswith(("mailto:", "javascript:", "data:", "tel:"))})
+    return (canonical(urljoin(url, declared[0].strip())) if declared else None), links
 
 
 def _suffix(url: str) -> str:

@@ -99,7 +99,9 @@ def sites():
             <a href="/loop1">loop</a> <a href="/missing">gone</a> <a href="/private/secret.html">private</a>
             <a href="/off-host">off-host redirect</a> <a href="file:///etc/passwd">passwd</a>
             <a href="http://169.254.169.254/latest/meta-data/">metadata</a> <a href="{other.url}/x">other host</a>
-            <a href="/deep1">deep</a> <a href="/logo.png">logo</a>""", etag='"home-1"', title="Home"),
+            <a href="/deep1">deep</a> <a href="/logo.png">logo</a> <a href="/print/a">print</a>""",
+                  etag='"home-1"', title="Home"),
+        "/print/a": (200, {"Content-Type": "text/html"}, '<link rel="canonical" href="/a.html"><p>Alpha, printable.</p>'),
         "/a.html": html("<p>Alpha explains the onboarding laptop.</p><a href='/'>home</a>", etag='"a-1"',
                         title="Alpha"),
         "/b": html("<p>Beta covers the pager rotation.</p>", modified=MODIFIED, title="Beta"),
@@ -135,6 +137,8 @@ def test_a_crawl_stays_on_its_origin_and_ids_are_canonical_urls(sites, tmp_path)
     assert "169.254.169.254" in reasons[site.url + "/off-host"] and "not followed" in reasons[site.url + "/off-host"]
     assert "redirect loop" in reasons[site.url + "/loop1"] and site.requests().count("/loop1") == 1
     assert site.requests().count("/a.html") == 1  # /to-a redirected to it: read once, one id
+    assert "/print/a" in site.requests()  # read, but its <link rel=canonical> names /a.html: no second id
+    assert "/logo.png" not in site.requests()  # an image link is never requested
     assert ctx.covered and not [f for f in ctx.failures if f.root]  # a loop or an off-host link is no outage
     assert all(f.skipped for f in ctx.failures)  # ... and what was indexed from such a page goes
 
@@ -148,7 +152,7 @@ def test_an_unchanged_page_costs_one_304(sites, tmp_path):
     assert [d.model_dump() for d in again] == [d.model_dump() for d in first]
     pages = {"/", "/a.html", "/b", "/deep1", "/deep2"}
     assert {p for p, s in site.log if s == 304} == pages  # ETag and Last-Modified both answered 304
-    assert [p for p, s in site.log if s == 200] == ["/robots.txt"]
+    assert [p for p, s in site.log if s == 200] == ["/robots.txt", "/print/a"]  # no validator: read again
 
 
 def test_a_slow_page_times_out_and_the_crawl_deletes_nothing(sites, tmp_path):
