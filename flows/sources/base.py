@@ -162,8 +162,11 @@ class ItemCache:
             return
         blob = hashlib.sha256(fetched.data).hexdigest()
         path = self.folder / "blobs" / blob
-        if not path.exists():
-            _atomic_write(path, fetched.data)
+        try:
+            if not path.exists():
+                _atomic_write(path, fetched.data)
+        except OSError:  # a read-only or full disk: the item is simply downloaded again next time
+            return
         self._kept[item.key] = {"signal": signal, "blob": blob, "modified": fetched.modified,
                                 "media_type": fetched.media_type, **extra}
 

@@ -265,7 +265,7 @@ class WebSource(Source):
         import httpx
 
         with httpx.Client(timeout=self.spec.timeout_seconds, headers={"User-Agent": self.spec.user_agent}) as client:
-            self._client = client
+            self._client, self._seen = client, set()
             try:
                 response, _ = self._get(self.url(item.key))
             finally:

@@ -219,3 +219,14 @@ def test_a_page_that_disappears_is_deleted_only_after_a_complete_crawl(sites, ma
     del site.pages["/a.html"]
     third = run_index(path)
     assert third.incomplete and third.deleted == 0 and site.url + "/a.html" in snapshot(path)["sources"]
+
+
+def test_a_damaged_cache_means_one_more_download_not_a_wrong_page(sites, tmp_path):
+    site, _ = sites
+    first, _ = crawl(site, tmp_path)
+    for blob in (tmp_path / ".ragline" / "sources").rglob("blobs/*"):
+        blob.write_bytes(b"garbled")
+    site.log.clear()
+    again, ctx = crawl(site, tmp_path)
+    assert [d.model_dump() for d in again] == [d.model_dump() for d in first] and ctx.covered
+    assert site.requests(304) == [] and site.requests(200).count("/a.html") == 1  # asked again without conditions

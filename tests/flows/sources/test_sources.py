@@ -94,3 +94,11 @@ def test_an_incomplete_listing_keeps_every_entry_and_a_complete_one_prunes(tmp_p
     full.save(complete=True)
     assert ItemCache(tmp_path).hit(Item("b", "v1")) is None
     assert len(list((tmp_path / "blobs").iterdir())) == 1
+
+
+def test_a_cache_that_cannot_be_written_costs_downloads_not_the_run(tmp_path):
+    (tmp_path / "file").write_text("a file where the cache folder would be")
+    cache = ItemCache(tmp_path / "file" / "sources")
+    cache.keep(Item("a.md", "v1"), Fetched(b"# A"), "v1")
+    cache.save(complete=True)
+    assert ItemCache(tmp_path / "file" / "sources").hit(Item("a.md", "v1")) is None
