@@ -330,8 +330,8 @@ def _source_locations(pipeline) -> list[str]:
     load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
     if load is None:
         return []
-    return [os.path.abspath(os.path.join(pipeline.project.base_dir, os.path.expanduser(getattr(entry, "path", entry))))
-            for entry in load.params.paths]
+    return [os.path.abspath(os.path.join(pipeline.project.base_dir, os.path.expanduser(entry.path)))
+            if entry.type == "local" else str(entry) for entry in load.params.paths]
 
 
 def _index(args) -> int:

@@ -14,23 +14,26 @@ import json
 import os
 import posixpath
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterator
+from typing import Any, Iterator
 from urllib.parse import quote
 
-from pydantic import BaseModel, Field, StringConstraints, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document, Metadata, content_hash
+from ragline.flows.sources import Fetched, ItemCache, Source, SourceError, SourceSpec, cache_folder, source_types
+from ragline.flows.sources.local import NonEmpty, Root, read_file
 from ragline.flows.spec.registry import stage
 
-NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+__all__ = ["Params", "Root", "load"]
 
 FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown",
            ".txt": "text", ".pdf": "pdf", ".jsonl": "jsonl"}
+MEDIA_FORMATS = {"text/html": "html", "application/xhtml+xml": "html", "text/markdown": "markdown",
+                 "text/plain": "text", "application/pdf": "pdf"}
 SNIFF_BYTES = 8192
 GLOB_CHARS = frozenset("*?[")
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -45,49 +48,16 @@ LOADER_KEYS = frozenset({"source", "root", "url", "path", "format", "modified", 
                          "source_id", "title", "ordinal"})
 
 
-class Root(BaseModel):
-    """A source root with options: how its sources are named, linked and whether links may leave it."""
-
-    model_config = {"extra": "forbid"}
-
-    path: NonEmpty = Field(..., description="folder (walked recursively), file or glob pattern")
-    name: NonEmpty | None = Field(None, description="what its sources are identified and shown by: '<name>/<path "
-                                                    "below the root>' (default: the path relative to the "
-                                                    "pipelines file's folder, or the folder's own name outside it)")
-    url_prefix: NonEmpty | None = Field(None, description="public URL of the root: a source links to this followed "
-                                                          "by its path below the root")
-    follow_links: bool | None = Field(None, description="index symbolic links that lead outside every root "
-                                                        "(default: the step's follow_links)")
-
-    @field_validator("name")
-    @classmethod
-    def _relative_name(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        name = posixpath.normpath(value.strip().strip("/"))
-        if not value.strip().strip("/") or name.startswith("..") or "#" in name or any(ord(c) < 32 for c in name):
-            raise ValueError(f"root name {value!r} must be a relative name without '..', '#' or control characters")
-        return name
-
-    @field_validator("url_prefix")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"https?://[^/\s]+", value, re.I):
-            raise ValueError(f"url_prefix {value!r} must be an http:// or https:// URL")
-        return value
-
-    def __str__(self) -> str:  # where a plain list of paths is shown
-        return self.path
-
-
 class Params(BaseModel):
     """Where the source files are and how to read them."""
 
     model_config = {"extra": "forbid"}
 
-    paths: list[NonEmpty | Root] = Field(..., min_length=1,
-                                         description="folders (walked recursively), files or glob patterns; each may "
-                                                     "be {path, name, url_prefix, follow_links}")
+    paths: list[SourceSpec] = Field(..., min_length=1,
+                                               description="folders (walked recursively), files or glob patterns; "
+                                                           "each may be {path, name, url_prefix, follow_links}, or "
+                                                           "a root of another type: {type: fsspec, url: ...}, "
+                                                           "{type: web, start: [...]}")
     follow_links: bool = Field(False, description="index symbolic links whose target is outside every root of this "
                                                   "step (off: they are skipped with a reason)")
     include: list[NonEmpty] = Field(
@@ -119,10 +89,14 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
     """Read source files into Documents, reporting and skipping the ones that cannot be read."""
     documents: list[Document] = []
     for path, root in _discover(params, ctx):
-        for document in _load_file(path, root, params, ctx):
+        fetched = _read(path, root.source_id(path), params.max_bytes, ctx)
+        for document in _load_file(path, root, *fetched, params, ctx) if fetched else []:
             documents.append(document)
             ctx.progress("documents", 1)
             failpoints.hit("load.after_read")
+    for spec in params.paths:
+        if getattr(spec, "type", "local") != "local":
+            documents += _remote_documents(spec, params, ctx)
     return sorted(documents, key=lambda d: d.source_id)
 
 
@@ -141,8 +115,11 @@ class SourceRoot:
     url_prefix: str | None = None
     follow_links: bool = False
     is_file: bool = False
+    remote: bool = False  # ``location`` is a URL and paths are '<location>/<key>'
 
     def below(self, path: str) -> str:
+        if self.remote:
+            return path[len(self.location) + 1:] if path.startswith(self.location + "/") else path
         return posixpath.basename(path) if self.is_file else posixpath.relpath(path, self.location)
 
     def source_id(self, path: str) -> str:
@@ -166,7 +143,9 @@ def _roots(params: Params, base_dir: str) -> list[SourceRoot]:
     base = Path(os.path.abspath(base_dir)).as_posix()
     roots = []
     for entry in params.paths:
-        spec = entry if isinstance(entry, Root) else Root(path=entry)
+        if not isinstance(entry, Root):
+            continue  # another type's root: ``_remote_documents``
+        spec = entry
         # relative to pipelines.yaml's folder (the CLI passes absolute paths for its arguments)
         expanded = Path(os.path.abspath(os.path.join(base_dir, os.path.expanduser(spec.path)))).as_posix()
         location, pattern = expanded, ""
@@ -317,14 +296,16 @@ def _matches(path: str, patterns: list[str]) -> bool:
 
 # --- reading one file ----------------------------------------------------------------------
 
-def _load_file(path: str, root: SourceRoot, params: Params, ctx: StepContext) -> list[Document]:
-    """All Documents of one file (one, or one per JSONL record); [] when it was reported as failed."""
-    fmt = FORMATS.get(Path(path).suffix.lower(), "text")
+def _load_file(path: str, root: SourceRoot, data: bytes, mtime: float, params: Params, ctx: StepContext,
+               media_type: str | None = None) -> list[Document]:
+    """All Documents of one item's bytes (one, or one per JSONL record); [] when it was reported as
+    failed. ``media_type``: the Content-Type a web page came with (its URL often has no suffix)."""
+    fmt = FORMATS.get(Path(path).suffix.lower()) or MEDIA_FORMATS.get((media_type or "").split(";")[0].strip(),
+                                                                       "text")
     where = root.source_id(path)
-    data_mtime = _read(path, where, params.max_bytes, ctx)
-    if data_mtime is None:
+    if not data:
+        ctx.fail(where, "empty document")
         return []
-    data, mtime = data_mtime
     if fmt == "pdf":
         document = _pdf_document(path, root, data, mtime, ctx)
         return [document] if document else []
@@ -341,29 +322,72 @@ def _load_file(path: str, root: SourceRoot, params: Params, ctx: StepContext) ->
 
 
 def _read(path: str, where: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float] | None:
-    """The file's bytes and mtime; size is checked first so a huge file is never read into memory."""
+    """A local file's bytes and mtime, or None when it was reported as failed."""
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):  # a named pipe would block the run forever
-            ctx.fail(where, f"not a regular file ({_file_kind(info.st_mode)})")
-            return None
-        if info.st_size > max_bytes:
-            ctx.fail(where, f"file is {info.st_size} bytes, over the max_bytes limit of {max_bytes}")
-            return None
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        ctx.fail(where, f"cannot read file: {exc.strerror or exc}")
+        fetched = read_file(path, max_bytes)
+    except SourceError as exc:
+        ctx.fail(where, str(exc))
         return None
-    if not data:
-        ctx.fail(where, "empty document")
-        return None
-    return data, info.st_mtime
+    return fetched.data, fetched.modified or 0.0
 
 
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
-             (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "folder"))
-    return next((name for test, name in kinds if test(mode)), "special file")
+# --- roots of other types (fsspec, web) ----------------------------------------------------
+
+def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Document]:
+    """The Documents of a root of another type: its listing, each item's bytes from the cache when its
+    change signal is the one they were fetched with, else downloaded. A complete listing covers the
+    root (what it no longer names is gone); an incomplete one is a root failure (nothing deleted)."""
+    source: Source = source_types()[spec.type](spec, params.max_bytes)
+    root = _LinkedRoot(source.location, source.location, spec.name or source.location, remote=True, source=source)
+    cache = ItemCache(cache_folder(ctx.base_dir, f"{spec.type} {source.location} {root.name}"))
+    listing = source.list(cache, lambda key: (not source.by_name or _matches(key, params.include))
+                          and not _matches(key, params.exclude))
+    for key, reason, permanent in listing.failed:
+        ctx.fail(root.source_id(f"{root.location}/{key}"), reason, skipped=permanent)
+        if not permanent:
+            cache.carry(key)
+    documents: list[Document] = []
+    for item in listing.items:
+        path = f"{root.location}/{item.key}"
+        fetched = _remote_bytes(source, item, cache, root.source_id(path), ctx)
+        for document in _load_file(path, root, fetched.data, fetched.modified or 0.0, params, ctx,
+                                   fetched.media_type) if fetched else []:
+            documents.append(document)
+            ctx.progress("documents", 1)
+    if listing.complete:
+        ctx.cover("folder", root.name)
+    else:
+        ctx.fail(root.name, listing.reason, root=True)
+    cache.save(listing.complete)
+    return documents
+
+
+def _remote_bytes(source: Source, item: Any, cache: ItemCache, where: str, ctx: StepContext) -> Fetched | None:
+    """An item's bytes: cached when its signal is unchanged (no download), else fetched (or read
+    while listing) and kept under the signal listed before the download."""
+    if (hit := cache.hit(item)) is not None:
+        ctx.progress("unchanged", 1)
+        return hit
+    try:
+        fetched = Fetched(item.data, item.modified, item.signal, item.media_type) if item.data is not None \
+            else source.fetch(item)
+    except SourceError as exc:
+        ctx.fail(where, str(exc))
+        cache.carry(item.key)
+        return None
+    ctx.progress("downloaded", 1)
+    cache.keep(item, fetched, item.signal)
+    return fetched
+
+
+@dataclass(frozen=True)
+class _LinkedRoot(SourceRoot):
+    """A remote root: its sources link where their source says (an object's public URL, a page's own URL)."""
+
+    source: Source | None = None
+
+    def url(self, path: str) -> str | None:
+        return self.source.url(self.below(path)) if self.source else None
 
 
 def _decode(where: str, data: bytes, encoding: str, ctx: StepContext) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from ragline.flows.spec import registry
 from ragline.flows.contracts import PipelineKind
+from ragline.flows.sources import source_types
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.spec.prompts import library, prompt_problems
 from ragline.flows.spec.registry import ALLOW_HINT, Stage, module_allowed
@@ -118,7 +119,7 @@ class Checker:
             for err in exc.errors():
                 nearest = suggest(str(err["loc"][-1]), list(stage.params.model_fields)) \
                     if err["type"] == "extra_forbidden" and len(err["loc"]) == 1 else ""
-                self.error(loc + ("with",) + tuple(err["loc"]), pydantic_message(err) + nearest)
+                self.error(loc + ("with",) + _untagged(err["loc"]), pydantic_message(err) + nearest)
             return None
 
     def _resources(self, loc, step: StepSpec, stage: Stage) -> dict[str, str] | None:
@@ -251,3 +252,10 @@ def _salvaged_params(stage: Stage, given: dict[str, Any]) -> BaseModel | None:
         return stage.params.model_validate(kept)
     except ValidationError:
         return None
+
+
+def _untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A parameter's location without the source type pydantic inserts after a list index
+    ('paths.1.fsspec.options' is 'paths.1.options' in the file)."""
+    tags = source_types()
+    return tuple(p for i, p in enumerate(loc) if not (p in tags and i and isinstance(loc[i - 1], int)))

@@ -384,6 +384,7 @@ def _structure_errors(doc: LocatedYaml, exc: ValidationError, prefix: Loc = ()) 
     return errors
 
 
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^@/\s]*@")
 _UNION_TAGS: set[str] = set()  # filled by flows.resources with its discriminator tags
 _SECRET_FIELD = re.compile(r"^(?:key|token)$|(?:^|_)(?:api_?key|secret|password|access_token|auth_token)$",
                            re.I)  # fields whose values are never shown in errors
@@ -527,7 +528,15 @@ def locate(doc: LocatedYaml, loc: Loc, message: str) -> SpecError:
 
 
 def pydantic_message(err: dict[str, Any]) -> str:
-    """A stage parameter's validation error in words, with the value that was given."""
+    """A stage parameter's validation error in words, with the value that was given when it is a
+    plain value and not a secret's (a mapping given whole may hold credentials: never echoed)."""
     if err["type"] == "extra_forbidden":
         return f"unknown parameter '{err['loc'][-1]}'"
-    return f"{err['msg']} (got {err.get('input')!r})"
+    if err["type"] == "union_tag_invalid":
+        return f"unknown type '{err['ctx']['tag']}'; valid types: {err['ctx']['expected_tags']}"
+    value = err.get("input")
+    if isinstance(value, (dict, list)) or (err["loc"] and _SECRET_FIELD.search(str(err["loc"][-1]))):
+        return err["msg"]
+    if isinstance(value, str):  # a URL's password ('sftp://user:pw@host') is blanked
+        value = _URL_PASSWORD.sub(r"\1***@", value)
+    return f"{err['msg']} (got {value!r})"

@@ -1,0 +1,57 @@
+"""Sources: where ``load`` lists items and fetches their bytes (``local`` folders, ``fsspec`` URLs,
+``web`` crawls), one module per type.
+
+Each type is registered by one entry point in the ``ragline.sources`` group (``<type> =
+"package.module:SourceClass"``), its pydantic spec's ``type`` literal being the name used in
+pipelines.yaml; a root without ``type`` is ``local``. See ``base`` for the protocol.
+
+Sits at the resources layer: may import the base modules only; ``tasks.load`` imports it.
+"""
+from __future__ import annotations
+
+import functools
+from importlib.metadata import entry_points
+from typing import Annotated, Any, Union
+
+from pydantic import Discriminator, GetCoreSchemaHandler, Tag
+
+from ragline.flows.sources.base import Fetched, Item, ItemCache, Listing, Source, SourceError, cache_folder
+
+GROUP = "ragline.sources"
+__all__ = ["GROUP", "Fetched", "Item", "ItemCache", "Listing", "Source", "SourceError", "SourceSpec",
+           "cache_folder", "source_types"]
+
+
+@functools.cache
+def source_types() -> dict[str, type[Source]]:
+    """Every registered source type by its ``type:`` name, read from the entry points on first use."""
+    found: dict[str, type[Source]] = {}
+    for entry in entry_points(group=GROUP):
+        cls = entry.load()
+        if not (isinstance(cls, type) and issubclass(cls, Source)):
+            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) is not a Source subclass")
+        if cls.type_name() != entry.name:
+            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) names a source whose spec says "
+                            f"type '{cls.type_name()}': use that name for the entry point")
+        found.setdefault(entry.name, cls)
+    if "local" not in found:
+        raise RuntimeError(f"no source types are registered in the entry-point group {GROUP}: reinstall ragline "
+                           f"(pip install -e .) so its entry points are recorded")
+    return found
+
+
+def _type_of(value: Any) -> str:
+    """A root's type: its ``type`` field, ``local`` when it has none."""
+    if isinstance(value, dict):
+        return str(value.get("type", "local"))
+    return str(getattr(value, "type", "local"))
+
+
+class SourceSpec:
+    """The settings of any registered source type, told apart by ``type`` (default ``local``)."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        tagged = tuple(Annotated[t.Spec, Tag(name)] for name, t in source_types().items())
+        union = Annotated[Union[tagged], Discriminator(_type_of)]  # type: ignore[valid-type]
+        return handler.generate_schema(union)

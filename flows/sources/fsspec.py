@@ -1,0 +1,192 @@
+"""``fsspec``: objects under a URL prefix (``s3://``, ``gs://``, ``az://``, ``sftp://``, ...) through
+fsspec and its maintained backends (s3fs for S3: ``pip install 'ragline[s3]'``).
+
+Credentials never come from pipelines.yaml: the backend's own environment (AWS_ACCESS_KEY_ID,
+GOOGLE_APPLICATION_CREDENTIALS, ...) or ``secrets``, which maps a storage option to the name of an
+environment variable holding it. A secret-looking option or a password in the URL is refused when
+the file is checked, and secret values are scrubbed from every message.
+"""
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime
+from typing import Any, Callable, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field, field_validator
+
+from ragline.flows.sources.base import Fetched, Item, ItemCache, Listing, Source, SourceError
+from ragline.flows.sources.local import NonEmpty, http_url, relative_name
+
+SECRET_OPTION = re.compile(r"(?:^|_)(?:key|secret|password|passwd|token|credentials?|sas|sig|signature)(?:$|_)", re.I)
+SIGNAL_FIELDS = ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash", "content_md5", "checksum")
+MTIME_FIELDS = ("LastModified", "last_modified", "mtime", "updated", "modified")
+
+
+class FsspecSpec(BaseModel):
+    """Objects under a URL prefix, read through fsspec."""
+
+    model_config = {"extra": "forbid"}
+
+    type: Literal["fsspec"]
+    url: NonEmpty = Field(..., description="prefix to list recursively, e.g. s3://bucket/docs/")
+    name: NonEmpty | None = Field(None, description="what its sources are identified by: '<name>/<key below the "
+                                                    "prefix>' (default: the URL itself)")
+    url_prefix: NonEmpty | None = Field(None, description="public http(s) URL a source links to, followed by its key")
+    options: dict[str, Any] = Field({}, description="storage options of the backend that are not secrets "
+                                                    "(endpoint_url, region_name, anon, ...)")
+    secrets: dict[str, NonEmpty] = Field({}, description="storage option -> name of the environment variable "
+                                                         "holding it (key, secret, token, password, ...)")
+
+    @field_validator("url")
+    @classmethod
+    def _plain_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if not re.match(r"^[a-z][a-z0-9+.-]*$", parts.scheme or "", re.I) or "://" not in value:
+            raise ValueError("url must be a URL with a scheme, e.g. s3://bucket/prefix/")
+        if parts.password is not None:
+            raise ValueError("url must not hold a password: name an environment variable in `secrets`")
+        if parts.query or parts.fragment:
+            raise ValueError("url must not have a query or fragment: put storage options in `options`")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in _keys(value):
+            if SECRET_OPTION.search(name):
+                raise ValueError(f"option {name!r} looks like a credential: set it in the environment and name the "
+                                 f"variable under `secrets` ({name}: MY_ENV_VAR), never in pipelines.yaml")
+        return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for option, env in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
+                raise ValueError(f"secrets.{option} must name an environment variable (letters, digits, '_')")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _relative_name(cls, value: str | None) -> str | None:
+        return relative_name(value)
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return http_url(value)
+
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def _keys(options: dict[str, Any]) -> list[str]:
+    return [k for key, value in options.items() for k in [str(key), *(_keys(value) if isinstance(value, dict) else [])]]
+
+
+class FsspecSource(Source):
+    Spec = FsspecSpec
+
+    def __init__(self, spec: FsspecSpec, max_bytes: int):
+        super().__init__(spec, max_bytes)
+        self._fs: Any = None
+        self._secrets: list[str] = []
+
+    @property
+    def location(self) -> str:
+        return self.spec.url.rstrip("/")
+
+    @property
+    def protocol(self) -> str:
+        return urlsplit(self.spec.url).scheme.lower()
+
+    def filesystem(self) -> Any:
+        """The backend, made fresh (no listing cache, no shared instance: every run sees the store as it is)."""
+        if self._fs is None:
+            import fsspec
+
+            secrets = {}
+            for option, env in self.spec.secrets.items():
+                value = os.environ.get(env)
+                if not value:
+                    raise SourceError(f"environment variable {env} (storage option {option!r}) is not set")
+                secrets[option] = value
+            self._secrets = [v for v in secrets.values() if len(v) >= 4]
+            try:
+                self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, use_listings_cache=False,
+                                             **self.spec.options, **secrets)
+            except ImportError as exc:
+                raise SourceError(f"no fsspec backend for {self.protocol}:// ({exc}); install it, e.g. "
+                                  f"pip install 'ragline[s3]' for s3://") from None
+            except Exception as exc:  # noqa: BLE001 - each backend raises its own types
+                raise SourceError(self.scrub(f"cannot open {self.protocol}:// ({type(exc).__name__}: {exc})")) from None
+        return self._fs
+
+    def scrub(self, text: str) -> str:
+        """A message with every secret value blanked (a backend may echo what it was given)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _root(self) -> str:
+        return self.filesystem()._strip_protocol(self.spec.url).rstrip("/")
+
+    def list(self, cache: ItemCache, wanted: Callable[[str], bool]) -> Listing:
+        try:
+            root = self._root()
+            found = self.filesystem().find(root, detail=True)
+        except Exception as exc:  # noqa: BLE001 - a listing that fails anywhere is incomplete, whatever raised
+            reason = exc if isinstance(exc, SourceError) else f"{type(exc).__name__}: {exc}"
+            return Listing(complete=False, reason=self.scrub(f"cannot list {self.location}: {reason}"))
+        items = []
+        for path, info in sorted(found.items()):
+            if info.get("type", "file") != "file" or not path.startswith(root + "/"):
+                continue
+            key = path[len(root) + 1:]
+            if wanted(key):
+                items.append(Item(key=key, signal=_signal(info), size=info.get("size"), modified=_mtime(info)))
+        if not found:  # a prefix cannot be told from a typo of one: like a missing folder, it deletes nothing
+            return Listing(complete=False, reason=f"no objects under {self.location}")
+        return Listing(items)
+
+    def fetch(self, item: Item) -> Fetched:
+        if item.size is not None and item.size > self.max_bytes:
+            raise SourceError(f"object is {item.size} bytes, over the max_bytes limit of {self.max_bytes}")
+        try:
+            data = self.filesystem().cat_file(f"{self._root()}/{item.key}", start=0, end=self.max_bytes + 1)
+        except FileNotFoundError:
+            raise SourceError("object disappeared after it was listed") from None
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(self.scrub(f"cannot read object: {type(exc).__name__}: {exc}")) from None
+        if len(data) > self.max_bytes:
+            raise SourceError(f"object is over the max_bytes limit of {self.max_bytes}")
+        return Fetched(data, item.modified, item.signal)
+
+    def url(self, key: str) -> str | None:
+        if self.spec.url_prefix:
+            from urllib.parse import quote
+
+            return self.spec.url_prefix.rstrip("/") + "/" + quote(key)
+        return None
+
+
+def _signal(info: dict[str, Any]) -> str | None:
+    """The backend's own version marker (ETag, object version, generation), else size and mtime."""
+    for name in SIGNAL_FIELDS:
+        if info.get(name):
+            return f"{name}:{info[name]}"
+    mtime = _mtime(info)
+    return f"size:{info.get('size')}:{mtime}" if mtime is not None and info.get("size") is not None else None
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    for name in MTIME_FIELDS:
+        value = info.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None

@@ -1,0 +1,108 @@
+"""``local``: folders, files and glob patterns on this machine (the default type of a root).
+
+Walking local roots stays in ``tasks.load`` (its symbolic-link policy spans every root of the
+step); this module holds the root's spec and reads one file's bytes.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
+
+from ragline.flows.sources.base import Fetched, Item, ItemCache, Listing, Source, SourceError
+
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
+def relative_name(value: str | None) -> str | None:
+    """A root's ``name``: relative, without '..', '#' or control characters."""
+    if value is None:
+        return value
+    name = posixpath.normpath(value.strip().strip("/"))
+    if not value.strip().strip("/") or name.startswith("..") or "#" in name or any(ord(c) < 32 for c in name):
+        raise ValueError(f"root name {value!r} must be a relative name without '..', '#' or control characters")
+    return name
+
+
+def http_url(value: str | None) -> str | None:
+    if value is not None and not re.match(r"https?://[^/\s]+", value, re.I):
+        raise ValueError(f"url_prefix {value!r} must be an http:// or https:// URL")
+    return value
+
+
+class Root(BaseModel):
+    """A source root with options: how its sources are named, linked and whether links may leave it."""
+
+    model_config = {"extra": "forbid"}
+
+    type: Literal["local"] = "local"
+    path: NonEmpty = Field(..., description="folder (walked recursively), file or glob pattern")
+    name: NonEmpty | None = Field(None, description="what its sources are identified and shown by: '<name>/<path "
+                                                    "below the root>' (default: the path relative to the "
+                                                    "pipelines file's folder, or the folder's own name outside it)")
+    url_prefix: NonEmpty | None = Field(None, description="public URL of the root: a source links to this followed "
+                                                          "by its path below the root")
+    follow_links: bool | None = Field(None, description="index symbolic links that lead outside every root "
+                                                        "(default: the step's follow_links)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_path(cls, value: Any) -> Any:
+        """A root given as a plain string is its path."""
+        return {"path": value} if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _relative_name(cls, value: str | None) -> str | None:
+        return relative_name(value)
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return http_url(value)
+
+    def __str__(self) -> str:  # where a plain list of paths is shown
+        return self.path
+
+
+class LocalSource(Source):
+    """Files on this machine. ``load`` walks local roots itself; ``fetch`` reads one file."""
+
+    Spec = Root
+
+    @property
+    def location(self) -> str:
+        return self.spec.path
+
+    def list(self, cache: ItemCache, wanted) -> Listing:  # noqa: ARG002 - see the module's docstring
+        raise NotImplementedError("local roots are walked by tasks.load (links are judged against every root)")
+
+    def fetch(self, item: Item) -> Fetched:
+        return read_file(item.key, self.max_bytes)
+
+
+def read_file(path: str, max_bytes: int) -> Fetched:
+    """A file's bytes and mtime; size is checked first so a huge file is never read into memory."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # a named pipe would block the run forever
+            raise SourceError(f"not a regular file ({_file_kind(info.st_mode)})")
+        if info.st_size > max_bytes:
+            raise SourceError(f"file is {info.st_size} bytes, over the max_bytes limit of {max_bytes}")
+        data = Path(path).read_bytes()
+    except SourceError:
+        raise
+    except OSError as exc:
+        raise SourceError(f"cannot read file: {exc.strerror or exc}") from None
+    return Fetched(data, info.st_mtime, f"{info.st_size}:{info.st_mtime_ns}")
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "folder"))
+    return next((name for test, name in kinds if test(mode)), "special file")

@@ -1,0 +1,104 @@
+"""The source protocol: the registry, specs checked with located errors, and the item cache that
+lets an unchanged item skip its download."""
+from __future__ import annotations
+
+import pytest
+
+from ragline.flows.sources import Fetched, Item, ItemCache, Source, source_types
+from ragline.flows.spec.compile import validate_file
+from tests.helpers.data import BASE_RESOURCES
+
+
+def pipelines(paths_yaml: str) -> str:
+    return BASE_RESOURCES + f"""
+pipelines:
+  index:
+    kind: ingestion
+    steps:
+      - id: load
+        task: load
+        with:
+          paths:
+{paths_yaml}
+      - {{id: chunk, task: chunk}}
+      - {{id: embed, task: embed, uses: [embedder]}}
+      - {{id: write, task: index, uses: [store, sparse, state]}}
+"""
+
+
+def test_types_come_from_the_entry_point_group():
+    types = source_types()
+    assert {"local", "fsspec"} <= set(types)
+    assert all(issubclass(cls, Source) and cls.type_name() == name for name, cls in types.items())
+
+
+def test_a_credential_in_pipelines_yaml_is_refused_at_its_line_and_never_echoed(make_project):
+    text = pipelines("""            - docs
+            - type: fsspec
+              url: s3://bucket/docs/
+              options: {endpoint_url: "http://127.0.0.1:9", aws_secret_access_key: "wJalrXUtnFEMI-SECRET"}""")
+    [error] = validate_file(make_project(text))
+    assert (error.pipeline, error.step, error.field) == ("index", "load", "with.paths.1.options")
+    assert error.line == next(i for i, line in enumerate(text.splitlines(), 1) if "options:" in line)
+    assert "aws_secret_access_key" in error.message and "secrets" in error.message
+    assert "wJalrXUtnFEMI" not in str(error)
+
+
+def test_a_password_in_the_url_is_refused_and_never_echoed(make_project):
+    text = pipelines("""            - {type: fsspec, url: "sftp://alice:hunter2-pw@files.example/docs"}""")
+    [error] = validate_file(make_project(text))
+    assert error.field == "with.paths.0.url" and "password" in error.message
+    assert "hunter2" not in str(error)
+
+
+def test_an_unknown_type_names_the_registered_ones(make_project):
+    [error] = validate_file(make_project(pipelines("            - {type: gopher, url: gopher://x}")))
+    assert error.field == "with.paths.0" and "unknown type 'gopher'" in error.message and "'fsspec'" in error.message
+
+
+def test_plain_and_local_roots_still_validate(make_project):
+    assert validate_file(make_project(pipelines("            - docs\n            - {path: notes, name: n}"))) == []
+
+
+def test_the_cache_serves_bytes_only_for_the_signal_they_were_fetched_with(tmp_path):
+    cache = ItemCache(tmp_path)
+    item = Item("a.md", signal="etag:1")
+    assert cache.hit(item) is None
+    cache.keep(item, Fetched(b"# A", 1.0), item.signal)
+    cache.save(complete=True)
+    again = ItemCache(tmp_path)
+    assert again.hit(Item("a.md", signal="etag:1")).data == b"# A"
+    assert again.hit(Item("a.md", signal="etag:2")) is None  # changed: downloaded again
+    assert again.hit(Item("a.md", signal=None)) is None  # no signal: always downloaded
+
+
+def test_a_damaged_blob_is_a_miss_not_content(tmp_path):
+    cache = ItemCache(tmp_path)
+    cache.keep(Item("a.md", "v1"), Fetched(b"original"), "v1")
+    cache.save(complete=True)
+    next((tmp_path / "blobs").iterdir()).write_bytes(b"garbled")
+    assert ItemCache(tmp_path).hit(Item("a.md", "v1")) is None
+
+
+def test_an_incomplete_listing_keeps_every_entry_and_a_complete_one_prunes(tmp_path):
+    cache = ItemCache(tmp_path)
+    for key in ("a", "b"):
+        cache.keep(Item(key, "v1"), Fetched(key.encode()), "v1")
+    cache.save(complete=True)
+    partial = ItemCache(tmp_path)
+    partial.hit(Item("a", "v1"))
+    partial.save(complete=False)
+    assert ItemCache(tmp_path).hit(Item("b", "v1")) is not None
+    full = ItemCache(tmp_path)
+    full.hit(Item("a", "v1"))
+    full.save(complete=True)
+    assert ItemCache(tmp_path).hit(Item("b", "v1")) is None
+    assert len(list((tmp_path / "blobs").iterdir())) == 1
+
+
+def test_a_cache_that_cannot_be_written_costs_downloads_not_the_run(tmp_path):
+    (tmp_path / "file").write_text("a file where the cache folder would be")
+    cache = ItemCache(tmp_path / "file" / "sources")
+    cache.keep(Item("a.md", "v1"), Fetched(b"# A"), "v1")
+    cache.save(complete=True)
+    assert ItemCache(tmp_path / "file" / "sources").hit(Item("a.md", "v1")) is None
