@@ -19,7 +19,8 @@ def convert(data: bytes, name: str) -> Converted:
     for slide in deck.slides:
         title_shape = slide.shapes.title
         parts = [heading(1, title_shape.text_frame.text)] if title_shape is not None else []
-        parts += [text for shape in slide.shapes if shape is not title_shape for text in _shape_texts(shape)]
+        title_id = title_shape.shape_id if title_shape is not None else None
+        parts += [text for shape in slide.shapes if shape.shape_id != title_id for text in _shape_texts(shape)]
         if slide.has_notes_slide and (notes := slide.notes_slide.notes_text_frame.text.strip()):
             parts.append(f"Notes: {notes}")
         slides.append(blocks(parts))
