@@ -80,3 +80,35 @@ def test_openai_surface_sources_carry_the_page(served):
     search = client.chat.completions.create(model="search", messages=[{"role": "user", "content": QUESTION}])
     assert search.choices[0].message.content.startswith("[1] field-notes, p. 3: ")
     assert search.model_extra["sources"][0]["page"] == "p. 3"
+
+
+def test_chat_page_shows_the_page_and_links_to_it(served):
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
+
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        pytest.fail(f"no Chromium at {CHROMIUM}: run `bash deploy/bootstrap.sh` (it installs Debian's chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.add_init_script(f"sessionStorage.setItem('ragline.token', {TOKEN!r})")
+            page.goto(served + "/")
+            page.wait_for_selector("#pipeline option[value=ask]", state="attached")
+            card = ask(page, QUESTION)
+            card.locator("ol.sources li").first.wait_for(timeout=60_000)
+            source = card.locator("ol.sources li").first
+            assert "field-notes.pdf, p. 3" in source.inner_text()
+            assert source.locator("a").first.get_attribute("href") == \
+                "https://files.example.org/notes/field-notes.pdf#page=3"
+            page.reload()
+            page.wait_for_selector("#pipeline option[value=search]", state="attached")
+            passages = ask(page, QUESTION, pipeline="search").locator("ol.sources li")
+            passages.first.wait_for(timeout=60_000)
+            assert ", p. 3" in passages.first.inner_text()
+            assert passages.first.locator("a").first.get_attribute("href").endswith("field-notes.pdf#page=3")
+        finally:
+            browser.close()
