@@ -32,7 +32,9 @@ NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 # text formats read here; every other format is converted by its `ragline.formats` entry point
 FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown",
            ".txt": "text", ".jsonl": "jsonl"}
-CONVERTED = (".pdf", ".docx", ".pptx", ".xlsx", ".odt", ".epub", ".eml", ".rtf")  # the built-in converters
+# the built-in converters taken from folders by default; images (.png, .jpg, .tif: OCR) only when included
+CONVERTED = (".pdf", ".docx", ".pptx", ".xlsx", ".odt", ".epub", ".eml", ".rtf")
+IMAGES = frozenset({".png", ".jpg", ".jpeg", ".tif", ".tiff"})
 SNIFF_BYTES = 8192
 GLOB_CHARS = frozenset("*?[")
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -107,6 +109,13 @@ class Params(BaseModel):
     jsonl_text_fields: list[NonEmpty] = Field(["text"], min_length=1,
                                               description="JSONL record fields joined into the document text")
     jsonl_title_field: NonEmpty = Field("title", description="JSONL record field holding the title")
+    ocr: bool = Field(True, description="read PDF pages without a text layer (scans) and images (.png, .jpg, "
+                                        ".tif; add them to `include`) by OCR, with Debian's tesseract-ocr; "
+                                        "without it they are reported with the reason")
+    ocr_max_pages: int = Field(50, ge=0, le=100_000, description="pages OCR reads per file at most (a few "
+                                                                  "seconds each); the rest are reported")
+    ocr_languages: NonEmpty = Field("eng", pattern=r"^[A-Za-z_]+(\+[A-Za-z_]+)*$",
+                                    description="tesseract language codes, e.g. 'eng+deu'")
 
     @field_validator("encoding")
     @classmethod
@@ -433,7 +442,7 @@ def _converted_documents(path: str, root: SourceRoot, where: str, convert: forma
     name = name or posixpath.basename(path)
     kind = Path(name).suffix.lstrip(".").upper() or "file"
     try:
-        converted = convert(data, name)
+        converted = convert(data, name, formats.Options(params.ocr, params.ocr_max_pages, params.ocr_languages))
     except formats.FormatError as exc:
         ctx.fail(where, str(exc))
         return []
@@ -469,8 +478,11 @@ def _named_attachments(attachments: list[formats.Attachment]) -> Iterator[tuple[
 def _attachment_documents(path: str, root: SourceRoot, where: str, name: str, data: bytes, mtime: float,
                           params: Params, ctx: StepContext) -> list[Document]:
     """An attachment of a converted format or a text format becomes its own document; others
-    (images, archives) are left out: they are part of the message, not documents of their own."""
+    (images, archives) are left out: they are part of the message (a logo, a photo), not documents
+    of their own, and OCR of every signature image would cost seconds and fail on photos."""
     suffix = Path(name).suffix.lower()
+    if suffix in IMAGES:
+        return []
     if (convert := formats.converter(suffix)) is not None:
         return _converted_documents(path, root, where, convert, data, mtime, params, ctx, name=name)
     if suffix not in FORMATS or suffix == ".jsonl":

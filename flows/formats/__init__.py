@@ -1,6 +1,6 @@
 """Formats: how the bytes of one file become the text of a Document (and its pages and attachments).
 
-Each binary or structured format is a module here with a ``convert(data, name) -> Converted`` that
+Each binary or structured format is a module here with a ``convert(data, name, options) -> Converted`` that
 raises ``FormatError`` (or whatever its library raises) on a file it cannot read; ``load`` turns
 that into a per-document failure with the reason. Converters register in the ``ragline.formats``
 entry-point group by file extension (``docx = "ragline.flows.formats.docx:convert"``), so a package
@@ -15,12 +15,12 @@ import functools
 from importlib.metadata import entry_points
 from typing import Callable
 
-from ragline.flows.formats.base import Attachment, Converted, FormatError
+from ragline.flows.formats.base import Attachment, Converted, FormatError, Options
 
 GROUP = "ragline.formats"  # entry-point group: `<extension> = "package.module:convert"`
-Converter = Callable[[bytes, str], Converted]
+Converter = Callable[[bytes, str, Options], Converted]
 
-__all__ = ["Attachment", "Converted", "Converter", "FormatError", "GROUP", "converter", "extensions"]
+__all__ = ["Attachment", "Converted", "Converter", "FormatError", "GROUP", "Options", "converter", "extensions"]
 
 
 @functools.cache

@@ -13,6 +13,15 @@ BLOCK_TAGS = frozenset({"p", "div", "li", "pre", "blockquote", "dt", "dd", "capt
 SKIPPED_TAGS = frozenset({"script", "style", "head", "template", "noscript", "svg"})
 
 
+@dataclass(frozen=True)
+class Options:
+    """What the ``load`` step lets converters do: OCR of pages and images without a text layer."""
+
+    ocr: bool = True
+    ocr_max_pages: int = 50  # per file: OCR takes seconds a page
+    ocr_languages: str = "eng"  # tesseract's language codes, '+'-joined
+
+
 class FormatError(Exception):
     """A file this format cannot read; the message is the reason shown for the document."""
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 import re
 
-from ragline.flows.formats.base import Converted, FormatError, blocks, heading, markdown_table
+from ragline.flows.formats.base import Converted, FormatError, Options, blocks, heading, markdown_table
 
 HEADING_STYLE = re.compile(r"heading\s*(\d)", re.I)
 
 
-def convert(data: bytes, name: str) -> Converted:
+def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     import docx  # here: only a .docx needs it
     from docx.table import Table
 

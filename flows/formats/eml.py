@@ -6,12 +6,12 @@ import email
 from email import policy
 from email.message import EmailMessage
 
-from ragline.flows.formats.base import Attachment, Converted, FormatError, blocks, html_markdown
+from ragline.flows.formats.base import Attachment, Converted, FormatError, Options, blocks, html_markdown
 
 SHOWN_HEADERS = ("From", "To", "Cc", "Date")
 
 
-def convert(data: bytes, name: str) -> Converted:
+def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     message = email.message_from_bytes(data, policy=policy.default)
     if not isinstance(message, EmailMessage) or not any(message.get(h) for h in ("From", "Subject", "Date",
                                                                                  "Message-ID", "To")):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import io
 import warnings
 
-from ragline.flows.formats.base import Converted, FormatError, blocks, html_markdown
+from ragline.flows.formats.base import Converted, FormatError, Options, blocks, html_markdown
 
 
-def convert(data: bytes, name: str) -> Converted:
+def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     from ebooklib import epub  # here: only an .epub needs it
 
     try:

@@ -4,14 +4,14 @@ from __future__ import annotations
 import io
 from typing import Any, Iterator
 
-from ragline.flows.formats.base import Converted, FormatError, blocks, heading, markdown_table
+from ragline.flows.formats.base import Converted, FormatError, Options, blocks, heading, markdown_table
 
 TEXT_NS = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
 TABLE_NS = "urn:oasis:names:tc:opendocument:xmlns:table:1.0"
 DC_NS = "http://purl.org/dc/elements/1.1/"
 
 
-def convert(data: bytes, name: str) -> Converted:
+def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     from odf import teletype
     from odf.opendocument import load as load_odf  # here: only a .odt needs it
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 from typing import Any, Iterator
 
-from ragline.flows.formats.base import Converted, FormatError, blocks, heading, markdown_table, paged
+from ragline.flows.formats.base import Converted, FormatError, Options, blocks, heading, markdown_table, paged
 
 
-def convert(data: bytes, name: str) -> Converted:
+def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     from pptx import Presentation  # here: only a .pptx needs it
 
     try:

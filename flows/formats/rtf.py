@@ -1,10 +1,10 @@
 """Rich Text Format (.rtf) through striprtf: the text, without the control words."""
 from __future__ import annotations
 
-from ragline.flows.formats.base import Converted, FormatError
+from ragline.flows.formats.base import Converted, FormatError, Options
 
 
-def convert(data: bytes, name: str) -> Converted:
+def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     from striprtf.striprtf import rtf_to_text  # here: only an .rtf needs it
 
     if not data.lstrip().startswith(b"{\\rtf"):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from ragline.flows.formats.base import Converted, FormatError, blocks, heading, markdown_table
+from ragline.flows.formats.base import Converted, FormatError, Options, blocks, heading, markdown_table
 
 
-def convert(data: bytes, name: str) -> Converted:
+def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     import openpyxl  # here: only a .xlsx needs it
 
     try:

@@ -152,7 +152,8 @@ RTF = rb"{\rtf1\ansi{\fonttbl\f0\fswiss Helvetica;}\f0\pard Survey notes.\par Th
 
 
 def test_every_builtin_format_is_registered():
-    assert formats.extensions() == [".docx", ".eml", ".epub", ".odt", ".pdf", ".pptx", ".rtf", ".xlsx"]
+    assert formats.extensions() == [".docx", ".eml", ".epub", ".jpeg", ".jpg", ".odt", ".pdf", ".png", ".pptx", ".rtf",
+                                    ".tif", ".tiff", ".xlsx"]
     assert formats.converter(".DOCX") is formats.converter(".docx") and formats.converter(".txt") is None
 
 
