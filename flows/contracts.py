@@ -43,7 +43,8 @@ class Document(BaseModel):
                                        "records; never the server's absolute path, so a moved project keeps it")
     text: str
     title: str = ""
-    format: str = Field("text", description="text, markdown, html, pdf or jsonl")
+    format: str = Field("text", description="text, markdown, html or jsonl, else the file's extension (pdf, docx, "
+                                            "eml, ...: converted by flows/formats)")
     path: str = Field("", description="where it is shown to be: its public URL (the root's url_prefix), else its id")
     modified: float = 0.0
     content_hash: str = ""

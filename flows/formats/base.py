@@ -4,9 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-import lxml.html
-from lxml import etree
-
 HEADING_TAGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 BLOCK_TAGS = frozenset({"p", "div", "li", "pre", "blockquote", "dt", "dd", "caption", "figcaption", "section",
                         "article", "br", "tr"})
@@ -92,6 +89,9 @@ def blocks(parts: Iterable[str]) -> str:
 def html_markdown(markup: bytes | str) -> tuple[str, str]:
     """(Markdown, <title>) of an HTML/XHTML page: headings as '#' lines, tables as Markdown tables,
     one block per paragraph. For pages inside other formats (EPUB chapters, HTML mail)."""
+    import lxml.html  # here: `ragline validate` imports the loader, not a parser it may not need
+    from lxml import etree
+
     data = markup.encode("utf-8") if isinstance(markup, str) else markup
     if not data.strip():
         return "", ""
