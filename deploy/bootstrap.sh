@@ -21,6 +21,14 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
     echo "note: no chromium and no root to install it; browser tests will fail (apt-get install chromium)" >&2
   fi
 fi
+# OCR of scanned PDF pages and images (optional: without it they are reported with the reason), and
+# pdftotext, which bench/pdf_pages.py compares the PDF text with.
+if ! command -v tesseract >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends tesseract-ocr \
+    tesseract-ocr-eng poppler-utils >/dev/null 2>&1 \
+    || echo "note: tesseract-ocr not installed; scanned pages and images are reported, not read" >&2
+fi
 stamp=.venv/.ragline-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet "torch==2.13.0"

@@ -811,7 +811,8 @@ def _search_and_answer(project, question: str) -> int:
     answer = engine.run(project.pipeline("ask"), {"query": question}, orchestrate=True)
     print(printable(f"answer: {answer.text}" + (f"  ({answer.reason})" if answer.refused else ""), keep_newlines=True))
     for source in [] if answer.refused else answer.sources:
-        print(printable(f"  [{source.number}] {source.title or source.source_id} — {source.path}"))
+        page = f", {source.page}" if source.page else ""
+        print(printable(f"  [{source.number}] {source.title or source.source_id} — {source.path}{page}"))
     return 0
 
 

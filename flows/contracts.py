@@ -5,6 +5,7 @@ outputs of its upstream steps by port name (see ``flows.registry``).
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -42,11 +43,20 @@ class Document(BaseModel):
                                        "records; never the server's absolute path, so a moved project keeps it")
     text: str
     title: str = ""
-    format: str = Field("text", description="text, markdown, html, pdf or jsonl")
+    format: str = Field("text", description="text, markdown, html or jsonl, else the file's extension (pdf, docx, "
+                                            "eml, ...: converted by flows/formats)")
     path: str = Field("", description="where it is shown to be: its public URL (the root's url_prefix), else its id")
     modified: float = 0.0
     content_hash: str = ""
     metadata: Metadata = Field(default_factory=dict)
+    pages: list[int] = Field(default_factory=list,
+                             description="where each page starts in `text` (page n at pages[n-1], an empty page where "
+                                         "the next starts); empty for formats without pages. The chunker records "
+                                         "each chunk's page range from it")
+
+    def page_at(self, offset: int) -> int | None:
+        """The page number (1-based) holding character ``offset`` of the text; None without pages."""
+        return bisect.bisect_right(self.pages, offset) if self.pages else None
 
 
 class Chunk(BaseModel):
@@ -325,8 +335,38 @@ class Source(BaseModel):
     source_id: str
     title: str = ""
     path: str = Field("", description="the source below its root (or its public URL), never a server path")
-    url: str = Field("", description="a link set by the loader from the root's url_prefix; empty when none")
+    url: str = Field("", description="a link set by the loader from the root's url_prefix (with '#page=N' for a "
+                                     "paged source); empty when none")
     passage: str = ""
+    page_start: int | None = Field(None, description="the page the cited passage starts on (paged formats: PDF, slides)")
+    page_end: int | None = Field(None, description="the page it ends on")
+    section: str = Field("", description="the passage's section path, 'Heading > Subheading'")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def page(self) -> str:
+        """'p. 12' or 'pp. 12-13' where the source has pages, else ''."""
+        return page_label(self.page_start, self.page_end)
+
+    @classmethod
+    def of(cls, number: int, passage: "Passage") -> "Source":
+        """The reference to a retrieved passage: where it is, its link (to its page) and its section."""
+        meta = passage.metadata
+        start, end = meta.get("page_start"), meta.get("page_end")
+        start = start if isinstance(start, int) and not isinstance(start, bool) else None
+        end = end if isinstance(end, int) and not isinstance(end, bool) else start
+        url = str(meta.get("url", ""))
+        return cls(number=number, chunk_id=passage.chunk_id, source_id=passage.source_id, title=passage.title,
+                   path=str(meta.get("source", passage.source_id)),
+                   url=f"{url}#page={start}" if url and start is not None and "#" not in url else url,
+                   passage=passage.text, page_start=start, page_end=end, section=str(meta.get("section", "")))
+
+
+def page_label(start: int | None, end: int | None = None) -> str:
+    """How a page range is shown next to a source: 'p. 12', 'pp. 12-13', or '' without pages."""
+    if start is None:
+        return ""
+    return f"p. {start}" if end is None or end == start else f"pp. {start}-{end}"
 
 
 class Answer(BaseModel):

@@ -1,7 +1,15 @@
-"""Token-aware chunking with the embedder's own tokenizer, so chunks fit the model exactly."""
+"""Token-aware chunking with the embedder's own tokenizer, so chunks fit the model exactly.
+
+Chunks follow the document's structure: one never crosses a page boundary (unless the page is
+shorter than ``min_tokens``) nor a Markdown heading (unless the sections on both sides fit one
+chunk together), and never splits a Markdown table row. Each chunk records its page range
+(``page_start``/``page_end``) and its section path (``section``: "Heading > Subheading").
+"""
 from __future__ import annotations
 
+import bisect
 import hashlib
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -14,6 +22,10 @@ from ragline.flows.resources.embedder import Embedder
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP] (or <s>, </s>) take room in every sequence
 SENTENCE_END = (".", "!", "?", ":", ";", "\n")
+# formats whose '#' lines are text, not headings (a PDF's or a plain file's "# 1" is no section)
+PLAIN_FORMATS = frozenset({"text", "pdf", "jsonl", "rtf"})
+MD_HEADING = re.compile(r"(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+TABLE_ROW = re.compile(r"^[ \t]*\|.*$", re.M)
 
 
 class Params(BaseModel):
@@ -27,7 +39,10 @@ class Params(BaseModel):
     window: int | None = Field(None, ge=16, le=8192, description="window mode: tokens per window (RETA-LLM: 512)")
     step: int | None = Field(None, ge=1, description="window mode: stride in tokens (RETA-LLM: 256; default window/2)")
     prepend_title: bool = Field(True, description="start each chunk with the document title")
-    min_tokens: int = Field(8, ge=1, description="drop trailing chunks shorter than this (unless the only one)")
+    min_tokens: int = Field(8, ge=1, description="drop trailing chunks shorter than this (unless the only one); "
+                                                 "a shorter page joins its neighbour instead of being a chunk")
+    structure: bool = Field(True, description="tokens mode: chunks break at page boundaries and at headings whose "
+                                              "section does not fit the chunk before it, never inside a table row")
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> "Params":
@@ -39,7 +54,7 @@ class Params(BaseModel):
 
 
 @stage("chunk", params=Params, produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion",
-       version=3)
+       version=4)
 def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder: Embedder) -> list[Chunk]:
     """Split documents into chunks measured in the embedding model's tokens."""
     if not documents:  # convert may drop a whole batch; fast tokenizers fail on an empty one
@@ -60,21 +75,128 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
         budget = max(16, size - title_lengths[i])
         # the title shrinks every window: a stride beyond it would skip text (or index past the end)
         step = min(params.step or max(1, budget // 2), budget)
-        spans = (_window_spans(len(offsets), budget, step) if params.mode == "window"
-                 else _sentence_spans(doc.text, offsets, words, budget, min(params.overlap, budget // 2)))
-        pieces = [doc.text[offsets[s][0]:offsets[e - 1][1]].strip() for s, e in spans]
-        pieces = [p for j, p in enumerate(pieces) if p and (j == 0 or spans[j][1] - spans[j][0] >= params.min_tokens)]
-        for ordinal, piece in enumerate(pieces):
+        overlap = min(params.overlap, budget // 2)
+        if params.mode == "window":
+            spans = [(s, e, j > 0) for j, (s, e) in enumerate(_window_spans(len(offsets), budget, step))]
+        elif params.structure:
+            spans = _structure_spans(doc, offsets, words, budget, overlap, params.min_tokens)
+        else:
+            spans = [(s, e, j > 0) for j, (s, e) in
+                     enumerate(_sentence_spans(doc.text, offsets, words, budget, overlap))]
+        sections = _Sections(doc.text if doc.format not in PLAIN_FORMATS else "")
+        pieces = [(piece, offsets[s][0], offsets[e - 1][1]) for s, e, tail in spans
+                  if (piece := doc.text[offsets[s][0]:offsets[e - 1][1]].strip())
+                  and (not tail or e - s >= params.min_tokens)]
+        for ordinal, (piece, begin, end) in enumerate(pieces):
             text = f"{doc.title}\n{piece}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
                 else piece
             chunks.append(Chunk(chunk_id=chunk_id(ctx.fingerprint, doc.source_id, ordinal, text),
                                 source_id=doc.source_id, ordinal=ordinal, text=text, title=doc.title,
-                                metadata={**doc.metadata, "chunk": ordinal}))
+                                metadata={**doc.metadata, "chunk": ordinal, **_where(doc, sections, begin, end)}))
         if not pieces:
             ctx.fail(doc.source_id, "no text to chunk")
     ctx.progress("chunks", len(chunks))
     failpoints.hit("chunk.after_batch")
     return chunks
+
+
+def _where(doc: Document, sections: "_Sections", begin: int, end: int) -> dict[str, str | int]:
+    """The chunk's page range and section path, for the metadata (only the keys that apply)."""
+    found: dict[str, str | int] = {}
+    if doc.pages:
+        found["page_start"] = doc.page_at(begin) or 1
+        found["page_end"] = doc.page_at(max(begin, end - 1)) or found["page_start"]
+    if section := sections.at(begin):
+        found["section"] = section
+    return found
+
+
+class _Sections:
+    """The Markdown headings of a text (outside fenced code), to name the section path at an offset."""
+
+    def __init__(self, text: str):
+        self.headings = _headings(text) if text else []
+        self.starts = [offset for offset, _, _ in self.headings]
+
+    def at(self, offset: int) -> str:
+        stack: list[tuple[int, str]] = []
+        for _, level, title in self.headings[:bisect.bisect_right(self.starts, offset)]:
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, title))
+        return " > ".join(title for _, title in stack)
+
+
+def _headings(text: str) -> list[tuple[int, int, str]]:
+    """(offset, level, title) of each '#' heading line outside fenced code blocks."""
+    found, fenced, offset = [], False, 0
+    for line in text.split("\n"):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (match := MD_HEADING.match(line)):
+            found.append((offset, len(match.group(1)), match.group(2).strip()))
+        offset += len(line) + 1
+    return found
+
+
+def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int,
+                     min_tokens: int) -> list[tuple[int, int, bool]]:
+    """(start, end, is_tail) token spans that follow the document's pages and sections.
+
+    Pages are hard boundaries, except a page under ``min_tokens`` tokens, which joins the page
+    before it (a page number or a lone caption is no chunk of its own). Within a page, consecutive
+    sections are packed while they fit ``budget`` together; a larger section is split on its own by
+    sentences (with ``overlap``), and its last pieces are tails (dropped when tiny, as before). No
+    span ends inside a Markdown table row unless one row alone exceeds the budget."""
+    n = len(offsets)
+    if n == 0:
+        return []
+    starts = [start for start, _ in offsets]
+    def token_at(char: int) -> int:
+        return bisect.bisect_left(starts, char)
+    pages = _merge_small([0, *sorted({t for c in doc.pages[1:] if 0 < (t := token_at(c)) < n}), n], min_tokens)
+    headings = {token_at(offset) for offset, _, _ in (_headings(doc.text) if doc.format not in PLAIN_FORMATS else [])}
+    blocked = _inside_table_rows(doc.text, starts)
+    spans: list[tuple[int, int, bool]] = []
+    for page_start, page_end in zip(pages, pages[1:]):
+        cuts = [page_start, *sorted(t for t in headings if page_start < t < page_end), page_end]
+        for group_start, group_end in _pack(cuts, budget):
+            pieces = _sentence_spans(doc.text, offsets, words, budget, overlap, group_start, group_end, blocked)
+            spans.extend((s, e, j > 0) for j, (s, e) in enumerate(pieces))
+    return spans
+
+
+def _merge_small(bounds: list[int], min_tokens: int) -> list[int]:
+    """Page boundaries without those of pages shorter than ``min_tokens``: such a page joins the
+    page before it (the first page, the one after it)."""
+    kept = [bounds[0]]
+    for start, end in zip(bounds[1:-1], bounds[2:]):
+        if end - start >= min_tokens:
+            kept.append(start)
+    if len(kept) > 1 and kept[1] - kept[0] < min_tokens:
+        kept.pop(1)
+    return [*kept, bounds[-1]]
+
+
+def _pack(cuts: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive sections (between ``cuts``) grouped while a group fits ``budget`` tokens."""
+    groups: list[tuple[int, int]] = []
+    for start, end in zip(cuts, cuts[1:]):
+        if groups and end - groups[-1][0] <= budget:
+            groups[-1] = (groups[-1][0], end)
+        else:
+            groups.append((start, end))
+    return groups
+
+
+def _inside_table_rows(text: str, starts: list[int]) -> frozenset[int]:
+    """Tokens that start inside a Markdown table row (after its first character): no chunk starts there."""
+    blocked: set[int] = set()
+    for row in TABLE_ROW.finditer(text):
+        first = bisect.bisect_right(starts, row.start())
+        last = bisect.bisect_left(starts, row.end())
+        blocked.update(range(first, last))
+    return frozenset(blocked)
 
 
 def _starts_with_title(piece: str, title: str) -> bool:
@@ -107,30 +229,33 @@ def _window_spans(n: int, window: int, step: int) -> list[tuple[int, int]]:
         start += step
 
 
-def _sentence_spans(text: str, offsets, words, size: int, overlap: int) -> list[tuple[int, int]]:
-    """Token spans of at most ``size`` that end at sentence ends (else word ends) where possible."""
-    n = len(offsets)
+def _sentence_spans(text: str, offsets, words, size: int, overlap: int, low: int = 0, high: int | None = None,
+                    blocked: frozenset[int] = frozenset()) -> list[tuple[int, int]]:
+    """Token spans of at most ``size`` in [low, high) that end at sentence ends (else word ends)
+    where possible, and never before a ``blocked`` token (inside a table row) unless they must."""
+    n = len(offsets) if high is None else high
     spans: list[tuple[int, int]] = []
-    start = 0
+    start = low
     while start < n:
         end = min(start + size, n)
         if end < n:
-            end = _best_break(text, offsets, words, start, end)
+            end = _best_break(text, offsets, words, start, end, blocked)
         spans.append((start, end))
         if end >= n:
             break
-        start = _word_start(text, offsets, words, max(end - overlap, start + 1), end)
+        start = _word_start(text, offsets, words, max(end - overlap, start + 1), end, blocked)
     return spans
 
 
-def _best_break(text: str, offsets, words, start: int, end: int) -> int:
-    """The last sentence end in the second half of the span, else the last word boundary."""
+def _best_break(text: str, offsets, words, start: int, end: int, blocked: frozenset[int] = frozenset()) -> int:
+    """The last sentence end in the second half of the span, else the last word boundary (a
+    boundary inside a table row is neither: a row is cut only when it alone exceeds the span)."""
     for cut in range(end, start + (end - start) // 2, -1):
-        if not _joined(text, offsets, cut) \
+        if cut not in blocked and not _joined(text, offsets, cut) \
                 and text[offsets[cut - 1][0]:offsets[cut][0]].rstrip(" \t").endswith(SENTENCE_END):
             return cut
     for cut in range(end, start, -1):
-        if (words is None or words[cut] != words[cut - 1]) and not _joined(text, offsets, cut):
+        if cut not in blocked and (words is None or words[cut] != words[cut - 1]) and not _joined(text, offsets, cut):
             return cut
     return end
 
@@ -146,9 +271,10 @@ def _joined(text: str, offsets, cut: int) -> bool:
     return text[left - 1:left].isascii() or text[right:right + 1].isascii()
 
 
-def _word_start(text: str, offsets, words, index: int, limit: int) -> int:
-    """Move forward so a chunk never starts in the middle of a word (nor past ``limit``)."""
-    while words is not None and 0 < index < min(len(words), limit) and words[index] is not None \
-            and (words[index] == words[index - 1] or _joined(text, offsets, index)):
+def _word_start(text: str, offsets, words, index: int, limit: int, blocked: frozenset[int] = frozenset()) -> int:
+    """Move forward so a chunk never starts in the middle of a word or a table row (nor past ``limit``)."""
+    while 0 < index < limit and (index in blocked or (
+            words is not None and index < len(words) and words[index] is not None
+            and (words[index] == words[index - 1] or _joined(text, offsets, index)))):
         index += 1
     return index

@@ -69,15 +69,16 @@ def convert(documents: list[Document], params: Params, ctx: StepContext) -> list
         except UnreadableHtml as exc:
             ctx.fail(document.source_id, f"HTML could not be parsed: {exc}")
             continue
+        pages = document.pages
         if params.normalize_whitespace:
-            text = tidy_whitespace(text)
+            text, pages = tidy_pages(text, pages) if pages else (tidy_whitespace(text), pages)
         size = len(text.strip())
         if size < params.min_chars:
             reason = f"only {size} characters after conversion, min_chars is {params.min_chars}" if size else NO_TEXT
             ctx.fail(document.source_id, f"{reason} ({note})" if note else reason)
             continue
         converted.append(document.model_copy(update={
-            "text": text, "title": document.title or title, "metadata": dict(document.metadata)}))
+            "text": text, "title": document.title or title, "metadata": dict(document.metadata), "pages": pages}))
         ctx.progress("documents", 1)
     return converted
 
@@ -93,6 +94,19 @@ def tidy_whitespace(text: str) -> str:
         body = line.lstrip(" \t")
         lines.append((line[:len(line) - len(body)] + SPACE_RUNS.sub(" ", body)).rstrip())
     return BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip()
+
+
+def tidy_pages(text: str, pages: list[int]) -> tuple[str, list[int]]:
+    """``tidy_whitespace`` page by page, with the page starts moved to where the pages now start."""
+    ends = pages[1:] + [len(text)]
+    tidied, starts = "", []
+    for start, end in zip(pages, ends):
+        page = tidy_whitespace(text[start:end])
+        if page and tidied:
+            tidied += "\n\n"
+        starts.append(len(tidied))
+        tidied += page
+    return tidied, starts
 
 
 def _html_to_text(raw: str, params: Params) -> tuple[str, str, str]:

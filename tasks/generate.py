@@ -58,10 +58,7 @@ def answer_from(query: Query, completion: Completion, context: Context, refusal_
         text, inferred = attribute(text, context, min_overlap)
     cited = parse_citations(text)
     documents = context.by_number()
-    sources = [Source(number=n, chunk_id=d.passage.chunk_id, source_id=d.passage.source_id, title=d.passage.title,
-                      path=str(d.passage.metadata.get("source", d.passage.source_id)),
-                      url=str(d.passage.metadata.get("url", "")), passage=d.passage.text)
-               for n in cited if (d := documents.get(n))]
+    sources = [Source.of(n, d.passage) for n in cited if (d := documents.get(n))]
     answer = Answer(question=query.original or query.text, text=text, sources=sources, citations=cited,
                     invalid_citations=[n for n in cited if n not in documents], inferred_citations=inferred,
                     confidence=completion.mean_prob())

@@ -1,4 +1,5 @@
-"""The ``load`` stage: read text, markdown, HTML, PDF and BEIR-style JSONL files into Documents.
+"""The ``load`` stage: read text, markdown, HTML and BEIR-style JSONL files, and every format with a
+converter in ``flows/formats`` (PDF page by page, Office, OpenDocument, EPUB, e-mail, RTF), into Documents.
 
 One bad file never stops a run: it is reported with ``ctx.fail`` and skipped, so a corpus of
 thousands of files still indexes when a few are broken.
@@ -9,7 +10,6 @@ import codecs
 import fnmatch
 import glob
 import html
-import io
 import json
 import os
 import posixpath
@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field, field_validator
 
-from ragline.flows import failpoints
+from ragline.flows import failpoints, formats
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document, Metadata, content_hash
 from ragline.flows.sources import Fetched, ItemCache, Source, SourceError, SourceSpec, cache_folder, source_types
@@ -30,10 +30,16 @@ from ragline.flows.spec.registry import stage
 
 __all__ = ["Params", "Root", "load"]
 
+# text formats read here; every other format is converted by its `ragline.formats` entry point
 FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown",
-           ".txt": "text", ".pdf": "pdf", ".jsonl": "jsonl"}
+           ".txt": "text", ".jsonl": "jsonl"}
 MEDIA_FORMATS = {"text/html": "html", "application/xhtml+xml": "html", "text/markdown": "markdown",
-                 "text/plain": "text", "application/pdf": "pdf"}
+                 "text/plain": "text"}
+# a converted format a web page can arrive as without its suffix in the URL (its Content-Type says it)
+MEDIA_CONVERTED = {"application/pdf": ".pdf"}
+# the built-in converters taken from folders by default; images (.png, .jpg, .tif: OCR) only when included
+CONVERTED = (".pdf", ".docx", ".pptx", ".xlsx", ".odt", ".epub", ".eml", ".rtf")
+IMAGES = frozenset({".png", ".jpg", ".jpeg", ".tif", ".tiff"})
 SNIFF_BYTES = 8192
 GLOB_CHARS = frozenset("*?[")
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -45,7 +51,8 @@ HTML_TAG = re.compile(r"<[^>]+>")
 # metadata keys the loader (or the chunker, or the store) sets: a record's own metadata cannot spoof
 # where a document comes from or links to (its "path" or "url" would become the chat page's link)
 LOADER_KEYS = frozenset({"source", "root", "url", "path", "format", "modified", "file_name", "doc_id", "chunk",
-                         "source_id", "title", "ordinal"})
+                         "source_id", "title", "ordinal", "pages", "page_start", "page_end", "section",
+                         "attachment"})
 
 
 class Params(BaseModel):
@@ -61,7 +68,8 @@ class Params(BaseModel):
     follow_links: bool = Field(False, description="index symbolic links whose target is outside every root of this "
                                                   "step (off: they are skipped with a reason)")
     include: list[NonEmpty] = Field(
-        ["*.html", "*.htm", "*.md", "*.markdown", "*.txt", "*.pdf", "*.jsonl"], min_length=1,
+        ["*.html", "*.htm", "*.md", "*.markdown", "*.txt", "*.jsonl", *(f"*{ext}" for ext in CONVERTED)],
+        min_length=1,
         description="file-name patterns taken from folders and globs (files named directly are always read)")
     exclude: list[NonEmpty] = Field(
         [], description="patterns of paths to skip, matched against the file name and the end of the path, "
@@ -73,6 +81,13 @@ class Params(BaseModel):
     jsonl_text_fields: list[NonEmpty] = Field(["text"], min_length=1,
                                               description="JSONL record fields joined into the document text")
     jsonl_title_field: NonEmpty = Field("title", description="JSONL record field holding the title")
+    ocr: bool = Field(True, description="read PDF pages without a text layer (scans) and images (.png, .jpg, "
+                                        ".tif; add them to `include`) by OCR, with Debian's tesseract-ocr; "
+                                        "without it they are reported with the reason")
+    ocr_max_pages: int = Field(50, ge=0, le=100_000, description="pages OCR reads per file at most (a few "
+                                                                  "seconds each); the rest are reported")
+    ocr_languages: NonEmpty = Field("eng", pattern=r"^[A-Za-z_]+(\+[A-Za-z_]+)*$",
+                                    description="tesseract language codes, e.g. 'eng+deu'")
 
     @field_validator("encoding")
     @classmethod
@@ -306,9 +321,10 @@ def _load_file(path: str, root: SourceRoot, data: bytes, mtime: float, params: P
     if not data:
         ctx.fail(where, "empty document")
         return []
-    if fmt == "pdf":
-        document = _pdf_document(path, root, data, mtime, ctx)
-        return [document] if document else []
+    media = (media_type or "").split(";")[0].strip()
+    convert = formats.converter(Path(path).suffix) or formats.converter(MEDIA_CONVERTED.get(media, ""))
+    if convert is not None:
+        return _converted_documents(path, root, where, convert, data, mtime, params, ctx)
     text = _decode(where, data, params.encoding, ctx)
     if text is None:
         return []
@@ -404,10 +420,11 @@ def _decode(where: str, data: bytes, encoding: str, ctx: StepContext) -> str | N
     return text.removeprefix("\ufeff")
 
 
-def _document(path: str, root: SourceRoot, fmt: str, text: str, title: str, mtime: float) -> Document:
-    return Document(source_id=root.source_id(path), path=_shown(path, root), format=fmt, title=title, modified=mtime,
-                    content_hash=content_hash(text), text=text,
-                    metadata={**_provenance(path, root), "format": fmt, "modified": mtime})
+def _document(path: str, root: SourceRoot, fmt: str, text: str, title: str, mtime: float, *,
+              source_id: str | None = None, pages: list[int] | None = None, extra: Metadata | None = None) -> Document:
+    return Document(source_id=source_id or root.source_id(path), path=_shown(path, root), format=fmt, title=title,
+                    modified=mtime, content_hash=content_hash(text), text=text, pages=pages or [],
+                    metadata={**(extra or {}), **_provenance(path, root), "format": fmt, "modified": mtime})
 
 
 def _shown(path: str, root: SourceRoot) -> str:
@@ -443,28 +460,71 @@ def _html_title(raw: str) -> str:
     return ""
 
 
-# --- PDF -----------------------------------------------------------------------------------
+# --- converted formats (flows/formats) ---------------------------------------------------
 
-def _pdf_document(path: str, root: SourceRoot, data: bytes, mtime: float, ctx: StepContext) -> Document | None:
-    """Text of a PDF page by page; scanned, encrypted or broken PDFs are reported, not raised."""
-    from pypdf import PdfReader  # here: only a PDF needs it (`ragline validate` need not import it)
-
-    where = root.source_id(path)
+def _converted_documents(path: str, root: SourceRoot, where: str, convert: formats.Converter, data: bytes,
+                         mtime: float, params: Params, ctx: StepContext, name: str | None = None) -> list[Document]:
+    """The document a converter makes of a file (or of an attachment, ``where`` then being
+    '<file>#<name>'), then one per attachment of a readable type; a file it cannot read is reported
+    with the converter's reason, and an attachment's failure fails that attachment only."""
+    name = name or posixpath.basename(path)
+    kind = Path(name).suffix.lstrip(".").upper() or "file"
     try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):  # an empty user password still opens many
-            ctx.fail(where, "encrypted PDF: a password is needed to read it")
-            return None
-        pages = [(page.extract_text() or "").strip() for page in reader.pages]
-        title = str((reader.metadata.title if reader.metadata else None) or "").strip()
-    except Exception as exc:  # pypdf raises many exception types on malformed files
-        ctx.fail(where, f"unreadable PDF: {type(exc).__name__}: {exc}")
-        return None
-    text = "\n\n".join(page for page in pages if page)
-    if not text:
-        ctx.fail(where, "PDF has no extractable text (scanned images?)")
-        return None
-    return _document(path, root, "pdf", text, title or Path(path).stem, mtime)
+        converted = convert(data, name, formats.Options(params.ocr, params.ocr_max_pages, params.ocr_languages))
+    except formats.FormatError as exc:
+        ctx.fail(where, str(exc))
+        return []
+    except Exception as exc:  # a converter library's own errors on a malformed file: this file only
+        ctx.fail(where, f"unreadable {kind} file: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        return []
+    documents = []
+    if converted.text.strip():
+        documents.append(_document(path, root, Path(name).suffix.lstrip(".").lower(), converted.text,
+                                   converted.title or Path(name).stem, mtime, source_id=where,
+                                   pages=converted.pages, extra={**converted.metadata, **(
+                                       {"attachment": name} if where != root.source_id(path) else {})}))
+    elif not converted.attachments:
+        ctx.fail(where, f"{kind} file has no text")
+    for attachment, data in _named_attachments(converted.attachments):
+        documents.extend(_attachment_documents(path, root, f"{where}#{attachment}", attachment, data, mtime,
+                                               params, ctx))
+    return documents
+
+
+def _named_attachments(attachments: list[formats.Attachment]) -> Iterator[tuple[str, bytes]]:
+    """Attachments by a name unique in their file ('a.pdf', 'a (2).pdf'), without '#' or '/'."""
+    seen: dict[str, int] = {}
+    for attachment in attachments:
+        name = re.sub(r"[#/\\\x00-\x1f]", "_", attachment.name).strip() or "attachment"
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            stem, dot, ext = name.rpartition(".")
+            name = f"{stem} ({seen[name]}).{ext}" if dot and stem else f"{name} ({seen[name]})"
+        yield name, attachment.data
+
+
+def _attachment_documents(path: str, root: SourceRoot, where: str, name: str, data: bytes, mtime: float,
+                          params: Params, ctx: StepContext) -> list[Document]:
+    """An attachment of a converted format or a text format becomes its own document; others
+    (images, archives) are left out: they are part of the message (a logo, a photo), not documents
+    of their own, and OCR of every signature image would cost seconds and fail on photos."""
+    suffix = Path(name).suffix.lower()
+    if suffix in IMAGES:
+        return []
+    if (convert := formats.converter(suffix)) is not None:
+        return _converted_documents(path, root, where, convert, data, mtime, params, ctx, name=name)
+    if suffix not in FORMATS or suffix == ".jsonl":
+        return []
+    text = _decode(where, data, params.encoding, ctx)
+    if text is None:
+        return []
+    if not text.strip():
+        ctx.fail(where, "empty document")
+        return []
+    fmt = FORMATS[suffix]
+    title = _markdown_title(text) if fmt == "markdown" else _html_title(text) if fmt == "html" else ""
+    return [_document(path, root, fmt, text, title or Path(name).stem, mtime, source_id=where,
+                      extra={"attachment": name})]
 
 
 # --- JSONL ---------------------------------------------------------------------------------

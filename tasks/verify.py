@@ -149,9 +149,7 @@ def attributed(answer: Answer, question: str, context: Context) -> Answer:
     found, _, best = max(scored, key=lambda s: s[:2], default=(0, 0, None))
     if best is None or not found:
         return answer
-    source = Source(number=best.number, chunk_id=best.passage.chunk_id, source_id=best.passage.source_id,
-                    title=best.passage.title, path=str(best.passage.metadata.get("source", best.passage.source_id)),
-                    url=str(best.passage.metadata.get("url", "")), passage=best.passage.text)
+    source = Source.of(best.number, best.passage)
     return answer.model_copy(update={"citations": [best.number], "inferred_citations": [best.number],
                                      "sources": [source]})
 

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.contracts import Source
 from ragline.flows.serve.query_service import ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService, request_id, sse
 from ragline.flows.serve.query_service import estimate_tokens
 from ragline.flows.resources.filters import FilterError, validate
@@ -205,16 +206,20 @@ class Reply:
 def content(outcome: Outcome) -> str:
     if outcome.is_answer:
         return outcome.value.text
-    lines = [f"[{n}] {p.title or p.source_id}: {' '.join(p.text.split())[:300]}"
+    lines = [f"[{n}] {p.title or p.source_id}{_page_suffix(p)}: {' '.join(p.text.split())[:300]}"
              for n, p in enumerate(outcome.value, start=1)]
     return "\n".join(lines) or "No passages found."
+
+
+def _page_suffix(passage: Any) -> str:
+    page = Source.of(0, passage).page
+    return f", {page}" if page else ""
 
 
 def extras(outcome: Outcome) -> dict[str, Any]:
     """``sources`` and ``verification``: read by the stock client from ``model_extra``."""
     if not outcome.is_answer:
-        sources = [{"number": n, "chunk_id": p.chunk_id, "source_id": p.source_id, "title": p.title,
-                    "path": str(p.metadata.get("source", "")), "passage": p.text, "score": p.score}
+        sources = [{**Source.of(n, p).model_dump(mode="json"), "score": p.score}
                    for n, p in enumerate(outcome.value, start=1)]
         return {"sources": sources, "verification": {"verdict": None, "refused": False, "reason": "",
                                                      "confidence": None}}
