@@ -207,7 +207,8 @@ def table(result: dict) -> list[str]:
                   f"top-10 hits grew; a relevant abstract's best top-10 passage holds {c['coverage_before']:.0%} of "
                   f"its sentences before and {c['coverage_after']:.0%} after ({c['hits_found']} relevant hits); "
                   f"words per top-10 passage {c['words_before']:.0f} → {c['words_after']:.0f}; "
-                  f"{c['added_ms_median']:.0f} ms added per query (median)."]
+                  f"{c['added_ms_median']:.0f} ms added per query (median). The first row's ms/query includes "
+                  f"loading the models (it runs first); the others run warm."]
     return lines
 
 
