@@ -145,6 +145,26 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + "(?:/.*)?$")
 
 
+class Feedback(BaseModel):
+    """Pseudo-relevance feedback (``expand_prf``): terms of the top retrieved passages (RM3)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    terms: dict[str, float] = Field(description="BM25 index terms (stemmed) -> weight in the feedback model, "
+                                                "summing to 1")
+    query_weight: float = Field(0.5, ge=0, le=1, description="share of the original query in the keyword query "
+                                                              "(RM3's lambda); the feedback terms get the rest")
+    text: str = Field("", description="the request followed by the feedback terms as written: a second dense "
+                                      "query (empty: dense retrieval is unchanged)")
+
+    def weighted(self, query_terms: list[str]) -> dict[str, float]:
+        """RM3's keyword query: the query's own term distribution and the feedback model, mixed."""
+        mixed = {t: (1 - self.query_weight) * w for t, w in self.terms.items()}
+        for term in query_terms:
+            mixed[term] = mixed.get(term, 0.0) + self.query_weight / len(query_terms)
+        return mixed
+
+
 class Query(BaseModel):
     """A search request as it moves through a query pipeline."""
 
@@ -159,6 +179,9 @@ class Query(BaseModel):
     original: str = Field("", description="the request as the user wrote it, before any rewrite")
 
     hyde_only: bool = Field(False, description="dense retrieval uses only the hypothetical documents")
+    keyword_texts: list[str] = Field(default_factory=list, description="BM25 search texts when they differ from "
+                                     "the search texts (query2doc: the request repeated, then the pseudo-document)")
+    feedback: Feedback | None = Field(None, description="pseudo-relevance feedback terms (expand_prf)")
 
     @field_validator("text")
     @classmethod
@@ -171,8 +194,14 @@ class Query(BaseModel):
         return self.variants or [self.text]
 
     def dense_texts(self) -> list[str]:
-        """Texts to embed for dense retrieval: the search texts and any HyDE documents."""
-        return self.hypothetical if self.hyde_only and self.hypothetical else self.search_texts() + self.hypothetical
+        """Texts to embed for dense retrieval: the search texts and any HyDE documents, then the
+        feedback-expanded request (PRF's second dense query)."""
+        texts = self.hypothetical if self.hyde_only and self.hypothetical else self.search_texts() + self.hypothetical
+        return texts + [self.feedback.text] if self.feedback is not None and self.feedback.text else texts
+
+    def keyword_search_texts(self) -> list[str]:
+        """Texts BM25 searches: query2doc's expanded texts when a rewrite made them, else the search texts."""
+        return self.keyword_texts or self.search_texts()
 
 
 class Passage(BaseModel):

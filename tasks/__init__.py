@@ -1,9 +1,10 @@
 """Builtin stages, one per module. Importing this package registers them (explicitly, here)."""
-from ragline.tasks import (adapt_embedder, answerable, chunk, convert, embed, fuse, generate,  # noqa: F401
-                   generate_flare, index, insert, load, pseudo_queries, refine_extract, refine_notes,
-                   refine_sentences, rerank, rerank_llm, retrieve_dense, retrieve_sparse, rewrite, tune_retrieval,
-                   verify)
+from ragline.tasks import (adapt_embedder, answerable, chunk, convert, embed, expand_context,  # noqa: F401
+                   expand_prf, fuse, generate, generate_flare, index, insert, load, pseudo_queries,
+                   refine_extract, refine_notes, refine_sentences, rerank, rerank_llm, retrieve_dense,
+                   retrieve_sparse, rewrite, tune_retrieval, verify)
 
-__all__ = ["adapt_embedder", "answerable", "chunk", "convert", "embed", "fuse", "generate", "generate_flare",
-           "index", "insert", "load", "pseudo_queries", "refine_extract", "refine_notes", "refine_sentences",
-           "rerank", "rerank_llm", "retrieve_dense", "retrieve_sparse", "rewrite", "tune_retrieval", "verify"]
+__all__ = ["adapt_embedder", "answerable", "chunk", "convert", "embed", "expand_context", "expand_prf", "fuse",
+           "generate", "generate_flare", "index", "insert", "load", "pseudo_queries", "refine_extract",
+           "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense", "retrieve_sparse",
+           "rewrite", "tune_retrieval", "verify"]

@@ -29,12 +29,17 @@ RESET = ("BM25 settings changed since the index was built (pipelines.yaml or its
        uses={"sparse": ("bm25",), "state": ("index_state",)})
 def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,
                     state: IndexState) -> list[Ranking]:
-    """Best BM25 matches per search text; the same metadata filters as dense retrieval."""
-    texts = query.search_texts()
+    """Best BM25 matches per search text (query2doc's and PRF's expansions when upstream steps made
+    them); the same metadata filters as dense retrieval."""
+    texts = query.keyword_search_texts()
     where = combined_filter(params.where, query.filters)
     try:
         report_lag(sparse, state, ctx)
-        hits = sparse.search(texts, params.k, where=where)
+        if query.feedback is not None and query.feedback.terms:  # expand_prf ran upstream: RM3's weighted query
+            hits = sparse.search_weighted([query.feedback.weighted(terms) for terms in sparse.terms(texts)],
+                                          params.k, where=where)
+        else:
+            hits = sparse.search(texts, params.k, where=where)
     except StoreDamaged as exc:
         store_fault(ctx, exc)
         hits = [[] for _ in texts]

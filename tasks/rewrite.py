@@ -1,11 +1,12 @@
 """Request rewriting (RETA-LLM and the RAG literature): conversational rewrite, multi-query
-(RAG-fusion), HyDE, decomposition, and separating an answer-format instruction from the search."""
+(RAG-fusion), HyDE (with ``keyword``, query2doc: its pseudo-document also expands the BM25 query),
+decomposition, and separating an answer-format instruction from the search."""
 from __future__ import annotations
 
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
@@ -25,6 +26,16 @@ class Params(BaseModel):
     max_tokens: int = Field(128, ge=8, le=2048, description="length of the LLM's reply")
     max_request_chars: int = Field(2000, ge=100, description="longer requests are clipped inside the prompt")
     history_turns: int = Field(6, ge=1, description="conversational: turns of history shown to the LLM")
+    keyword: bool = Field(False, description="hyde: also append the pseudo-document to the BM25 query (query2doc)")
+    query_repeats: int = Field(5, ge=1, le=20, description="hyde with keyword: times the request opens the BM25 "
+                                                          "query, so its own terms outweigh the pseudo-document's")
+
+    @model_validator(mode="after")
+    def _keyword_needs_hyde(self) -> "Params":
+        if self.keyword and self.mode != "hyde":
+            raise ValueError(f"keyword (query2doc) appends the HyDE pseudo-document; mode is {self.mode!r}, "
+                             f"not 'hyde'")
+        return self
 
 
 @stage("rewrite", params=Params, produces="query", kind="query", uses={"llm": ("openai_compatible",)},
@@ -43,9 +54,16 @@ def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient) -> Q
         return query.model_copy(update={"variants": variants or [query.text]})
     if params.mode == "hyde":
         document = reply.strip()
+        keyword = [query2doc(t, document, params.query_repeats) for t in query.search_texts()] \
+            if params.keyword and document else []
         return query.model_copy(update={"hypothetical": [document] if document else [],
-                                        "hyde_only": not params.include_original})
+                                        "hyde_only": not params.include_original, "keyword_texts": keyword})
     return _instruction(query, reply, ctx)
+
+
+def query2doc(text: str, document: str, repeats: int) -> str:
+    """Query2doc's sparse query (Wang et al., 2023): the request ``repeats`` times, then the pseudo-document."""
+    return " ".join([text] * repeats + [document])
 
 
 def _conversational(query: Query, question: str, params: Params, ctx: StepContext, llm: LLMClient) -> Query:

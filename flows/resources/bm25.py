@@ -303,6 +303,48 @@ class BM25Index(Resource):
             results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked(scores, k, ids).tolist()])
         return results
 
+    def terms(self, texts: list[str]) -> list[list[str]]:
+        """Texts as this index's terms (its stemmer and stop words), as its searches split them."""
+        return self._tokenize(texts)
+
+    def document_frequencies(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
+        """How many published passages hold each term (terms the index lacks are left out), and the
+        passage count: read from the index's own postings, nothing is recomputed."""
+        loaded = self._current()
+        if loaded is None or not loaded[2]:
+            return {}, 0
+        _, retriever, ids, _ = loaded
+        indptr, vocab = retriever.scores["indptr"], retriever.vocab_dict
+        return {t: int(indptr[vocab[t] + 1] - indptr[vocab[t]]) for t in terms if t in vocab}, len(ids)
+
+    def search_weighted(self, queries: list[dict[str, float]], k: int, where: dict[str, Any] | None = None,
+                        ) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        """``search`` for weighted term queries (already this index's terms, see ``terms``): a passage
+        scores the weighted sum of its BM25 scores for the terms (RM3-expanded queries)."""
+        loaded = self._current()
+        if loaded is None or not loaded[2]:
+            return [[] for _ in queries]
+        _, retriever, ids, meta = loaded
+        mask = None
+        if where:
+            mask = np.fromiter((matches(m, where) for m in meta), dtype=bool, count=len(meta))
+            if not mask.any():
+                return [[] for _ in queries]
+        results = []
+        for weights in queries:
+            known = [(retriever.vocab_dict[t], w) for t, w in sorted(weights.items())
+                     if w > 0 and t in retriever.vocab_dict]
+            if not known:
+                results.append([])
+                continue
+            scores = np.zeros(len(ids), dtype=np.float64)
+            for term_id, weight in known:
+                scores += weight * retriever.get_scores_from_ids([term_id])
+            if mask is not None:
+                scores *= mask
+            results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked(scores, k, ids).tolist()])
+        return results
+
 
 def ranked(scores: np.ndarray, k: int, ids: list[str] | None = None) -> np.ndarray:
     """Indexes of the ``k`` best positive scores, best first; equal scores by chunk id (``ids``,

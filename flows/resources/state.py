@@ -388,6 +388,20 @@ class IndexState(Resource):
                                               f"WHERE source_id IN ({marks}) ORDER BY chunk_id", batch)]
         return rows
 
+    def neighbourhoods(self, chunk_ids: list[str], radius: int) -> dict[str, list[tuple[str, int, str]]]:
+        """Per chunk id: (chunk_id, ordinal, text) of its source's chunks within ``radius`` ordinals of
+        it, in order (context expansion). Read-only: query paths call it."""
+        out: dict[str, list[tuple[str, int, str]]] = {}
+        with self._guarded():
+            for batch in _batched(list(dict.fromkeys(chunk_ids)), 500):
+                marks = ",".join("?" * len(batch))
+                for hit, cid, ordinal, text in self.reader.execute(
+                        f"SELECT h.chunk_id, c.chunk_id, c.ordinal, c.text FROM chunks h JOIN chunks c "
+                        f"ON c.source_id = h.source_id AND c.ordinal BETWEEN h.ordinal - ? AND h.ordinal + ? "
+                        f"WHERE h.chunk_id IN ({marks}) ORDER BY h.chunk_id, c.ordinal", [radius, radius, *batch]):
+                    out.setdefault(hit, []).append((cid, ordinal, text))
+        return out
+
     def rename_sources(self, renamed: dict[str, Document], chunks: list[Chunk]) -> None:
         """Give sources their new ids (root-relative, see flows/resources/source_ids.py) in one transaction:
         the sources keep their hash and fingerprint, their chunks their ids, text and vectors."""
