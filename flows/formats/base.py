@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ragline.flows.errors import RaglineError
+
 HEADING_TAGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 BLOCK_TAGS = frozenset({"p", "div", "li", "pre", "blockquote", "dt", "dd", "caption", "figcaption", "section",
                         "article", "br", "tr"})
@@ -19,7 +21,7 @@ class Options:
     ocr_languages: str = "eng"  # tesseract's language codes, '+'-joined
 
 
-class FormatError(Exception):
+class FormatError(RaglineError, ValueError):
     """A file this format cannot read; the message is the reason shown for the document."""
 
 
