@@ -20,11 +20,18 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 from pydantic import BaseModel, Field, field_validator
-
 from ragline.flows import failpoints, formats
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document, Metadata, content_hash
-from ragline.flows.sources import Fetched, ItemCache, Source, SourceError, SourceSpec, cache_folder, source_types
+from ragline.flows.sources import (
+    DocumentSource,
+    Fetched,
+    ItemCache,
+    SourceError,
+    SourceSpec,
+    cache_folder,
+    source_types,
+)
 from ragline.flows.sources.local import NonEmpty, Root, read_file
 from ragline.flows.spec.registry import stage
 
@@ -353,7 +360,7 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Docum
     """The Documents of a root of another type: its listing, each item's bytes from the cache when its
     change signal is the one they were fetched with, else downloaded. A complete listing covers the
     root (what it no longer names is gone); an incomplete one is a root failure (nothing deleted)."""
-    source: Source = source_types()[spec.type](spec, params.max_bytes)
+    source: DocumentSource = source_types()[spec.type](spec, params.max_bytes)
     root = _LinkedRoot(source.location, source.location, spec.name or source.location, remote=True, source=source)
     cache = ItemCache(cache_folder(ctx.base_dir, f"{spec.type} {source.location} {root.name}"))
     listing = source.list(cache, lambda key: (not source.by_name or _matches(key, params.include))
@@ -378,7 +385,7 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Docum
     return documents
 
 
-def _remote_bytes(source: Source, item: Any, cache: ItemCache, where: str, ctx: StepContext) -> Fetched | None:
+def _remote_bytes(source: DocumentSource, item: Any, cache: ItemCache, where: str, ctx: StepContext) -> Fetched | None:
     """An item's bytes: cached when its signal is unchanged (no download), else fetched (or read
     while listing) and kept under the signal listed before the download."""
     if (hit := cache.hit(item)) is not None:
@@ -400,7 +407,7 @@ def _remote_bytes(source: Source, item: Any, cache: ItemCache, where: str, ctx: 
 class _LinkedRoot(SourceRoot):
     """A remote root: its sources link where their source says (an object's public URL, a page's own URL)."""
 
-    source: Source | None = None
+    source: DocumentSource | None = None
 
     def url(self, path: str) -> str | None:
         return self.source.url(self.below(path)) if self.source else None

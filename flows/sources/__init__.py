@@ -14,22 +14,29 @@ from importlib.metadata import entry_points
 from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, GetCoreSchemaHandler, Tag
-
-from ragline.flows.sources.base import Fetched, Item, ItemCache, Listing, Source, SourceError, cache_folder
+from ragline.flows.sources.base import (
+    DocumentSource,
+    Fetched,
+    Item,
+    ItemCache,
+    Listing,
+    SourceError,
+    cache_folder,
+)
 
 GROUP = "ragline.sources"
-__all__ = ["GROUP", "Fetched", "Item", "ItemCache", "Listing", "Source", "SourceError", "SourceSpec",
+__all__ = ["GROUP", "Fetched", "Item", "ItemCache", "Listing", "DocumentSource", "SourceError", "SourceSpec",
            "cache_folder", "source_types"]
 
 
 @functools.cache
-def source_types() -> dict[str, type[Source]]:
+def source_types() -> dict[str, type[DocumentSource]]:
     """Every registered source type by its ``type:`` name, read from the entry points on first use."""
-    found: dict[str, type[Source]] = {}
+    found: dict[str, type[DocumentSource]] = {}
     for entry in entry_points(group=GROUP):
         cls = entry.load()
-        if not (isinstance(cls, type) and issubclass(cls, Source)):
-            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) is not a Source subclass")
+        if not (isinstance(cls, type) and issubclass(cls, DocumentSource)):
+            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) is not a DocumentSource subclass")
         if cls.type_name() != entry.name:
             raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) names a source whose spec says "
                             f"type '{cls.type_name()}': use that name for the entry point")

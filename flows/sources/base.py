@@ -1,5 +1,5 @@
 """What every source type is: a pydantic spec (its ``type:`` literal names it in pipelines.yaml)
-and a ``Source`` that lists items and fetches their bytes.
+and a ``DocumentSource`` that lists items and fetches their bytes.
 
 The incremental protocol needs three things from a source, and nothing else:
 
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, get_args
 
 from pydantic import BaseModel
-
 from ragline.flows.errors import RaglineError
 
 
@@ -70,7 +69,7 @@ class Fetched:
     media_type: str | None = None
 
 
-class Source(ABC):
+class DocumentSource(ABC):
     """A configured root of a non-local type. Built once per run from its spec."""
 
     Spec: ClassVar[type[BaseModel]]

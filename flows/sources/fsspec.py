@@ -15,8 +15,14 @@ from typing import Any, Callable, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
-
-from ragline.flows.sources.base import Fetched, Item, ItemCache, Listing, Source, SourceError
+from ragline.flows.sources.base import (
+    DocumentSource,
+    Fetched,
+    Item,
+    ItemCache,
+    Listing,
+    SourceError,
+)
 from ragline.flows.sources.local import NonEmpty, http_url, relative_name
 
 SECRET_OPTION = re.compile(r"(?:^|_)(?:key|secret|password|passwd|token|credentials?|sas|sig|signature)(?:$|_)", re.I)
@@ -87,7 +93,7 @@ def _keys(options: dict[str, Any]) -> list[str]:
     return [k for key, value in options.items() for k in [str(key), *(_keys(value) if isinstance(value, dict) else [])]]
 
 
-class FsspecSource(Source):
+class FsspecSource(DocumentSource):
     Spec = FsspecSpec
 
     def __init__(self, spec: FsspecSpec, max_bytes: int):

@@ -12,9 +12,21 @@ import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
-
-from ragline.flows.sources.base import Fetched, Item, ItemCache, Listing, Source, SourceError
+from pydantic import (
+    BaseModel,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from ragline.flows.sources.base import (
+    DocumentSource,
+    Fetched,
+    Item,
+    ItemCache,
+    Listing,
+    SourceError,
+)
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
@@ -70,7 +82,7 @@ class Root(BaseModel):
         return self.path
 
 
-class LocalSource(Source):
+class LocalSource(DocumentSource):
     """Files on this machine. ``load`` walks local roots itself; ``fetch`` reads one file."""
 
     Spec = Root

@@ -19,8 +19,14 @@ from urllib.parse import urldefrag, urljoin, urlsplit
 from urllib.robotparser import RobotFileParser
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-
-from ragline.flows.sources.base import Fetched, Item, ItemCache, Listing, Source, SourceError
+from ragline.flows.sources.base import (
+    DocumentSource,
+    Fetched,
+    Item,
+    ItemCache,
+    Listing,
+    SourceError,
+)
 from ragline.flows.sources.local import NonEmpty, relative_name
 
 PAGE_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf")
@@ -108,7 +114,7 @@ def canonical(url: str) -> str:
     return origin(url) + (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
-class WebSource(Source):
+class WebSource(DocumentSource):
     Spec = WebSpec
     by_name = False
 

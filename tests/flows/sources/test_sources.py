@@ -3,9 +3,9 @@ lets an unchanged item skip its download."""
 from __future__ import annotations
 
 import pytest
-
-from ragline.flows.sources import Fetched, Item, ItemCache, Source, source_types
+from ragline.flows.sources import DocumentSource, Fetched, Item, ItemCache, source_types
 from ragline.flows.spec.compile import validate_file
+
 from tests.helpers.data import BASE_RESOURCES
 
 
@@ -29,7 +29,7 @@ pipelines:
 def test_types_come_from_the_entry_point_group():
     types = source_types()
     assert {"local", "fsspec"} <= set(types)
-    assert all(issubclass(cls, Source) and cls.type_name() == name for name, cls in types.items())
+    assert all(issubclass(cls, DocumentSource) and cls.type_name() == name for name, cls in types.items())
 
 
 def test_a_credential_in_pipelines_yaml_is_refused_at_its_line_and_never_echoed(make_project):
