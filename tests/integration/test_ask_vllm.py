@@ -68,8 +68,10 @@ def test_conversational_rewrite_with_history(sample_project):
 
 
 # Contract tests, not quality ones: short generations keep the CPU model's minutes down.
+# short generations and two passages to take notes on: the pipeline's every step still runs on the real
+# model, at a third of the CPU time (each note and the rerank prefill whole passages)
 SHORT_FUSION = {"variants": {"max_tokens": 48}, "hyde": {"max_tokens": 48}, "notes": {"max_tokens": 32},
-                "answer": {"max_tokens": 48}}
+                "rerank": {"candidates": 4, "top_k": 2}, "answer": {"max_tokens": 48}}
 
 
 def test_fusion_pipeline_end_to_end(sample_project):
@@ -92,7 +94,7 @@ def test_insert_counts_tokens_with_the_served_tokenizer(sample_project):
 
 def test_pointwise_llm_rerank_scores_from_logprobs(sample_project):
     pipeline = sample_project.pipeline("ask_fusion").with_overrides(
-        {**SHORT_FUSION, "rerank": {"method": "pointwise", "candidates": 4, "top_k": 2}})
+        {**SHORT_FUSION, "rerank": {"method": "pointwise", "candidates": 3, "top_k": 2}})
     trace: list = []
     engine.run(pipeline, {"query": "What is reciprocal rank fusion?"}, orchestrate=False, trace=trace)
     assert "rerank" in [step for step, _ in trace]
