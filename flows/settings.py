@@ -65,6 +65,15 @@ class RaglineSettings(BaseSettings):
                                                        "(default: deploy/vllm of the checkout)")
     failpoints: str = Field("", description="crash-safety tests only: `name[:n],...` kills the process the n-th "
                                             "time it reaches a named point")
+    metrics: Flag = Field(True, description="record Prometheus metrics and serve them at `/metrics` of the API "
+                                            "(0, false, no or off: neither)")
+    metrics_public: Flag = Field(False, description="`/metrics` answers without the bearer token (for a scraper "
+                                                    "that cannot send one); off: the token of `/v1` is needed")
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint traces are exported to, e.g. "
+                                                        "http://collector:4318 (`/v1/traces` is appended); unset: "
+                                                        "`OTEL_EXPORTER_OTLP_ENDPOINT`, and without either no traces")
+    trace_content: Flag = Field(False, description="put question, prompt and answer text on trace spans "
+                                                   "(off: sizes, ids, scores and timings only)")
     served_deployments: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="set by `ragline serve` for its flow runs: what each deployment was "
                                           "created with (JSON)")
