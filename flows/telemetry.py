@@ -237,16 +237,21 @@ def clean(attributes: dict[str, Any]) -> dict[str, Any]:
 
 
 def describe_value(prefix: str, value: Any) -> dict[str, Any]:
-    """Size, and for passages their ids and scores, of a step's input or output as span attributes."""
+    """Size, and for passages their ids and scores, of a step's input or output as span attributes
+    (rankings and an inserted context count their passages; no text without ``trace_content``)."""
     attributes: dict[str, Any] = {}
-    if isinstance(value, (list, tuple)):
+    passages = _passages(value)
+    if passages is not None:
+        attributes[f"{prefix}.size"] = len(passages)
+        if isinstance(value, (list, tuple)) and value and hasattr(value[0], "passages"):
+            attributes[f"{prefix}.rankings"] = len(value)
+        listed = passages[:MAX_LISTED]
+        attributes[f"{prefix}.ids"] = [str(p.chunk_id) for p in listed]
+        scores = [getattr(p, "score", None) for p in listed]
+        if all(isinstance(s, (int, float)) for s in scores):
+            attributes[f"{prefix}.scores"] = [float(s) for s in scores]
+    elif isinstance(value, (list, tuple)):
         attributes[f"{prefix}.size"] = len(value)
-        listed = [v for v in value[:MAX_LISTED] if hasattr(v, "chunk_id")]
-        if listed:
-            attributes[f"{prefix}.ids"] = [str(v.chunk_id) for v in listed]
-            scores = [getattr(v, "score", None) for v in listed]
-            if all(isinstance(s, (int, float)) for s in scores):
-                attributes[f"{prefix}.scores"] = [float(s) for s in scores]
     elif value is not None:
         attributes[f"{prefix}.type"] = type(value).__name__
         for field in ("refused", "verdict", "confidence", "added", "updated", "deleted", "failed",
@@ -259,3 +264,17 @@ def describe_value(prefix: str, value: Any) -> dict[str, Any]:
             if isinstance(text, str):
                 attributes[f"{prefix}.text"] = text
     return attributes
+
+
+def _passages(value: Any) -> list[Any] | None:
+    """The passages a value holds: a list of them, of rankings, or an inserted context's documents."""
+    if isinstance(value, (list, tuple)):
+        if value and all(hasattr(v, "chunk_id") for v in value):
+            return list(value)
+        if value and all(hasattr(v, "passages") for v in value):
+            return [p for ranking in value for p in ranking.passages]
+        return None
+    documents = getattr(value, "documents", None)
+    if isinstance(documents, list) and documents and all(hasattr(d, "passage") for d in documents):
+        return [d.passage for d in documents]
+    return None
