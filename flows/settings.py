@@ -79,12 +79,24 @@ class RaglineSettings(BaseSettings):
                                           "created with (JSON)")
 
 
+_parsed: dict[str, tuple[str, Any]] = {}  # field -> (its variable's text, the value read from it)
+
+
 def get(field: str) -> Any:
     """One setting: its default without building the model when its variable is unset (a
-    failpoint is checked on hot paths), else as ``current()`` reads it."""
-    if not os.environ.get(env_name(field)):
-        return RaglineSettings.model_fields[field].get_default(call_default_factory=True)
-    return getattr(current(), field)
+    failpoint is checked on hot paths), else as ``current()`` reads it, once per text of the
+    variable (metrics and traces ask on every request: building the model costs ~1 ms)."""
+    raw = os.environ.get(env_name(field))
+    if not raw:
+        info = RaglineSettings.model_fields[field]
+        return info.default if info.default_factory is None else info.get_default(call_default_factory=True)
+    known = _parsed.get(field)
+    if known is not None and known[0] == raw:
+        return known[1]
+    value = getattr(current(), field)
+    if value is None or isinstance(value, (bool, int, float, str, Path)):  # a list or dict could be changed
+        _parsed[field] = (raw, value)
+    return value
 
 
 def export(field: str, value: str | None) -> None:

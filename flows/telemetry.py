@@ -123,7 +123,7 @@ def queue_waited(lane: str, seconds: float) -> None:
 # ----------------------------------------------------------------------------- traces
 _providers: dict[str, Any] = {}  # endpoint -> TracerProvider (one per endpoint this process exported to)
 _providers_lock = threading.Lock()
-MAX_LISTED = 50  # retrieved ids and scores put on a span
+MAX_LISTED = 20  # retrieved ids and scores put on a span (the top: encoding each costs ~10 µs)
 MAX_ATTRIBUTE_CHARS = 4000
 
 
@@ -139,17 +139,26 @@ def content_on() -> bool:
     return bool(settings.get("trace_content"))
 
 
+_tracers: dict[Any, Any] = {}  # the endpoint variables' texts -> tracer (None: off); asked per span
+
+
 def tracer() -> Any:
     """ragline's tracer for the configured endpoint, None when tracing is off."""
+    key = (os.environ.get(settings.env_name("otlp_endpoint")), os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+           os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    try:
+        return _tracers[key]
+    except KeyError:
+        pass
     endpoint = traces_endpoint()
     if endpoint is None:
+        _tracers[key] = None
         return None
-    provider = _providers.get(endpoint)
-    if provider is None:
-        with _providers_lock:
-            provider = _providers.get(endpoint) or _new_provider(endpoint)
-            _providers[endpoint] = provider
-    return provider.get_tracer("ragline")
+    with _providers_lock:
+        provider = _providers.get(endpoint) or _new_provider(endpoint)
+        _providers[endpoint] = provider
+        _tracers[key] = provider.get_tracer("ragline")
+    return _tracers[key]
 
 
 def _new_provider(endpoint: str) -> Any:
@@ -160,8 +169,9 @@ def _new_provider(endpoint: str) -> Any:
 
     service = os.environ.get("OTEL_SERVICE_NAME") or "ragline"
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=5),
-                                                   schedule_delay_millis=1000))
+    # batches every 5 s (OTel's default): one export per batch costs ~5 ms of CPU here, so exporting
+    # every second cost a lightly loaded API ~1 ms per query (bench/observability_overhead.py)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=5)))
     return provider
 
 
@@ -236,15 +246,19 @@ def clean(attributes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def describe_value(prefix: str, value: Any) -> dict[str, Any]:
-    """Size, and for passages their ids and scores, of a step's input or output as span attributes
-    (rankings and an inserted context count their passages; no text without ``trace_content``)."""
+def describe_value(prefix: str, value: Any, listed: bool = True) -> dict[str, Any]:
+    """Size, and for passages the ids and scores of the first ``MAX_LISTED`` (unless ``listed`` is
+    false: a step's inputs are its upstream steps' outputs, listed there), of a step's input or
+    output as span attributes; rankings and an inserted context count their passages; no text
+    without ``trace_content``."""
     attributes: dict[str, Any] = {}
     passages = _passages(value)
     if passages is not None:
         attributes[f"{prefix}.size"] = len(passages)
         if isinstance(value, (list, tuple)) and value and hasattr(value[0], "passages"):
             attributes[f"{prefix}.rankings"] = len(value)
+        if not listed:
+            return attributes
         listed = passages[:MAX_LISTED]
         attributes[f"{prefix}.ids"] = [str(p.chunk_id) for p in listed]
         scores = [getattr(p, "score", None) for p in listed]

@@ -188,9 +188,9 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
     with telemetry.span(f"step {step.id}" + (f".{call.hook}" if call.hook else ""), parent=call.parent,
                         attributes=_step_attributes(pipeline, step, call, values)) as span:
         value = invoke(pipeline, step, values, ctx, hook=hook)
-        if span is not None:
-            span.set_attributes(telemetry.clean({**telemetry.describe_value("ragline.output", value),
-                                                 "ragline.seconds": ctx.seconds, "ragline.failures": len(ctx.failures)}))
+        if span is not None and span.is_recording():  # not when a sampler left this trace out
+            done = {"ragline.seconds": ctx.seconds, "ragline.failures": len(ctx.failures)}
+            span.set_attributes(telemetry.clean({**telemetry.describe_value("ragline.output", value), **done}))
     return StepResult(value, ctx.failures, ctx.covered, ctx.seconds)
 
 
@@ -209,7 +209,7 @@ def _step_attributes(pipeline: CompiledPipeline, step: CompiledStep, call: StepC
             if telemetry.content_on():
                 attributes[f"ragline.input.{port}.text"] = value.text
         else:
-            attributes.update(telemetry.describe_value(f"ragline.input.{port}", value))
+            attributes.update(telemetry.describe_value(f"ragline.input.{port}", value, listed=False))
     return attributes
 
 

@@ -55,8 +55,8 @@ class IndexCollector(Collector):
                                  "succeeded (trigger: scheduled, by its deployment's schedule; any)",
                                  labels=["pipeline", "trigger"])
         seen: set[tuple[str, ...]] = set()
-        with self._lock:
-            projects = list(self.projects.values())
+        with self._lock:  # the newest app first: two apps of one process (tests) naming the same series
+            projects = list(reversed(self.projects.values()))
         now = time.time()
         for project in projects:
             for index in indexes(project):

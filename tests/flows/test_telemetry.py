@@ -55,6 +55,7 @@ def test_passages_are_described_by_ids_and_scores_never_by_text(monkeypatch):
     assert described["out.size"] == 60 and described["out.rankings"] == 2
     assert len(described["out.ids"]) == telemetry.MAX_LISTED and described["out.scores"][0] == 1.0
     assert "question" not in repr(described) and "secret" not in repr(described)
+    assert telemetry.describe_value("in", rankings, listed=False) == {"in.size": 60, "in.rankings": 2}
 
 
 def test_metrics_can_be_turned_off(monkeypatch):
