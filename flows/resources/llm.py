@@ -172,7 +172,7 @@ class LLMClient(Resource):
         kwargs = self._request(prompt, max_tokens, temperature, logprobs, top_logprobs, stop, json_schema)
         lane = self._short if kwargs["max_tokens"] <= SHORT_CALL_TOKENS else self._long
         with self._observed("chat", kwargs) as call:
-            response = self._call(lambda: self.client.chat.completions.create(**kwargs), lane, on_slot=call.slot)
+            response = self._call(lambda: self.client.chat.completions.create(**kwargs), lane)
             choice = response.choices[0]
             completion = Completion(text=choice.message.content or "", tokens=_tokens(choice.logprobs),
                                     finish_reason=choice.finish_reason)
@@ -256,13 +256,13 @@ class LLMClient(Resource):
         return kwargs
 
     def _call(self, request: Callable[[], Any], lane: FairSlots, what: str = "",
-              keep: Callable[[Exception], bool] = lambda exc: False,
-              on_slot: Callable[[float], None] | None = None) -> Any:
+              keep: Callable[[Exception], bool] = lambda exc: False) -> Any:
         """``request`` in a slot of ``lane``, watched (see ``_watched``) and retried (see ``_retrying``);
-        ``on_slot`` is told how long the slot took."""
+        the observed call this is part of (if any) is told how long the slot took."""
         with lane.slot() as waited:
-            if on_slot is not None:
-                on_slot(waited)
+            observed = _OBSERVED.get()
+            if observed is not None:
+                observed.slot(waited)
             return self._retrying(lambda: self._watched(request, what), what, keep)
 
     def _retrying(self, call: Callable[[], T], what: str, keep: Callable[[Exception], bool] = lambda exc: False,
@@ -522,6 +522,9 @@ class LLMClient(Resource):
         return Health.up(**detail)
 
 
+_OBSERVED: contextvars.ContextVar["_ObservedCall | None"] = contextvars.ContextVar("ragline_llm_call", default=None)
+
+
 class _ObservedCall:
     """One LLM call's metrics (duration in its slot, tokens) and span (model, tokens in/out, queue
     wait, time to first token; prompt and completion text only with ``trace_content``)."""
@@ -538,6 +541,8 @@ class _ObservedCall:
         if telemetry.content_on():
             attributes["gen_ai.prompt"] = json.dumps(self.kwargs["messages"], ensure_ascii=False)
         self.span = self._stack.enter_context(telemetry.span(f"llm {self.call}", attributes, kind="CLIENT"))
+        token = _OBSERVED.set(self)
+        self._stack.callback(_OBSERVED.reset, token)
         return self
 
     def slot(self, waited: float) -> None:

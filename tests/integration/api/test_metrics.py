@@ -64,7 +64,8 @@ def test_queries_move_counts_and_histogram_buckets_per_pipeline_and_step(served,
         assert moved("ragline_step_duration_seconds_bucket", pipeline="ask", step=step, le="+Inf") == 2
     # a finite bucket counts only what fell under it: the buckets are cumulative and end at the count
     buckets = sorted((float(dict(k[1])["le"]), v) for k, v in after.items()
-                     if k[0] == "ragline_step_duration_seconds_bucket" and dict(k[1])["step"] == "dense")
+                     if k[0] == "ragline_step_duration_seconds_bucket"
+                     and (dict(k[1])["pipeline"], dict(k[1])["step"]) == ("search", "dense"))
     assert [v for _, v in buckets] == sorted(v for _, v in buckets) and buckets[-1][1] >= 2
     assert moved("ragline_http_requests_total", route="/v1/query", method="POST", status="200") == 4
     # the LLM: tokens as the server reported them (JSON and streamed), and every call's wait for a slot
