@@ -65,17 +65,38 @@ class RaglineSettings(BaseSettings):
                                                        "(default: deploy/vllm of the checkout)")
     failpoints: str = Field("", description="crash-safety tests only: `name[:n],...` kills the process the n-th "
                                             "time it reaches a named point")
+    metrics: Flag = Field(True, description="record Prometheus metrics and serve them at `/metrics` of the API "
+                                            "(0, false, no or off: neither)")
+    metrics_public: Flag = Field(False, description="`/metrics` answers without the bearer token (for a scraper "
+                                                    "that cannot send one); off: the token of `/v1` is needed")
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint traces are exported to, e.g. "
+                                                        "http://collector:4318 (`/v1/traces` is appended); unset: "
+                                                        "`OTEL_EXPORTER_OTLP_ENDPOINT`, and without either no traces")
+    trace_content: Flag = Field(False, description="put question, prompt and answer text on trace spans "
+                                                   "(off: sizes, ids, scores and timings only)")
     served_deployments: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="set by `ragline serve` for its flow runs: what each deployment was "
                                           "created with (JSON)")
 
 
+_parsed: dict[str, tuple[str, Any]] = {}  # field -> (its variable's text, the value read from it)
+
+
 def get(field: str) -> Any:
     """One setting: its default without building the model when its variable is unset (a
-    failpoint is checked on hot paths), else as ``current()`` reads it."""
-    if not os.environ.get(env_name(field)):
-        return RaglineSettings.model_fields[field].get_default(call_default_factory=True)
-    return getattr(current(), field)
+    failpoint is checked on hot paths), else as ``current()`` reads it, once per text of the
+    variable (metrics and traces ask on every request: building the model costs ~1 ms)."""
+    raw = os.environ.get(env_name(field))
+    if not raw:
+        info = RaglineSettings.model_fields[field]
+        return info.default if info.default_factory is None else info.get_default(call_default_factory=True)
+    known = _parsed.get(field)
+    if known is not None and known[0] == raw:
+        return known[1]
+    value = getattr(current(), field)
+    if value is None or isinstance(value, (bool, int, float, str, Path)):  # a list or dict could be changed
+        _parsed[field] = (raw, value)
+    return value
 
 
 def export(field: str, value: str | None) -> None:

@@ -9,6 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 
+def _usage(body: dict, pieces: list[str]) -> dict:
+    """Token counts as vLLM reports them (here: words of the messages, pieces answered)."""
+    prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+    return {"prompt_tokens": prompt, "completion_tokens": len(pieces), "total_tokens": prompt + len(pieces)}
+
+
 class ScriptedLLM:
     """``reply(prompt) -> str`` decides each answer; ``delay`` and ``status`` simulate faults.
     ``tokenize(body) -> (status, payload) | None`` scripts /tokenize (None: the default answer,
@@ -73,7 +79,8 @@ class ScriptedLLM:
                                         for w in pieces]} if body.get("logprobs") else None
                 self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                  "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
-                                              "message": {"role": "assistant", "content": text}}]})
+                                              "message": {"role": "assistant", "content": text}}],
+                                 "usage": _usage(body, pieces)})
 
             def do_GET(self):
                 server.paths.append(self.path)
@@ -107,6 +114,9 @@ class ScriptedLLM:
                     self.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
                     self.wfile.flush()
                     time.sleep(server.chunk_delay)
+                if (body.get("stream_options") or {}).get("include_usage"):  # vLLM's last chunk: counts only
+                    last = {**base, "choices": [], "usage": _usage(body, pieces)}
+                    self.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 

@@ -28,16 +28,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ragline.flows import telemetry
 from ragline.flows.context import QUERY_ARRIVAL
 
 
 class FairSlots:
     """At most ``limit`` holders; a freed slot goes to the waiter of the oldest query."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, name: str = "default"):
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        self.limit = limit
+        self.limit, self.name = limit, name  # name: the lane label of the queue-wait metric
         self._held = 0
         self._waiting: list[tuple[float, int, threading.Event]] = []
         self._order = itertools.count()
@@ -48,8 +49,10 @@ class FairSlots:
         return len(self._waiting)
 
     @contextmanager
-    def slot(self, arrival: float | None = None) -> Iterator[None]:
-        """Hold one slot for the block; ``arrival`` defaults to the current query's arrival time."""
+    def slot(self, arrival: float | None = None) -> Iterator[float]:
+        """Hold one slot for the block (it gets the seconds waited for it); ``arrival`` defaults to
+        the current query's arrival time."""
+        asked = time.perf_counter()
         arrival = arrival if arrival is not None else (QUERY_ARRIVAL.get() or time.monotonic())
         turn: threading.Event | None = None
         with self._lock:
@@ -60,8 +63,10 @@ class FairSlots:
                 heapq.heappush(self._waiting, (arrival, next(self._order), turn))
         if turn is not None:
             turn.wait()  # the releaser handed its slot over: _held already counts it
+        waited = time.perf_counter() - asked
+        telemetry.queue_waited(self.name, waited)
         try:
-            yield
+            yield waited
         finally:
             self._release()
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Literal, TypeVar
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows import telemetry
 from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.fair_slots import FairSlots
@@ -122,8 +123,8 @@ class LLMClient(Resource):
         # Two lanes, each served oldest query first: long generations (answers, streams) and short
         # calls (verification and pointwise relevance: a token or two; /tokenize), so a query's
         # quick checks never wait behind other queries' long streams.
-        self._long = FairSlots(spec.max_concurrency)
-        self._short = FairSlots(spec.max_concurrency)
+        self._long = FairSlots(spec.max_concurrency, name="long")
+        self._short = FairSlots(spec.max_concurrency, name="short")
         self._local_tokenizer = Lazy(self._load_tokenizer)  # None: there is none
         self._local_tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share across threads
         self._tokenize_endpoint: bool | None = None  # None: not asked yet; False: the server has none
@@ -170,10 +171,13 @@ class LLMClient(Resource):
         """One chat completion; ``prompt`` is a user message or a full message list."""
         kwargs = self._request(prompt, max_tokens, temperature, logprobs, top_logprobs, stop, json_schema)
         lane = self._short if kwargs["max_tokens"] <= SHORT_CALL_TOKENS else self._long
-        response = self._call(lambda: self.client.chat.completions.create(**kwargs), lane)
-        choice = response.choices[0]
-        return Completion(text=choice.message.content or "", tokens=_tokens(choice.logprobs),
-                          finish_reason=choice.finish_reason)
+        with self._observed("chat", kwargs) as call:
+            response = self._call(lambda: self.client.chat.completions.create(**kwargs), lane)
+            choice = response.choices[0]
+            completion = Completion(text=choice.message.content or "", tokens=_tokens(choice.logprobs),
+                                    finish_reason=choice.finish_reason)
+            call.done(completion, getattr(response, "usage", None))
+        return completion
 
     def stream(self, prompt: str | list[dict[str, str]], *, on_token: Callable[[str], None] | None = None,
                max_tokens: int | None = None, temperature: float | None = None, logprobs: bool = False,
@@ -181,17 +185,23 @@ class LLMClient(Resource):
         """A streamed chat completion: ``on_token`` sees each piece as it arrives."""
         kwargs = self._request(prompt, max_tokens, temperature, logprobs, 0, stop, None)
         kwargs["stream"] = True
+        kwargs["stream_options"] = {"include_usage": True}  # vLLM's token counts, in a last chunk
         pieces: list[str] = []
         tokens: list[TokenLogprob] = []
+        usage: list[Any] = []
 
         def read() -> str | None:
             finish = None
             for event in self._events(kwargs):
+                if getattr(event, "usage", None) is not None:
+                    usage.append(event.usage)
                 if not event.choices:
                     continue
                 choice = event.choices[0]
                 delta = choice.delta.content or ""
                 if delta:
+                    if not pieces:
+                        call.first_token()
                     pieces.append(delta)
                     if on_token:
                         on_token(delta)
@@ -202,9 +212,17 @@ class LLMClient(Resource):
                                  f"without an end (the connection closed mid-answer)")
             return finish
 
-        with self._long.slot():  # retried before the first token only: words shown cannot be taken back
-            finish = self._retrying(read, "", final=lambda exc: bool(pieces))
-        return Completion(text="".join(pieces), tokens=tokens, finish_reason=finish)
+        with self._observed("stream", kwargs) as call:
+            with self._long.slot() as waited:  # retried before the first token only: shown words stay shown
+                call.slot(waited)
+                finish = self._retrying(read, "", final=lambda exc: bool(pieces))
+            completion = Completion(text="".join(pieces), tokens=tokens, finish_reason=finish)
+            call.done(completion, usage[-1] if usage else None)
+        return completion
+
+    def _observed(self, call: str, kwargs: dict[str, Any]) -> "_ObservedCall":
+        """Metrics and a child span of the running step for one call (see ``flows/telemetry.py``)."""
+        return _ObservedCall(self.spec.model, call, kwargs)
 
     def map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
         """``fn`` over ``items`` on up to ``max_concurrency`` threads, in order. Each runs in the caller's
@@ -239,8 +257,12 @@ class LLMClient(Resource):
 
     def _call(self, request: Callable[[], Any], lane: FairSlots, what: str = "",
               keep: Callable[[Exception], bool] = lambda exc: False) -> Any:
-        """``request`` in a slot of ``lane``, watched (see ``_watched``) and retried (see ``_retrying``)."""
-        with lane.slot():
+        """``request`` in a slot of ``lane``, watched (see ``_watched``) and retried (see ``_retrying``);
+        the observed call this is part of (if any) is told how long the slot took."""
+        with lane.slot() as waited:
+            observed = _OBSERVED.get()
+            if observed is not None:
+                observed.slot(waited)
             return self._retrying(lambda: self._watched(request, what), what, keep)
 
     def _retrying(self, call: Callable[[], T], what: str, keep: Callable[[Exception], bool] = lambda exc: False,
@@ -498,6 +520,54 @@ class LLMClient(Resource):
         if response.status_code != 200:
             return Health.down(f"{self.location} answered HTTP {response.status_code}", **detail)
         return Health.up(**detail)
+
+
+_OBSERVED: contextvars.ContextVar["_ObservedCall | None"] = contextvars.ContextVar("ragline_llm_call", default=None)
+
+
+class _ObservedCall:
+    """One LLM call's metrics (duration in its slot, tokens) and span (model, tokens in/out, queue
+    wait, time to first token; prompt and completion text only with ``trace_content``)."""
+
+    def __init__(self, model: str, call: str, kwargs: dict[str, Any]):
+        self.model, self.call, self.kwargs = model, call, kwargs
+        self.started = self.in_slot = time.perf_counter()
+        self.span: Any = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "_ObservedCall":
+        attributes = {"gen_ai.system": "openai", "gen_ai.operation.name": "chat", "gen_ai.request.model": self.model,
+                      "gen_ai.request.max_tokens": self.kwargs.get("max_tokens"), "ragline.llm.call": self.call}
+        if telemetry.content_on():
+            attributes["gen_ai.prompt"] = json.dumps(self.kwargs["messages"], ensure_ascii=False)
+        self.span = self._stack.enter_context(telemetry.span(f"llm {self.call}", attributes, kind="CLIENT"))
+        token = _OBSERVED.set(self)
+        self._stack.callback(_OBSERVED.reset, token)
+        return self
+
+    def slot(self, waited: float) -> None:
+        self.in_slot = time.perf_counter()
+        if self.span is not None:
+            self.span.set_attribute("ragline.llm.queue_wait_seconds", waited)
+
+    def first_token(self) -> None:
+        if self.span is not None:
+            self.span.set_attribute("gen_ai.response.time_to_first_token_seconds", time.perf_counter() - self.in_slot)
+
+    def done(self, completion: "Completion", usage: Any) -> None:
+        prompt = getattr(usage, "prompt_tokens", None)
+        produced = getattr(usage, "completion_tokens", None)
+        if produced is None and completion.tokens:
+            produced = len(completion.tokens)
+        telemetry.llm_call_done(self.model, self.call, time.perf_counter() - self.in_slot, prompt, produced)
+        if self.span is not None:
+            self.span.set_attributes(telemetry.clean({
+                "gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": produced,
+                "gen_ai.response.finish_reasons": [completion.finish_reason or ""],
+                "gen_ai.completion": completion.text if telemetry.content_on() else None}))
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.__exit__(*exc)
 
 
 def _death_soon(supervised: Any, within: float = 1.0) -> str | None:

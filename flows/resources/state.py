@@ -418,6 +418,11 @@ class IndexState(Resource):
             return (self.reader.execute("SELECT COUNT(*) FROM sources").fetchone()[0],
                     self.reader.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
 
+    def newest_indexed_at(self) -> float | None:
+        """When the most recently (re)indexed source was written (None: none is): the index's freshness."""
+        with self._guarded():
+            return self.reader.execute("SELECT MAX(indexed_at) FROM sources").fetchone()[0]
+
     def sources_indexed_since(self, timestamp: float) -> int:
         """How many sources were (re)indexed at or after ``timestamp``: what an ingestion run has written so far."""
         with self._guarded():

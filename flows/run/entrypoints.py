@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -17,7 +18,7 @@ from prefect import flow
 from prefect.task_runners import TaskRunner
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ragline.flows import settings
+from ragline.flows import settings, telemetry
 from ragline.flows.run import driver as drivers  # by module: the flow is pickled by value into Dask workers
 from ragline.flows.run.driver import DriverHooks
 from ragline.flows.run.executors import PrefectExecutor
@@ -65,8 +66,13 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     driver = drivers.DRIVER.get()
     progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
     hooks = DriverHooks(progress, driver.on_token, driver.trace)
-    with _api_for_workers(runner), PrefectExecutor(runner) as executor:
-        result = execute_pipeline(compiled, inputs or {}, executor, hooks)
+    try:
+        with _api_for_workers(runner), PrefectExecutor(runner) as executor:
+            result = execute_pipeline(compiled, inputs or {}, executor, hooks)
+    finally:
+        telemetry.flush()  # a deployment's run is a process of its own, which may exit next
+    if isinstance(result, IndexReport) and not result.incomplete:
+        record_success(compiled)
     if isinstance(result, IndexReport) and result.incomplete:
         unreachable = SourcesUnreachable(result)  # returned, not raised: no traceback in the run's log
         return Failed(message=str(unreachable), data=unreachable)
@@ -199,8 +205,34 @@ class DeployedInputs(BaseModel):
         return {"text": value} if isinstance(value, str) else value
 
 
+# ----------------------------------------------------------------------------- success, for /metrics
+LAST_SUCCESS, LAST_SCHEDULED_SUCCESS = "last_success:", "last_scheduled_success:"  # + pipeline: state-DB meta keys
+
+
+def record_success(pipeline: CompiledPipeline) -> None:
+    """Note in the index's state DB when this ingestion pipeline last succeeded (and, for a run
+    its deployment's schedule made, that too): what ``/metrics`` reports. Best effort."""
+    from prefect.context import FlowRunContext
+
+    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    name = sink.resources.get("state") if sink is not None else None
+    if name is None:
+        return
+    context = FlowRunContext.get()
+    scheduled = bool(context is not None and context.flow_run is not None and context.flow_run.auto_scheduled)
+    now = repr(time.time())
+    try:
+        state = pipeline.project.resource(name)
+        state.set_meta(LAST_SUCCESS + pipeline.name, now)
+        if scheduled:
+            state.set_meta(LAST_SCHEDULED_SUCCESS + pipeline.name, now)
+    except Exception as exc:  # noqa: BLE001 - a metric's source, never a reason to fail the run
+        logging.getLogger("ragline.progress").warning("could not record the success of %s: %s", pipeline.name, exc)
+
+
 # ----------------------------------------------------------------------------- progress on the flow run
 PROGRESS_LABEL = "ragline.progress."  # flow-run labels: phase, documents_planned, documents_done, chunks_written
+TRACE_LABEL = "ragline.trace_id"  # the run's OpenTelemetry trace id, when traced
 
 
 class RunProgress:
@@ -217,6 +249,11 @@ class RunProgress:
         if self.driver is not None and hasattr(self.driver, "phase"):
             self.driver.phase(name)
 
+    def trace(self, trace_id: str | None) -> None:
+        """The run's trace id, for ``GET /v1/runs/{id}``."""
+        if trace_id:
+            self._labels({TRACE_LABEL: trace_id})
+
     def start(self, total_documents: int) -> None:
         self._label(documents_planned=total_documents, documents_done=0, chunks_written=0)
         if self.driver is not None:
@@ -230,11 +267,14 @@ class RunProgress:
             self.driver.advance(documents, chunks)
 
     def _label(self, **values: Any) -> None:
+        self._labels({PROGRESS_LABEL + k: v for k, v in values.items()})
+
+    def _labels(self, values: dict[str, Any]) -> None:
         from prefect.client.orchestration import get_client
 
         try:
             with get_client(sync_client=True) as client:
-                client.update_flow_run_labels(self.flow_run_id, {PROGRESS_LABEL + k: v for k, v in values.items()})
+                client.update_flow_run_labels(self.flow_run_id, values)
         except Exception as exc:  # noqa: BLE001 - progress is a courtesy
             logging.getLogger("ragline.progress").debug("could not record progress %s: %s", values, exc)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import tenacity
 
+from ragline.flows import telemetry
 from ragline.flows.contracts import StepResult
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep
 from ragline.flows.run.steps import PipelineRef, StepCall, StepTimedOut, execute
@@ -174,7 +175,7 @@ class Run:
 
     def submit(self, step: CompiledStep, sources: dict[str, Any], label: str | None = None,
                after: list[Any] = (), hook: str | None = None, inputs: dict[str, list[Any]] | None = None) -> Any:
-        call = StepCall(self.ref, step.id, self.fingerprint, hook)
+        call = StepCall(self.ref, step.id, self.fingerprint, hook, telemetry.carrier())
         inputs = _inputs(step, sources) if inputs is None else inputs
         return self.executor.submit(step, call, inputs, _order_only(step, sources) + list(after), label or step.id)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragline.flows import telemetry
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.run import jobs
 from ragline.flows.run.driver import DriverHooks
@@ -17,7 +18,31 @@ def execute_pipeline(pipeline: CompiledPipeline, inputs: dict[str, Any], executo
                      hooks: DriverHooks | None = None) -> Any:
     """Run a pipeline on an executor (inside a flow run for the Prefect one)."""
     hooks = hooks or DriverHooks()
+    with telemetry.span(f"{pipeline.kind.value} {pipeline.name}", _run_attributes(pipeline, inputs)) as span:
+        if span is not None and hasattr(hooks.progress, "trace"):  # a flow run: /v1/runs shows the trace id
+            hooks.progress.trace(telemetry.trace_id(span))
+        output = _execute(pipeline, inputs, executor, hooks)
+        if span is not None:
+            span.set_attributes(telemetry.clean(telemetry.describe_value("ragline.output", output)))
+        return output
+
+
+def _execute(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, hooks: DriverHooks) -> Any:
     if pipeline.kind == PipelineKind.INGESTION:
         return run_ingestion(pipeline, executor, hooks.progress)
     output = run_query(pipeline, coerce_inputs(pipeline, inputs), executor, hooks.trace)
     return jobs.publish(pipeline, output) if pipeline.kind == PipelineKind.JOB else output
+
+
+def _run_attributes(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The run span's attributes (None untraced): the question's text only with ``trace_content``."""
+    if telemetry.tracer() is None:
+        return None
+    attributes: dict[str, Any] = {"ragline.pipeline": pipeline.name, "ragline.kind": pipeline.kind.value}
+    query = inputs.get("query")
+    text = query.get("text") if isinstance(query, dict) else getattr(query, "text", query)
+    if isinstance(text, str):
+        attributes["ragline.question.chars"] = len(text)
+        if telemetry.content_on():
+            attributes["ragline.question"] = text
+    return attributes

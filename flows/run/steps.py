@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ragline.flows import telemetry
 from ragline.flows.spec.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import StepResult
+from ragline.flows.contracts import Query, StepResult
 from ragline.flows.errors import RaglineError
 
 
@@ -171,6 +172,7 @@ class StepCall:
     step: str
     fingerprint: str = ""
     hook: str | None = None  # "plan", "finalize" or "session" of an ingestion sink
+    parent: str = ""  # the run's span as a W3C traceparent ("" untraced): the step's span is its child
 
 
 def execute(call: StepCall, inputs: dict[str, list[StepResult]],
@@ -183,8 +185,32 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
                       render_prompt=pipeline.project.prompts.render, on_token=on_token, project=pipeline.project)
     values = {port: _join([r.value for r in results]) for port, results in inputs.items()}
     hook = getattr(step.stage, call.hook) if call.hook else None
-    value = invoke(pipeline, step, values, ctx, hook=hook)
+    with telemetry.span(f"step {step.id}" + (f".{call.hook}" if call.hook else ""), parent=call.parent,
+                        attributes=_step_attributes(pipeline, step, call, values)) as span:
+        value = invoke(pipeline, step, values, ctx, hook=hook)
+        if span is not None and span.is_recording():  # not when a sampler left this trace out
+            done = {"ragline.seconds": ctx.seconds, "ragline.failures": len(ctx.failures)}
+            span.set_attributes(telemetry.clean({**telemetry.describe_value("ragline.output", value), **done}))
     return StepResult(value, ctx.failures, ctx.covered, ctx.seconds)
+
+
+def _step_attributes(pipeline: CompiledPipeline, step: CompiledStep, call: StepCall,
+                     values: dict[str, Any]) -> dict[str, Any] | None:
+    """What a step's span says before it runs: stage, parameters, the size of each input (a
+    query's text only with ``trace_content``). None when untraced: nothing is computed then."""
+    if not call.parent and telemetry.tracer() is None:
+        return None
+    attributes: dict[str, Any] = {"ragline.pipeline": pipeline.name, "ragline.step": step.id,
+                                  "ragline.stage": step.stage.name, "ragline.hook": call.hook,
+                                  "ragline.params": json.dumps(step.params.model_dump(mode="json"), default=str)}
+    for port, value in values.items():
+        if isinstance(value, Query):
+            attributes[f"ragline.input.{port}.chars"] = len(value.text)
+            if telemetry.content_on():
+                attributes[f"ragline.input.{port}.text"] = value.text
+        else:
+            attributes.update(telemetry.describe_value(f"ragline.input.{port}", value, listed=False))
+    return attributes
 
 
 def _join(values: list[Any]) -> Any:

@@ -39,6 +39,7 @@ import hmac
 import json
 import logging
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -50,13 +51,14 @@ from fastapi.sse import EventSourceResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ragline.flows import settings
+from ragline.flows import settings, telemetry
 from ragline.flows.serve.guard import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.spec.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import ConfigError
 
 from ragline.flows.serve.discovery import published
+from ragline.flows.serve.metrics import INDEXES, metrics_router
 from ragline.flows.serve.openai_api import openai_router
 from ragline.flows.serve.query_service import (
     ApiError,
@@ -267,9 +269,9 @@ class Guard:
     """Request id, Host/Origin (without a token), bearer token, body limit, body checks and
     last-resort 500s, before FastAPI sees a request."""
 
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: str = "/v1",
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: Iterable[str] = ("/v1",),
                  allowed_origins: Iterable[str] = ()):
-        self.app, self.max_body_bytes, self.protected = app, max_body_bytes, protected
+        self.app, self.max_body_bytes, self.protected = app, max_body_bytes, tuple(protected)
         self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
         self.allowed_origins = frozenset(allowed_origins)
 
@@ -277,12 +279,24 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         rid = uuid.uuid4().hex[:16]
+        started, seen = time.perf_counter(), {"status": 500, "route": REFUSED}
+        with telemetry.span(f"HTTP {scope['method']}", {"http.request.method": scope["method"],
+                                                        "ragline.request_id": rid}, kind="SERVER") as span:
+            try:
+                await self._handle(scope, receive, _tagged(send, rid, seen, telemetry.traceparent(span)), rid, seen)
+            finally:
+                route = _route_of(scope, seen)
+                telemetry.http_done(route, scope["method"], seen["status"], time.perf_counter() - started)
+                if span is not None:
+                    span.update_name(f"{scope['method']} {route}")
+                    span.set_attributes({"http.route": route, "http.response.status_code": seen["status"]})
+
+    async def _handle(self, scope: dict, receive: Callable, send: Callable, rid: str, seen: dict) -> None:
         authorized = self._authorized(scope)
         scope.setdefault("state", {}).update(request_id=rid, authorized=authorized)
-        send = _tagged(send, rid)
         if self._expected is None and (refusal := foreign_host(scope["headers"], self.allowed_origins)):
             return await _reply(send, ApiError(403, refusal[1], code=refusal[0]))
-        if not authorized and _under(scope["path"], self.protected) and scope["method"] != "OPTIONS":
+        if not authorized and any(_under(scope["path"], p) for p in self.protected) and scope["method"] != "OPTIONS":
             return await _reply(send, ApiError(401, "missing or wrong bearer token (send `Authorization: Bearer "
                                                     "<token>`)", code="invalid_api_key",
                                                headers={"WWW-Authenticate": "Bearer"}))
@@ -310,6 +324,7 @@ class Guard:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        seen["route"] = UNMATCHED  # until the router names the route it matched (scope["route"])
         try:
             await self.app(scope, replay, tracking)
         except Exception as exc:
@@ -368,10 +383,27 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def _tagged(send: Callable, rid: str) -> Callable:
+REFUSED = "<refused>"  # the route label of a request the guard answered itself (no token, too large, ...)
+UNMATCHED = telemetry.UNMATCHED
+
+
+def _route_of(scope: dict, seen: dict) -> str:
+    """The matched route's template (``/v1/runs/{run_id}``), never the path a client sent."""
+    route = scope.get("route")
+    path = getattr(route, "path", None) if seen["route"] == UNMATCHED else None
+    return path if isinstance(path, str) else seen["route"]
+
+
+def _tagged(send: Callable, rid: str, seen: dict, traceparent: str | None = None) -> Callable:
+    """Adds the request id (and the trace, when traced) to the response's headers; notes its status."""
+    extra = [(b"x-request-id", rid.encode())]
+    if traceparent:
+        extra += [(b"traceparent", traceparent.encode()), (b"x-trace-id", traceparent.split("-")[1].encode())]
+
     async def tagged(message: dict) -> None:
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            seen["status"] = message["status"]
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
         await send(message)
 
     return tagged
@@ -467,7 +499,9 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if warm_up:
             await asyncio.to_thread(service.warm_up)
+        INDEXES.watch(id(service), project)  # its index gauges in /metrics while it serves
         yield
+        INDEXES.watch(id(service), None)
         service.close()
 
     app = FastAPI(title="ragline", version="1", description=_description(project, token), lifespan=lifespan,
@@ -480,10 +514,15 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
         app.include_router(router, dependencies=secured)
     app.include_router(health_router(service, require_prefect))
     app.include_router(page_router())
+    metrics = settings.get("metrics")
+    if metrics:
+        app.include_router(metrics_router())
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ApiError, _api_error)
-    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes, allowed_origins=cors_origins)
+    protected = ("/v1",) if not metrics or settings.get("metrics_public") else ("/v1", "/metrics")
+    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes, allowed_origins=cors_origins,
+                       protected=protected)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from fastapi.sse import format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ragline.flows import telemetry
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
 from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, Passage, PipelineKind
@@ -305,16 +306,21 @@ class QueryService:
         """The pipeline on a driver thread; the event loop only awaits it."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        try:
-            value, trace = await loop.run_in_executor(self.drivers, _run, pipeline, query, on_token)
+        try:  # in this request's context: the run's span is a child of the request's
+            value, trace = await loop.run_in_executor(self.drivers, contextvars.copy_context().run, _run, pipeline,
+                                                      query, on_token)
         except Exception as exc:
-            self.events.query_done(pipeline.name, "failed", _ms(time.perf_counter() - started), {},
-                                   len(query["text"]), surface, type(exc).__name__)
+            seconds = time.perf_counter() - started
+            self.events.query_done(pipeline.name, "failed", _ms(seconds), {}, len(query["text"]), surface,
+                                   type(exc).__name__)
+            telemetry.query_done(pipeline.name, "failed", seconds, error=exc)
             raise
-        outcome = Outcome(pipeline.name, value, {step: _ms(seconds) for step, seconds in trace},
-                          _ms(time.perf_counter() - started))
+        seconds = time.perf_counter() - started
+        outcome = Outcome(pipeline.name, value, {step: _ms(s) for step, s in trace}, _ms(seconds))
         self.events.query_done(pipeline.name, outcome.status(), outcome.latency_ms, outcome.timings,
                                len(query["text"]), surface)
+        refused = outcome.is_answer and value.refused
+        telemetry.query_done(pipeline.name, outcome.status(), seconds, trace, refusal=value.reason if refused else None)
         return outcome
 
     async def stream(self, pipeline: CompiledPipeline, query: dict[str, Any], *,

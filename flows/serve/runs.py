@@ -46,7 +46,7 @@ from ragline.flows.spec.compile import Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of, deployment_name
 from ragline.flows.serve.redact import Redactor
-from ragline.flows.run.entrypoints import PROGRESS_LABEL
+from ragline.flows.run.entrypoints import PROGRESS_LABEL, TRACE_LABEL
 from ragline.flows.contracts import IndexReport
 from ragline.flows.resources.state import StorageError, StoreDamaged
 
@@ -84,6 +84,7 @@ class RunStatus(BaseModel):
     failures: list[dict[str, Any]] = Field(default_factory=list, description="documents that could not be indexed")
     message: str | None = Field(None, description="why a run failed, crashed or was cancelled")
     progress: dict[str, Any] | None = Field(None, description="a running ingestion run's progress")
+    trace_id: str | None = Field(None, description="the run's OpenTelemetry trace id (32 hex digits), when traced")
 
 
 # ----------------------------------------------------------------------------- the router
@@ -281,7 +282,7 @@ class _Runs:
         status = RunStatus(id=str(flow_run.id), pipeline=pipeline, kind=kind,
                            state=state.type.value if state else "UNKNOWN", state_name=state.name if state else "Unknown",
                            created=_iso(flow_run.created), started=_iso(flow_run.start_time),
-                           ended=_iso(flow_run.end_time))
+                           ended=_iso(flow_run.end_time), trace_id=(flow_run.labels or {}).get(TRACE_LABEL))
         if state is None:
             return status
         if state.is_completed() or (state.is_failed() and kind == PipelineKind.INGESTION):

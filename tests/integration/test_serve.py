@@ -108,6 +108,8 @@ def test_interval_schedule_fires_by_itself(served, prefect_api):
             status = httpx.get(f"{served}/v1/runs/{runs[0]['id']}", headers=AUTH, timeout=30).json()
             assert status["state"] == "COMPLETED" and status["summary"].startswith("added ")
             assert status["result"]["failed"] == 0
+            metrics = httpx.get(f"{served}/metrics", headers=AUTH, timeout=30).text  # the run noted its success
+            assert 'ragline_ingestion_last_success_timestamp_seconds{pipeline="index",trigger="scheduled"}' in metrics
             return
         time.sleep(2)
     pytest.fail("no scheduled run of 'index' completed")
