@@ -298,7 +298,8 @@ def documents_router(runs: _Runs) -> APIRouter:
     async def upload(file: UploadFile = File(..., description="the document"),
                      pipeline: str | None = Form(None, description="the ingestion pipeline (default: the only one "
                                                                    "with an uploads root)"),
-                     ingest: bool = Form(True, description="start the pipeline's next ingestion run"),
+                     ingest: Literal["true", "false"] = Form("true", description="start the pipeline's next "
+                                                                                    "ingestion run"),
                      idempotency_key: str | None = Header(None, max_length=200)) -> JSONResponse:
         """Store a document in the pipeline's managed uploads and index it by the next run."""
         root = managed(pipeline)
@@ -320,10 +321,10 @@ def documents_router(runs: _Runs) -> APIRouter:
                                             "(pipeline, file name or bytes differ)", param="Idempotency-Key",
                                        code="idempotency_conflict")
                     return JSONResponse(seen["body"], seen["status"], headers={"Idempotent-Replayed": "true"})
-                status, body = await _store(root, file, name, ingest)
+                status, body = await _store(root, file, name, ingest == "true")
                 keys.put(idempotency_key, request_digest, status, body)
         else:
-            status, body = await _store(root, file, name, ingest)
+            status, body = await _store(root, file, name, ingest == "true")
         return JSONResponse(body, status)
 
     async def _store(root: _Managed, file: UploadFile, name: str, ingest: bool) -> tuple[int, dict[str, Any]]:
