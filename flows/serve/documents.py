@@ -216,6 +216,11 @@ class _Trigger:
     pending: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def request(self, pipeline: str) -> Ingestion:
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():  # Prefect's client would start a temporary server of its own
+            return Ingestion(state="not_started", reason="no Prefect API is configured (PREFECT_API_URL): the "
+                                                         "next `ragline index` or scheduled run indexes it")
         if pipeline in self.pending and not self.pending[pipeline].done():
             return Ingestion(state="scheduled", reason="a run is already scheduled after the one writing the index")
         try:
