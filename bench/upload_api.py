@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-
 from common import REPO, SCIFACT, percentile, publish, save
 
 TOKEN = "bench-upload-token"
@@ -165,7 +164,7 @@ def main() -> None:
             began = time.perf_counter()
             with ThreadPoolExecutor(args.clients) as pool:
                 delete_latencies = list(pool.map(delete, gone))
-            deleted_after = wait_until(url, lambda d: not set(gone) & set(d) and len(d) == len(ids) - len(gone))
+            wait_until(url, lambda d: not set(gone) & set(d) and len(d) == len(ids) - len(gone))
             delete_wall = time.perf_counter() - began
         finally:
             if process is not None:
@@ -204,9 +203,9 @@ def main() -> None:
     save("upload_api", result)
     lines = ["| measure | value |", "|---|---|",
              *(f"| {key} | {value} |" for key, value in result.items()),
-             "", f"{args.files} SciFact abstracts as Markdown uploaded by {args.clients} concurrent clients to "
+             "", (f"{args.files} SciFact abstracts as Markdown uploaded by {args.clients} concurrent clients to "
                  f"`ragline serve` (real Prefect server, triggered runs), then {len(gone)} deleted; "
-                 f"`*_equal`: the served index against a clean in-process build of the remaining files."]
+                 f"`*_equal`: the served index against a clean in-process build of the remaining files.")]
     publish("upload_api", lines, readme=not args.no_readme)
 
 

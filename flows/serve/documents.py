@@ -33,18 +33,23 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-
 from ragline.flows import formats
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_service import ERRORS, ApiError
 from ragline.flows.serve.runs import _Runs
-from ragline.flows.sources.uploads import ID, TooLarge, UploadFolder, folder_of, safe_name
+from ragline.flows.sources.uploads import (
+    ID,
+    TooLarge,
+    UploadFolder,
+    folder_of,
+    safe_name,
+)
 from ragline.tasks.index import FAILURES
 from ragline.tasks.load import FORMATS
 
@@ -159,7 +164,7 @@ class _Catalogue:
         for upload in uploads:
             source = f"{root.name}/{upload.key}"
             indexed = by_source.pop(source, [])
-            reason = failures.get(source)
+            reason = self.runs.redact(failures.get(source))
             status: Status = "indexed" if indexed else "failed" if reason else "queued"
             updated = max((r[3] for r in indexed), default=upload.modified)
             out[upload.id] = DocumentInfo(id=upload.id, pipeline=pipeline, source=source, name=upload.name,
@@ -175,7 +180,7 @@ class _Catalogue:
         for source, reason in failures.items():
             if source not in out and self._upload_id(root, source) is None and source.partition("#")[0] not in out:
                 out[source] = DocumentInfo(id=source, pipeline=pipeline, source=source, managed=False,
-                                           status="failed", reason=reason)
+                                           status="failed", reason=self.runs.redact(reason))
         return [out[k] for k in sorted(out)]
 
     @staticmethod
@@ -300,12 +305,12 @@ def documents_router(runs: _Runs) -> APIRouter:
                                                                           "request, or a pipeline without uploads"},
                             413: {**ERRORS[400], "description": "the file is over the pipeline's max_bytes"},
                             415: {**ERRORS[400], "description": "a file type load does not read"}})
-    async def upload(file: UploadFile = File(..., description="the document"),
-                     pipeline: str | None = Form(None, description="the ingestion pipeline (default: the only one "
-                                                                   "with an uploads root)"),
-                     ingest: Literal["true", "false"] = Form("true", description="start the pipeline's next "
-                                                                                    "ingestion run"),
-                     idempotency_key: str | None = Header(None, max_length=200)) -> JSONResponse:
+    async def upload(file: Annotated[UploadFile, File(description="the document")],
+                     pipeline: Annotated[str | None, Form(description="the ingestion pipeline (default: the only "
+                                                                      "one with an uploads root)")] = None,
+                     ingest: Annotated[Literal["true", "false"], Form(description="start the pipeline's next "
+                                                                                  "ingestion run")] = "true",
+                     idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
         """Store a document in the pipeline's managed uploads and index it by the next run."""
         root = managed(pipeline)
         try:

@@ -24,12 +24,20 @@ import re
 import shutil
 import tempfile
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, BinaryIO, Callable, Literal
+from typing import Annotated, BinaryIO, Literal
 
 from pydantic import BaseModel, Field, StringConstraints, field_validator
-from ragline.flows.sources.base import DocumentSource, Fetched, Item, ItemCache, Listing, SourceError
+from ragline.flows.sources.base import (
+    DocumentSource,
+    Fetched,
+    Item,
+    ItemCache,
+    Listing,
+    SourceError,
+)
 from ragline.flows.sources.local import read_file, relative_name
 
 ID_LENGTH = 32  # hex digits of the SHA-256: 128 bits
@@ -81,7 +89,7 @@ class UploadsSource(DocumentSource):
     def location(self) -> str:
         return self.folder.as_posix()
 
-    def list(self, cache: ItemCache, wanted: Callable[[str], bool]) -> Listing:  # noqa: ARG002 - nothing to cache
+    def list(self, cache: ItemCache, wanted: Callable[[str], bool]) -> Listing:
         try:
             uploads = UploadFolder(self.folder).uploads()
         except OSError as exc:
@@ -117,7 +125,7 @@ def safe_name(given: str) -> str:
     if not text or text in (".", ".."):
         raise ValueError(f"file name {given[:100]!r} has no usable characters")
     if len(text) > MAX_NAME_CHARS:
-        stem, dot, suffix = text.rpartition(".")
+        _, dot, suffix = text.rpartition(".")
         keep = suffix[:20] if dot else ""
         text = text[:MAX_NAME_CHARS - len(keep) - 1] + ("." + keep if keep else "")
     return text

@@ -4,9 +4,14 @@ from __future__ import annotations
 import io
 
 import pytest
-
 from ragline.flows.sources import ItemCache
-from ragline.flows.sources.uploads import TooLarge, UploadFolder, UploadsSource, UploadsSpec, safe_name
+from ragline.flows.sources.uploads import (
+    TooLarge,
+    UploadFolder,
+    UploadsSource,
+    UploadsSpec,
+    safe_name,
+)
 
 
 def source(base) -> UploadsSource:

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from ragline.flows.serve.service import api_app
+
 from tests.helpers.api_harness import running
 from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS
 from tests.integration.api.test_documents import PIPELINES, TOKEN, ingest

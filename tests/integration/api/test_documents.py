@@ -5,18 +5,16 @@ here are started in-process (what the triggered deployment run does); the end-to
 from __future__ import annotations
 
 import io
-import json
-import os
 import socket
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-
 from ragline.flows.run import engine
 from ragline.flows.serve.service import api_app
 from ragline.flows.spec.compile import load_project
+
 from tests.helpers.api_harness import running
 from tests.helpers.documents import make_pdf
 
