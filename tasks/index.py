@@ -14,6 +14,7 @@ rebuilt. What it cannot repair (a damaged state file) fails the run naming the f
 """
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Literal
 
@@ -33,6 +34,7 @@ from ragline.flows.resources.source_ids import Moves, find_moves, move_chunks
 from ragline.tasks.answerable import record_floor
 
 DIRTY = "dirty"
+FAILURES = "failures"  # meta "failures:<pipeline>": the last run's per-document failures, {source_id: reason}
 
 
 class Params(BaseModel):
@@ -97,6 +99,7 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
         reconcile(store, state, ctx.logger.warning)
     integrity.repair(integrity.compare(store, sparse, state), store, sparse, state, ctx.logger.warning)
     state.set_meta(DIRTY, "1")
+    state.set_meta(f"{FAILURES}:{ctx.pipeline}", json.dumps({f.source_id: f.reason for f in failures if not f.root}))
     moves = find_moves(documents, state.sources(origin=ctx.pipeline), covered, failures)
     migrated = migrate_ids(moves, store, state, ctx)
     if not migrated:  # nothing renamed in place (a vector was missing): the old ids go, the documents re-index

@@ -361,6 +361,7 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Docum
     change signal is the one they were fetched with, else downloaded. A complete listing covers the
     root (what it no longer names is gone); an incomplete one is a root failure (nothing deleted)."""
     source: DocumentSource = source_types()[spec.type](spec, params.max_bytes)
+    source.bind(ctx.base_dir)
     root = _LinkedRoot(source.location, source.location, spec.name or source.location, remote=True, source=source)
     cache = ItemCache(cache_folder(ctx.base_dir, f"{spec.type} {source.location} {root.name}"))
     listing = source.list(cache, lambda key: (not source.by_name or _matches(key, params.include))

@@ -413,6 +413,15 @@ class IndexState(Resource):
                            [(c.source_id, json.dumps(c.metadata), c.chunk_id) for c in chunks])
             self._bump(tx)
 
+    def documents(self, origin: str | None = None) -> list[tuple[str, str, str, float, int]]:
+        """(source_id, origin, title, indexed_at, chunk count) of every source (of one pipeline), by
+        id: the document API's list. Read-only."""
+        sql = ("SELECT s.source_id, s.origin, s.title, s.indexed_at, "
+               "(SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.source_id) FROM sources s")
+        sql, args = (sql + " WHERE s.origin=?", (origin,)) if origin is not None else (sql, ())
+        with self._guarded():
+            return [(r[0], r[1], r[2] or "", r[3], r[4]) for r in self.reader.execute(sql + " ORDER BY s.source_id", args)]
+
     def counts(self) -> tuple[int, int]:
         with self._guarded():
             return (self.reader.execute("SELECT COUNT(*) FROM sources").fetchone()[0],

@@ -270,8 +270,9 @@ class Guard:
     last-resort 500s, before FastAPI sees a request."""
 
     def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: Iterable[str] = ("/v1",),
-                 allowed_origins: Iterable[str] = ()):
+                 allowed_origins: Iterable[str] = (), body_limits: dict[str, int] | None = None):
         self.app, self.max_body_bytes, self.protected = app, max_body_bytes, tuple(protected)
+        self.body_limits = dict(body_limits or {})  # path prefix -> its own limit (uploads)
         self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
         self.allowed_origins = frozenset(allowed_origins)
 
@@ -343,9 +344,11 @@ class Guard:
     async def _read_body(self, scope: dict, receive: Callable) -> bytes | ApiError | None:
         """The whole body, a 413 as soon as it is known to be too large (declared or sent), or None
         when the client disconnected first (a truncated body must never reach a route)."""
+        limit = next((n for prefix, n in self.body_limits.items() if _under(scope["path"], prefix)),
+                     self.max_body_bytes)
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            return self._too_large()
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return self._too_large(limit)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -353,14 +356,14 @@ class Guard:
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
-                return self._too_large()
+            if size > limit:
+                return self._too_large(limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _too_large(self) -> ApiError:
-        return ApiError(413, f"request body too large: the limit is {self.max_body_bytes} bytes",
+    def _too_large(self, limit: int) -> ApiError:
+        return ApiError(413, f"request body too large: the limit is {limit} bytes",
                         code="request_too_large")
 
 
@@ -481,11 +484,12 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
                max_body_bytes: int = 1_000_000, cors_origins: Iterable[str] = (), data_dir: str | None = None,
                require_prefect: bool = False, max_concurrent_runs: int = 32,
                max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, source: str | None = None,
-               warm_up: bool = True) -> FastAPI:
+               warm_up: bool = True, body_limits: dict[str, int] | None = None) -> FastAPI:
     """The API of one pipelines file, compiled now (an invalid file fails here, not per request).
     ``routers`` are mounted under the same token, body limit and error shapes; ``source``: the
     file's text pinned by ``ragline serve`` (``steps.pin_file``), compiled instead of the file;
-    ``warm_up``: load the query pipelines' resources at start-up (the lifespan), before serving."""
+    ``warm_up``: load the query pipelines' resources at start-up (the lifespan), before serving;
+    ``body_limits``: path prefixes with a body limit of their own (``/v1/documents``: uploads)."""
     if token is not None and not token.strip():
         raise ValueError("the API token is empty")
     cors_origins = list(cors_origins)
@@ -522,7 +526,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     app.add_exception_handler(ApiError, _api_error)
     protected = ("/v1",) if not metrics or settings.get("metrics_public") else ("/v1", "/metrics")
     app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes, allowed_origins=cors_origins,
-                       protected=protected)
+                       protected=protected, body_limits=body_limits)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -189,6 +189,36 @@ class _Runs:
             return f"the index is being written by {holder.describe()}; try again when that run ends"
         return None
 
+    async def start(self, name: str) -> Any:
+        """Create a run of ingestion pipeline ``name``'s deployment, or raise the ApiError saying why
+        not (404 unknown, 400 a query pipeline, 409 ``index_busy``, 503 not deployed or no Prefect).
+        Serialised, so two callers can never both start a run."""
+        project = self.project
+        if name not in project.pipelines:
+            ingestion = [n for n, p in project.pipelines.items() if p.kind == PipelineKind.INGESTION]
+            raise ApiError(404, f"field 'pipeline': no pipeline '{name}'; ingestion pipelines: "
+                                f"{', '.join(ingestion) or 'none'}", param="pipeline", code="pipeline_not_found")
+        if project.pipeline(name).kind != PipelineKind.INGESTION:
+            raise ApiError(400, f"field 'pipeline': pipeline '{name}' is a query pipeline: POST /v1/ingest starts "
+                                f"ingestion pipelines only", param="pipeline", code="not_an_ingestion_pipeline")
+        from prefect.client.orchestration import get_client
+
+        async with self.lock:
+            try:
+                async with get_client() as client:
+                    deployment = await self.deployment_id(client, name)
+                    if deployment is None:
+                        raise ApiError(503, f"pipeline '{name}' is not deployed: run `ragline serve` for this file",
+                                       "service_unavailable_error", code="not_deployed")
+                    busy = await self.running(client, name)
+                    if busy is not None:
+                        raise ApiError(409, busy, code="index_busy")
+                    return await client.create_flow_run_from_deployment(deployment, tags=["ragline-api"])
+            except ApiError:
+                raise
+            except Exception as exc:
+                raise _prefect_down(exc) from None
+
     def owns(self, flow_run: Any) -> bool:
         parameters = flow_run.parameters or {}
         if parameters.get("pipeline") not in self.project.pipelines:
@@ -310,15 +340,23 @@ def _iso(value: datetime.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
-                source: str | Path | None = None) -> APIRouter:
-    """The ``/v1/ingest`` and ``/v1/runs/{id}`` endpoints for the pipelines of one file (its
-    deployments ``ragline/<pipeline>``, as ``ragline serve`` creates them); ``source``: the pinned
-    copy of the file (``steps.pin_file``)."""
+def ingestion_runs(project_path: str | Path, *, data_dir: str | Path | None = None,
+                   source: str | Path | None = None) -> _Runs:
+    """What starts and watches ingestion runs of one file: shared by ``runs_router`` and the
+    document API (``documents``), so their starts are serialised by one lock."""
     project = load_project(project_path, source=source)
     if data_dir:
         project = project.relocated(Path(data_dir))
-    runs = _Runs(project)
+    return _Runs(project)
+
+
+def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
+                source: str | Path | None = None, runs: _Runs | None = None) -> APIRouter:
+    """The ``/v1/ingest`` and ``/v1/runs/{id}`` endpoints for the pipelines of one file (its
+    deployments ``ragline/<pipeline>``, as ``ragline serve`` creates them); ``source``: the pinned
+    copy of the file (``steps.pin_file``); ``runs``: an ``ingestion_runs`` shared with other routers."""
+    runs = runs or ingestion_runs(project_path, data_dir=data_dir, source=source)
+    project = runs.project
     router = APIRouter(prefix="/v1", tags=["runs"])
 
     @router.post("/ingest", status_code=202, response_model=IngestAccepted,
@@ -329,30 +367,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
     async def ingest(request: IngestRequest) -> IngestAccepted:
         """Start a run of an ingestion pipeline's deployment; poll ``GET /v1/runs/{run_id}``."""
         name = request.pipeline
-        if name not in project.pipelines:
-            ingestion = [n for n, p in project.pipelines.items() if p.kind == PipelineKind.INGESTION]
-            raise ApiError(404, f"field 'pipeline': no pipeline '{name}'; ingestion pipelines: "
-                                f"{', '.join(ingestion) or 'none'}", param="pipeline", code="pipeline_not_found")
-        if project.pipeline(name).kind != PipelineKind.INGESTION:
-            raise ApiError(400, f"field 'pipeline': pipeline '{name}' is a query pipeline: POST /v1/ingest starts "
-                                f"ingestion pipelines only", param="pipeline", code="not_an_ingestion_pipeline")
-        from prefect.client.orchestration import get_client
-
-        async with runs.lock:
-            try:
-                async with get_client() as client:
-                    deployment = await runs.deployment_id(client, name)
-                    if deployment is None:
-                        raise ApiError(503, f"pipeline '{name}' is not deployed: run `ragline serve` for this file",
-                                       "service_unavailable_error", code="not_deployed")
-                    busy = await runs.running(client, name)
-                    if busy is not None:
-                        raise ApiError(409, busy, code="index_busy")
-                    flow_run = await client.create_flow_run_from_deployment(deployment, tags=["ragline-api"])
-            except ApiError:
-                raise
-            except Exception as exc:
-                raise _prefect_down(exc) from None
+        flow_run = await runs.start(name)
         return IngestAccepted(run_id=str(flow_run.id), pipeline=name,
                               state=flow_run.state.type.value if flow_run.state else "SCHEDULED",
                               state_name=flow_run.state.name if flow_run.state else "Scheduled")

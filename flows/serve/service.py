@@ -79,7 +79,8 @@ from ragline.flows.ops.parent_death import DiesWith
 from ragline.flows.run.steps import digest_of
 from ragline.flows.serve.api import create_app
 from ragline.flows.serve.layout import FLOW_NAME, deployment_name, results_dir
-from ragline.flows.serve.runs import runs_router
+from ragline.flows.serve.documents import documents_router, upload_limit
+from ragline.flows.serve.runs import ingestion_runs, runs_router
 from ragline.flows.run.entrypoints import run_pipeline
 from ragline.flows.run.steps import pin_file
 from ragline.flows.ops.prefect_server import LocalPrefectServer
@@ -287,11 +288,14 @@ def _check_api(url: str, timeout: float = 10.0) -> None:
 def api_app(project_path: str | Path, *, token: str | None = None, data_dir: str | Path | None = None,
             source: str | Path | None = None):
     """``flows/serve/api.py``'s app (query, OpenAI-compatible and health routes) with the runs router
-    (``/v1/ingest``, ``/v1/runs/{id}``) mounted under the same token and error shapes; ``source``:
+    (``/v1/ingest``, ``/v1/runs/{id}``) and the document API (``/v1/documents``) mounted under the same token and error shapes; ``source``:
     the pinned copy of the file the deployments run (``steps.pin_file``)."""
-    router = runs_router(project_path, data_dir=data_dir, source=source)
-    return create_app(str(project_path), token=token, routers=[router], data_dir=str(data_dir) if data_dir else None,
-                      source=source)
+    runs = ingestion_runs(project_path, data_dir=data_dir, source=source)
+    limit = upload_limit(runs)
+    return create_app(str(project_path), token=token, routers=[runs_router(project_path, runs=runs),
+                                                               documents_router(runs)],
+                      data_dir=str(data_dir) if data_dir else None, source=source,
+                      body_limits={"/v1/documents": limit} if limit else None)
 
 
 def _bind(host: str, port: int) -> socket.socket:

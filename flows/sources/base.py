@@ -104,6 +104,9 @@ class DocumentSource(ABC):
         """The public URL an item links to, if it has one."""
         return None
 
+    def bind(self, base_dir: str) -> None:
+        """Where relative locations resolve: the pipelines file's folder (``load`` calls it once)."""
+
 
 class ItemCache:
     """The bytes each item had when last fetched, with the change signal seen before fetching them:

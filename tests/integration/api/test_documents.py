@@ -1,0 +1,264 @@
+"""The document API over real HTTP (uvicorn on a free port): uploads into the managed folder,
+listing with status, limits, hostile names, idempotency keys and a body cut mid-way. The runs
+here are started in-process (what the triggered deployment run does); the end-to-end test with
+`ragline serve`, its Prefect deployments and the triggered runs is tests/integration/test_documents_serve.py."""
+from __future__ import annotations
+
+import io
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from ragline.flows.run import engine
+from ragline.flows.serve.service import api_app
+from ragline.flows.spec.compile import load_project
+
+from tests.helpers.api_harness import running
+from tests.helpers.documents import make_pdf
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "doc-api-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MAX_BYTES = 200_000
+
+PIPELINES = f"""
+resources:
+  embedder: {{type: sentence_transformer, model: all-MiniLM-L6-v2}}
+  store:    {{type: chroma, path: idx/chroma, collection: docs}}
+  sparse:   {{type: bm25, path: idx/bm25}}
+  state:    {{type: index_state, path: idx/state.sqlite}}
+pipelines:
+  index:
+    kind: ingestion
+    steps:
+      - {{id: load,    task: load, with: {{paths: [docs, {{type: uploads}}], max_bytes: {MAX_BYTES}}}}}
+      - {{id: convert, task: convert}}
+      - {{id: chunk,   task: chunk, with: {{size: 128, overlap: 8}}}}
+      - {{id: embed,   task: embed}}
+      - {{id: write,   task: index}}
+  search:
+    kind: query
+    steps:
+      - {{id: dense,  task: retrieve_dense, with: {{k: 10}}}}
+      - {{id: sparse, task: retrieve_sparse, with: {{k: 10}}, after: []}}
+      - {{id: fuse,   task: fuse, after: [dense, sparse], with: {{top_k: 5}}}}
+"""
+
+
+def docx_bytes(heading: str, text: str) -> bytes:
+    import docx
+
+    document = docx.Document()
+    document.add_heading(heading, level=1)
+    document.add_paragraph(text)
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+MD = b"# Axolotl husbandry\n\nAxolotls regenerate limbs when kept in cold, clean water.\n"
+PDF = make_pdf(["Quasar spectra show redshifted Lyman alpha forests.", "Second page about blazars."])
+DOCX = docx_bytes("Tardigrade survival", "Tardigrades survive desiccation by producing trehalose glass.")
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "configured.md").write_text("# Configured\n\nA configured note about lichens.\n")
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(PIPELINES)
+    return path
+
+
+@pytest.fixture
+def served(project):
+    with running(api_app(project, token=TOKEN)) as url:
+        yield url
+
+
+def upload(url: str, name: str, data: bytes, headers: dict | None = None, **form) -> httpx.Response:
+    return httpx.post(f"{url}/v1/documents", files={"file": (name, data)}, data={"ingest": "false", **form},
+                      headers={**AUTH, **(headers or {})}, timeout=60)
+
+
+def raw_upload(url: str, filename: bytes, data: bytes) -> httpx.Response:
+    """A multipart body with the file name's bytes as they are (httpx would percent-encode controls)."""
+    boundary = b"rawboundary"
+    body = (b"--" + boundary + b'\r\nContent-Disposition: form-data; name="ingest"\r\n\r\nfalse\r\n'
+            + b"--" + boundary + b'\r\nContent-Disposition: form-data; name="file"; filename="' + filename
+            + b'"\r\nContent-Type: application/octet-stream\r\n\r\n' + data + b"\r\n--" + boundary + b"--\r\n")
+    return httpx.post(f"{url}/v1/documents", content=body, timeout=60,
+                      headers={**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary.decode()}"})
+
+
+def uploads_folder(project: Path) -> Path:
+    return project.parent / ".ragline" / "uploads" / "uploads"
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) if folder.exists() else []
+
+
+def ingest(project: Path):
+    return engine.run(load_project(project).pipeline("index"), orchestrate=False)
+
+
+def listing(url: str, **params) -> list[dict]:
+    response = httpx.get(f"{url}/v1/documents", params=params, headers=AUTH, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["documents"]
+
+
+def test_uploads_are_queued_then_indexed_and_found_and_the_same_bytes_are_unchanged(project, served):
+    created = {name: upload(served, name, data) for name, data in
+               (("axolotl.md", MD), ("quasars.pdf", PDF), ("tardigrades.docx", DOCX))}
+    assert {r.status_code for r in created.values()} == {201}, [r.text for r in created.values()]
+    ids = {name: r.json()["document"]["id"] for name, r in created.items()}
+    assert all(r.json()["document"]["status"] == "queued" for r in created.values())
+    again = upload(served, "copy-of-axolotl.md", MD)
+    assert again.status_code == 200 and again.json()["unchanged"] is True
+    assert again.json()["document"]["id"] == ids["axolotl.md"]
+    assert len(tree(uploads_folder(project))) == 6  # three <id>/<name>: the copy wrote nothing
+
+    report = ingest(project)
+    assert report.added == 4 and report.failed == 0, report.summary()
+    documents = {d["id"]: d for d in listing(served)}
+    assert set(documents) == {*ids.values(), "docs/configured.md"}
+    for name, upload_id in ids.items():
+        document = documents[upload_id]
+        assert (document["status"], document["managed"], document["name"]) == ("indexed", True, name)
+        assert document["chunks"] >= 1 and document["source"] == f"uploads/{upload_id}/{name}"
+    assert documents["docs/configured.md"]["managed"] is False
+
+    for question, name in (("Lyman alpha forests in quasar spectra", "quasars.pdf"),
+                           ("How do tardigrades survive desiccation?", "tardigrades.docx"),
+                           ("axolotl limb regeneration", "axolotl.md")):
+        passages = httpx.post(f"{served}/v1/query", json={"pipeline": "search", "question": question},
+                              headers=AUTH, timeout=60).json()["passages"]
+        assert passages[0]["source_id"] == f"uploads/{ids[name]}/{name}", passages[0]
+
+    assert upload(served, "axolotl.md", MD).json()["unchanged"] is True
+    assert ingest(project).unchanged == 4  # nothing re-indexed
+    one = httpx.get(f"{served}/v1/documents/{ids['quasars.pdf']}", headers=AUTH, timeout=30).json()
+    assert one == documents[ids["quasars.pdf"]]
+
+
+def test_the_list_is_paged_by_cursor(project, served):
+    for n in range(5):
+        assert upload(served, f"note{n}.md", f"# Note {n}\n\nText {n}.\n".encode()).status_code == 201
+    seen, cursor = [], None
+    while True:
+        page = httpx.get(f"{served}/v1/documents", params={"limit": 2, **({"cursor": cursor} if cursor else {})},
+                         headers=AUTH, timeout=30).json()
+        assert len(page["documents"]) <= 2
+        seen += [d["id"] for d in page["documents"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert len(seen) == 5 and seen == sorted(seen)
+    bad = httpx.get(f"{served}/v1/documents", params={"cursor": "garbage!"}, headers=AUTH, timeout=30)
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "cursor"
+
+
+@pytest.mark.parametrize("given, stored", [
+    ("../../../etc/evil.md", "evil.md"),
+    ("..\\..\\windows\\evil.md", "evil.md"),
+    ("/abs/path/report.md", "report.md"),
+    ("\x1b[31mred\x07\x7f\u202e.md", "[31mred.md"),  # ESC, BEL, DEL, right-to-left override
+    ("...hidden.md", "hidden.md"),
+    ("list#1.md", "list_1.md"),
+])
+def test_client_file_names_stay_inside_the_folder(project, served, given, stored):
+    response = raw_upload(served, given.encode(), b"# Title\n\nSome body text.\n")
+    assert response.status_code == 201, response.text
+    document = response.json()["document"]
+    assert document["name"] == stored
+    assert tree(uploads_folder(project)) == [document["id"], f"{document['id']}/{stored}"]
+    assert not (project.parent.parent / "etc").exists()
+
+
+def test_a_name_with_nothing_usable_is_refused_naming_the_field(served):
+    response = upload(served, "../..", b"# x\n\ny\n")
+    assert response.status_code in (415, 422) and response.json()["error"]["param"] == "file"
+
+
+def test_the_same_name_with_other_bytes_is_another_document(project, served):
+    first = upload(served, "report.md", b"# One\n\nfirst\n").json()["document"]
+    second = upload(served, "report.md", b"# Two\n\nsecond\n").json()["document"]
+    assert first["id"] != second["id"]
+    folder = uploads_folder(project)
+    assert (folder / first["id"] / "report.md").read_bytes() == b"# One\n\nfirst\n"
+    assert (folder / second["id"] / "report.md").read_bytes() == b"# Two\n\nsecond\n"
+
+
+def test_limits_on_size_and_type_name_the_field(project, served):
+    big = upload(served, "big.md", b"x" * (MAX_BYTES + 1))
+    assert big.status_code == 413 and big.json()["error"]["param"] == "file", big.text
+    assert str(MAX_BYTES) in big.json()["error"]["message"]
+    huge = upload(served, "huge.md", b"x" * (MAX_BYTES * 2))  # beyond the body limit: refused before the route
+    assert huge.status_code == 413
+    for name in ("tool.exe", "README", "archive.tar.gz"):
+        wrong = upload(served, name, b"MZ\x90\x00")
+        assert wrong.status_code == 415 and wrong.json()["error"]["param"] == "file", wrong.text
+        assert ".docx" in wrong.json()["error"]["message"]
+    missing = httpx.post(f"{served}/v1/documents", data={"pipeline": "index"}, headers=AUTH, timeout=30)
+    assert missing.status_code == 422 and missing.json()["error"]["param"] == "file", missing.text
+    wrong_pipeline = upload(served, "a.md", b"# a\n\nb\n", pipeline="search")
+    assert wrong_pipeline.status_code == 404 and wrong_pipeline.json()["error"]["param"] == "pipeline"
+    assert tree(uploads_folder(project)) == []  # nothing stored, no staging folder left behind
+
+
+def test_writes_need_the_token(served):
+    response = httpx.post(f"{served}/v1/documents", files={"file": ("a.md", b"# a\n\nb\n")}, timeout=30)
+    assert response.status_code == 401
+    assert httpx.delete(f"{served}/v1/documents/{'0' * 32}", timeout=30).status_code == 401
+
+
+def test_idempotency_key_replays_the_answer_and_refuses_another_body(project, served):
+    key = {"Idempotency-Key": "upload-42"}
+    first = upload(served, "key.md", b"# Key\n\nkeyed text\n", headers=key)
+    replay = upload(served, "key.md", b"# Key\n\nkeyed text\n", headers=key)
+    assert first.status_code == replay.status_code == 201
+    assert first.json() == replay.json() and replay.headers.get("idempotent-replayed") == "true"
+    other = upload(served, "key.md", b"# Key\n\nother text\n", headers=key)
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
+    assert len(tree(uploads_folder(project))) == 2  # the refused body stored nothing
+
+
+def test_deleting_a_configured_document_is_refused(project, served):
+    ingest(project)
+    response = httpx.delete(f"{served}/v1/documents/docs/configured.md", headers=AUTH, timeout=30)
+    assert response.status_code == 409 and response.json()["error"]["code"] == "not_managed", response.text
+    assert (project.parent / "docs" / "configured.md").exists()
+    missing = httpx.delete(f"{served}/v1/documents/{'a' * 32}", headers=AUTH, timeout=30)
+    assert missing.status_code == 404
+
+
+def test_a_failed_upload_shows_its_reason(project, served):
+    bad = upload(served, "broken.pdf", b"%PDF-1.4 this is not a pdf").json()["document"]
+    ingest(project)
+    document = httpx.get(f"{served}/v1/documents/{bad['id']}", headers=AUTH, timeout=30).json()
+    assert document["status"] == "failed" and document["reason"], document
+
+
+def test_an_upload_cut_mid_body_leaves_nothing(project, served):
+    host, port = served.removeprefix("http://").split(":")
+    boundary = "cutcutcut"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"cut.md\"\r\n"
+            f"Content-Type: text/markdown\r\n\r\n").encode()
+    body = head + b"# Cut\n\n" + b"words " * 20_000 + f"\r\n--{boundary}--\r\n".encode()
+    request = (f"POST /v1/documents HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+               f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(request + body[: len(body) // 2])
+        time.sleep(0.5)
+    time.sleep(0.5)
+    assert tree(uploads_folder(project)) == []
+    assert listing(served) == []
+    ingest(project)
+    assert [d["id"] for d in listing(served)] == ["docs/configured.md"]
+    whole = upload(served, "cut.md", body[len(head):-len(f"\r\n--{boundary}--\r\n")])
+    assert whole.status_code == 201  # the server is fine and the same file uploads whole
