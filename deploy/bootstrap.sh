@@ -25,8 +25,11 @@ fi
 # pdftotext, which bench/pdf_pages.py compares the PDF text with.
 if ! command -v tesseract >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends tesseract-ocr \
-    tesseract-ocr-eng poppler-utils >/dev/null 2>&1 \
+  ocr_packages="tesseract-ocr tesseract-ocr-eng poppler-utils"
+  { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $ocr_packages \
+      >/dev/null 2>&1 \
+    || { $sudo apt-get update -q >/dev/null 2>&1 && $sudo env DEBIAN_FRONTEND=noninteractive \
+         apt-get install -y -q --no-install-recommends $ocr_packages >/dev/null 2>&1; }; } \
     || echo "note: tesseract-ocr not installed; scanned pages and images are reported, not read" >&2
 fi
 stamp=.venv/.ragline-installed
