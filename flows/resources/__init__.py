@@ -17,12 +17,12 @@ import functools
 import logging
 import sys
 import threading
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Union
 
 from pydantic import Field, GetCoreSchemaHandler
 
+from ragline.flows.plugins import registered_types
 from ragline.flows.resources.base import Health, Resource
 
 log = logging.getLogger("ragline.resources")
@@ -34,19 +34,7 @@ def resource_types() -> dict[str, type[Resource]]:
     """Every registered resource type by its pipelines.yaml ``type:`` name, read from the entry
     points on first use (not at import: a type's module imports ``resources.base``, which runs this
     package first)."""
-    found: dict[str, type[Resource]] = {}
-    for entry in entry_points(group=GROUP):
-        cls = entry.load()
-        if not (isinstance(cls, type) and issubclass(cls, Resource)):
-            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) is not a Resource subclass")
-        if cls.type_name() != entry.name:
-            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) names a resource whose spec "
-                            f"says type '{cls.type_name()}': use that name for the entry point")
-        found.setdefault(entry.name, cls)
-    if not found:
-        raise RuntimeError(f"no resource types are registered in the entry-point group {GROUP}: reinstall "
-                           f"ragline (pip install -e .) so its entry points are recorded")
-    return found
+    return registered_types(GROUP, Resource, "resource")
 
 
 class ResourceSpec:

@@ -10,10 +10,11 @@ Sits at the resources layer: may import the base modules only; ``tasks.load`` im
 from __future__ import annotations
 
 import functools
-from importlib.metadata import entry_points
 from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, GetCoreSchemaHandler, Tag
+
+from ragline.flows.plugins import registered_types
 from ragline.flows.sources.base import (
     DocumentSource,
     Fetched,
@@ -32,17 +33,9 @@ __all__ = ["GROUP", "Fetched", "Item", "ItemCache", "Listing", "DocumentSource",
 @functools.cache
 def source_types() -> dict[str, type[DocumentSource]]:
     """Every registered source type by its ``type:`` name, read from the entry points on first use."""
-    found: dict[str, type[DocumentSource]] = {}
-    for entry in entry_points(group=GROUP):
-        cls = entry.load()
-        if not (isinstance(cls, type) and issubclass(cls, DocumentSource)):
-            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) is not a DocumentSource subclass")
-        if cls.type_name() != entry.name:
-            raise TypeError(f"entry point {entry.name} = {entry.value} ({GROUP}) names a source whose spec says "
-                            f"type '{cls.type_name()}': use that name for the entry point")
-        found.setdefault(entry.name, cls)
+    found = registered_types(GROUP, DocumentSource, "source")
     if "local" not in found:
-        raise RuntimeError(f"no source types are registered in the entry-point group {GROUP}: reinstall ragline "
+        raise RuntimeError(f"the built-in source type 'local' is not registered in {GROUP}: reinstall ragline "
                            f"(pip install -e .) so its entry points are recorded")
     return found
 
