@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import re
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from ragline.flows.sources.base import (
     DocumentSource,
     Fetched,
@@ -28,6 +29,7 @@ from ragline.flows.sources.local import NonEmpty, http_url, relative_name
 SECRET_OPTION = re.compile(r"(?:^|_)(?:key|secret|password|passwd|token|credentials?|sas|sig|signature)(?:$|_)", re.I)
 SIGNAL_FIELDS = ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash", "content_md5", "checksum")
 MTIME_FIELDS = ("LastModified", "last_modified", "mtime", "updated", "modified")
+HTTP_SCHEMES = ("http", "https")
 
 
 class FsspecSpec(BaseModel):
@@ -44,6 +46,9 @@ class FsspecSpec(BaseModel):
                                                     "(endpoint_url, region_name, anon, ...)")
     secrets: dict[str, NonEmpty] = Field({}, description="storage option -> name of the environment variable "
                                                          "holding it (key, secret, token, password, ...)")
+    manifest: NonEmpty | None = Field(None, description="http(s):// prefixes only (HTTP cannot list a folder): "
+                                                        "a file below `url` naming one key per line; the listing "
+                                                        "is the manifest, so a key taken out of it is deleted")
 
     @field_validator("url")
     @classmethod
@@ -84,6 +89,18 @@ class FsspecSpec(BaseModel):
     def _http_url(cls, value: str | None) -> str | None:
         return http_url(value)
 
+
+    @model_validator(mode="after")
+    def _manifest_for_http(self) -> FsspecSpec:
+        web = urlsplit(self.url).scheme.lower() in HTTP_SCHEMES
+        if web and self.manifest is None:
+            raise ValueError("an http(s):// prefix cannot be listed: name a `manifest` file below it (one key per "
+                             "line), or crawl the site with `type: web`")
+        if self.manifest is not None and not web:
+            raise ValueError("`manifest` is for http(s):// prefixes; other stores list their objects themselves")
+        if self.manifest is not None and not _safe_key(self.manifest):
+            raise ValueError(f"manifest {self.manifest!r} must be a path below `url` (no '..', query or scheme)")
+        return self
 
     def __str__(self) -> str:
         return self.url
@@ -141,6 +158,8 @@ class FsspecSource(DocumentSource):
         return self.filesystem()._strip_protocol(self.spec.url).rstrip("/")
 
     def list(self, cache: ItemCache, wanted: Callable[[str], bool]) -> Listing:
+        if self.spec.manifest is not None:
+            return self._manifest_listing(wanted)
         try:
             root = self._root()
             found = self.filesystem().find(root, detail=True)
@@ -157,6 +176,37 @@ class FsspecSource(DocumentSource):
         if not found:  # a prefix cannot be told from a typo of one: like a missing folder, it deletes nothing
             return Listing(complete=False, reason=f"no objects under {self.location}")
         return Listing(items)
+
+    def _manifest_listing(self, wanted: Callable[[str], bool]) -> Listing:
+        """The keys the manifest names, each with its headers' change signal (one HEAD each). An
+        unreadable manifest is an incomplete listing; a named key that cannot be reached is that
+        item's failure (its indexed chunks kept); a key outside the prefix is refused, never fetched."""
+        root = self._root()
+        manifest = f"{root}/{self.spec.manifest.lstrip('/')}"
+        try:
+            text = self.filesystem().cat_file(manifest, start=0, end=self.max_bytes + 1).decode("utf-8")
+        except Exception as exc:  # noqa: BLE001 - any failure to read it leaves the listing incomplete
+            return Listing(complete=False, reason=self.scrub(f"cannot read the manifest {manifest}: "
+                                                             f"{type(exc).__name__}: {exc}"))
+        items: list[Item] = []
+        failed: list[tuple[str, str, bool]] = []
+        for key in dict.fromkeys(line.strip() for line in text.splitlines()):
+            if not key or key.startswith("#"):
+                continue
+            if not _safe_key(key):  # reported even when `include` would skip it: a manifest that reaches out
+                failed.append((key, "a manifest entry must be a path below the prefix (no '..', query or scheme)",
+                               True))
+                continue
+            if not wanted(key):
+                continue
+            try:
+                info = self.filesystem().info(f"{root}/{key}")
+            except Exception as exc:  # noqa: BLE001 - 404, refused, timed out: this item only
+                failed.append((key, self.scrub(f"named in the manifest but unreadable: {type(exc).__name__}: "
+                                               f"{exc}"), False))
+                continue
+            items.append(Item(key=key, signal=_signal(info), size=info.get("size"), modified=_mtime(info)))
+        return Listing(items, failed=failed)
 
     def fetch(self, item: Item) -> Fetched:
         if item.size is not None and item.size > self.max_bytes:
@@ -179,6 +229,13 @@ class FsspecSource(DocumentSource):
         return None
 
 
+def _safe_key(key: str) -> bool:
+    """A relative path that stays below the prefix once a server normalises it."""
+    parts = urlsplit(key)
+    return not (parts.scheme or parts.netloc or parts.query or parts.fragment or key.startswith("/")
+                or ".." in key.replace("\\", "/").split("/") or any(ord(c) < 32 for c in key))
+
+
 def _signal(info: dict[str, Any]) -> str | None:
     """The backend's own version marker (ETag, object version, generation), else size and mtime."""
     for name in SIGNAL_FIELDS:
@@ -188,6 +245,14 @@ def _signal(info: dict[str, Any]) -> str | None:
     return f"size:{info.get('size')}:{mtime}" if mtime is not None and info.get("size") is not None else None
 
 
+def _http_date(value: str) -> float | None:
+    """A Last-Modified header as a timestamp (an HTTP server's mtime), or None when malformed."""
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
 def _mtime(info: dict[str, Any]) -> float | None:
     for name in MTIME_FIELDS:
         value = info.get(name)
@@ -195,4 +260,4 @@ def _mtime(info: dict[str, Any]) -> float | None:
             return value.timestamp()
         if isinstance(value, (int, float)):
             return float(value)
-    return None
+    return _http_date(info["Last-Modified"]) if isinstance(info.get("Last-Modified"), str) else None
