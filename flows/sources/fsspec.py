@@ -24,7 +24,7 @@ from ragline.flows.sources.base import (
     Listing,
     SourceError,
 )
-from ragline.flows.sources.local import NonEmpty, http_url, relative_name
+from ragline.flows.sources.local import NonEmpty, PublicUrl, RootName
 
 SECRET_OPTION = re.compile(r"(?:^|_)(?:key|secret|password|passwd|token|credentials?|sas|sig|signature)(?:$|_)", re.I)
 SIGNAL_FIELDS = ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash", "content_md5", "checksum")
@@ -39,9 +39,9 @@ class FsspecSpec(BaseModel):
 
     type: Literal["fsspec"]
     url: NonEmpty = Field(..., description="prefix to list recursively, e.g. s3://bucket/docs/")
-    name: NonEmpty | None = Field(None, description="what its sources are identified by: '<name>/<key below the "
+    name: RootName | None = Field(None, description="what its sources are identified by: '<name>/<key below the "
                                                     "prefix>' (default: the URL itself)")
-    url_prefix: NonEmpty | None = Field(None, description="public http(s) URL a source links to, followed by its key")
+    url_prefix: PublicUrl | None = Field(None, description="public http(s) URL a source links to, followed by its key")
     options: dict[str, Any] = Field({}, description="storage options of the backend that are not secrets "
                                                     "(endpoint_url, region_name, anon, ...)")
     secrets: dict[str, NonEmpty] = Field({}, description="storage option -> name of the environment variable "
@@ -79,15 +79,6 @@ class FsspecSpec(BaseModel):
                 raise ValueError(f"secrets.{option} must name an environment variable (letters, digits, '_')")
         return value
 
-    @field_validator("name")
-    @classmethod
-    def _relative_name(cls, value: str | None) -> str | None:
-        return relative_name(value)
-
-    @field_validator("url_prefix")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        return http_url(value)
 
 
     @model_validator(mode="after")

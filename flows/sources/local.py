@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     Field,
     StringConstraints,
-    field_validator,
     model_validator,
 )
 from ragline.flows.sources.base import (
@@ -47,6 +47,11 @@ def http_url(value: str | None) -> str | None:
     return value
 
 
+# the ``name`` and ``url_prefix`` every root type may have, checked the same way
+RootName = Annotated[NonEmpty, AfterValidator(relative_name)]
+PublicUrl = Annotated[NonEmpty, AfterValidator(http_url)]
+
+
 class Root(BaseModel):
     """A source root with options: how its sources are named, linked and whether links may leave it."""
 
@@ -54,10 +59,10 @@ class Root(BaseModel):
 
     type: Literal["local"] = "local"
     path: NonEmpty = Field(..., description="folder (walked recursively), file or glob pattern")
-    name: NonEmpty | None = Field(None, description="what its sources are identified and shown by: '<name>/<path "
+    name: RootName | None = Field(None, description="what its sources are identified and shown by: '<name>/<path "
                                                     "below the root>' (default: the path relative to the "
                                                     "pipelines file's folder, or the folder's own name outside it)")
-    url_prefix: NonEmpty | None = Field(None, description="public URL of the root: a source links to this followed "
+    url_prefix: PublicUrl | None = Field(None, description="public URL of the root: a source links to this followed "
                                                           "by its path below the root")
     follow_links: bool | None = Field(None, description="index symbolic links that lead outside every root "
                                                         "(default: the step's follow_links)")
@@ -68,15 +73,6 @@ class Root(BaseModel):
         """A root given as a plain string is its path."""
         return {"path": value} if isinstance(value, str) else value
 
-    @field_validator("name")
-    @classmethod
-    def _relative_name(cls, value: str | None) -> str | None:
-        return relative_name(value)
-
-    @field_validator("url_prefix")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        return http_url(value)
 
     def __str__(self) -> str:  # where a plain list of paths is shown
         return self.path

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, BinaryIO, Literal
 
-from pydantic import BaseModel, Field, StringConstraints, field_validator
+from pydantic import BaseModel, Field, StringConstraints
 from ragline.flows.sources.base import (
     DocumentSource,
     Fetched,
@@ -38,7 +38,7 @@ from ragline.flows.sources.base import (
     Listing,
     SourceError,
 )
-from ragline.flows.sources.local import read_file, relative_name
+from ragline.flows.sources.local import RootName, read_file
 
 ID_LENGTH = 32  # hex digits of the SHA-256: 128 bits
 ID = re.compile(rf"^[0-9a-f]{{{ID_LENGTH}}}$")
@@ -52,16 +52,12 @@ class UploadsSpec(BaseModel):
     model_config = {"extra": "forbid"}
 
     type: Literal["uploads"]
-    name: Annotated[str, StringConstraints(min_length=1)] = Field(
+    name: RootName = Field(
         "uploads", description="what its sources are identified by: '<name>/<id>/<file name>'")
     path: Annotated[str, StringConstraints(min_length=1)] | None = Field(
         None, description="the managed folder, relative to the pipelines file's folder "
                           "(default: .ragline/uploads/<name>)")
 
-    @field_validator("name")
-    @classmethod
-    def _relative_name(cls, value: str) -> str:
-        return relative_name(value)  # type: ignore[return-value]
 
 
 def folder_of(spec: UploadsSpec, base_dir: str | Path) -> Path:

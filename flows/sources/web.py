@@ -27,7 +27,7 @@ from ragline.flows.sources.base import (
     Listing,
     SourceError,
 )
-from ragline.flows.sources.local import NonEmpty, relative_name
+from ragline.flows.sources.local import NonEmpty, RootName
 
 PAGE_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf")
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -46,7 +46,7 @@ class WebSpec(BaseModel):
     type: Literal["web"]
     start: list[NonEmpty] = Field([], description="URLs the crawl starts from (one origin)")
     sitemap: NonEmpty | None = Field(None, description="a sitemap.xml whose pages are crawled (same origin)")
-    name: NonEmpty | None = Field(None, description="sources are '<name>/<path>' (default: their canonical URL)")
+    name: RootName | None = Field(None, description="sources are '<name>/<path>' (default: their canonical URL)")
     max_depth: int = Field(3, ge=0, le=100, description="links followed from a start page")
     max_pages: int = Field(1000, ge=1, le=1_000_000, description="pages fetched at most; reaching it makes the "
                                                                  "crawl incomplete (nothing deleted)")
@@ -67,11 +67,6 @@ class WebSpec(BaseModel):
     @classmethod
     def _http_sitemap(cls, value: str | None) -> str | None:
         return _check_http(value) if value else value
-
-    @field_validator("name")
-    @classmethod
-    def _relative_name(cls, value: str | None) -> str | None:
-        return relative_name(value)
 
     @model_validator(mode="after")
     def _one_origin(self) -> WebSpec:

@@ -3,7 +3,9 @@ lets an unchanged item skip its download."""
 from __future__ import annotations
 
 import pytest
-from ragline.flows.sources import DocumentSource, Fetched, Item, ItemCache, source_types
+from pydantic import TypeAdapter, ValidationError
+
+from ragline.flows.sources import DocumentSource, Fetched, Item, ItemCache, SourceSpec, source_types
 from ragline.flows.spec.compile import validate_file
 
 from tests.helpers.data import BASE_RESOURCES
@@ -102,3 +104,20 @@ def test_a_cache_that_cannot_be_written_costs_downloads_not_the_run(tmp_path):
     cache.keep(Item("a.md", "v1"), Fetched(b"# A"), "v1")
     cache.save(complete=True)
     assert ItemCache(tmp_path / "file" / "sources").hit(Item("a.md", "v1")) is None
+
+
+@pytest.mark.parametrize("root", [
+    {"path": "docs"},
+    {"type": "fsspec", "url": "s3://bucket/docs/"},
+    {"type": "web", "start": ["https://docs.example.org/"]},
+    {"type": "uploads"},
+])
+def test_every_root_type_checks_its_name_and_link_prefix_the_same_way(root):
+    adapter = TypeAdapter(SourceSpec)
+    assert adapter.validate_python({**root, "name": "/team/handbook/"}).name == "team/handbook"
+    for bad in ("../outside", "a#b", "a\x07b"):
+        with pytest.raises(ValidationError, match="must be a relative name without"):
+            adapter.validate_python({**root, "name": bad})
+    if root.get("type") in (None, "fsspec"):
+        with pytest.raises(ValidationError, match="must be an http:// or https:// URL"):
+            adapter.validate_python({**root, "url_prefix": "javascript:alert(1)"})
