@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows import failpoints
+from ragline.flows.files import write_atomic
 from ragline.flows.resources.filters import matches
 from ragline.flows.resources.base import Health, Resource
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
@@ -387,10 +388,4 @@ def _mtime(path: Path) -> float:
 
 def _write_json(path: Path, data: Any) -> None:
     """Write to a temporary file, then rename over ``path``; a failed write leaves neither half."""
-    tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(data))

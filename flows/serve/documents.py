@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -40,6 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ragline.flows import formats
 from ragline.flows.contracts import PipelineKind
+from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_service import ERRORS, ApiError
 from ragline.flows.serve.runs import _Runs
@@ -272,11 +272,7 @@ class _Keys:
             return None
 
     def put(self, key: str, request: str, status: int, body: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
-        with os.fdopen(fd, "w") as out:
-            json.dump({"request": request, "status": status, "body": body}, out)
-        os.replace(tmp, self._path(key))
+        write_atomic(self._path(key), json.dumps({"request": request, "status": status, "body": body}))
 
 
 # ----------------------------------------------------------------------------- the router

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any, Callable, ClassVar, get_args
 
 from pydantic import BaseModel
 from ragline.flows.errors import RaglineError
+from ragline.flows.files import write_atomic
 
 
 class SourceError(RaglineError, OSError):
@@ -166,7 +165,7 @@ class ItemCache:
         path = self.folder / "blobs" / blob
         try:
             if not path.exists():
-                _atomic_write(path, fetched.data)
+                write_atomic(path, fetched.data)
         except OSError:  # a read-only or full disk: the item is simply downloaded again next time
             return
         self._kept[item.key] = {"signal": signal, "blob": blob, "modified": fetched.modified,
@@ -182,7 +181,7 @@ class ItemCache:
         after an incomplete one everything old is kept too."""
         index = dict(self._kept) if complete else {**self._index, **self._kept}
         try:
-            _atomic_write(self.folder / "index.json", json.dumps(index, sort_keys=True).encode())
+            write_atomic(self.folder / "index.json", json.dumps(index, sort_keys=True))
             if complete:
                 used = {e["blob"] for e in index.values()}
                 for blob in (self.folder / "blobs").glob("*"):
@@ -199,13 +198,3 @@ def cache_folder(base_dir: str, location: str) -> Path:
     return Path(base_dir, ".ragline", "sources", digest)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
