@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ragline.flows import telemetry
+from ragline.flows.files import write_atomic
 from ragline.flows.spec.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query, StepResult
@@ -145,10 +145,7 @@ def pin_file(file: str | Path, data_dir: str | Path | None = None) -> Path:
     digest = hashlib.sha256(text).hexdigest()[:16]
     pinned = served_copy(path, data_dir, digest)
     if not pinned.is_file() or digest_of(pinned) != digest:
-        pinned.parent.mkdir(parents=True, exist_ok=True)
-        partial = pinned.with_name(f".{pinned.name}.{os.getpid()}.partial")
-        partial.write_bytes(text)
-        os.replace(partial, pinned)
+        write_atomic(pinned, text)
     return pinned
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragline.flows.files import write_atomic
 from ragline.flows.net import is_loopback
 from ragline.flows.processes import same_process, start_time
 
@@ -69,10 +70,7 @@ def published(project, host: str, port: int, token: str | None, data_dir: str | 
             "digest": digest_of(project.path), "overlay": str(overlay) if overlay else None,
             "overlay_digest": digest_of(overlay), "token": bool(token)}
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(info))
-        os.replace(partial, target)
+        write_atomic(target, json.dumps(info))
     except OSError:  # a read-only data folder: the API serves, the CLI runs in-process
         yield None
         return

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ragline.flows import settings
+from ragline.flows.files import write_atomic
 from ragline.flows.spec.parse import LocatedYaml, SpecError, SpecValidationError, pydantic_message
 from ragline.flows.resources import ResourceSpec
 
@@ -318,8 +318,4 @@ def _write(path: Path, plain: "Project", document: dict[str, Any]) -> Path:
               f"# command applies it on top of {plain.path.name}, which is never written. `ragline validate` shows\n"
               f"# what it changes; --no-tuned or {ENV}=0 ignores it; delete it to go back to {plain.path.name}.\n")
     text = header + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=160, allow_unicode=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, text)
