@@ -17,6 +17,24 @@ from tests.helpers.data import (BASE_RESOURCES, DATA, INDEX_AND_SEARCH, REPO, SC
 # unless it asks for it (tests/fake_vllm.py, RAGLINE_VLLM_DEPLOY, RAGLINE_START_LLM unset for its child).
 os.environ.setdefault("RAGLINE_START_LLM", "0")
 
+SHARED_SESSION_SERVERS = {"vllm_server": "vllm"}  # session fixtures too costly to start on two workers
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's test command) a module runs on one
+    worker, so its module-scoped servers start once; every test that uses the real vLLM runs on the
+    same worker, so the session's one vLLM server (~3 min to start on CPU) starts once."""
+    groups = {}
+    for item in items:
+        shared = [group for fixture, group in SHARED_SESSION_SERVERS.items() if fixture in item.fixturenames]
+        groups[item.nodeid] = shared[0] if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # longest first (workers take the next module as they finish one; `--no-loadscope-reorder`
+        # keeps this order): the vLLM group, then the integration modules, the quick modules last
+        items.sort(key=lambda item: 0 if groups[item.nodeid] in SHARED_SESSION_SERVERS.values() else
+                   1 if item.get_closest_marker("integration") else 2)
+
 
 @pytest.fixture
 def make_project(tmp_path):
