@@ -54,7 +54,8 @@ class RaglineSettings(BaseSettings):
     allow_modules: Names = Field(default_factory=list, description="modules user stages may come from, "
                                  "comma-separated (adds to `[tool.ragline] allow_modules` of pyproject.toml)")
     api_token: str | None = Field(None, repr=False, description="the bearer token of `ragline api` and "
-                                                               "`ragline serve` (required off loopback)")
+                                                               "`ragline serve`, admin on every collection "
+                                                               "(off loopback: it, API keys or an OIDC issuer)")
     oidc_issuer: str | None = Field(None, description="accept OIDC/JWT bearer tokens of this issuer (`iss`) on the "
                                                       "API, beside API keys (`ragline keys`); unset: no JWTs")
     oidc_audience: str | None = Field(None, description="the `aud` a JWT must carry (required with the issuer)")

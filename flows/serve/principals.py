@@ -47,15 +47,22 @@ class Principal:
     name: str = ""
 
     def may(self, scope: str, collections: Iterable[str] = ()) -> bool:
-        return not self.missing(scope, collections)
+        return self.missing(scope, collections) is None
 
-    def missing(self, scope: str, collections: Iterable[str] = ()) -> list[str]:
-        """What ``scope`` on ``collections`` lacks: ``["scope"]`` or the collections not granted."""
+    def missing(self, scope: str, collections: Iterable[str] = ()) -> str | None:
+        """What ``scope`` on ``collections`` lacks, in words (None: nothing): the scope on all of
+        them, or the scope on the collections not granted."""
+        wanted = sorted(set(collections))
         if scope not in self.scopes and "admin" not in self.scopes:
-            return [f"scope '{scope}'"]
-        if ALL in self.collections:
-            return []
-        return [f"collection '{c}'" for c in sorted(set(collections)) if c not in self.collections]
+            lacking = wanted
+        elif ALL in self.collections:
+            return None
+        else:
+            lacking = [c for c in wanted if c not in self.collections]
+            if not lacking:
+                return None
+        on = f" on collection{'s' if len(lacking) > 1 else ''} {', '.join(repr(c) for c in lacking)}" if lacking else ""
+        return f"scope '{scope}'{on}"
 
 
 LOCAL = Principal(id="local", kind="local", scopes=frozenset({"admin"}), collections=frozenset({ALL}))
@@ -96,8 +103,8 @@ def require(request: Any, scope: str, pipeline: Any) -> Principal:
     principal = principal_of(request)
     missing = principal.missing(scope, collections_of(pipeline))
     if missing:
-        raise ApiError(403, f"forbidden: this credential lacks {' and '.join(missing)} needed to {scope} with "
-                            f"pipeline '{pipeline.name}'", "permission_error", code="forbidden")
+        raise ApiError(403, f"forbidden: this credential lacks {missing} (pipeline '{pipeline.name}')",
+                       "permission_error", code="forbidden")
     return principal
 
 
