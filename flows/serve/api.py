@@ -13,8 +13,10 @@ on a pool of driver threads, never on the event loop; streamed tokens cross from
 step's thread to the loop through ``call_soon_threadsafe`` into an ``asyncio.Queue``.
 
 One ASGI guard in front of every route gives each request an id (``X-Request-ID``), serves only
-loopback ``Host`` names and ``Origin``s when there is no token (DNS rebinding, ``api_checks``),
-checks the bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
+loopback ``Host`` names and ``Origin``s when no credential is configured (DNS rebinding, ``api_checks``),
+turns the bearer credential (the token, an API key, an OIDC JWT) into the request's ``Principal``
+(``principals``; 401 on ``/v1``, ``/docs`` and private ``/metrics`` without one, before the body is
+read; each route then checks its scope on its pipeline's collections, 403 ``forbidden``), buffers the body up to
 ``max_body_bytes`` (413 beyond it, chunked bodies included), refuses a JSON body no field can take
 (invalid UTF-8, nested too deep, NaN, numbers beyond 64 bits, lone surrogates: a 4xx naming the
 field) and turns any unexpected exception into a generic 500 naming the request id (the traceback
@@ -307,8 +309,8 @@ class Guard:
             return await _reply(send, ApiError(403, refusal[1], code=refusal[0]))
         protected = any(_under(scope["path"], p) for p in self.protected) and scope["method"] != "OPTIONS"
         if principal is None and protected:
-            why = f"{verdict.refusal}: " if verdict.refusal else "missing or wrong bearer token "
-            return await _reply(send, ApiError(401, f"{why}(send `Authorization: Bearer <API key or token>`)",
+            why = verdict.refusal or "missing or wrong bearer token"
+            return await _reply(send, ApiError(401, f"{why} (send `Authorization: Bearer <API key or token>`)",
                                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
         if protected and any(_under(scope["path"], p) for p in self.admin_only) and not principal.may("admin"):
             return await _reply(send, ApiError(403, f"forbidden: this credential lacks scope 'admin' needed to read "

@@ -165,7 +165,7 @@ class Authenticator:
                 return Verdict(None, str(exc))
             return Verdict(Principal(id=f"jwt:{identity.subject}", kind="jwt", scopes=identity.scopes,
                                      collections=identity.collections, groups=identity.groups))
-        return Verdict(None, "wrong bearer token")
+        return Verdict(None)  # the same 401 as no credential: nothing told about what was sent
 
 
 def _bearer(headers: list[tuple[bytes, bytes]]) -> str:

@@ -3,6 +3,7 @@ by the CLI's store while the server runs, every route checked."""
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 
 import httpx
@@ -189,3 +190,30 @@ def test_a_run_is_seen_only_by_keys_that_may_read_its_collections(served, keys, 
     assert status.status_code == 200 and status.json()["pipeline"] == "index_b", status.text
     hidden = httpx.get(f"{served}/v1/runs/{run['id']}", headers=bearer(keys["alpha"]), timeout=30)
     assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "run_not_found"
+
+
+def test_an_oidc_token_is_a_principal_with_its_claims(project, keys, monkeypatch, tmp_path):
+    """A JWT signed by a key made here, its JWKS in a file; scoped to alpha by its claims."""
+    import time
+
+    from joserfc import jwt
+    from joserfc.jwk import KeySet, RSAKey
+
+    key = RSAKey.generate_key(2048, parameters={"kid": "k1"})
+    (tmp_path / "jwks.json").write_text(json.dumps(KeySet([key]).as_dict(private=False)))
+    for name, value in {"ISSUER": "https://idp.example", "AUDIENCE": "ragline", "JWKS_FILE": str(tmp_path / "jwks.json"),
+                        "SCOPE_MAP": '{"rag.read": ["query"]}'}.items():
+        monkeypatch.setenv(f"RAGLINE_OIDC_{name}", value)
+    now = int(time.time())
+
+    def token(**claims) -> str:
+        body = {"iss": "https://idp.example", "aud": "ragline", "sub": "alice", "exp": now + 300,
+                "scope": "rag.read", "ragline_collections": ["alpha"], **claims}
+        return jwt.encode({"alg": "RS256", "kid": "k1"}, body, key)
+
+    with running(api_app(project)) as url:
+        assert query(url, token(), "search_a").status_code == 200
+        forbidden(query(url, token(), "search_b"), "'beta'")
+        refused(query(url, token(exp=now - 600), "search_a"), "expired")
+        refused(query(url, token(aud="other"), "search_a"), "aud")
+        assert query(url, keys["alpha"], "search_a").status_code == 200  # keys still work beside it
