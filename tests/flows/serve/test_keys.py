@@ -105,3 +105,22 @@ def test_two_processes_creating_at_once_lose_no_key(store):
     assert [w.wait(120) for w in writers] == [0, 0]
     names = {k.name for k in store.list()}
     assert len(names) == 50 and {"a-24", "b-24"} <= names
+
+
+def test_the_cli_prints_a_key_once_and_lists_without_secrets(tmp_path, capsys):
+    from ragline.flows.cli import main
+
+    file = tmp_path / "pipelines.yaml"
+    args = ["keys", "-f", str(file)]
+    assert main([*args, "create", "--name", "bot", "--scope", "query", "--scope", "upload", "--collection", "alpha",
+                 "--group", "hr", "--expires", "30d"]) == 0
+    key = capsys.readouterr().out.strip()
+    record = KeyStore(keys_file(tmp_path)).authenticate(key)
+    assert record.scopes == ["query", "upload"] and record.groups == ["hr"]
+    assert main([*args, "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [row["status"] for row in listed] == ["active"] and key.split("_", 2)[2] not in json.dumps(listed)
+    assert main([*args, "rotate", record.id]) == 0
+    assert capsys.readouterr().out.strip() != key
+    assert main([*args, "revoke", record.id]) == 0 and "revoked" in capsys.readouterr().out
+    assert main([*args, "revoke", "nope"]) == 2 and "no key 'nope'" in capsys.readouterr().err
