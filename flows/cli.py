@@ -192,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     _start_llm_flag(p)
 
     _check_command(command)
+    _keys_command(command)
 
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample), search it and answer "
                                            "a question with citations.")
@@ -199,6 +200,58 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("question", nargs="?", default=SAMPLE_QUESTION)
     _start_llm_flag(p)
     return parser
+
+
+# ----------------------------------------------------------------------------- ragline keys (issue 19.2)
+def _keys_command(command) -> None:
+    from ragline.flows.serve.keys import SCOPES
+
+    p = command("keys", _keys, "Manage the API keys of this project's `ragline api`/`serve` (kept hashed in "
+                               "<data dir>/.ragline/keys.json; a running server sees changes on the next request).")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a key and print it (once: it is never shown again)")
+    create.add_argument("--name", required=True, help="who or what uses the key")
+    create.add_argument("--scope", action="append", required=True, choices=SCOPES,
+                        help="what the key may do (repeat; admin implies all)")
+    create.add_argument("--collection", action="append", required=True, metavar="NAME",
+                        help="a Chroma collection the key may use (repeat), or * for all")
+    create.add_argument("--group", action="append", default=[], help="a group of the key's holder (document ACLs)")
+    create.add_argument("--expires", default="90d", help="lifetime: 12h, 90d, 4w (default 90d, at most 365d)")
+    listing = actions.add_parser("list", help="every key: id, name, rights, expiry, status (never a secret)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    revoke = actions.add_parser("revoke", help="refuse a key from the next request on")
+    revoke.add_argument("id")
+    rotate = actions.add_parser("rotate", help="a new secret for a key (same rights); the old one is refused")
+    rotate.add_argument("id")
+    rotate.add_argument("--expires", help="new lifetime (default: as long as the key was made to live)")
+
+
+def _keys(args) -> int:
+    from ragline.flows.serve.keys import KeyStore, describe, keys_file, parse_lifetime
+
+    store = KeyStore(keys_file(args.data_dir or Path(args.file).resolve().parent))
+    if args.action == "create":
+        record, key = store.create(args.name, args.scope, args.collection, args.group, parse_lifetime(args.expires))
+        print(f"created key {record.id} ({record.name}), expires {record.expires.isoformat()}; store it now, it "
+              f"is not shown again:", file=sys.stderr)
+        print(key)
+    elif args.action == "list":
+        rows = [describe(k) for k in store.list()]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        for row in [] if args.json else rows:
+            print(f"{row['id']}  {row['status']:<7}  {row['name']}  scopes={','.join(row['scopes'])}  "
+                  f"collections={','.join(row['collections'])}  groups={','.join(row['groups']) or '-'}  "
+                  f"expires={row['expires']}")
+    elif args.action == "revoke":
+        record = store.revoke(args.id)
+        print(f"revoked key {record.id} ({record.name})")
+    else:
+        record, key = store.rotate(args.id, parse_lifetime(args.expires) if args.expires else None)
+        print(f"rotated key {record.id} ({record.name}): the old secret is refused from now; new key, "
+              f"expires {record.expires.isoformat()}:", file=sys.stderr)
+        print(key)
+    return 0
 
 
 # ----------------------------------------------------------------------------- ragline check (issue 16)

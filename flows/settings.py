@@ -54,7 +54,29 @@ class RaglineSettings(BaseSettings):
     allow_modules: Names = Field(default_factory=list, description="modules user stages may come from, "
                                  "comma-separated (adds to `[tool.ragline] allow_modules` of pyproject.toml)")
     api_token: str | None = Field(None, repr=False, description="the bearer token of `ragline api` and "
-                                                               "`ragline serve` (required off loopback)")
+                                                               "`ragline serve`, admin on every collection "
+                                                               "(off loopback: it, API keys or an OIDC issuer)")
+    oidc_issuer: str | None = Field(None, description="accept OIDC/JWT bearer tokens of this issuer (`iss`) on the "
+                                                      "API, beside API keys (`ragline keys`); unset: no JWTs")
+    oidc_audience: str | None = Field(None, description="the `aud` a JWT must carry (required with the issuer)")
+    oidc_jwks_url: str | None = Field(None, description="the issuer's JWKS URL (kept 5 minutes; fetched again "
+                                                        "for an unknown `kid`)")
+    oidc_jwks_file: Path | None = Field(None, description="the issuer's JWKS as a file (re-read when it changes), "
+                                                          "instead of the URL")
+    oidc_algorithms: Names = Field(default_factory=lambda: ["RS256", "ES256"], description="JWT algorithms "
+                                   "accepted, comma-separated; asymmetric only (`none` and HS* are refused)")
+    oidc_groups_claim: str = Field("groups", description="the JWT claim holding the caller's groups")
+    oidc_scopes_claim: str = Field("scope", description="the JWT claim holding the caller's scopes (space-separated "
+                                                        "or a list)")
+    oidc_scope_map: dict[str, list[str]] = Field(
+        default_factory=dict, description="JSON: a value of the scopes claim -> ragline scopes, e.g. "
+                                          '`{"rag.read": ["query"]}`; unset: values named query, ingest, upload, '
+                                          "delete or admin count as themselves")
+    oidc_collections_claim: str = Field("ragline_collections", description="the JWT claim listing the collections "
+                                                                            "the caller may use")
+    oidc_default_collections: Names = Field(default_factory=lambda: ["*"], description="collections of a JWT "
+                                            "without that claim, comma-separated (`*`: all; scopes still apply)")
+    oidc_leeway_seconds: int = Field(30, ge=0, le=300, description="clock skew allowed on a JWT's `exp` and `nbf`")
     header_timeout_seconds: float = Field(10.0, gt=0, description="for a request line and headers to arrive")
     body_timeout_seconds: float = Field(30.0, gt=0, description="for a whole body to arrive after its headers")
     max_connections: int = Field(1000, ge=1, description="open sockets at most (lowered to fit the fd limit)")

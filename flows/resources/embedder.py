@@ -70,7 +70,7 @@ class Embedder(Resource):
         super().__init__(spec, base_dir)
         self._model = Lazy(self._load)
         self._encode_lock = threading.Lock()
-        self._chunking_tokenizer = Lazy(lambda: copy.deepcopy(self.model.tokenizer))
+        self._chunking_tokenizer = Lazy(self._load_chunking_tokenizer)
 
     @classmethod
     def fingerprint_fields(cls, spec: EmbedderSpec) -> dict[str, object]:
@@ -122,7 +122,46 @@ class Embedder(Resource):
 
     @property
     def max_seq_length(self) -> int:
+        """The model's input limit, read from its sentence-transformers config when the model is not
+        loaded: chunking a changed document must not load the network (~7 s)."""
+        if self.spec.max_seq_length:
+            return int(self.spec.max_seq_length)
+        config = None if self._model.loaded else self._transformer_config()
+        if config and config.get("max_seq_length"):
+            return int(config["max_seq_length"])
         return int(self.model.max_seq_length)
+
+    def _load_chunking_tokenizer(self):
+        """The model's tokenizer, loaded on its own unless the model already is (or its config asks
+        for tokenizer arguments this shortcut would not pass)."""
+        folder = None if self._model.loaded else self._transformer_folder()
+        if folder is None or self._transformer_config() is None:
+            return copy.deepcopy(self.model.tokenizer)
+        quiet_model_loading()
+        from transformers import PreTrainedTokenizerFast  # AutoTokenizer would import torch (~5 s more)
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+
+    def _transformer_folder(self) -> Path | None:
+        """The folder of the model's Transformer module (where its tokenizer and config live)."""
+        root = Path(resolve_model_path(self.spec.model))
+        try:
+            modules = json.loads((root / "modules.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        paths = [m.get("path", "") for m in modules if str(m.get("type", "")).endswith("models.Transformer")]
+        return root / paths[0] if len(paths) == 1 else None
+
+    def _transformer_config(self) -> dict | None:
+        """``sentence_bert_config.json`` when it holds only what this shortcut reproduces exactly."""
+        folder = self._transformer_folder()
+        if folder is None:
+            return None
+        try:
+            config = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) and set(config) <= {"max_seq_length", "do_lower_case"} else None
 
     @property
     def dimension(self) -> int:

@@ -19,6 +19,7 @@ from prefect.task_runners import TaskRunner
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ragline.flows import settings, telemetry
+from ragline.flows.run import artifacts
 from ragline.flows.run import driver as drivers  # by module: the flow is pickled by value into Dask workers
 from ragline.flows.run.driver import DriverHooks
 from ragline.flows.run.executors import PrefectExecutor
@@ -71,6 +72,7 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
             result = execute_pipeline(compiled, inputs or {}, executor, hooks)
     finally:
         telemetry.flush()  # a deployment's run is a process of its own, which may exit next
+    artifacts.publish(compiled.name, result)  # the run's report beside it on the dashboard
     if isinstance(result, IndexReport) and not result.incomplete:
         record_success(compiled)
     if isinstance(result, IndexReport) and result.incomplete:

@@ -13,8 +13,10 @@ on a pool of driver threads, never on the event loop; streamed tokens cross from
 step's thread to the loop through ``call_soon_threadsafe`` into an ``asyncio.Queue``.
 
 One ASGI guard in front of every route gives each request an id (``X-Request-ID``), serves only
-loopback ``Host`` names and ``Origin``s when there is no token (DNS rebinding, ``api_checks``),
-checks the bearer token on ``/v1`` (constant time, before the body is read), buffers the body up to
+loopback ``Host`` names and ``Origin``s when no credential is configured (DNS rebinding, ``api_checks``),
+turns the bearer credential (the token, an API key, an OIDC JWT) into the request's ``Principal``
+(``principals``; 401 on ``/v1``, ``/docs`` and private ``/metrics`` without one, before the body is
+read; each route then checks its scope on its pipeline's collections, 403 ``forbidden``), buffers the body up to
 ``max_body_bytes`` (413 beyond it, chunked bodies included), refuses a JSON body no field can take
 (invalid UTF-8, nested too deep, NaN, numbers beyond 64 bits, lone surrogates: a 4xx naming the
 field) and turns any unexpected exception into a generic 500 naming the request id (the traceback
@@ -34,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import sys
@@ -59,6 +59,9 @@ from ragline.flows.errors import ConfigError
 
 from ragline.flows.serve.discovery import published
 from ragline.flows.serve.metrics import INDEXES, metrics_router
+from ragline.flows.serve.oidc import OidcConfig
+from ragline.flows.serve.principals import Authenticator, require
+from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.openai_api import openai_router
 from ragline.flows.serve.query_service import (
     ApiError,
@@ -103,6 +106,7 @@ def query_router(service: QueryService) -> APIRouter:
         try:
             service.check_question(body.question, "question", 422)
             pipeline = service.pipeline(body.pipeline, stream=body.stream)
+            require(request, "query", pipeline)
             if body.stream and not service.answers(body.pipeline):
                 raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
                                     f"text; stream an answer pipeline or leave stream false", param="stream",
@@ -269,11 +273,13 @@ class Guard:
     """Request id, Host/Origin (without a token), bearer token, body limit, body checks and
     last-resort 500s, before FastAPI sees a request."""
 
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, protected: Iterable[str] = ("/v1",),
-                 allowed_origins: Iterable[str] = (), body_limits: dict[str, int] | None = None):
+    def __init__(self, app: Any, *, token: str | None = None, max_body_bytes: int, protected: Iterable[str] = ("/v1",),
+                 allowed_origins: Iterable[str] = (), body_limits: dict[str, int] | None = None,
+                 auth: Authenticator | None = None, admin_only: Iterable[str] = ()):
         self.app, self.max_body_bytes, self.protected = app, max_body_bytes, tuple(protected)
+        self.admin_only = tuple(admin_only)  # protected prefixes only an admin may read (/metrics)
         self.body_limits = dict(body_limits or {})  # path prefix -> its own limit (uploads)
-        self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
+        self.auth = auth or Authenticator(token, None)
         self.allowed_origins = frozenset(allowed_origins)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -293,14 +299,22 @@ class Guard:
                     span.set_attributes({"http.route": route, "http.response.status_code": seen["status"]})
 
     async def _handle(self, scope: dict, receive: Callable, send: Callable, rid: str, seen: dict) -> None:
-        authorized = self._authorized(scope)
-        scope.setdefault("state", {}).update(request_id=rid, authorized=authorized)
-        if self._expected is None and (refusal := foreign_host(scope["headers"], self.allowed_origins)):
+        if self.auth.needs_thread(scope["headers"]):  # a JWT: its issuer's keys may have to be fetched
+            verdict = await asyncio.to_thread(self.auth.authenticate, scope["headers"])
+        else:
+            verdict = self.auth.authenticate(scope["headers"])
+        principal = verdict.principal
+        scope.setdefault("state", {}).update(request_id=rid, authorized=principal is not None, principal=principal)
+        if not verdict.required and (refusal := foreign_host(scope["headers"], self.allowed_origins)):
             return await _reply(send, ApiError(403, refusal[1], code=refusal[0]))
-        if not authorized and any(_under(scope["path"], p) for p in self.protected) and scope["method"] != "OPTIONS":
-            return await _reply(send, ApiError(401, "missing or wrong bearer token (send `Authorization: Bearer "
-                                                    "<token>`)", code="invalid_api_key",
-                                               headers={"WWW-Authenticate": "Bearer"}))
+        protected = any(_under(scope["path"], p) for p in self.protected) and scope["method"] != "OPTIONS"
+        if principal is None and protected:
+            why = verdict.refusal or "missing or wrong bearer token"
+            return await _reply(send, ApiError(401, f"{why} (send `Authorization: Bearer <API key or token>`)",
+                                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
+        if protected and any(_under(scope["path"], p) for p in self.admin_only) and not principal.may("admin"):
+            return await _reply(send, ApiError(403, f"forbidden: this credential lacks scope 'admin' needed to read "
+                                                    f"{scope['path'][:100]}", "permission_error", code="forbidden"))
         body = await self._read_body(scope, receive)
         if body is None:  # the client left before sending its whole body: nothing to answer
             return
@@ -333,13 +347,6 @@ class Guard:
             if started:
                 raise  # too late for a response: the server closes the connection
             await _reply(send, internal_error(rid))
-
-    def _authorized(self, scope: dict) -> bool:
-        """The right bearer token was sent (or none is configured); compared in constant time."""
-        if self._expected is None:
-            return True
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return hmac.compare_digest(hashlib.sha256(given).digest(), self._expected)
 
     async def _read_body(self, scope: dict, receive: Callable) -> bytes | ApiError | None:
         """The whole body, a 413 as soon as it is known to be too large (declared or sent), or None
@@ -524,9 +531,10 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ApiError, _api_error)
-    protected = ("/v1",) if not metrics or settings.get("metrics_public") else ("/v1", "/metrics")
-    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes, allowed_origins=cors_origins,
-                       protected=protected, body_limits=body_limits)
+    private_metrics = ("/metrics",) if metrics and not settings.get("metrics_public") else ()
+    app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_origins=cors_origins,
+                       protected=("/v1", *DOC_PATHS, *private_metrics), admin_only=private_metrics,
+                       body_limits=body_limits, auth=authenticator(project, token))
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -535,9 +543,18 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     return app
 
 
+DOC_PATHS = ("/docs", "/redoc", "/openapi.json")  # any authenticated caller may read them (they hold no data)
+
+
+def authenticator(project: Project, token: str | None) -> Authenticator:
+    """The credentials this project's API accepts: the token, its keys file, the OIDC issuer."""
+    return Authenticator(token, data_dir_of(project), OidcConfig.from_settings())
+
+
 def _description(project: Project, token: str | None) -> str:
     queries = ", ".join(n for n, p in project.pipelines.items() if p.kind == PipelineKind.QUERY) or "none"
-    auth = "every /v1 route needs `Authorization: Bearer <token>`" if token else "no token (loopback only)"
+    auth = "every /v1 route needs `Authorization: Bearer <API key or token>` (without a token, API keys or " \
+           "an OIDC issuer: loopback only, no credential)"
     return f"Query pipelines of {project.path.name}: {queries}. Authentication: {auth}."
 
 
@@ -546,6 +563,14 @@ class ApiConfigError(ConfigError, ValueError):
     """The API cannot start as asked (e.g. exposed without a token): one clear line."""
 
 
+
+
+def credentials_configured(project_path: str, token: str | None, data_dir: str | None) -> bool:
+    """Whether callers off loopback would need a credential: a token, a key, an OIDC issuer."""
+    project = load_project(project_path)
+    if data_dir:
+        project = project.relocated(data_dir)
+    return authenticator(project, token).required()
 
 
 def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
@@ -558,9 +583,10 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
     half-sent requests and the number of open connections."""
 
     token = token or settings.get("api_token") or None
-    if not is_loopback(host) and not token:
+    if not is_loopback(host) and not credentials_configured(project_path, token, data_dir):
         raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
-                             f"(or set RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+                             f"(or set RAGLINE_API_TOKEN), create an API key (`ragline keys create`), set "
+                             f"RAGLINE_OIDC_ISSUER, or listen on 127.0.0.1")
     server_settings = server_limits(limits)
     import uvicorn
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Header, Query, UploadFile
+from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ragline.flows import formats
@@ -42,6 +42,7 @@ from ragline.flows.contracts import PipelineKind
 from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_service import ERRORS, ApiError
+from ragline.flows.serve.principals import may_read, principal_of, require
 from ragline.flows.serve.runs import _Runs
 from ragline.flows.sources.uploads import (
     ID,
@@ -301,14 +302,16 @@ def documents_router(runs: _Runs) -> APIRouter:
                                                                           "request, or a pipeline without uploads"},
                             413: {**ERRORS[400], "description": "the file is over the pipeline's max_bytes"},
                             415: {**ERRORS[400], "description": "a file type load does not read"}})
-    async def upload(file: Annotated[UploadFile, File(description="the document")],
+    async def upload(request: Request, file: Annotated[UploadFile, File(description="the document")],
                      pipeline: Annotated[str | None, Form(description="the ingestion pipeline (default: the only "
                                                                       "one with an uploads root)")] = None,
                      ingest: Annotated[Literal["true", "false"], Form(description="start the pipeline's next "
                                                                                   "ingestion run")] = "true",
                      idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
-        """Store a document in the pipeline's managed uploads and index it by the next run."""
+        """Store a document in the pipeline's managed uploads and index it by the next run (the
+        upload scope covers starting that run)."""
         root = managed(pipeline)
+        require(request, "upload", runs.project.pipeline(root.pipeline))
         try:
             name = safe_name(file.filename or "")
         except ValueError as exc:
@@ -350,13 +353,15 @@ def documents_router(runs: _Runs) -> APIRouter:
         return (201 if created else 200), result.model_dump(mode="json")
 
     @router.get("/documents", response_model=DocumentPage, responses=ERRORS)
-    async def list_documents(pipeline: str | None = Query(None, description="one ingestion pipeline (default: all)"),
+    async def list_documents(request: Request,
+                             pipeline: str | None = Query(None, description="one ingestion pipeline (default: all "
+                                                                             "this credential may read)"),
                              limit: int = Query(100, ge=1, le=1000),
                              cursor: str | None = Query(None, max_length=2000)) -> DocumentPage:
         """Documents by (id, pipeline), a page at a time."""
         after = _decode_cursor(cursor)
         found: list[DocumentInfo] = []
-        for name in catalogue.pipelines(pipeline):
+        for name in readable(request, runs.project, catalogue.pipelines(pipeline), explicit=pipeline is not None):
             found += await asyncio.to_thread(catalogue.documents, name)
         found.sort(key=lambda d: (d.id, d.pipeline))
         if after is not None:
@@ -367,15 +372,22 @@ def documents_router(runs: _Runs) -> APIRouter:
 
     @router.get("/documents/{document_id:path}", response_model=DocumentInfo,
                 responses={**ERRORS, 404: {**ERRORS[404], "description": "no such document"}})
-    async def get_document(document_id: str, pipeline: str | None = Query(None)) -> DocumentInfo:
-        return await asyncio.to_thread(catalogue.find, document_id, pipeline)
+    async def get_document(request: Request, document_id: str, pipeline: str | None = Query(None)) -> DocumentInfo:
+        if pipeline is not None and pipeline in runs.project.pipelines:
+            require(request, "query", runs.project.pipeline(pipeline))
+        document = await asyncio.to_thread(catalogue.find, document_id, pipeline)
+        require(request, "query", runs.project.pipeline(document.pipeline))
+        return document
 
     @router.delete("/documents/{document_id:path}", status_code=202, response_model=DeleteResult,
                    responses={**ERRORS, 404: {**ERRORS[404], "description": "no such document"},
                               409: {**ERRORS[400], "description": "not an upload (code not_managed)"}})
-    async def delete_document(document_id: str, pipeline: str | None = Query(None)) -> DeleteResult:
+    async def delete_document(request: Request, document_id: str, pipeline: str | None = Query(None)) -> DeleteResult:
         """Remove an upload; the next ingestion run (started or scheduled now) removes it from the indexes."""
+        if pipeline is not None and pipeline in runs.project.pipelines:
+            require(request, "delete", runs.project.pipeline(pipeline))
         document = await asyncio.to_thread(catalogue.find, document_id, pipeline)
+        require(request, "delete", runs.project.pipeline(document.pipeline))
         if not document.managed:
             raise ApiError(409, f"document '{document_id[:200]}' comes from a configured root of pipeline "
                                 f"'{document.pipeline}', not from uploads: remove it at its source",
@@ -392,6 +404,17 @@ def documents_router(runs: _Runs) -> APIRouter:
         return DeleteResult(id=document.id, deleted=deleted, ingestion=ingestion)
 
     return router
+
+
+def readable(request: Request, project: Any, names: list[str], explicit: bool) -> list[str]:
+    """The pipelines whose documents the caller may read: one asked for by name is a 403 when it
+    may not; "all" means all it may read."""
+    if explicit:
+        for name in names:
+            require(request, "query", project.pipeline(name))
+        return names
+    principal = principal_of(request)
+    return [name for name in names if may_read(principal, project.pipeline(name))]
 
 
 def _digest(stream: Any, pipeline: str, name: str) -> str:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.contracts import Source
 from ragline.flows.serve.query_service import ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService, request_id, sse
 from ragline.flows.serve.query_service import estimate_tokens
+from ragline.flows.serve.principals import collections_of, principal_of, require
 from ragline.flows.resources.filters import FilterError, validate
 
 WITHDRAWN = "\n\n[Verification withdrew the text above.] "
@@ -98,14 +99,18 @@ class ChatCompletion(BaseModel):
 def openai_router(service: QueryService) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["openai"])
 
-    @router.get("/models", response_model=ModelList, responses=ERRORS, summary="The query pipelines, as models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_card(service, name) for name in service.queries]}
+    @router.get("/models", response_model=ModelList, responses=ERRORS,
+                summary="The query pipelines this credential may query, as models")
+    async def models(request: Request) -> dict[str, Any]:
+        principal = principal_of(request)
+        return {"object": "list", "data": [_card(service, name) for name, pipeline in service.queries.items()
+                                           if principal.may("query", collections_of(pipeline))]}
 
     @router.get("/models/{model}", response_model=ModelCard, responses=ERRORS, summary="One query pipeline")
-    async def model(model: str) -> Response:
+    async def model(model: str, request: Request) -> Response:
         if model not in service.queries:
             return _unknown(service, model).response()
+        require(request, "query", service.queries[model])
         return JSONResponse(_card(service, model))
 
     @router.post("/chat/completions", response_model=ChatCompletion, responses=ERRORS,
@@ -117,6 +122,7 @@ def openai_router(service: QueryService) -> APIRouter:
         rid = request_id(request)
         try:
             pipeline, query = _parse(service, body)
+            require(request, "query", pipeline)
         except ApiError as exc:
             return exc.response()
         reply = Reply(body, query)

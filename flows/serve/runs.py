@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.serve.query_service import ERRORS, ApiError
+from ragline.flows.serve.principals import may_read, principal_of, require
 from ragline.flows.spec.compile import Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of, deployment_name
@@ -364,9 +365,11 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                             404: {**ERRORS[404], "description": "no such pipeline"},
                             409: {**ERRORS[400], "description": "a run is writing this index (code index_busy)"},
                             503: {**ERRORS[503], "description": "not deployed, or the Prefect API is unreachable"}})
-    async def ingest(request: IngestRequest) -> IngestAccepted:
+    async def ingest(request: IngestRequest, http: Request) -> IngestAccepted:
         """Start a run of an ingestion pipeline's deployment; poll ``GET /v1/runs/{run_id}``."""
         name = request.pipeline
+        if name in project.pipelines:  # an unknown one: 404 from start
+            require(http, "ingest", project.pipeline(name))
         flow_run = await runs.start(name)
         return IngestAccepted(run_id=str(flow_run.id), pipeline=name,
                               state=flow_run.state.type.value if flow_run.state else "SCHEDULED",
@@ -374,7 +377,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
 
     @router.get("/runs/{run_id}", response_model=RunStatus,
                 responses={**ERRORS, 404: {**ERRORS[404], "description": "no such run (code run_not_found)"}})
-    async def run_status(run_id: str) -> RunStatus:
+    async def run_status(run_id: str, http: Request) -> RunStatus:
         """A run's state, times, result, summary, failures and progress."""
         from prefect.client.orchestration import get_client
         from prefect.exceptions import ObjectNotFound
@@ -393,6 +396,10 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                     raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
                 if not runs.owns(flow_run):
                     raise ApiError(404, f"no run '{run_id}' of this server's pipelines", code="run_not_found")
+                pipeline = project.pipeline(flow_run.parameters["pipeline"])
+                if not may_read(principal_of(http), pipeline):  # as unknown: its existence is not told
+                    raise ApiError(404, f"no run '{run_id}' of the pipelines this credential may read",
+                                   code="run_not_found")
                 return await runs.status(client, flow_run)
         except ApiError:
             raise

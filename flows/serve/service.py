@@ -77,7 +77,7 @@ from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.ops.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
 from ragline.flows.ops.parent_death import DiesWith
 from ragline.flows.run.steps import digest_of
-from ragline.flows.serve.api import create_app
+from ragline.flows.serve.api import create_app, credentials_configured
 from ragline.flows.serve.layout import FLOW_NAME, deployment_name, results_dir
 from ragline.flows.serve.documents import documents_router, upload_limit
 from ragline.flows.serve.runs import ingestion_runs, runs_router
@@ -437,9 +437,11 @@ class ServeSupervisor:
         problems: list[str] = []
         if not options:
             problems.append(f"{self.project_path.name} defines no pipeline to serve")
-        if self.api and not is_loopback(self.host) and not self.token:
+        if self.api and not is_loopback(self.host) and \
+                not credentials_configured(str(self.project_path), self.token, self.data_dir):
             problems.append(f"serving the API on {self.host} (not loopback) needs a token: pass --token "
-                            f"(or RAGLINE_API_TOKEN), or listen on 127.0.0.1")
+                            f"(or RAGLINE_API_TOKEN), create an API key (`ragline keys create`), or listen on "
+                            f"127.0.0.1")
         clash = [url for url in llms if self.api and endpoint_port(url) == self.port]
         for url in clash:
             problems.append(f"the API's port {self.port} is the LLM endpoint's ({url}), where the packaged LLM "

@@ -115,3 +115,28 @@ def test_ingestion_is_one_flow_run_with_task_runs_per_step_and_batch(prefect_ser
     expected = {"load", "write.plan", "write.finalize"} | {f"{s}[batch {b}]" for s in
                                                             ("convert", "chunk", "embed", "write") for b in (0, 1, 2)}
     assert expected <= names and states == {"COMPLETED"}
+
+
+def test_an_ingestion_run_shows_its_report_and_failed_documents_on_the_dashboard(prefect_server, index_project,
+                                                                                   tmp_path):
+    """Issue 20.5: the report is a markdown artifact of the flow run; a hostile file name stays text."""
+    project_path = index_project(batch_size=5)
+    default_corpus(tmp_path / "docs")
+    (tmp_path / "docs" / "[x](http:evil) <b>.md").write_text("   \n")  # nothing to chunk: a failed document
+    report = engine.run(load_project(project_path).pipeline("index"))
+    assert report.added == 12 and report.failed == 1
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def artifacts_of_latest_index_run():
+        async with get_client() as client:
+            runs = await client.read_flow_runs()
+            run = next(r for r in sorted(runs, key=lambda r: r.created, reverse=True) if r.name == "index")
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+
+    found = asyncio.run(artifacts_of_latest_index_run())
+    assert [a.key for a in found] == ["ragline-index"] and found[0].type == "markdown"
+    markdown = found[0].data
+    assert "| 12 | 0 | 0 | 0 | 1 |" in markdown and "## Failed documents" in markdown
+    assert "\\[x\\]\\(http:evil\\) \\<b\\>" in markdown and "| load | empty document |" in markdown

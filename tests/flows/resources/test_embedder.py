@@ -147,3 +147,26 @@ def test_the_vectors_key_follows_what_makes_vectors_comparable():
     for other in ({"model": "/models/adapted"}, {"normalize": False}, {"max_seq_length": 128},
                   {"document_prefix": "passage: "}):
         assert base.model_copy(update=other).vectors_key() != base.vectors_key(), other
+
+
+def test_chunking_needs_the_tokenizer_not_the_model(minilm):
+    """Issue 22.2: chunking one changed document loaded the whole model (~7 s); the tokenizer and the
+    input limit come from the model folder, and give exactly what the loaded model's do."""
+    cold = Embedder(EmbedderSpec(type="sentence_transformer"))
+    texts = ["Aspirin reduces the risk of myocardial infarction.", "naïve café — ünïcode; 1,000 words?", ""]
+    got = cold.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    assert not cold._model.loaded and cold.max_seq_length == minilm.max_seq_length == 256
+    assert not cold._model.loaded
+    want = minilm.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    assert got["input_ids"] == want["input_ids"] and got["offset_mapping"] == want["offset_mapping"]
+
+
+def test_a_model_config_with_tokenizer_arguments_loads_the_model_for_its_tokenizer(tmp_path, minilm):
+    """The shortcut reproduces only max_seq_length and do_lower_case; other arguments mean the model's own."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model_path("all-MiniLM-L6-v2"), folder)
+    (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 128, "tokenizer_args": {}}')
+    embedder = Embedder(EmbedderSpec(type="sentence_transformer", model=str(folder)))
+    assert embedder.max_seq_length == 128 and embedder._model.loaded

@@ -123,10 +123,11 @@ def test_token_is_required_on_every_v1_route_and_only_there(served, api_project)
     assert httpx.get(f"{served}/v1/models").status_code == 401
     assert post(served, {"question": "q", "pipeline": "nope"}, headers={}).status_code == 401  # before the body
     assert httpx.get(f"{served}/healthz").json() == {"status": "ok"}
-    schema = httpx.get(f"{served}/openapi.json").json()
+    assert httpx.get(f"{served}/openapi.json").status_code == 401  # with a token the docs need it too (19.2)
+    schema = httpx.get(f"{served}/openapi.json", headers=AUTH).json()
     assert {"/v1/query", "/v1/chat/completions", "/v1/models", "/readyz"} <= set(schema["paths"])
     assert "question" in schema["components"]["schemas"]["QueryRequest"]["properties"]
-    assert httpx.get(f"{served}/docs").status_code == 200
+    assert httpx.get(f"{served}/docs", headers=AUTH).status_code == 200
 
 
 def test_non_loopback_without_token_refuses_to_start(api_project, monkeypatch):

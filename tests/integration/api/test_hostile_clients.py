@@ -362,7 +362,7 @@ def test_every_error_of_every_route_has_the_one_shape_with_a_code(with_ingest):
     assert_error_shape(post("/v1/ingest", {"pipeline": "search"}), 400, "not_an_ingestion_pipeline", "pipeline")
     assert_error_shape(post("/v1/ingest", {"pipelin": "index"}), 422, "invalid_value", "pipelin")
     assert_error_shape(httpx.get(f"{url}/v1/runs/not-a-run", headers=AUTH), 404, "run_not_found")
-    schema = httpx.get(f"{url}/openapi.json").json()
+    schema = httpx.get(f"{url}/openapi.json", headers=AUTH).json()
     for path in ("/v1/ingest", "/v1/runs/{run_id}", "/v1/query"):
         for status, response in schema["paths"][path][next(iter(schema["paths"][path]))]["responses"].items():
             if int(status) >= 400:
