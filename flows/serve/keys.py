@@ -28,6 +28,7 @@ from typing import Literal
 from filelock import FileLock
 from pydantic import BaseModel, Field, ValidationError
 
+from ragline.flows.errors import InputError
 from ragline.flows.files import write_atomic
 
 log = logging.getLogger("ragline.api")
@@ -42,7 +43,7 @@ _LIFETIME = re.compile(r"^(\d{1,4})([hdw])$")
 _UNITS = {"h": "hours", "d": "days", "w": "weeks"}
 
 
-class KeyStoreError(ValueError):
+class KeyStoreError(InputError):
     """A ``ragline keys`` request that cannot be done (unknown id, bad lifetime): one line."""
 
 

@@ -25,7 +25,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from ragline.flows import settings
-from ragline.flows.errors import ConfigError
+from ragline.flows.errors import ConfigError, RaglineError
 
 SAFE_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
                              "EdDSA"})
@@ -37,8 +37,11 @@ class OidcConfigError(ConfigError, ValueError):
     """The OIDC settings cannot work (no JWKS, no audience, an unsafe algorithm): one line."""
 
 
-class TokenRefused(Exception):
+class TokenRefused(RaglineError):
     """Why a JWT is refused: a line for the 401 (never the token itself)."""
+
+    http_status = 401
+    error_code = "invalid_api_key"
 
 
 @dataclass
