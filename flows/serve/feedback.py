@@ -9,26 +9,30 @@ taken (the export then has no query to join it with). ``query_log_text`` off: th
 stored. Limits: the body (``FEEDBACK_BODY_BYTES``), the comment's length, the corrected ids'
 number and length, ``MAX_PER_ANSWER`` ratings per answer (the last one counts) and a token bucket
 of ``RATE_PER_SECOND`` (429 with ``Retry-After`` beyond it). ``ragline feedback export`` joins
-the two files (``flows/evaluation/feedback.py``).
+the two files (``joined``) and writes the rated answers as a BEIR-style folder (``export_qrels``).
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from ragline.flows import settings
+from ragline.flows.evaluation.retrieval import OWN_INDEX_MARKER
+from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
-from ragline.flows.serve.query_log import BACKUPS, BoundedJsonl, now_iso
+from ragline.flows.serve.query_log import BACKUPS, LOG_FOLDER, LOG_NAME, BoundedJsonl, now_iso, read_lines
 from ragline.flows.serve.query_service import ERRORS, ApiError, QueryService
 
 FEEDBACK_FOLDER = Path(".ragline") / "feedback"
@@ -130,3 +134,66 @@ def feedback_router(service: QueryService) -> APIRouter:
                                             known_answer=known).model_dump(), 201)
 
     return router
+
+
+# ----------------------------------------------------------------------------- ragline feedback export
+def joined(data_dir: Path) -> Iterator[dict[str, Any]]:
+    """Every feedback record, oldest first, with the query it rates (``query``: the logged entry,
+    null when the log is off or no longer has it)."""
+    logged = {e["answer_id"]: e for e in read_lines(data_dir / LOG_FOLDER / LOG_NAME) if "answer_id" in e}
+    for record in read_lines(data_dir / FEEDBACK_FOLDER / FEEDBACK_NAME):
+        if isinstance(record.get("answer_id"), str):
+            yield {**record, "query": logged.get(record["answer_id"])}
+
+
+def judgements(record: dict[str, Any]) -> dict[str, int]:
+    """Document id -> relevance from one rated answer: an answer rated up makes its cited documents
+    relevant (1); a corrected passage (its document, when the log retrieved or cited it; else the
+    id as given) is relevant either way; the documents a down-rated answer cited are not (0)."""
+    query = record.get("query") or {}
+    answer = query.get("answer") or {}
+    docs = {p["chunk_id"]: p["doc_id"] for p in [*query.get("retrieved", []), *answer.get("sources", [])]
+            if isinstance(p, dict) and "chunk_id" in p and "doc_id" in p}
+    cited = [s["doc_id"] for s in answer.get("sources", []) if isinstance(s, dict) and "doc_id" in s]
+    grades = {doc: 1 if record["rating"] == "up" else 0 for doc in cited}
+    for passage in record.get("corrected_passage_ids") or []:
+        grades[docs.get(passage, passage)] = 1
+    return grades
+
+
+def export_qrels(data_dir: Path, out_dir: Path, test_share: float = 0.3) -> dict[str, int]:
+    """A BEIR-style folder of the rated answers: queries.jsonl, qrels/train.tsv (for `ragline tune`)
+    and qrels/test.tsv (for `ragline eval`), and ``feedback.json`` (no corpus: the documents are the
+    index's). Only each answer's last rating counts; the same question (case and spaces aside) is
+    one query, its judgements merged, and lands wholly in one split (chosen by its hash), so
+    training never sees an evaluation question."""
+    last = {r["answer_id"]: r for r in joined(data_dir)}
+    questions: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    skipped = {"no_question": 0, "no_relevant": 0}
+    for record in last.values():
+        question = ((record.get("query") or {}).get("question") or "").strip()
+        if not question:
+            skipped["no_question"] += 1
+            continue
+        qid = hashlib.sha256(" ".join(question.lower().split()).encode()).hexdigest()[:16]
+        questions.setdefault(qid, question)
+        merged = qrels.setdefault(qid, {})
+        for doc, grade in judgements(record).items():
+            merged[doc] = max(grade, merged.get(doc, 0))
+    kept = {q: docs for q, docs in qrels.items() if any(docs.values())}
+    skipped["no_relevant"] = len(qrels) - len(kept)
+    splits: dict[str, dict[str, dict[str, int]]] = {"train": {}, "test": {}}
+    for qid, docs in kept.items():
+        splits["test" if int(qid, 16) % 1000 < test_share * 1000 else "train"][qid] = docs
+    (out_dir / "qrels").mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / "queries.jsonl", "".join(json.dumps({"_id": q, "text": questions[q]}, ensure_ascii=False)
+                                                    + "\n" for q in kept))
+    for split, judged in splits.items():
+        rows = [f"{q}\t{doc}\t{grade}\n" for q, docs in judged.items() for doc, grade in sorted(docs.items())]
+        write_atomic(out_dir / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "".join(rows))
+    summary = {"rated_answers": len(last), "queries": len(kept), "train": len(splits["train"]),
+               "test": len(splits["test"]), **{f"skipped_{k}": v for k, v in skipped.items()}}
+    write_atomic(out_dir / OWN_INDEX_MARKER, json.dumps({"corpus": "index", "data_dir": str(data_dir),
+                                                         "test_share": test_share, **summary}, indent=2) + "\n")
+    return summary
