@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from ragline.flows import settings
 from ragline.flows.evaluation.retrieval import OWN_INDEX_MARKER
+from ragline.flows.contracts import TRAIN_PAIRS
 from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_log import BACKUPS, LOG_FOLDER, LOG_NAME, BoundedJsonl, now_iso, read_lines
@@ -161,15 +162,25 @@ def judgements(record: dict[str, Any]) -> dict[str, int]:
     return grades
 
 
+def located(record: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Document id -> (source id, chunk id) of the passages the logged query retrieved or cited."""
+    query = record.get("query") or {}
+    passages = [*query.get("retrieved", []), *(query.get("answer") or {}).get("sources", [])]
+    return {p["doc_id"]: (p["source_id"], p["chunk_id"]) for p in passages
+            if isinstance(p, dict) and {"doc_id", "source_id", "chunk_id"} <= p.keys()}
+
+
 def export_qrels(data_dir: Path, out_dir: Path, test_share: float = 0.3) -> dict[str, int]:
-    """A BEIR-style folder of the rated answers: queries.jsonl, qrels/train.tsv (for `ragline tune`)
-    and qrels/test.tsv (for `ragline eval`), and ``feedback.json`` (no corpus: the documents are the
-    index's). Only each answer's last rating counts; the same question (case and spaces aside) is
-    one query, its judgements merged, and lands wholly in one split (chosen by its hash), so
-    training never sees an evaluation question."""
+    """A BEIR-style folder of the rated answers: queries.jsonl, qrels/train.tsv and qrels/test.tsv
+    (for `ragline eval --split`), ``train_pairs.jsonl`` (the train split as the (question, relevant
+    source) pairs `ragline tune --set pairs.labelled=DIR` trains on) and ``feedback.json`` (no
+    corpus: the documents are the index's). Only each answer's last rating counts; the same
+    question (case and spaces aside) is one query, its judgements merged, and lands wholly in one
+    split (chosen by its hash), so tuning never sees an evaluation question."""
     last = {r["answer_id"]: r for r in joined(data_dir)}
     questions: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
+    where: dict[str, dict[str, tuple[str, str]]] = {}
     skipped = {"no_question": 0, "no_relevant": 0}
     for record in last.values():
         question = ((record.get("query") or {}).get("question") or "").strip()
@@ -181,6 +192,7 @@ def export_qrels(data_dir: Path, out_dir: Path, test_share: float = 0.3) -> dict
         merged = qrels.setdefault(qid, {})
         for doc, grade in judgements(record).items():
             merged[doc] = max(grade, merged.get(doc, 0))
+        where.setdefault(qid, {}).update(located(record))
     kept = {q: docs for q, docs in qrels.items() if any(docs.values())}
     skipped["no_relevant"] = len(qrels) - len(kept)
     splits: dict[str, dict[str, dict[str, int]]] = {"train": {}, "test": {}}
@@ -192,7 +204,11 @@ def export_qrels(data_dir: Path, out_dir: Path, test_share: float = 0.3) -> dict
     for split, judged in splits.items():
         rows = [f"{q}\t{doc}\t{grade}\n" for q, docs in judged.items() for doc, grade in sorted(docs.items())]
         write_atomic(out_dir / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "".join(rows))
-    summary = {"rated_answers": len(last), "queries": len(kept), "train": len(splits["train"]),
+    pairs = [{"text": questions[q], "source_id": where[q][doc][0], "chunk_id": where[q][doc][1], "strategy": "feedback"}
+             for q, docs in splits["train"].items() for doc, grade in sorted(docs.items())
+             if grade and doc in where[q]]
+    write_atomic(out_dir / TRAIN_PAIRS, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
+    summary = {"rated_answers": len(last), "queries": len(kept), "train": len(splits["train"]), "train_pairs": len(pairs),
                "test": len(splits["test"]), **{f"skipped_{k}": v for k, v in skipped.items()}}
     write_atomic(out_dir / OWN_INDEX_MARKER, json.dumps({"corpus": "index", "data_dir": str(data_dir),
                                                          "test_share": test_share, **summary}, indent=2) + "\n")

@@ -118,6 +118,24 @@ def test_the_export_splits_by_question_and_keeps_splits_apart(logged, capsys, tm
     assert not train & test and train | test
 
 
+def test_the_train_split_is_what_tune_trains_on(logged, capsys, tmp_path):
+    """`ragline tune --set pairs.labelled=DIR`: the rated questions come first, with their sources."""
+    from ragline.flows.context import StepContext
+    from ragline.tasks.pseudo_queries import Params, pseudo_queries
+
+    _, folder, service = logged
+    export = tmp_path / "export"
+    _cli("feedback", "export", "-f", str(folder / "pipelines.yaml"), "--qrels", str(export), "--test-share", "0",
+         capsys=capsys)
+    assert (export / "qrels" / "test.tsv").read_text().splitlines()[1:] == []
+    ctx = StepContext(pipeline="tune", step_id="pairs", base_dir=str(folder))
+    pairs = pseudo_queries.fn(params=Params(n=6, labelled=str(export)), ctx=ctx,
+                              state=service.project.resource("state"))
+    labelled = [p for p in pairs if p.strategy == "feedback"]
+    assert labelled and pairs[:len(labelled)] == labelled and len(pairs) == 6
+    assert {p.text for p in labelled} == {QUESTION, SECOND}
+
+
 def test_with_the_log_off_nothing_is_logged(served, api_project):
     with httpx.Client(base_url=served, headers=AUTH, timeout=120) as client:
         response = client.post("/v1/query", json={"question": QUESTION})
