@@ -120,7 +120,11 @@ def feedback_router(service: QueryService) -> APIRouter:
     async def feedback(body: FeedbackRequest) -> JSONResponse:
         known = None
         if service.query_log is not None:
-            known = await asyncio.to_thread(service.query_log.knows, body.answer_id)
+            try:
+                known = await asyncio.to_thread(service.query_log.knows, body.answer_id)
+            except TimeoutError:  # the log's writer is behind (a slow disk): the answer may not be written yet
+                raise ApiError(503, "the query log is behind: retry in a few seconds", "service_unavailable_error",
+                               code="query_log_busy", headers={"Retry-After": "5"}) from None
             if not known:
                 raise ApiError(404, f"field 'answer_id': no answer {body.answer_id} in the query log (unknown, or "
                                     f"older than its retention)", param="answer_id", code="answer_not_found")
