@@ -141,3 +141,18 @@ def test_with_the_log_off_nothing_is_logged(served, api_project):
         response = client.post("/v1/query", json={"question": QUESTION})
         assert response.status_code == 200 and len(response.json()["answer_id"]) == 32
     assert not (api_project.parent / ".ragline" / "query-log").exists()
+
+
+def test_a_failed_query_is_logged_as_failed_and_cannot_be_rated(logged, scripted_llm):
+    url, folder, service = logged
+    scripted_llm.status = 500
+    try:
+        with httpx.Client(base_url=url, headers=AUTH, timeout=120) as client:
+            failed = client.post("/v1/query", json={"question": "a question the LLM cannot answer now"})
+    finally:
+        scripted_llm.status = 200
+    assert failed.status_code >= 500 and "x-answer-id" not in failed.headers
+    service.query_log.flush()
+    entry = _lines(folder / ".ragline" / "query-log" / "queries.jsonl")[-1]
+    assert entry["question"] == "a question the LLM cannot answer now"
+    assert entry["status"] == "failed" and entry["error"] and "answer" not in entry
