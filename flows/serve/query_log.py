@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from logging.handlers import RotatingFileHandler
@@ -154,7 +154,7 @@ class QueryLog:
                    retention_days=settings.get("query_log_retention_days"), text=settings.get("query_log_text"))
 
     # -- the query path's side: hand over, never wait
-    def record(self, entry: dict[str, Any], build: Any = None) -> None:
+    def record(self, entry: dict[str, Any], build: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Queue one entry; ``build(entry)``, if given, completes it on the writer thread (the
         expensive part: walking the step outputs, reading the index generation)."""
         with self._lock:
@@ -168,7 +168,7 @@ class QueryLog:
             with self._lock:
                 self._pending -= 1
 
-    def _write(self, entry: dict[str, Any], build: Any) -> None:
+    def _write(self, entry: dict[str, Any], build: Callable[[dict[str, Any]], None] | None) -> None:
         try:
             if build is not None:
                 build(entry)
