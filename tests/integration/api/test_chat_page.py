@@ -171,8 +171,7 @@ def test_thumbs_under_an_answer_post_its_rating_to_feedback(page, fresh_script, 
     card.locator("button.thumb.down").click()
     rating.locator(".rating-status", has_text="Thanks").wait_for(timeout=30_000)
     card.locator("button.thumb.up").click()
-    page.wait_for_function("document.querySelector('button.thumb.up').getAttribute('aria-pressed') === 'true'",
-                           timeout=30_000)
+    card.locator("button.thumb.up[aria-pressed=true]").wait_for(timeout=30_000)  # not wait_for_function: the CSP forbids eval
     assert card.locator("button.thumb.down").get_attribute("aria-pressed") == "false"
     assert posted == [{"answer_id": answer_id, "rating": "down"}, {"answer_id": answer_id, "rating": "up"}]
     stored = [json.loads(line) for line in (api_project.parent / ".ragline" / "feedback" / "feedback.jsonl")
