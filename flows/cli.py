@@ -1,4 +1,4 @@
-"""The `ragline` command: validate, index, search, eval, tune, run, quickstart."""
+"""The `ragline` command: validate, index, search, eval, tune, run, quickstart, feedback export."""
 from __future__ import annotations
 
 import argparse
@@ -193,6 +193,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _check_command(command)
     _keys_command(command)
+    _feedback_command(command)
 
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample), search it and answer "
                                            "a question with citations.")
@@ -281,6 +282,49 @@ def _check(args) -> int:
     print(f"{len(remaining)} problem(s)" + ("" if args.repair else ": `ragline check --repair` repairs what the "
                                                                    "state allows"), file=sys.stderr)
     return 1
+
+
+# ----------------------------------------------------------------------------- ragline feedback (issue 20.3)
+def _feedback_command(command) -> None:
+    p = command("feedback", _feedback, "Feedback given to served answers (POST /v1/feedback).")
+    actions = p.add_subparsers(dest="feedback_action", required=True, metavar="ACTION")
+    export = actions.add_parser("export", help="write the feedback joined with the query log's entries as JSONL, "
+                                               "or (--qrels) as a BEIR-style folder for `ragline eval` and tune",
+                                description="Feedback joined with the logged query it rates (question, retrieved "
+                                            "ids, answer), one JSON object a line.")
+    export.add_argument("-f", "--file", default=argparse.SUPPRESS, help="pipelines file (default: pipelines.yaml)")
+    export.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
+                        help="the served data dir (default: the pipelines file's folder)")
+    export.add_argument("--out", type=Path, help="write the JSONL here (default: standard output)")
+    export.add_argument("--qrels", type=Path, metavar="DIR",
+                        help="write queries.jsonl, qrels/train.tsv and qrels/test.tsv here instead: rated answers "
+                             "as judgements of the index's documents (`ragline eval --dataset DIR`)")
+    export.add_argument("--test-share", type=float, default=0.3,
+                        help="share of the questions put in the test split (the rest: train); default 0.3")
+
+
+def _feedback(args) -> int:
+    from ragline.flows.files import write_atomic
+    from ragline.flows.serve.feedback import export_qrels, joined
+    from ragline.flows.serve.layout import data_dir_of
+
+    data_dir = data_dir_of(_project(args))
+    if args.qrels is not None:
+        if not 0 <= args.test_share <= 1:
+            raise ValueError(f"--test-share {args.test_share}: expected a share between 0 and 1")
+        summary = export_qrels(data_dir, args.qrels, args.test_share)
+        print(printable(f"{args.qrels}: {summary['queries']} judged questions ({summary['train']} train, "
+                        f"{summary['test']} test) from {summary['rated_answers']} rated answers; skipped "
+                        f"{summary['skipped_no_question']} without a logged question, {summary['skipped_no_relevant']} "
+                        f"without a relevant document"))
+        return 0
+    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in joined(data_dir))
+    if args.out is None:
+        sys.stdout.write(lines)
+    else:
+        write_atomic(args.out, lines)
+        print(printable(f"{args.out}: {lines.count(chr(10))} feedback record(s)"), file=sys.stderr)
+    return 0
 
 
 def _json_value(text: str) -> Any:

@@ -226,6 +226,9 @@ class Ranking(BaseModel):
     passages: list[Passage]
 
 
+TRAIN_PAIRS = "train_pairs.jsonl"  # of a `ragline feedback export --qrels` folder: PseudoQuery lines, train split
+
+
 class PseudoQuery(BaseModel):
     """A (query, relevant document) pair made from the corpus itself, for tuning without labels."""
 

@@ -96,6 +96,18 @@ class RaglineSettings(BaseSettings):
                                                         "`OTEL_EXPORTER_OTLP_ENDPOINT`, and without either no traces")
     trace_content: Flag = Field(False, description="put question, prompt and answer text on trace spans "
                                                    "(off: sizes, ids, scores and timings only)")
+    query_log: Flag = Field(False, description="write one JSON line per served query (answer id, pipeline, retrieved "
+                                               "ids and scores, citations, verification, latency) to "
+                                               "`<data dir>/.ragline/query-log/queries.jsonl`, off the event loop")
+    query_log_text: Flag = Field(True, description="put question, rewritten queries, answer text and feedback "
+                                                   "comments in the query log and feedback file (off: ids, scores "
+                                                   "and outcomes only)")
+    query_log_max_mb: float = Field(100.0, gt=0, description="the query log's files together stay under this many "
+                                                             "MB (rotated by size; the oldest file goes)")
+    query_log_retention_days: float = Field(30.0, gt=0, description="query log entries older than this are "
+                                                                    "deleted (within 1/30 of it)")
+    feedback_max_mb: float = Field(50.0, gt=0, description="`POST /v1/feedback`'s files together stay under this "
+                                                           "many MB (rotated by size; the oldest file goes)")
     served_deployments: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="set by `ragline serve` for its flow runs: what each deployment was "
                                           "created with (JSON)")

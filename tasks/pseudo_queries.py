@@ -18,14 +18,18 @@ Strategies (split evenly when several are named):
   template ``pseudo_query`` (``prompts/pseudo_query.j2``); nothing is cut.
 
 Only the index is read (the state record's chunks, i.e. the corpus as indexed), never queries or
-judgements. The same seed on the same corpus makes the same pairs; ``n`` and ``max_seconds``
+judgements, unless ``labelled`` names a ``ragline feedback export --qrels`` folder: its train split's
+rated questions (strategy ``feedback``, its test split never) come first, pseudo-queries fill the
+rest up to ``n``. The same seed on the same corpus makes the same pairs; ``n`` and ``max_seconds``
 bound the work.
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
+from pathlib import Path
 
 import regex
 from typing import Literal
@@ -33,7 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import PseudoQuery
+from ragline.flows.contracts import TRAIN_PAIRS, PseudoQuery
 from ragline.flows.resources.llm_output import parse_lines
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
@@ -72,6 +76,9 @@ class Params(BaseModel):
     keywords: int = Field(5, ge=2, le=20, description="keywords: words per query (at least 3 must be found)")
     max_tokens: int = Field(64, ge=8, le=512, description="llm: length of the generated question")
     max_passage_chars: int = Field(2000, ge=100, description="llm: longer passages are clipped in the prompt")
+    labelled: str | None = Field(None, description="a `ragline feedback export --qrels` folder (relative: to the "
+                                                   "pipelines file): its train split's rated questions come first "
+                                                   "(strategy feedback), pseudo-queries fill the rest up to n")
 
     @model_validator(mode="after")
     def _lengths(self) -> "Params":
@@ -94,7 +101,7 @@ def pseudo_queries(params: Params, ctx: StepContext, state: IndexState,
     order = sorted(documents)
     random.Random(params.seed).shuffle(order)
     deadline = None if params.max_seconds is None else time.monotonic() + params.max_seconds
-    pairs: list[PseudoQuery] = []
+    pairs = labelled_pairs(params.labelled, ctx, documents)[:params.n] if params.labelled else []
     tried = 0
     for source_id in order:
         if len(pairs) >= params.n:
@@ -112,6 +119,20 @@ def pseudo_queries(params: Params, ctx: StepContext, state: IndexState,
     ctx.logger.info("pseudo-queries: %d pairs from %d of %d documents", len(pairs), tried, len(documents))
     ctx.progress("pairs", len(pairs))
     return pairs
+
+
+def labelled_pairs(folder: str, ctx: StepContext, documents: dict[str, object]) -> list[PseudoQuery]:
+    """The train split of a feedback export whose source is still indexed."""
+    path = (Path(ctx.base_dir) / folder).resolve() / TRAIN_PAIRS
+    if not path.is_file():
+        raise FileNotFoundError(f"labelled: {path} is missing (write it with `ragline feedback export --qrels "
+                                f"{folder}`)")
+    rows = [PseudoQuery.model_validate(json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    kept = [p for p in rows if p.source_id in documents]
+    ctx.logger.info("pseudo-queries: %d labelled pairs from %s (%d name documents no longer indexed)", len(kept),
+                    path, len(rows) - len(kept))
+    return kept
 
 
 def corpus_documents(state: IndexState) -> dict[str, list[tuple[str, str, str]]]:

@@ -16,20 +16,24 @@ from ragline.flows.spec.fingerprint import _resource_fingerprint
 from ragline.flows.spec.overlay import apply_overlay
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@10", "p@10")
+OWN_INDEX_MARKER = "feedback.json"  # `ragline feedback export --qrels`: judged against the project's own index
 
 
 @dataclass
 class BeirDataset:
     name: str
-    corpus: Path
+    corpus: Path | None  # None: the judgements name documents of the project's own index (a feedback export)
     queries: dict[str, str]
     qrels: dict[str, dict[str, int]]
 
 
 def load_beir(folder: str | Path, split: str = "test") -> BeirDataset:
-    """corpus.jsonl, queries.jsonl and qrels/<split>.tsv; only queries with judgements are kept."""
+    """corpus.jsonl, queries.jsonl and qrels/<split>.tsv; only queries with judgements are kept.
+    A feedback export (``feedback.json`` beside them) has no corpus: its documents are the index's."""
     folder = Path(folder)
-    for needed in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
+    own_index = (folder / OWN_INDEX_MARKER).is_file() and not (folder / "corpus.jsonl").exists()
+    for needed in ("queries.jsonl", f"qrels/{split}.tsv") if own_index else ("corpus.jsonl", "queries.jsonl",
+                                                                           f"qrels/{split}.tsv"):
         if not (folder / needed).is_file():
             raise FileNotFoundError(f"{folder / needed}: missing (a BEIR dataset needs corpus.jsonl, "
                                     f"queries.jsonl and qrels/{split}.tsv)")
@@ -48,7 +52,7 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirDataset:
                 record = json.loads(line)
                 if str(record["_id"]) in qrels:
                     queries[str(record["_id"])] = record["text"]
-    return BeirDataset(folder.name, folder / "corpus.jsonl", queries, qrels)
+    return BeirDataset(folder.name, None if own_index else folder / "corpus.jsonl", queries, qrels)
 
 
 def document_id(passage: Passage) -> str:
@@ -129,8 +133,12 @@ def _article(kind: str) -> str:
 
 def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", index_pipeline: str = "index",
              orchestrate: bool = False, progress: Any = None, limit: int | None = None) -> dict[str, Any]:
-    """Index the corpus (incrementally) in a private workspace, run every query, score the run."""
+    """Index the corpus (incrementally) in a private workspace, run every query, score the run. A
+    dataset without a corpus (a feedback export) judges the project's own index: nothing is indexed."""
     require_kinds(project, query=pipeline, ingestion=index_pipeline)
+    if dataset.corpus is None:
+        return {**_run_and_score(project, dataset, pipeline, limit), "workspace": None, "index_seconds": 0.0,
+                "index_summary": "the project's own index (not re-indexed)"}
     workspace = eval_workspace(project, dataset, index_pipeline)
     project = in_workspace(project, workspace)
     indexer = project.pipeline(index_pipeline)
@@ -139,6 +147,11 @@ def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", i
     report = engine.run(indexer.with_overrides({load_step: {"paths": [str(dataset.corpus.resolve())]}}),
                         orchestrate=orchestrate, progress=progress)
     indexed = time.perf_counter() - started
+    return {**_run_and_score(project, dataset, pipeline, limit), "workspace": str(workspace),
+            "index_seconds": round(indexed, 2), "index_summary": report.summary()}
+
+
+def _run_and_score(project: Project, dataset: BeirDataset, pipeline: str, limit: int | None) -> dict[str, Any]:
     query_pipeline = project.pipeline(pipeline)
     queries = list(dataset.queries.items())[:limit]
     started = time.perf_counter()
@@ -148,6 +161,5 @@ def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", i
     overlay = project.overlay
     return {"dataset": dataset.name, "pipeline": pipeline, "queries": len(queries), **score(run, qrels),
             "overlay": str(overlay.path) if overlay is not None else None,
-            "overlay_changes": list(overlay.changes) if overlay is not None else [], "workspace": str(workspace),
-            "index_seconds": round(indexed, 2), "index_summary": report.summary(),
+            "overlay_changes": list(overlay.changes) if overlay is not None else [],
             "query_ms_mean": round(1000 * searched / max(1, len(queries)), 2)}

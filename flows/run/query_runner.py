@@ -1,6 +1,7 @@
 """Running a query pipeline: every step submitted at once, each starting when its inputs are ready."""
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -10,6 +11,10 @@ from ragline.flows.run.executors import Run, settle
 from ragline.flows.spec.model import CompiledPipeline
 from ragline.flows.resources import filters
 from ragline.flows.run.steps import PipelineRef
+
+# Set (to a dict) by a caller that wants every step's output of the query runs in its context: the
+# served query log records the rewritten query and the passages retrieved, not just the answer.
+STEP_OUTPUTS: ContextVar[dict[str, Any] | None] = ContextVar("ragline_step_outputs", default=None)
 
 
 def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -42,6 +47,9 @@ def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any,
     results = settle(run, steps, sources)
     if trace is not None:
         trace.extend((step.id, result.seconds) for step, result in zip(steps, results))
+    outputs = STEP_OUTPUTS.get()
+    if outputs is not None:
+        outputs.update((step.id, result.value) for step, result in zip(steps, results))
     return run.result(sources[pipeline.output]).value
 
 

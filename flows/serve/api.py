@@ -63,7 +63,9 @@ from ragline.flows.serve.oidc import OidcConfig
 from ragline.flows.serve.principals import Authenticator, require
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.openai_api import openai_router
+from ragline.flows.serve.feedback import FEEDBACK_BODY_BYTES, feedback_router
 from ragline.flows.serve.query_service import (
+    ANSWER_ID_HEADER,
     ApiError,
     CHECK_TIMEOUT_SECONDS,
     DEFAULT_MAX_QUESTION_CHARS,
@@ -114,21 +116,23 @@ def query_router(service: QueryService) -> APIRouter:
         except ApiError as exc:
             return exc.response()
         query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters}
+        answer_id = service.new_answer_id()
         if body.stream:
-            return EventSourceResponse(_sse_query(service, pipeline, query, rid), headers=STREAM_HEADERS)
+            return EventSourceResponse(_sse_query(service, pipeline, query, rid, answer_id),
+                                       headers={**STREAM_HEADERS, ANSWER_ID_HEADER: answer_id})
         try:
-            outcome = await service.run(pipeline, query)
+            outcome = await service.run(pipeline, query, answer_id=answer_id, request_id=rid)
         except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
             return service.failure(exc, rid).response()
-        return JSONResponse(outcome.to_json(body.top_k))
+        return JSONResponse(outcome.to_json(body.top_k), headers={ANSWER_ID_HEADER: answer_id})
 
     return router
 
 
 async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: dict[str, Any],
-                     rid: str) -> AsyncIterator[bytes]:
+                     rid: str, answer_id: str) -> AsyncIterator[bytes]:
     try:
-        async for item in service.stream(pipeline, query):
+        async for item in service.stream(pipeline, query, answer_id=answer_id, request_id=rid):
             if isinstance(item, Outcome):
                 final = {**item.to_json(), "replaced_by_refusal": item.replaced_by_refusal()}
                 if final["replaced_by_refusal"]:
@@ -516,11 +520,12 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
         service.close()
 
     app = FastAPI(title="ragline", version="1", description=_description(project, token), lifespan=lifespan,
-                  openapi_tags=[{"name": "query"}, {"name": "openai"}, {"name": "health"}])
+                  openapi_tags=[{"name": "query"}, {"name": "openai"}, {"name": "feedback"}, {"name": "health"}])
     app.state.service = service
     secured = [Depends(_bearer)]  # shows the scheme in /docs; Guard enforces it before the body is read
     app.include_router(query_router(service), dependencies=secured)
     app.include_router(openai_router(service), dependencies=secured)
+    app.include_router(feedback_router(service), dependencies=secured)
     for router in routers:
         app.include_router(router, dependencies=secured)
     app.include_router(health_router(service, require_prefect))
@@ -532,6 +537,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ApiError, _api_error)
     private_metrics = ("/metrics",) if metrics and not settings.get("metrics_public") else ()
+    body_limits = {"/v1/feedback": min(FEEDBACK_BODY_BYTES, max_body_bytes), **(body_limits or {})}
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_origins=cors_origins,
                        protected=("/v1", *DOC_PATHS, *private_metrics), admin_only=private_metrics,
                        body_limits=body_limits, auth=authenticator(project, token))
@@ -539,7 +545,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["X-Request-ID"])
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["X-Request-ID", ANSWER_ID_HEADER])
     return app
 
 

@@ -27,7 +27,8 @@ from fastapi.sse import EventSourceResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Source
-from ragline.flows.serve.query_service import ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService, request_id, sse
+from ragline.flows.serve.query_service import ANSWER_ID_HEADER, ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService
+from ragline.flows.serve.query_service import request_id, sse
 from ragline.flows.serve.query_service import estimate_tokens
 from ragline.flows.serve.principals import collections_of, principal_of, require
 from ragline.flows.resources.filters import FilterError, validate
@@ -93,6 +94,8 @@ class ChatCompletion(BaseModel):
     choices: list[dict[str, Any]]
     usage: dict[str, int]
     sources: list[dict[str, Any]] = Field(description="the references cited (or, for search, the passages)")
+    answer_id: str | None = Field(None, description="ragline: this answer's id (also the X-Answer-ID header), for "
+                                                    "POST /v1/feedback")
     verification: dict[str, Any] = Field(description="verdict, refused, reason, confidence")
 
 
@@ -126,13 +129,15 @@ def openai_router(service: QueryService) -> APIRouter:
         except ApiError as exc:
             return exc.response()
         reply = Reply(body, query)
+        answer_id = service.new_answer_id()
         if body.stream:
-            return EventSourceResponse(_chunks(service, pipeline, query, reply, rid), headers=STREAM_HEADERS)
+            return EventSourceResponse(_chunks(service, pipeline, query, reply, rid, answer_id),
+                                       headers={**STREAM_HEADERS, ANSWER_ID_HEADER: answer_id})
         try:
-            outcome = await service.run(pipeline, query, surface="chat")
+            outcome = await service.run(pipeline, query, surface="chat", answer_id=answer_id, request_id=rid)
         except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
             return service.failure(exc, rid).response()
-        return JSONResponse(reply.completion(outcome))
+        return JSONResponse(reply.completion(outcome), headers={ANSWER_ID_HEADER: answer_id})
 
     return router
 
@@ -223,23 +228,23 @@ def _page_suffix(passage: Any) -> str:
 
 
 def extras(outcome: Outcome) -> dict[str, Any]:
-    """``sources`` and ``verification``: read by the stock client from ``model_extra``."""
+    """``sources``, ``verification`` and ``answer_id``: read by the stock client from ``model_extra``."""
     if not outcome.is_answer:
         sources = [{**Source.of(n, p).model_dump(mode="json"), "score": p.score}
                    for n, p in enumerate(outcome.value, start=1)]
         return {"sources": sources, "verification": {"verdict": None, "refused": False, "reason": "",
-                                                     "confidence": None}}
+                                                     "confidence": None}, "answer_id": outcome.answer_id}
     answer = outcome.value
     return {"sources": [] if answer.refused else [s.model_dump(mode="json") for s in answer.sources],
             "verification": {"verdict": answer.verdict, "refused": answer.refused, "reason": answer.reason,
-                             "confidence": answer.confidence}}
+                             "confidence": answer.confidence}, "answer_id": outcome.answer_id}
 
 
 async def _chunks(service: QueryService, pipeline: Any, query: dict[str, Any], reply: Reply,
-                  rid: str) -> AsyncIterator[bytes]:
+                  rid: str, answer_id: str) -> AsyncIterator[bytes]:
     yield reply.chunk({"role": "assistant", "content": ""})
     try:
-        async for item in service.stream(pipeline, query, surface="chat"):
+        async for item in service.stream(pipeline, query, surface="chat", answer_id=answer_id, request_id=rid):
             if item is None:
                 yield sse(None, None)
             elif isinstance(item, Outcome):

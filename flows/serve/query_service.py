@@ -11,6 +11,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,11 +27,15 @@ from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
 from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, Passage, PipelineKind
 from ragline.flows.resources import warm_up as warm_up_resources
+from ragline.flows.serve.layout import data_dir_of
+from ragline.flows.serve.query_log import QueryLog, describe_run, index_generations, now_iso
 from ragline.flows.serve.redact import Redactor
 from ragline.flows.errors import InputError, RaglineError
 from ragline.flows.resources.filters import validate
 from ragline.flows.run.steps import digest_of
 from ragline.flows.run.steps import StepFailed
+from ragline.flows.run.check import indexes
+from ragline.flows.run.query_runner import STEP_OUTPUTS
 
 log = logging.getLogger("ragline.api")
 
@@ -40,6 +45,7 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
 REPLACED_NOTICE = ("verification replaced the streamed draft with the refusal text: discard the streamed tokens "
                    "and show answer.text")
+ANSWER_ID_HEADER = "X-Answer-ID"  # also `answer_id` in the body: what POST /v1/feedback names
 
 
 # ----------------------------------------------------------------------------- errors
@@ -124,6 +130,8 @@ class QueryRequest(BaseModel):
 
 
 class QueryResponse(BaseModel):
+    answer_id: str | None = Field(None, description="this answer's id (also the X-Answer-ID header): rate it with "
+                                                    "POST /v1/feedback")
     pipeline: str
     answer: Answer | None = Field(None, description="for pipelines that answer (the output is an Answer)")
     passages: list[Passage] | None = Field(None, description="for search pipelines (the output is passages)")
@@ -161,6 +169,7 @@ class Outcome:
     timings: dict[str, float]
     latency_ms: float
     tokens: list[str] = field(default_factory=list)
+    answer_id: str | None = None
 
     @property
     def is_answer(self) -> bool:
@@ -174,7 +183,8 @@ class Outcome:
         return bool(self.tokens) and self.is_answer and self.value.refused and bool(self.value.draft)
 
     def to_json(self, top_k: int | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"pipeline": self.pipeline}
+        body: dict[str, Any] = {"answer_id": self.answer_id} if self.answer_id else {}
+        body["pipeline"] = self.pipeline
         if self.is_answer:
             body["answer"] = self.value.model_dump(mode="json")
         else:
@@ -273,6 +283,8 @@ class QueryService:
         self.streaming = {n: _streaming(p) for n, p in self.queries.items()}
         self.drivers = ThreadPoolExecutor(max_workers=max_concurrent_runs, thread_name_prefix="ragline-api")
         self.events = Events(_prefect_url(), contextvars.copy_context())
+        self.query_log = QueryLog.from_settings(data_dir_of(project))
+        self.states_read = {n: _states_read(project, p) for n, p in self.queries.items()}
         self.started = int(time.time())
 
         self.config_digest = digest_of(project.source or project.path)  # the text this server compiled
@@ -301,30 +313,59 @@ class QueryService:
         return pipeline.step(pipeline.output).stage.produces == "answer"
 
     # -- running
+    @staticmethod
+    def new_answer_id() -> str:
+        """An answer's id, made before its run (a stream's headers carry it before the answer exists)."""
+        return uuid.uuid4().hex
+
     async def run(self, pipeline: CompiledPipeline, query: dict[str, Any], *, surface: str = "query",
-                  on_token: Callable[[str], None] | None = None) -> Outcome:
+                  on_token: Callable[[str], None] | None = None, answer_id: str | None = None,
+                  request_id: str | None = None) -> Outcome:
         """The pipeline on a driver thread; the event loop only awaits it."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        outputs: dict[str, Any] | None = {} if self.query_log is not None else None
+        answer_id = answer_id or self.new_answer_id()
+        logged = _LogContext(pipeline.name, surface, on_token is not None, answer_id, request_id, query) \
+            if self.query_log is not None else None
         try:  # in this request's context: the run's span is a child of the request's
             value, trace = await loop.run_in_executor(self.drivers, contextvars.copy_context().run, _run, pipeline,
-                                                      query, on_token)
+                                                      query, on_token, outputs)
         except Exception as exc:
             seconds = time.perf_counter() - started
             self.events.query_done(pipeline.name, "failed", _ms(seconds), {}, len(query["text"]), surface,
                                    type(exc).__name__)
             telemetry.query_done(pipeline.name, "failed", seconds, error=exc)
+            self._log(logged, "failed", _ms(seconds), {}, None, {}, error=type(exc).__name__)
             raise
         seconds = time.perf_counter() - started
-        outcome = Outcome(pipeline.name, value, {step: _ms(s) for step, s in trace}, _ms(seconds))
+        outcome = Outcome(pipeline.name, value, {step: _ms(s) for step, s in trace}, _ms(seconds), answer_id=answer_id)
         self.events.query_done(pipeline.name, outcome.status(), outcome.latency_ms, outcome.timings,
                                len(query["text"]), surface)
         refused = outcome.is_answer and value.refused
         telemetry.query_done(pipeline.name, outcome.status(), seconds, trace, refusal=value.reason if refused else None)
+        self._log(logged, outcome.status(), outcome.latency_ms, outcome.timings, value, outputs or {})
         return outcome
 
-    async def stream(self, pipeline: CompiledPipeline, query: dict[str, Any], *,
-                     surface: str = "query") -> AsyncIterator[str | None | Outcome]:
+    def _log(self, logged: "_LogContext | None", status: str, latency_ms: float, timings: dict[str, float], value: Any,
+             outputs: dict[str, Any], error: str | None = None) -> None:
+        """Hands the query log its entry (when the log is on); the writer thread completes it."""
+        query_log = self.query_log
+        if query_log is None or logged is None:
+            return
+        entry = logged.entry(status, latency_ms, timings, query_log.text, error)
+        question, states = logged.question, self.states_read.get(logged.pipeline, [])
+
+        def build(entry: dict[str, Any]) -> None:  # on the log's thread
+            if value is not None:
+                describe_run(entry, value, outputs, question, query_log.text)
+            entry["index"] = index_generations(self.project, states)
+
+        query_log.record(entry, build)
+
+    async def stream(self, pipeline: CompiledPipeline, query: dict[str, Any], *, surface: str = "query",
+                     answer_id: str | None = None, request_id: str | None = None
+                     ) -> AsyncIterator[str | None | Outcome]:
         """Generated pieces as they come (``None`` now and then while nothing does), then the Outcome.
         The run goes on to the end (and emits its event) if the client leaves."""
         loop = asyncio.get_running_loop()
@@ -340,7 +381,8 @@ class QueryService:
                 except RuntimeError:  # the loop is closed: the server is stopping
                     listening.clear()
 
-        job = asyncio.ensure_future(self.run(pipeline, query, surface=surface, on_token=on_token))
+        job = asyncio.ensure_future(self.run(pipeline, query, surface=surface, on_token=on_token, answer_id=answer_id,
+                                             request_id=request_id))
         job.add_done_callback(lambda finished: (queue.put_nowait(done), finished.cancelled() or finished.exception()))
         tokens: list[str] = []
         getter: asyncio.Future | None = None
@@ -406,11 +448,60 @@ class QueryService:
     def close(self) -> None:
         self.drivers.shutdown(wait=False, cancel_futures=True)
         self.events.close()
+        if self.query_log is not None:
+            self.query_log.close()
 
 
-def _run(pipeline: CompiledPipeline, query: dict[str, Any],
-         on_token: Callable[[str], None] | None) -> tuple[Any, list[tuple[str, float]]]:
+@dataclass
+class _LogContext:
+    """What the query log needs to know of a request besides its outcome."""
+
+    pipeline: str
+    surface: str
+    stream: bool
+    answer_id: str
+    request_id: str | None
+    query: dict[str, Any]
+    time: str = field(default_factory=now_iso)
+    trace_id: str | None = field(default_factory=lambda: _trace_id())
+
+    @property
+    def question(self) -> str:
+        return self.query["text"]
+
+    def entry(self, status: str, latency_ms: float, timings: dict[str, float], text: bool,
+              error: str | None) -> dict[str, Any]:
+        entry: dict[str, Any] = {"answer_id": self.answer_id, "time": self.time, "pipeline": self.pipeline,
+                                 "surface": self.surface, "stream": self.stream, "status": status,
+                                 "latency_ms": latency_ms, "timings": timings, "request_id": self.request_id,
+                                 "trace_id": self.trace_id, "history_turns": len(self.query.get("history") or []),
+                                 "filtered": bool(self.query.get("filters"))}
+        if text:
+            entry["question"] = self.question
+        if error:
+            entry["error"] = error
+        return entry
+
+
+def _trace_id() -> str | None:
+    """The current trace's id (the request's span), None untraced."""
+    if telemetry.tracer() is None:
+        return None
+    parent = telemetry.carrier()
+    return parent.split("-")[1] if parent else None
+
+
+def _states_read(project: Project, pipeline: CompiledPipeline) -> list[str]:
+    """The index states whose stores a query pipeline searches (their generation is logged)."""
+    used = {name for step in pipeline.steps for name in step.resources.values()}
+    return sorted({index.state for index in indexes(project) if {index.store, index.sparse} & used})
+
+
+def _run(pipeline: CompiledPipeline, query: dict[str, Any], on_token: Callable[[str], None] | None,
+         outputs: dict[str, Any] | None = None) -> tuple[Any, list[tuple[str, float]]]:
     trace: list[tuple[str, float]] = []
+    if outputs is not None:
+        STEP_OUTPUTS.set(outputs)  # in this run's own context copy
     value = engine.run(pipeline, {"query": query}, orchestrate=False, on_token=on_token, trace=trace)
     return value, trace
 

@@ -2,6 +2,7 @@
 budget; inverse cloze, title and LLM strategies; the text cut out of a source is removed for scoring."""
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -224,3 +225,18 @@ def test_the_shipped_tune_pipeline_runs_on_an_empty_index_with_a_clear_error(tmp
     with pytest.raises(engine.StepFailed, match="nothing is indexed yet.*run `ragline index`"):
         engine.run(project.pipeline("tune"), orchestrate=False)
     assert not (tmp_path / "pipelines.tuned.yaml").exists()
+
+
+def test_labelled_pairs_of_a_feedback_export_come_first(state, tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    rows = [{"text": "white matter in newborns", "source_id": "/data/corpus.jsonl#4983", "chunk_id": "4983-0",
+             "strategy": "feedback"},
+            {"text": "a deleted document", "source_id": "/data/corpus.jsonl#gone", "chunk_id": "x",
+             "strategy": "feedback"}]
+    (export / "train_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = make(state, n=5, labelled=str(export))
+    assert [(p.text, p.strategy) for p in pairs[:1]] == [("white matter in newborns", "feedback")]
+    assert len(pairs) == 5 and [p.strategy for p in pairs[1:]] == ["inverse_cloze"] * 4
+    with pytest.raises(FileNotFoundError, match="feedback export"):
+        make(state, n=5, labelled=str(tmp_path / "nowhere"))

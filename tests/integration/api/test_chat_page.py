@@ -3,6 +3,7 @@ API on uvicorn with the scripted LLM: type, submit, watch the answer stream in, 
 its source and passage, see a refusal's reason, and give the token the API asks for."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -157,3 +158,34 @@ def test_a_passage_links_only_to_the_loaders_url_never_to_its_own_metadata(page)
     assert hrefs == ["https://wiki.example.com/b"]
     assert "docs/a.md" in card.locator("ol.sources li").first.inner_text()
     assert "evil.example" not in card.inner_html()
+
+
+def test_thumbs_under_an_answer_post_its_rating_to_feedback(page, fresh_script, api_project):
+    fresh_script.answer = "Diffusion tensor imaging measures it [1]."
+    posted: list[dict] = []
+    page.on("request", lambda r: posted.append(r.post_data_json) if r.url.endswith("/v1/feedback") else None)
+    card = ask(page, QUESTION)
+    rating = card.locator(".rating")
+    answer_id = rating.get_attribute("data-answer-id")
+    assert answer_id and len(answer_id) == 32
+    card.locator("button.thumb.down").click()
+    rating.locator(".rating-status", has_text="Thanks").wait_for(timeout=30_000)
+    card.locator("button.thumb.up").click()
+    card.locator("button.thumb.up[aria-pressed=true]").wait_for(timeout=30_000)  # not wait_for_function: the CSP forbids eval
+    assert card.locator("button.thumb.down").get_attribute("aria-pressed") == "false"
+    assert posted == [{"answer_id": answer_id, "rating": "down"}, {"answer_id": answer_id, "rating": "up"}]
+    stored = [json.loads(line) for line in (api_project.parent / ".ragline" / "feedback" / "feedback.jsonl")
+              .read_text().splitlines()]
+    assert [r["rating"] for r in stored if r["answer_id"] == answer_id] == ["down", "up"]
+
+
+def test_a_refused_feedback_says_why_under_the_answer(page, fresh_script):
+    page.route("**/v1/feedback", lambda route: route.fulfill(
+        status=404, json={"error": {"message": "field 'answer_id': no answer in the query log", "type": "x",
+                                    "param": "answer_id", "code": "answer_not_found"}}))
+    card = ask(page, QUESTION)
+    card.locator("button.thumb.up").click()
+    status = card.locator(".rating .rating-status", has_text="not saved")
+    status.wait_for(timeout=30_000)
+    assert "field 'answer_id'" in status.inner_text()
+    assert card.locator("button.thumb.up").get_attribute("aria-pressed") == "false"
