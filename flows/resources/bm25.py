@@ -8,6 +8,7 @@ the published version and any folder younger than a grace period.
 """
 from __future__ import annotations
 
+import bisect
 import fcntl
 import json
 import logging
@@ -16,6 +17,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
@@ -25,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows import failpoints
 from ragline.flows.files import write_atomic
-from ragline.flows.resources.filters import matches
+from ragline.flows.resources.filters import FilterError, matches
 from ragline.flows.resources.base import Health, Resource
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
 
@@ -63,7 +65,7 @@ class BM25Index(Resource):
 
     def __init__(self, spec: BM25Spec, base_dir: Path | None = None):
         super().__init__(spec, base_dir)
-        self._loaded: tuple[str, Any, list[str], list[dict[str, Any]]] | None = None
+        self._loaded: tuple[str, Any, list[str], list[dict[str, Any]], MetadataIndex] | None = None
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
 
@@ -279,7 +281,7 @@ class BM25Index(Resource):
                 ids = json.loads((folder / "ids.json").read_text())
                 meta = json.loads((folder / "meta.json").read_text())
                 retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False) if ids else None
-                self._loaded = (version, retriever, ids, meta)
+                self._loaded = (version, retriever, ids, meta, MetadataIndex(meta))
             return self._loaded
 
     def search(self, texts: list[str], k: int, where: dict[str, Any] | None = None,
@@ -288,10 +290,10 @@ class BM25Index(Resource):
         loaded = self._current()
         if loaded is None or not loaded[2]:
             return [[] for _ in texts]
-        _, retriever, ids, meta = loaded
+        _, retriever, ids, meta, metadata = loaded
         mask = None
         if where:
-            mask = np.fromiter((matches(m, where) for m in meta), dtype=bool, count=len(meta))
+            mask = metadata.mask(where)
             if not mask.any():
                 return [[] for _ in texts]
         tokens = self._tokenize(texts)
@@ -314,7 +316,7 @@ class BM25Index(Resource):
         loaded = self._current()
         if loaded is None or not loaded[2]:
             return {}, 0
-        _, retriever, ids, _ = loaded
+        _, retriever, ids, _, _ = loaded
         indptr, vocab = retriever.scores["indptr"], retriever.vocab_dict
         return {t: int(indptr[vocab[t] + 1] - indptr[vocab[t]]) for t in terms if t in vocab}, len(ids)
 
@@ -325,10 +327,10 @@ class BM25Index(Resource):
         loaded = self._current()
         if loaded is None or not loaded[2]:
             return [[] for _ in queries]
-        _, retriever, ids, meta = loaded
+        _, retriever, ids, meta, metadata = loaded
         mask = None
         if where:
-            mask = np.fromiter((matches(m, where) for m in meta), dtype=bool, count=len(meta))
+            mask = metadata.mask(where)
             if not mask.any():
                 return [[] for _ in queries]
         results = []
@@ -345,6 +347,155 @@ class BM25Index(Resource):
                 scores *= mask
             results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked(scores, k, ids).tolist()])
         return results
+
+
+_SCALARS = (str, int, float, bool)  # the values a validated filter compares (filters._check_value)
+_RANGES = ("$gt", "$gte", "$lt", "$lte")
+_ABSENT = object()  # a chunk without the key: like None, it matches no value
+
+
+class _Column:
+    """One metadata key's chunks grouped by value: ``postings[offsets[i]:offsets[i + 1]]`` are the chunk
+    positions (ascending) holding value ``i``, where the values are the key's strings in order followed
+    by its numbers (booleans among them, as Python compares them) in order. A value equal to others
+    (1, 1.0 and True) is one group, as ``==`` makes it one; NaN, None, lists and maps are in no group:
+    like a missing key they equal nothing and compare as neither greater nor smaller."""
+
+    __slots__ = ("strings", "numbers", "offsets", "postings")
+
+    def __init__(self, values: list[Any]):
+        codes: defaultdict[Any, int] = defaultdict()
+        codes.default_factory = codes.__len__  # a new value gets the next code
+        try:
+            coded = [codes[v] for v in values]
+        except TypeError:  # a list or map value (unhashable): in no group
+            coded = [codes[v if type(v) in _SCALARS else _ABSENT] for v in values]
+        distinct = list(codes)
+        self.strings = sorted((v for v in distinct if type(v) is str))
+        self.numbers = sorted((v for v in distinct if type(v) in (int, float, bool) and v == v))  # not NaN
+        rank = np.full(len(distinct), -1, dtype=np.int64)
+        for position, value in enumerate(self.strings + self.numbers):
+            rank[codes[value]] = position
+        ranks = rank[np.asarray(coded, dtype=np.int64)]
+        held = np.flatnonzero(ranks >= 0)
+        order = np.argsort(ranks[held], kind="stable")  # stable: positions stay ascending within a value
+        self.postings = held[order].astype(np.int32)
+        counts = np.bincount(ranks[held], minlength=len(self.strings) + len(self.numbers))
+        self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+    def nbytes(self) -> int:
+        return self.postings.nbytes + self.offsets.nbytes + 8 * (len(self.strings) + len(self.numbers))
+
+    def equal(self, value: Any) -> np.ndarray:
+        values, base = self._values_of(value)
+        if values is None:
+            return self.postings[:0]
+        return self._slice(base + bisect.bisect_left(values, value), base + bisect.bisect_right(values, value))
+
+    def compare(self, op: str, value: Any) -> np.ndarray:
+        """Chunks whose value is ``op`` ``value``: only strings compare with a string, only numbers with
+        a number (other pairs raise TypeError in Python, which ``matches`` counts as no match)."""
+        values, base = self._values_of(value)
+        if values is None:
+            return self.postings[:0]
+        if op == "$gt":
+            return self._slice(base + bisect.bisect_right(values, value), base + len(values))
+        if op == "$gte":
+            return self._slice(base + bisect.bisect_left(values, value), base + len(values))
+        if op == "$lt":
+            return self._slice(base, base + bisect.bisect_left(values, value))
+        return self._slice(base, base + bisect.bisect_right(values, value))  # $lte
+
+    def _values_of(self, value: Any) -> tuple[list[Any] | None, int]:
+        """The sorted values ``value`` compares with and where they start; None for a NaN (it equals
+        and orders with nothing)."""
+        if type(value) is str:
+            return self.strings, 0
+        if value != value:
+            return None, 0
+        return self.numbers, len(self.strings)
+
+    def _slice(self, start: int, end: int) -> np.ndarray:
+        return self.postings[self.offsets[start]:self.offsets[end]]
+
+
+class MetadataIndex:
+    """Chunk positions by metadata value, built once per loaded BM25 version, so a filter is set
+    algebra over sorted position arrays instead of ``matches`` run on every chunk's metadata per
+    query (linear in the corpus: 111 ms at 163k chunks). Answers exactly as ``matches`` does.
+
+    Read-only once built, and owned by its version's loaded record: a reader keeps the version it
+    started with while a writer publishes the next. The chunk text (a key BM25 adds) is indexed only
+    when a filter first names it."""
+
+    LAZY_KEYS = frozenset({"text"})
+
+    def __init__(self, meta: list[dict[str, Any]]):
+        self.size = len(meta)
+        self._meta = meta
+        self._lock = threading.Lock()
+        keys: set[str] = set()
+        for m in meta:
+            keys.update(m)
+        self._lazy = keys & self.LAZY_KEYS
+        self._columns = {key: _Column([m.get(key, _ABSENT) for m in meta]) for key in keys - self.LAZY_KEYS}
+
+    def nbytes(self) -> int:
+        """Bytes the index holds beyond the metadata itself (its values are the metadata's objects)."""
+        return sum(column.nbytes() for column in self._columns.values())
+
+    def mask(self, where: dict[str, Any]) -> np.ndarray:
+        """Which chunks satisfy ``where``, as a boolean array over chunk positions."""
+        result = np.ones(self.size, dtype=bool)
+        for key, cond in where.items():
+            if key == "$and":
+                for clause in cond:
+                    result &= self.mask(clause)
+            elif key == "$or":
+                either = np.zeros(self.size, dtype=bool)
+                for clause in cond:
+                    either |= self.mask(clause)
+                result &= either
+            elif key.startswith("$"):
+                raise FilterError(f"unknown filter operator {key!r}")
+            elif isinstance(cond, dict):
+                for op, value in cond.items():
+                    result &= self._field(key, op, value)
+            else:
+                result &= self._field(key, "$eq", cond)
+        return result
+
+    def _field(self, key: str, op: str, value: Any) -> np.ndarray:
+        if op in ("$in", "$nin"):
+            supported = isinstance(value, list) and all(type(v) in _SCALARS for v in value)
+        elif op in ("$eq", "$ne", *_RANGES):
+            supported = type(value) in _SCALARS
+        else:
+            raise FilterError(f"unknown filter operator {op!r} on field {key!r}")
+        if not supported:  # a value ``filters.validate`` refuses (every query is validated): as matches does
+            return np.fromiter((matches(m, {key: {op: value}}) for m in self._meta), dtype=bool, count=self.size)
+        column = self._column(key)
+        if op in _RANGES:
+            return self._positions([] if column is None else [column.compare(op, value)])
+        values = value if op in ("$in", "$nin") else [value]
+        found = self._positions([] if column is None else [column.equal(v) for v in values])
+        return ~found if op in ("$ne", "$nin") else found
+
+    def _positions(self, groups: list[np.ndarray]) -> np.ndarray:
+        mask = np.zeros(self.size, dtype=bool)
+        for positions in groups:
+            mask[positions] = True
+        return mask
+
+    def _column(self, key: str) -> _Column | None:
+        column = self._columns.get(key)
+        if column is None and key in self._lazy:
+            with self._lock:
+                column = self._columns.get(key)
+                if column is None:
+                    column = _Column([m.get(key, _ABSENT) for m in self._meta])
+                    self._columns = {**self._columns, key: column}  # a new dict: readers never see it change size
+        return column
 
 
 def ranked(scores: np.ndarray, k: int, ids: list[str] | None = None) -> np.ndarray:
