@@ -47,7 +47,7 @@ META = st.lists(st.dictionaries(FIELD, STORED, max_size=5), max_size=25)
 @given(meta=META, where=WHERE)
 def test_index_answers_as_matches_does(meta, where):
     expected = [matches(m, where) for m in meta]
-    assert MetadataIndex(meta).mask(where).tolist() == expected
+    assert MetadataIndex.build(meta).mask(where).tolist() == expected
 
 
 GRID_STORED = [None, [1], True, False, -1, 0, 1, 2, 0.5, 1.0, float(BIG), BIG, BIG + 1, math.inf, "", "a", "b", "1"]
@@ -59,7 +59,7 @@ def test_every_operator_on_every_pair_of_values(op):
     """Each operator, each stored value (and a missing key) against each compared value: the
     boundaries (equal values, int against float, bool against int, str against number) exactly."""
     meta = [{"x": v} for v in GRID_STORED] + [{}]
-    index = MetadataIndex(meta)
+    index = MetadataIndex.build(meta)
     for value in GRID_COMPARED:
         where = {"x": {op: [value, "b"] if op in ("$in", "$nin") else value}}
         assert index.mask(where).tolist() == [matches(m, where) for m in meta], where
@@ -84,11 +84,11 @@ def test_every_operator_on_every_pair_of_values(op):
 def test_edge_values(stored, where, expected):
     meta = [{"x": stored}, {}]
     assert matches(meta[0], where) is expected
-    assert MetadataIndex(meta).mask(where).tolist() == [expected, matches({}, where)]
+    assert MetadataIndex.build(meta).mask(where).tolist() == [expected, matches({}, where)]
 
 
 def test_missing_key_never_equals_and_always_differs():
-    index = MetadataIndex([{"a": 1}, {}])
+    index = MetadataIndex.build([{"a": 1}, {}])
     assert index.mask({"b": {"$eq": 1}}).tolist() == [False, False]
     assert index.mask({"b": {"$ne": 1}}).tolist() == [True, True]
     assert index.mask({"b": {"$nin": [1]}}).tolist() == [True, True]
@@ -96,7 +96,7 @@ def test_missing_key_never_equals_and_always_differs():
 
 
 def test_unknown_operator_is_a_filter_error():
-    index = MetadataIndex([{"a": 1}])
+    index = MetadataIndex.build([{"a": 1}])
     with pytest.raises(FilterError, match=r"\$regex"):
         index.mask({"a": {"$regex": "x"}})
     with pytest.raises(FilterError, match=r"\$not"):
@@ -106,12 +106,12 @@ def test_unknown_operator_is_a_filter_error():
 def test_acl_or_of_booleans():
     meta = [{f"ragline_acl.g{g}": True for g in range(10) if (i >> g) & 1} for i in range(1024)]
     where = {"$or": [{"ragline_acl.g3": {"$eq": True}}, {"ragline_acl.g7": {"$eq": True}}]}
-    mask = MetadataIndex(meta).mask(where)
+    mask = MetadataIndex.build(meta).mask(where)
     assert mask.tolist() == [matches(m, where) for m in meta] and mask.sum() == 1024 - 256
 
 
 def test_index_holds_only_present_keys_in_int32():
-    index = MetadataIndex([{"year": 2020 + i % 3, "lang": "en"} for i in range(100)] + [{"rare": 1}])
+    index = MetadataIndex.build([{"year": 2020 + i % 3, "lang": "en"} for i in range(100)] + [{"rare": 1}])
     assert set(index._columns) == {"year", "lang", "rare"}
     assert all(column.postings.dtype == np.int32 for column in index._columns.values())
     assert index._columns["rare"].postings.tolist() == [100]
@@ -154,3 +154,42 @@ def test_each_version_has_its_own_index(tmp_path):
     [hits] = index.search(["mitochondria"], k=5, where={"lang": "fr"})
     assert [h[0] for h in hits] == ["c99"]
     assert not old[4].mask({"lang": "fr"}).any() and old[4].size == len(ROWS)
+
+
+def test_saved_index_answers_as_the_built_one(tmp_path):
+    meta = [{"x": v, "ragline_acl.g1": True} if i % 2 else {"x": v} for i, v in enumerate(GRID_STORED)] + [{}]
+    MetadataIndex.build(meta).save(tmp_path)
+    loaded = MetadataIndex.load(tmp_path, meta)
+    for op in ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin"):
+        for value in GRID_COMPARED:
+            where = {"$or": [{"x": {op: [value] if op in ("$in", "$nin") else value}}, {"ragline_acl.g1": True}]}
+            assert loaded.mask(where).tolist() == [matches(m, where) for m in meta], where
+
+
+def test_a_loaded_version_reads_its_saved_index(tmp_path, monkeypatch):
+    """The index is written with the version; a reader loads it instead of rebuilding it."""
+    writer = BM25Index(BM25Spec(type="bm25", path="bm25"), base_dir=tmp_path)
+    writer.build(ROWS, generation=1, settings=writer.settings)
+    folder = tmp_path / "bm25" / writer.published_version()["version"]
+    assert (folder / MetadataIndex.FILE).is_file()
+    monkeypatch.setattr(MetadataIndex, "build", classmethod(lambda cls, meta: pytest.fail("rebuilt")))
+    reader = BM25Index(BM25Spec(type="bm25", path="bm25"), base_dir=tmp_path)
+    [hits] = reader.search(["mitochondria"], k=40, where={"year": {"$lt": 2008}})
+    assert sorted(h[0] for h in hits) == sorted(f"c{i}" for i in range(8))
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "other version"])
+def test_a_missing_or_damaged_saved_index_is_rebuilt(tmp_path, damage, caplog):
+    writer = BM25Index(BM25Spec(type="bm25", path="bm25"), base_dir=tmp_path)
+    writer.build(ROWS, generation=1, settings=writer.settings)
+    saved = tmp_path / "bm25" / writer.published_version()["version"] / MetadataIndex.FILE
+    if damage == "missing":  # a version published before the index was saved with it
+        saved.unlink()
+    elif damage == "garbage":
+        saved.write_bytes(b"PK\x03\x04 not a zip")
+    else:  # a valid file over other chunks: positions would point past this version's
+        MetadataIndex.build([{"year": 1}] * 100).save(saved.parent)
+    reader = BM25Index(BM25Spec(type="bm25", path="bm25"), base_dir=tmp_path)
+    [hits] = reader.search(["mitochondria"], k=40, where={"year": {"$lt": 2008}})
+    assert sorted(h[0] for h in hits) == sorted(f"c{i}" for i in range(8))
+    assert ("is unreadable" in caplog.text) is (damage != "missing")
