@@ -4,7 +4,9 @@ bm25s indexes are immutable sparse matrices: rebuilding 50k passages takes ~2.5 
 index is derived from the state record after each ingestion run that changed something,
 written to a fresh folder and published by atomically replacing a pointer file. Builders in
 any process take an exclusive lock file around build, publish and cleanup, and cleanup spares
-the published version and any folder younger than a grace period.
+the published version and any folder younger than a grace period. A metadata filter is answered
+from an index of chunk positions by value saved with each version (``MetadataIndex``), never by
+reading every chunk's metadata per query.
 """
 from __future__ import annotations
 
@@ -363,15 +365,16 @@ class _Column:
     """One metadata key's chunks grouped by value: ``postings[offsets[g]:offsets[g + 1]]`` are the chunk
     positions (ascending) holding group ``g``'s value; groups ``[0, strings)`` are the key's strings in
     order, the rest its numbers (booleans among them, as Python compares them) in order. A value is
-    read from the metadata of its group's first chunk, so the index copies no value and persists as
-    three integer arrays. Values equal under ``==`` (1, 1.0 and True) are one group; NaN, None, lists
+    read from the metadata of its group's first chunk (the objects themselves, listed when the key is
+    first filtered on), so the index copies no value and persists as two int32 arrays. Values equal under ``==`` (1, 1.0 and True) are one group; NaN, None, lists
     and maps are in none: like a missing key they equal nothing and order with nothing."""
 
-    __slots__ = ("key", "meta", "strings", "offsets", "postings")
+    __slots__ = ("key", "meta", "strings", "offsets", "postings", "_values")
 
     def __init__(self, key: str, meta: list[dict[str, Any]], strings: int, offsets: np.ndarray,
                  postings: np.ndarray):
         self.key, self.meta, self.strings, self.offsets, self.postings = key, meta, strings, offsets, postings
+        self._values: list[Any] | None = None
 
     @classmethod
     def build(cls, key: str, meta: list[dict[str, Any]]) -> _Column:
@@ -395,7 +398,8 @@ class _Column:
         return cls(key, meta, len(strings), offsets, held[order].astype(np.int32))
 
     def nbytes(self) -> int:
-        return self.postings.nbytes + self.offsets.nbytes
+        """The arrays, and 8 bytes a group for the list of its value once the key was filtered on."""
+        return self.postings.nbytes + self.offsets.nbytes + 8 * (len(self.offsets) - 1)
 
     def equal(self, value: Any) -> np.ndarray:
         bounds = self._bounds(value)
@@ -428,10 +432,13 @@ class _Column:
         return self.strings, len(self.offsets) - 1
 
     def _bisect(self, value: Any, lo: int, hi: int, side: Callable) -> int:
-        return side(range(hi), value, lo, hi, key=self._value)
+        return side(self.values(), value, lo, hi)
 
-    def _value(self, group: int) -> Any:
-        return self.meta[self.postings[self.offsets[group]]][self.key]
+    def values(self) -> list[Any]:
+        """Each group's value, in group order (listed once; two threads listing it at once list the same)."""
+        if self._values is None:
+            self._values = [self.meta[p][self.key] for p in self.postings[self.offsets[:-1]].tolist()]
+        return self._values
 
     def _slice(self, start: int, end: int) -> np.ndarray:
         return self.postings[self.offsets[start]:self.offsets[end]]
@@ -553,8 +560,8 @@ class MetadataIndex:
 
     def _positions(self, groups: list[np.ndarray]) -> np.ndarray:
         mask = np.zeros(self.size, dtype=bool)
-        for positions in groups:
-            mask[positions] = True
+        if groups:
+            mask[np.concatenate(groups)] = True
         return mask
 
     def _column(self, key: str) -> _Column | None:
