@@ -366,8 +366,9 @@ class _Column:
     positions (ascending) holding group ``g``'s value; groups ``[0, strings)`` are the key's strings in
     order, the rest its numbers (booleans among them, as Python compares them) in order. A value is
     read from the metadata of its group's first chunk (the objects themselves, listed when the key is
-    first filtered on), so the index copies no value and persists as two int32 arrays. Values equal under ``==`` (1, 1.0 and True) are one group; NaN, None, lists
-    and maps are in none: like a missing key they equal nothing and order with nothing."""
+    first filtered on), so the index copies no value and persists as two int32 arrays. Values equal
+    under ``==`` (1, 1.0 and True) are one group; NaN, None, lists and maps are in none: like a
+    missing key they equal nothing and order with nothing."""
 
     __slots__ = ("key", "meta", "strings", "offsets", "postings", "_values")
 
@@ -494,7 +495,7 @@ class MetadataIndex:
             return cls.build(meta)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             log.warning("bm25 metadata index %s is unreadable (%s: %s): rebuilding it from the metadata",
-                           path, type(exc).__name__, exc)
+                        path, type(exc).__name__, exc)
             return cls.build(meta)
 
     @staticmethod
