@@ -4,10 +4,13 @@ bm25s indexes are immutable sparse matrices: rebuilding 50k passages takes ~2.5 
 index is derived from the state record after each ingestion run that changed something,
 written to a fresh folder and published by atomically replacing a pointer file. Builders in
 any process take an exclusive lock file around build, publish and cleanup, and cleanup spares
-the published version and any folder younger than a grace period.
+the published version and any folder younger than a grace period. A metadata filter is answered
+from an index of chunk positions by value saved with each version (``MetadataIndex``), never by
+reading every chunk's metadata per query.
 """
 from __future__ import annotations
 
+import bisect
 import fcntl
 import json
 import logging
@@ -16,6 +19,8 @@ import shutil
 import threading
 import time
 import uuid
+import zipfile
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
@@ -25,9 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows import failpoints
 from ragline.flows.files import write_atomic
-from ragline.flows.resources.filters import matches
+from ragline.flows.resources.filters import FilterError, matches
 from ragline.flows.resources.base import Health, Resource
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
+
+log = logging.getLogger("ragline.bm25")
 
 
 def _bm25s():
@@ -63,7 +70,7 @@ class BM25Index(Resource):
 
     def __init__(self, spec: BM25Spec, base_dir: Path | None = None):
         super().__init__(spec, base_dir)
-        self._loaded: tuple[str, Any, list[str], list[dict[str, Any]]] | None = None
+        self._loaded: tuple[str, Any, list[str], list[dict[str, Any]], MetadataIndex] | None = None
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
 
@@ -211,7 +218,9 @@ class BM25Index(Resource):
             if retriever is not None:
                 retriever.save(str(folder), show_progress=False)
             _write_json(folder / "ids.json", ids)
-            _write_json(folder / "meta.json", [{**r[2], "text": r[1]} for r in rows])
+            meta = [{**r[2], "text": r[1]} for r in rows]
+            _write_json(folder / "meta.json", meta)
+            MetadataIndex.build(meta).save(folder)
             failpoints.hit("bm25.before_pointer")
             _write_json(self.path / self.POINTER, {"version": version, "generation": generation,
                                                    "settings": settings, "count": len(ids)})
@@ -279,7 +288,7 @@ class BM25Index(Resource):
                 ids = json.loads((folder / "ids.json").read_text())
                 meta = json.loads((folder / "meta.json").read_text())
                 retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False) if ids else None
-                self._loaded = (version, retriever, ids, meta)
+                self._loaded = (version, retriever, ids, meta, MetadataIndex.load(folder, meta))
             return self._loaded
 
     def search(self, texts: list[str], k: int, where: dict[str, Any] | None = None,
@@ -288,10 +297,10 @@ class BM25Index(Resource):
         loaded = self._current()
         if loaded is None or not loaded[2]:
             return [[] for _ in texts]
-        _, retriever, ids, meta = loaded
+        _, retriever, ids, meta, metadata = loaded
         mask = None
         if where:
-            mask = np.fromiter((matches(m, where) for m in meta), dtype=bool, count=len(meta))
+            mask = metadata.mask(where)
             if not mask.any():
                 return [[] for _ in texts]
         tokens = self._tokenize(texts)
@@ -314,7 +323,7 @@ class BM25Index(Resource):
         loaded = self._current()
         if loaded is None or not loaded[2]:
             return {}, 0
-        _, retriever, ids, _ = loaded
+        _, retriever, ids, _, _ = loaded
         indptr, vocab = retriever.scores["indptr"], retriever.vocab_dict
         return {t: int(indptr[vocab[t] + 1] - indptr[vocab[t]]) for t in terms if t in vocab}, len(ids)
 
@@ -325,10 +334,10 @@ class BM25Index(Resource):
         loaded = self._current()
         if loaded is None or not loaded[2]:
             return [[] for _ in queries]
-        _, retriever, ids, meta = loaded
+        _, retriever, ids, meta, metadata = loaded
         mask = None
         if where:
-            mask = np.fromiter((matches(m, where) for m in meta), dtype=bool, count=len(meta))
+            mask = metadata.mask(where)
             if not mask.any():
                 return [[] for _ in queries]
         results = []
@@ -347,14 +356,238 @@ class BM25Index(Resource):
         return results
 
 
+_SCALARS = (str, int, float, bool)  # the values a validated filter compares (filters._check_value)
+_RANGES = ("$gt", "$gte", "$lt", "$lte")
+_ABSENT = object()  # a chunk without the key: like None, it matches no value
+
+
+class _Column:
+    """One metadata key's chunks grouped by value: ``postings[offsets[g]:offsets[g + 1]]`` are the chunk
+    positions (ascending) holding group ``g``'s value; groups ``[0, strings)`` are the key's strings in
+    order, the rest its numbers (booleans among them, as Python compares them) in order. A value is
+    read from the metadata of its group's first chunk (the objects themselves, listed when the key is
+    first filtered on), so the index copies no value and persists as two int32 arrays. Values equal
+    under ``==`` (1, 1.0 and True) are one group; NaN, None, lists and maps are in none: like a
+    missing key they equal nothing and order with nothing."""
+
+    __slots__ = ("key", "meta", "strings", "offsets", "postings", "_values")
+
+    def __init__(self, key: str, meta: list[dict[str, Any]], strings: int, offsets: np.ndarray,
+                 postings: np.ndarray):
+        self.key, self.meta, self.strings, self.offsets, self.postings = key, meta, strings, offsets, postings
+        self._values: list[Any] | None = None
+
+    @classmethod
+    def build(cls, key: str, meta: list[dict[str, Any]]) -> _Column:
+        codes: defaultdict[Any, int] = defaultdict()
+        codes.default_factory = codes.__len__  # a new value gets the next code
+        values = [m.get(key, _ABSENT) for m in meta]
+        try:
+            coded = [codes[v] for v in values]
+        except TypeError:  # a list or map value (unhashable): in no group
+            coded = [codes[v if type(v) in _SCALARS else _ABSENT] for v in values]
+        strings = sorted(v for v in codes if type(v) is str)
+        numbers = sorted(v for v in codes if type(v) in (int, float, bool) and v == v)  # not NaN
+        rank = np.full(len(codes), -1, dtype=np.int64)
+        for group, value in enumerate(strings + numbers):
+            rank[codes[value]] = group
+        ranks = rank[np.asarray(coded, dtype=np.int64)]
+        held = np.flatnonzero(ranks >= 0)
+        order = np.argsort(ranks[held], kind="stable")  # stable: positions stay ascending within a group
+        counts = np.bincount(ranks[held], minlength=len(strings) + len(numbers))
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+        return cls(key, meta, len(strings), offsets, held[order].astype(np.int32))
+
+    def nbytes(self) -> int:
+        """The arrays, and 8 bytes a group for the list of its value once the key was filtered on."""
+        return self.postings.nbytes + self.offsets.nbytes + 8 * (len(self.offsets) - 1)
+
+    def equal(self, value: Any) -> np.ndarray:
+        bounds = self._bounds(value)
+        if bounds is None:
+            return self.postings[:0]
+        return self._slice(self._bisect(value, *bounds, bisect.bisect_left),
+                           self._bisect(value, *bounds, bisect.bisect_right))
+
+    def compare(self, op: str, value: Any) -> np.ndarray:
+        """Chunks whose value is ``op`` ``value``: only strings compare with a string, only numbers with
+        a number (other pairs raise TypeError in Python, which ``matches`` counts as no match)."""
+        bounds = self._bounds(value)
+        if bounds is None:
+            return self.postings[:0]
+        lo, hi = bounds
+        if op == "$gt":
+            return self._slice(self._bisect(value, lo, hi, bisect.bisect_right), hi)
+        if op == "$gte":
+            return self._slice(self._bisect(value, lo, hi, bisect.bisect_left), hi)
+        if op == "$lt":
+            return self._slice(lo, self._bisect(value, lo, hi, bisect.bisect_left))
+        return self._slice(lo, self._bisect(value, lo, hi, bisect.bisect_right))  # $lte
+
+    def _bounds(self, value: Any) -> tuple[int, int] | None:
+        """The groups ``value`` compares with; None for a NaN (it equals and orders with nothing)."""
+        if type(value) is str:
+            return 0, self.strings
+        if value != value:
+            return None
+        return self.strings, len(self.offsets) - 1
+
+    def _bisect(self, value: Any, lo: int, hi: int, side: Callable) -> int:
+        return side(self.values(), value, lo, hi)
+
+    def values(self) -> list[Any]:
+        """Each group's value, in group order (listed once; two threads listing it at once list the same)."""
+        if self._values is None:
+            self._values = [self.meta[p][self.key] for p in self.postings[self.offsets[:-1]].tolist()]
+        return self._values
+
+    def _slice(self, start: int, end: int) -> np.ndarray:
+        return self.postings[self.offsets[start]:self.offsets[end]]
+
+
+class MetadataIndex:
+    """Chunk positions by metadata value, built once per loaded BM25 version, so a filter is set
+    algebra over sorted position arrays instead of ``matches`` run on every chunk's metadata per
+    query (linear in the corpus: 111 ms at 163k chunks). Answers exactly as ``matches`` does.
+
+    Read-only once built, and owned by its version's loaded record: a reader keeps the version it
+    started with while a writer publishes the next. Written into the version folder when it is built
+    (loading it is ~10x cheaper than rebuilding it from the metadata); the chunk text (a key BM25 adds)
+    is indexed only when a filter first names it."""
+
+    FILE = "meta_index.npz"
+    FORMAT = 1
+    LAZY_KEYS = frozenset({"text"})
+
+    def __init__(self, meta: list[dict[str, Any]], columns: dict[str, _Column]):
+        self.size = len(meta)
+        self._meta = meta
+        self._columns = columns
+        self._lock = threading.Lock()
+
+    @classmethod
+    def build(cls, meta: list[dict[str, Any]]) -> MetadataIndex:
+        keys: set[str] = set()
+        for m in meta:
+            keys.update(m)
+        return cls(meta, {key: _Column.build(key, meta) for key in sorted(keys - cls.LAZY_KEYS)})
+
+    def save(self, folder: Path) -> None:
+        columns = [c for c in self._columns.values() if c.key not in self.LAZY_KEYS]
+        header = {"format": self.FORMAT, "size": self.size,
+                  "keys": [[c.key, c.strings, len(c.offsets), len(c.postings)] for c in columns]}
+        with open(folder / self.FILE, "wb") as out:
+            np.savez(out, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+                     offsets=np.concatenate([c.offsets for c in columns] or [np.empty(0, np.int32)]),
+                     postings=np.concatenate([c.postings for c in columns] or [np.empty(0, np.int32)]))
+
+    @classmethod
+    def load(cls, folder: Path, meta: list[dict[str, Any]]) -> MetadataIndex:
+        """The index saved with the version; built from ``meta`` when the version has none (one
+        published before it existed) or it is unreadable (it is derived data, so never fatal)."""
+        path = folder / cls.FILE
+        try:
+            with np.load(path) as saved:
+                header = json.loads(saved["header"].tobytes())
+                offsets, postings = saved["offsets"], saved["postings"]
+            return cls(meta, cls._columns_from(header, offsets, postings, meta))
+        except FileNotFoundError:
+            return cls.build(meta)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+            log.warning("bm25 metadata index %s is unreadable (%s: %s): rebuilding it from the metadata",
+                        path, type(exc).__name__, exc)
+            return cls.build(meta)
+
+    @staticmethod
+    def _columns_from(header: dict[str, Any], offsets: np.ndarray, postings: np.ndarray,
+                      meta: list[dict[str, Any]]) -> dict[str, _Column]:
+        if header["format"] != MetadataIndex.FORMAT or header["size"] != len(meta):
+            raise ValueError(f"format {header['format']} over {header['size']} chunks, not "
+                             f"{MetadataIndex.FORMAT} over {len(meta)}")
+        if offsets.dtype != np.int32 or postings.dtype != np.int32 or (len(postings) and not (
+                0 <= postings.min() and postings.max() < len(meta))):
+            raise ValueError("positions outside the version's chunks")
+        columns, at_offset, at_posting = {}, 0, 0
+        for key, strings, n_offsets, n_postings in header["keys"]:
+            own = offsets[at_offset:at_offset + n_offsets]
+            if len(own) != n_offsets or own[-1] != n_postings or not 0 <= strings < n_offsets:
+                raise ValueError(f"key {key!r} does not add up")
+            columns[key] = _Column(key, meta, strings, own, postings[at_posting:at_posting + n_postings])
+            at_offset, at_posting = at_offset + n_offsets, at_posting + n_postings
+        if at_offset != len(offsets) or at_posting != len(postings):
+            raise ValueError("arrays longer than their keys")
+        return columns
+
+    def nbytes(self) -> int:
+        """Bytes the index holds beyond the metadata itself (its values are read from the metadata)."""
+        return sum(column.nbytes() for column in self._columns.values())
+
+    def mask(self, where: dict[str, Any]) -> np.ndarray:
+        """Which chunks satisfy ``where``, as a boolean array over chunk positions."""
+        result = np.ones(self.size, dtype=bool)
+        for key, cond in where.items():
+            if key == "$and":
+                for clause in cond:
+                    result &= self.mask(clause)
+            elif key == "$or":
+                either = np.zeros(self.size, dtype=bool)
+                for clause in cond:
+                    either |= self.mask(clause)
+                result &= either
+            elif key.startswith("$"):
+                raise FilterError(f"unknown filter operator {key!r}")
+            elif isinstance(cond, dict):
+                for op, value in cond.items():
+                    result &= self._field(key, op, value)
+            else:
+                result &= self._field(key, "$eq", cond)
+        return result
+
+    def _field(self, key: str, op: str, value: Any) -> np.ndarray:
+        if op in ("$in", "$nin"):
+            supported = isinstance(value, list) and all(type(v) in _SCALARS for v in value)
+        elif op in ("$eq", "$ne", *_RANGES):
+            supported = type(value) in _SCALARS
+        else:
+            raise FilterError(f"unknown filter operator {op!r} on field {key!r}")
+        if not supported:  # a value ``filters.validate`` refuses (every query is validated): as matches does
+            return np.fromiter((matches(m, {key: {op: value}}) for m in self._meta), dtype=bool, count=self.size)
+        column = self._column(key)
+        if op in _RANGES:
+            return self._positions([] if column is None else [column.compare(op, value)])
+        values = value if op in ("$in", "$nin") else [value]
+        found = self._positions([] if column is None else [column.equal(v) for v in values])
+        return ~found if op in ("$ne", "$nin") else found
+
+    def _positions(self, groups: list[np.ndarray]) -> np.ndarray:
+        mask = np.zeros(self.size, dtype=bool)
+        if groups:
+            mask[np.concatenate(groups)] = True
+        return mask
+
+    def _column(self, key: str) -> _Column | None:
+        column = self._columns.get(key)
+        if column is None and key in self.LAZY_KEYS:
+            with self._lock:
+                column = self._columns.get(key)
+                if column is None:
+                    column = _Column.build(key, self._meta)
+                    self._columns = {**self._columns, key: column}  # a new dict: readers never see it change size
+        return column
+
+
 def ranked(scores: np.ndarray, k: int, ids: list[str] | None = None) -> np.ndarray:
     """Indexes of the ``k`` best positive scores, best first; equal scores by chunk id (``ids``,
-    else by index), so a tie at the cut never depends on the order the chunks were written in."""
-    k = min(k, int((scores > 0).sum()))
+    else by index), so a tie at the cut never depends on the order the chunks were written in.
+    Only the positive scores are partitioned: a filter zeroes most of them, and partitioning a long
+    run of equal zeros was the larger part of a filtered search (2 ms of 3 at 41k chunks)."""
+    positive = np.flatnonzero(scores > 0)
+    k = min(k, len(positive))
     if k <= 0:
         return np.empty(0, dtype=np.int64)
-    cut = np.partition(scores, len(scores) - k)[len(scores) - k]  # the k-th best score
-    tied = np.flatnonzero((scores >= cut) & (scores > 0))
+    values = scores[positive]
+    cut = np.partition(values, len(values) - k)[len(values) - k]  # the k-th best score
+    tied = positive[values >= cut]
     key = tied if ids is None else np.array([ids[i] for i in tied])
     return tied[np.lexsort((key, -scores[tied]))][:k]
 
