@@ -20,6 +20,7 @@ os.environ.setdefault("RAGLINE_START_LLM", "0")
 SHARED_SESSION_SERVERS = {"vllm_server": "vllm"}  # session fixtures too costly to start on two workers
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's test command) a module runs on one
     worker, so its module-scoped servers start once; every test that uses the real vLLM runs on the
@@ -33,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
         # longest first (workers take the next module as they finish one; `--no-loadscope-reorder`
         # keeps this order): the vLLM group, then the integration modules, the quick modules last
         items.sort(key=lambda item: 0 if groups[item.nodeid] in SHARED_SESSION_SERVERS.values() else
-                   1 if item.get_closest_marker("integration") else 2)
+                   1 if item.get_closest_marker("integration") or "integration/" in item.nodeid else 2)
 
 
 @pytest.fixture
