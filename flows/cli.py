@@ -63,8 +63,8 @@ def _dispatch(args) -> int:
             return args.handler(args)
         from ragline.flows.ops import prefect_server
 
-        # ragline's own Prefect API when none is configured: it dies with this process, even on kill -9
-        with prefect_server.local_api():
+        # ragline's own Prefect API when none is configured: shared by commands until it is idle
+        with prefect_server.local_api(announce=True):
             return args.handler(args)
     except KeyboardInterrupt:
         from ragline.flows.ops import prefect_server
@@ -193,6 +193,10 @@ def _parser() -> argparse.ArgumentParser:
 
     _check_command(command)
 
+    p = command("prefect", _prefect, "Show or stop ragline's local Prefect server (shared by commands until "
+                                     "RAGLINE_PREFECT_IDLE_SECONDS pass unused).")
+    p.add_argument("action", choices=("status", "stop"))
+
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample), search it and answer "
                                            "a question with citations.")
     p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
@@ -228,6 +232,13 @@ def _check(args) -> int:
     print(f"{len(remaining)} problem(s)" + ("" if args.repair else ": `ragline check --repair` repairs what the "
                                                                    "state allows"), file=sys.stderr)
     return 1
+
+
+def _prefect(args) -> int:
+    from ragline.flows.ops import prefect_server
+
+    print(prefect_server.stop_shared_server() if args.action == "stop" else prefect_server.describe_shared_server())
+    return 0
 
 
 def _json_value(text: str) -> Any:
