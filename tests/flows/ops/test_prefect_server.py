@@ -395,7 +395,7 @@ def test_a_second_command_reuses_the_first_commands_server(shared_env, echo_proj
     status = _ragline(shared_env, echo_project, "prefect", "status", timeout=60)
     assert status.returncode == 0 and f"pid {record['pid']}" in status.stdout, status.stderr
     stop = _ragline(shared_env, echo_project, "prefect", "stop", timeout=60)
-    assert stop.returncode == 0 and f"stopped ragline's local Prefect server (pid {record['pid']})" in stop.stdout
+    assert stop.returncode == 0 and f"stopped ragline's local Prefect server (pid {record['pid']}, {record['url']})" in stop.stdout
     assert _wait_gone(record["pid"], 5) is not None
     assert not (Path(shared_env["RAGLINE_HOME"]) / "prefect" / "server.json").exists()
     print(f"second command with a reused server: {reused_in:.1f} s")
