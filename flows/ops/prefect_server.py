@@ -406,7 +406,7 @@ class _Lease:
 
     def touch(self) -> None:
         with contextlib.suppress(OSError):
-            os.utime(self.handle.fileno())
+            os.utime(self.path)
 
     def release(self) -> None:
         self.touch()
