@@ -6,7 +6,9 @@ unchanged folder (the shipped pipelines.yaml over samples/, indexed once, untime
   - per-command server: `RAGLINE_PREFECT_IDLE_SECONDS=0`, each command starts ragline's local
     Prefect API and stops it on exit (the behaviour before the shared server);
   - shared, cold: the first command after `ragline prefect stop`: it starts the shared server;
-  - shared, warm: the next command, which reuses it.
+  - shared, warm: the next command, which reuses it;
+and, to tell what the warm overhead is made of, a fresh interpreter that only imports Prefect's
+flow module (a cost every Prefect-mode command pays, server or not).
 
 The overhead column is the variant's median minus the in-process median; the target is warm <= 3 s.
 Every variant uses one temporary RAGLINE_HOME whose Prefect database is created before timing.
@@ -59,6 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     times: dict[str, list[float]] = {"in-process (--no-prefect)": [], "per-command server (idle 0)": [],
                                      "shared server, cold (starts it)": [], "shared server, warm (reuses it)": []}
+    imports: list[float] = []
     with tempfile.TemporaryDirectory(prefix="ragline-prefect-bench-") as folder:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(RAGLINE_HOME=str(Path(folder) / "home"), PREFECT_HOME=str(Path(folder) / "prefect-home"),
@@ -77,6 +80,9 @@ def main() -> None:
                 times["in-process (--no-prefect)"].append(ragline(INDEX + ["--no-prefect"], root, env)[0])
                 times["per-command server (idle 0)"].append(
                     ragline(INDEX, root, {**env, "RAGLINE_PREFECT_IDLE_SECONDS": "0"})[0])
+                started = time.perf_counter()
+                subprocess.run([sys.executable, "-c", "import prefect.flows"], env=env, check=True)
+                imports.append(time.perf_counter() - started)
         finally:
             ragline(["prefect", "stop"], root, env)
     medians = {name: round(statistics.median(values), 2) for name, values in times.items()}
@@ -88,9 +94,13 @@ def main() -> None:
         target = f"<= {TARGET_S:g} s" if name.startswith("shared server, warm") else ""
         lines.append(f"| {name} | {value} | {value - baseline:+.2f} | {target} |")
     lines.append("")
+    lines.append(f"Of the warm overhead, {statistics.median(imports):.2f} s is importing Prefect (`import prefect.flows` "
+                 f"in a fresh interpreter, median); the rest is the flow run's API calls and the lease and health check.")
+    lines.append("")
     lines.append(f"Medians of {args.repeats}, interleaved; load average {load:.1f} at the end on "
                  f"{os.cpu_count()} cores." if load is not None else f"Medians of {args.repeats}, interleaved.")
-    save("cli_prefect_overhead", {"repeats": args.repeats, "seconds": times, "medians": medians, "load": load})
+    save("cli_prefect_overhead", {"repeats": args.repeats, "seconds": times, "medians": medians,
+                                  "import_prefect_s": imports, "load": load})
     publish("cli_prefect_overhead", lines, args.readme)
 
 
