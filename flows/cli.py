@@ -63,8 +63,8 @@ def _dispatch(args) -> int:
             return args.handler(args)
         from ragline.flows.ops import prefect_server
 
-        # ragline's own Prefect API when none is configured: it dies with this process, even on kill -9
-        with prefect_server.local_api():
+        # ragline's own Prefect API when none is configured: shared by commands until it is idle
+        with prefect_server.local_api(announce=True):
             return args.handler(args)
     except KeyboardInterrupt:
         from ragline.flows.ops import prefect_server
@@ -195,6 +195,10 @@ def _parser() -> argparse.ArgumentParser:
     _keys_command(command)
     _feedback_command(command)
 
+    p = command("prefect", _prefect, "Show or stop ragline's local Prefect server (shared by commands until "
+                                     "RAGLINE_PREFECT_IDLE_SECONDS pass unused).")
+    p.add_argument("action", choices=("status", "stop"))
+
     p = command("quickstart", _quickstart, "Index a folder (default: the bundled sample), search it and answer "
                                            "a question with citations.")
     p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
@@ -324,6 +328,13 @@ def _feedback(args) -> int:
     else:
         write_atomic(args.out, lines)
         print(printable(f"{args.out}: {lines.count(chr(10))} feedback record(s)"), file=sys.stderr)
+    return 0
+
+
+def _prefect(args) -> int:
+    from ragline.flows.ops import prefect_server
+
+    print(prefect_server.stop_shared_server() if args.action == "stop" else prefect_server.describe_shared_server())
     return 0
 
 

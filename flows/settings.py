@@ -48,6 +48,9 @@ class RaglineSettings(BaseSettings):
 
     home: Path = Field(Path("~/.ragline"), description="ragline's own state: the local Prefect server's "
                                                        "database and logs")
+    prefect_idle_seconds: float = Field(600.0, ge=0, description="the local Prefect API that commands start when "
+                                        "no `PREFECT_API_URL` is set is kept for the next command and stops after "
+                                        "this long unused; 0: each command starts its own and stops it on exit")
     cache_dir: Path = Field(Path("~/.cache/ragline"), description="model exports (ONNX embedders)")
     tuned: Flag = Field(True, description="apply the overlay `ragline tune` wrote beside the data "
                                           "(0, false, no or off: ignore it; `--no-tuned` sets it)")

@@ -16,6 +16,9 @@ from tests.helpers.data import (BASE_RESOURCES, DATA, INDEX_AND_SEARCH, REPO, SC
 # A command whose local LLM endpoint is down starts the packaged vLLM (issue 24.3): never in a test
 # unless it asks for it (tests/fake_vllm.py, RAGLINE_VLLM_DEPLOY, RAGLINE_START_LLM unset for its child).
 os.environ.setdefault("RAGLINE_START_LLM", "0")
+# A command that starts ragline's local Prefect API stops it on exit (as before RAGLINE_PREFECT_IDLE_SECONDS):
+# no test leaves a server behind; the tests of the shared server set their own timeout and stop what they start.
+os.environ.setdefault("RAGLINE_PREFECT_IDLE_SECONDS", "0")
 
 SHARED_SESSION_SERVERS = {"vllm_server": "vllm"}  # session fixtures too costly to start on two workers
 

@@ -8,19 +8,27 @@ first (the flow run then retries its crash report against a dead API for minutes
 
 - it does nothing when an API is configured (``PREFECT_API_URL`` in the environment or the
   active Prefect profile): that server is the user's;
-- otherwise it starts Prefect's API app (UI and most services off, as Prefect's ephemeral server)
-  under uvicorn on a free loopback port, in **its own session** (the terminal's SIGINT does not
-  reach it), with a **parent-death signal** (``PR_SET_PDEATHSIG``) and a watchdog thread that
-  stops it once ragline's pid is gone (``kill -9`` included);
+- otherwise it uses ragline's **shared** local server (``RAGLINE_PREFECT_IDLE_SECONDS`` > 0, the
+  default 600): Prefect's API app (UI and most services off, as Prefect's ephemeral server) under
+  uvicorn on a free loopback port, in **its own session** (the terminal's SIGINT does not reach it),
+  started detached by the first command and recorded in ``server.json``; every command holds a
+  shared lock on the ``lease`` file while it runs, and the server's watchdog thread stops it (and
+  removes the record) once it can lock that file exclusively and the file is older than the idle
+  timeout. A record whose server is gone, answers no more or serves another database is replaced
+  under ``start.lock`` (which also makes two first commands start one server);
+- with the idle timeout 0 each command starts a server of its own instead, with a **parent-death
+  signal** (``PR_SET_PDEATHSIG``) and a watchdog thread that stops it once ragline's pid is gone
+  (``kill -9`` included);
 - the database is ``$RAGLINE_HOME/prefect/prefect.db`` (default ``~/.ragline/prefect``), kept
   between runs; ``dashboard_command()`` is the ``prefect server start`` line that shows that history;
 - it points this process's Prefect client at the server (settings context, process-global
   settings context and ``os.environ``, so threads and child processes agree) and, on exit, drains
-  Prefect's log and event workers, then stops the server (SIGTERM, wait, SIGKILL).
+  Prefect's log and event workers, then stops its own server (SIGTERM, wait, SIGKILL) or releases
+  its lease on the shared one.
 
-One server per ragline process, never shared: a server that outlived the command that started it
-(to be reused by the next) is exactly the orphan this module exists to prevent, and start-up is
-5-12 s on this 2-core machine (about 20 s for the very first start, which creates the database).
+Why shared: start-up is 5-12 s on this 2-core machine (45-65 s when it is loaded; about 20 s more
+for the very first start, which creates the database), paid by every ``ragline index``. A shared
+server is not an orphan: it ends itself when unused, and ``ragline prefect stop`` ends it at once.
 
 ``interrupt_guard()`` bounds Ctrl-C: the first SIGINT raises KeyboardInterrupt as usual, and if
 the process has not ended ``INTERRUPT_GRACE`` seconds later (a task thread inside an embedding
@@ -50,8 +58,11 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from pydantic import BaseModel
+
 from ragline.flows import settings
 from ragline.flows.errors import DependencyUnavailable
+from ragline.flows.files import write_atomic
 from ragline.flows.ops.parent_death import PRELUDE
 
 DEFAULT_STARTUP_TIMEOUT = 180.0  # seconds; a loaded 2-core machine needs far more than Prefect's 20
@@ -59,26 +70,59 @@ STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL
 DRAIN_TIMEOUT = 5.0  # seconds to flush Prefect's queued logs and events before the server stops
 LOG_LIMIT = 5_000_000  # bytes of server.log before it is rotated
 
-# The server process: arm the parent-death signal, close the fork/prctl race, watch the parent's
-# pid, then serve Prefect's app on the inherited, already bound socket (no port race).
+# The server process. Owned by one command (no lease arguments): arm the parent-death signal, close
+# the fork/prctl race, watch the parent's pid. Shared (a lease file, the record and the idle timeout):
+# every few seconds try the lease exclusively; held (no command is running) and either untouched for
+# the idle timeout or no longer the recorded server, remove the record (its own only) and stop. Then
+# serve Prefect's app on the inherited, already bound socket (no port race).
 _CHILD = PRELUDE + r"""
-import socket, threading, time
+import json, socket, threading, time
 parent, fd = int(sys.argv[1]), int(sys.argv[2])
-_arm_parent_death(parent, sys.argv[3] == "1")
+shared = sys.argv[4:]  # ragline-local-prefect-server: [lease, record, idle seconds] when shared
 
-def watchdog():
-    while os.getppid() == parent:
-        time.sleep(0.5)
+def stop_now():
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(10)
     os._exit(1)
 
-threading.Thread(target=watchdog, name="ragline-parent-watchdog", daemon=True).start()
+def watch_parent():
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    stop_now()
+
+def watch_lease(lease, record, idle):
+    import fcntl
+    while True:
+        time.sleep(min(2.0, max(idle / 4, 0.2)))
+        with open(lease, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a command is using the server
+            try:
+                with open(record) as recorded:
+                    mine = json.load(recorded).get("pid") == os.getpid()
+            except (OSError, ValueError, AttributeError):
+                mine = False
+            if mine and time.time() - os.fstat(handle.fileno()).st_mtime < idle:
+                continue
+            if mine:
+                os.unlink(record)  # under the lock: no command finds a server that is stopping
+        stop_now()
+
+if shared:
+    watchdog = threading.Thread(target=watch_lease, args=(shared[0], shared[1], float(shared[2])),
+                                name="ragline-idle-watchdog", daemon=True)
+else:
+    _arm_parent_death(parent, sys.argv[3] == "1")
+    watchdog = threading.Thread(target=watch_parent, name="ragline-parent-watchdog", daemon=True)
+watchdog.start()
 import uvicorn
 config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, log_level="error",
                         lifespan="on", timeout_graceful_shutdown=3)
 uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
 """
+CHILD_MARK = "ragline-local-prefect-server"  # in the server's command line: a recorded pid is still ours
 
 
 class ServerStartError(DependencyUnavailable):
@@ -124,13 +168,16 @@ def startup_timeout() -> float:
 
 
 class LocalPrefectServer:
-    """One uvicorn process serving Prefect's API on 127.0.0.1, owned by this process."""
+    """One uvicorn process serving Prefect's API on 127.0.0.1, owned by this process, or with
+    ``idle_seconds``, shared: detached from this process, it stops itself once no command has held
+    the lease file of ``home`` for that long (see ``ensure_local_api``)."""
 
-    def __init__(self, home: Path | None = None, database: str | None = None):
+    def __init__(self, home: Path | None = None, database: str | None = None, idle_seconds: float | None = None):
         """``database``, when given, wins over a configured one (a test's own server beside the
         session's test harness, whose settings name the harness's database)."""
         self.home = Path(home) if home is not None else prefect_home()
         self.database = database
+        self.idle_seconds = idle_seconds
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
         self.log_path = self.home / "server.log"
@@ -169,6 +216,11 @@ class LocalPrefectServer:
         })
         return env
 
+    def database_in_use(self) -> str:
+        """The database URL the server is (or would be) started with."""
+        env = self._environment()
+        return env.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or env.get("PREFECT_API_DATABASE_CONNECTION_URL", "")
+
     def start(self, timeout: float | None = None) -> str:
         """Start the server and wait until ``/api/health`` answers; returns the API URL."""
         if self.process is not None:
@@ -178,32 +230,39 @@ class LocalPrefectServer:
         self.home.mkdir(parents=True, exist_ok=True)
         # One start at a time per database: concurrent first starts would race on migrations.
         with _file_lock(self.home / "start.lock", timeout):
-            with contextlib.suppress(OSError):  # keep one previous log, not an ever-growing one
-                if self.log_path.stat().st_size > LOG_LIMIT:
-                    self.log_path.replace(self.log_path.with_suffix(".log.1"))
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("127.0.0.1", 0))
-                self.port = sock.getsockname()[1]
-                with open(self.log_path, "ab") as log:
-                    log.write(f"--- ragline pid {os.getpid()}: server on port {self.port} at "
-                              f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-                    log.flush()
-                    offset = log.tell()
-                    self.process = subprocess.Popen(
-                        [sys.executable, "-c", _CHILD, str(os.getpid()), str(sock.fileno()),
-                         "1" if threading.current_thread() is threading.main_thread() else "0"],
-                        env=self._environment(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                        pass_fds=(sock.fileno(),), start_new_session=True, close_fds=True)
-            finally:
-                sock.close()
-            try:
-                self._wait_healthy(started + timeout, offset)
-            except BaseException:
-                self.stop()
-                raise
+            self._start_locked(started + timeout)
         self.seconds_to_start = time.monotonic() - started
         return self.api_url
+
+    def _start_locked(self, deadline: float) -> None:
+        """Start the server and wait until it answers, holding the start lock."""
+        shared = [] if self.idle_seconds is None else [str(self.home / LEASE), str(self.home / RECORD),
+                                                         repr(float(self.idle_seconds))]
+        with contextlib.suppress(OSError):  # keep one previous log, not an ever-growing one
+            if self.log_path.stat().st_size > LOG_LIMIT:
+                self.log_path.replace(self.log_path.with_suffix(".log.1"))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+            with open(self.log_path, "ab") as log:
+                log.write(f"--- ragline pid {os.getpid()}: server on port {self.port} at "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+                log.flush()
+                offset = log.tell()
+                self.process = subprocess.Popen(
+                    [sys.executable, "-c", _CHILD, str(os.getpid()), str(sock.fileno()),
+                     "1" if threading.current_thread() is threading.main_thread() else "0", *shared],
+                    env=self._environment(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    pass_fds=(sock.fileno(),), start_new_session=True, close_fds=True,
+                    cwd=self.home if shared else None)  # a shared server outlives the command's folder
+        finally:
+            sock.close()
+        try:
+            self._wait_healthy(deadline, offset)
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_healthy(self, deadline: float, log_offset: int) -> None:
         import httpx
@@ -274,53 +333,235 @@ def _file_lock(path: Path, timeout: float) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# ----------------------------------------------------------------------------- the shared server
+RECORD = "server.json"  # {url, pid, port, started, database} of the shared server, in prefect_home()
+LEASE = "lease"  # every command using the shared server holds a shared lock on it and touches it
+HEALTH_TIMEOUT = 10.0  # seconds for a recorded server's /health to answer (a loaded machine is slow)
+
+
+class ServerRecord(BaseModel):
+    """What server.json says about the shared server."""
+
+    url: str
+    pid: int
+    port: int
+    started: float  # time.time() of its start
+    database: str
+
+
+def idle_seconds() -> float | None:
+    """How long the shared server waits for the next command; None: no sharing (0, or not POSIX)."""
+    seconds = float(settings.get("prefect_idle_seconds"))
+    return seconds if seconds > 0 and _fcntl() is not None else None
+
+
+def read_record(home: Path | None = None) -> ServerRecord | None:
+    """The shared server's record, or None when there is none (or it cannot be read)."""
+    try:
+        return ServerRecord.model_validate_json(((home or prefect_home()) / RECORD).read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def healthy_record(home: Path, database: str) -> ServerRecord | None:
+    """The record, if its server still runs, is ragline's, serves ``database`` and answers."""
+    record = read_record(home)
+    if record is None or record.database != database or not _is_our_server(record.pid):
+        return None
+    import httpx
+
+    try:
+        with httpx.Client(trust_env=False, timeout=HEALTH_TIMEOUT) as client:
+            return record if client.get(f"{record.url}/health").status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def _is_our_server(pid: int) -> bool:
+    """True while ``pid`` runs ragline's server script (not a zombie, not a reused pid)."""
+    if Path("/proc/self/cmdline").exists():
+        try:
+            return CHILD_MARK.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+class _Lease:
+    """A command's hold on the shared server: a shared lock on the lease file for the command's
+    whole run (the server's watchdog stops only when it can lock the file exclusively), and the
+    file's time touched at both ends (the idle timeout counts from the last command's end)."""
+
+    def __init__(self, home: Path):
+        self.path = home / LEASE
+        self.handle = open(self.path, "a+")
+        _fcntl().flock(self.handle, _fcntl().LOCK_SH)
+        self.touch()
+
+    def touch(self) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+
+    def release(self) -> None:
+        self.touch()
+        self.handle.close()
+
+
+def _fcntl():
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
+    return fcntl
+
+
+def _use_shared_server(idle: float, timeout: float | None) -> tuple[_Lease, str, str]:
+    """Lease ragline's shared server of ``prefect_home()``, starting it if none answers; returns
+    the lease, the API URL and the line that says which happened."""
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    lease = _Lease(home)  # first: a server found below cannot stop while this command runs
+    try:
+        server = LocalPrefectServer(home, idle_seconds=idle)
+        database = server.database_in_use()
+        record = healthy_record(home, database)
+        if record is None:
+            timeout = startup_timeout() if timeout is None else timeout
+            started = time.monotonic()
+            with _file_lock(home / "start.lock", timeout):
+                record = healthy_record(home, database)  # a concurrent first command started it
+                if record is None:
+                    server._start_locked(started + timeout)
+                    record = ServerRecord(url=server.api_url, pid=server.pid, port=server.port,
+                                          started=time.time(), database=database)
+                    write_atomic(home / RECORD, record.model_dump_json())
+                    _detached.append(server.process)  # it outlives this process: never stopped from here
+                    return lease, record.url, (
+                        f"Prefect API: started ragline's local server at {record.url} in "
+                        f"{time.monotonic() - started:.1f} s; it stops after {_duration(idle)} unused "
+                        f"(`ragline prefect stop` stops it now)")
+        return lease, record.url, (f"Prefect API: reusing ragline's local server at {record.url} "
+                                   f"(idle timeout {_duration(idle)})")
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
+
+
+def stop_shared_server(home: Path | None = None) -> str:
+    """``ragline prefect stop``: stop the shared server (SIGTERM, then SIGKILL) and remove its
+    record; a command running on it loses its API. Returns what happened, in one line."""
+    home = Path(home) if home is not None else prefect_home()
+    if not home.is_dir():
+        return "no local Prefect server is running"
+    with _file_lock(home / "start.lock", startup_timeout()):  # not while one starts
+        record = read_record(home)
+        (home / RECORD).unlink(missing_ok=True)
+        if record is None or not _is_our_server(record.pid):
+            return "no local Prefect server is running"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while _is_our_server(record.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _is_our_server(record.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.pid, signal.SIGKILL)
+    return f"stopped ragline's local Prefect server (pid {record.pid}, {record.url})"
+
+
+def describe_shared_server(home: Path | None = None) -> str:
+    """``ragline prefect status``: which Prefect API the next command uses, in one line."""
+    configured = configured_api_url()
+    if configured:
+        return f"Prefect API: {configured} (configured: PREFECT_API_URL or the Prefect profile)"
+    idle = idle_seconds()
+    if idle is None:
+        return "each command starts its own local Prefect server (RAGLINE_PREFECT_IDLE_SECONDS=0)"
+    home = Path(home) if home is not None else prefect_home()
+    record = healthy_record(home, LocalPrefectServer(home).database_in_use())
+    if record is None:
+        return f"no local Prefect server is running; the next flow run starts one (idle timeout {_duration(idle)})"
+    up = int(time.time() - record.started) // 60
+    return (f"ragline's local Prefect server: {record.url} (pid {record.pid}, up {up} min); it stops after "
+            f"{_duration(idle)} unused (`ragline prefect stop` stops it now)")
+
+
 # ----------------------------------------------------------------------------- process-wide state
-_server: LocalPrefectServer | None = None
+_server: LocalPrefectServer | None = None  # the server this process owns (idle timeout 0)
+_lease: _Lease | None = None  # this process's lease on the shared server
+_api_url: str | None = None  # the local API this process's client points at
 _restore: contextlib.ExitStack | None = None
 _lock = threading.RLock()
 _atexit_registered = False
+_detached: list[subprocess.Popen] = []  # shared servers this process started (kept: no "still running" warning)
 
 
 def active_server() -> LocalPrefectServer | None:
-    """The server this process started (None when none runs or an API is configured)."""
+    """The server this process started and owns (None when none runs, it is shared or an API is configured)."""
     return _server
 
 
 def ensure_local_api(timeout: float | None = None) -> str:
     """Make sure this process's Prefect client has an API: the configured one, or ragline's local
-    server (started once per process, stopped by ``shutdown_local_api()`` or at exit). Returns
-    the API URL. Call it outside any ``temporary_settings`` block."""
-    global _server, _restore, _atexit_registered
+    server. With ``RAGLINE_PREFECT_IDLE_SECONDS`` > 0 that is the shared server (reused, or
+    started detached and left running for the next command); with 0 a server of this process's own
+    (stopped by ``shutdown_local_api()`` or at exit, and with this process, kill -9 included).
+    Returns the API URL. Call it outside any ``temporary_settings`` block."""
+    return _ensure(timeout)[0]
+
+
+def _ensure(timeout: float | None) -> tuple[str, str | None]:
+    """``ensure_local_api``, and the line that says which server is used (None: nothing to say)."""
+    global _server, _lease, _api_url, _restore, _atexit_registered
     with _lock:
-        if _server is not None:
-            return _server.api_url
+        if _api_url is not None:
+            return _api_url, None
         configured = configured_api_url()
         if configured:
-            return configured
-        server = LocalPrefectServer()
-        server.start(timeout)
+            return configured, None
+        idle = idle_seconds()
+        server = lease = line = None
+        if idle is None:
+            server = LocalPrefectServer()
+            url = server.start(timeout)
+        else:
+            lease, url, line = _use_shared_server(idle, timeout)
         stack = contextlib.ExitStack()
         try:
-            _point_prefect_at(server.api_url, stack)
+            _point_prefect_at(url, stack)
         except BaseException:
             stack.close()
-            server.stop()
+            if server is not None:
+                server.stop()
+            if lease is not None:
+                lease.release()
             raise
-        _server, _restore = server, stack
+        _server, _lease, _api_url, _restore = server, lease, url, stack
         if not _atexit_registered:  # after Prefect's own hooks are registered: runs before them
             atexit.register(shutdown_local_api)
             _atexit_registered = True
-        return server.api_url
+        return url, line
 
 
 def shutdown_local_api() -> None:
-    """Flush Prefect's queued logs and events to the local server, restore the settings and stop
-    the server. Does nothing when this process did not start one."""
-    global _server, _restore
+    """Flush Prefect's queued logs and events to the local server, restore the settings, then stop
+    the server this process owns or release the lease on the shared one. Does nothing when this
+    process uses no local server."""
+    global _server, _lease, _api_url, _restore
     with _lock:
-        server, restore = _server, _restore
-        _server = _restore = None
-        if server is None:
+        server, lease, restore = _server, _lease, _restore
+        _server = _lease = _api_url = _restore = None
+        if server is None and lease is None:
             return
         try:
             _drain_prefect_workers(DRAIN_TIMEOUT)
@@ -330,16 +571,22 @@ def shutdown_local_api() -> None:
                     with contextlib.suppress(Exception):  # e.g. called from another thread's context
                         restore.close()
             finally:
-                server.stop()
+                if server is not None:
+                    server.stop()
+                if lease is not None:
+                    lease.release()
 
 
 @contextlib.contextmanager
-def local_api(timeout: float | None = None) -> Iterator[str]:
-    """Run the body with a Prefect API (see the module docstring); yields its URL. The server, if
-    this block started one, is stopped on exit (also on KeyboardInterrupt)."""
-    started_here = _server is None
+def local_api(timeout: float | None = None, announce: bool = False) -> Iterator[str]:
+    """Run the body with a Prefect API (see the module docstring); yields its URL. On exit the
+    server this block started is stopped, or its lease on the shared one released (also on
+    KeyboardInterrupt). ``announce``: print to stderr whether the shared server was started or reused."""
+    started_here = _api_url is None
     try:
-        url = ensure_local_api(timeout)
+        url, line = _ensure(timeout)
+        if announce and line:
+            print(line, file=sys.stderr, flush=True)
         yield url
     finally:
         if started_here:
@@ -504,9 +751,9 @@ def _deadline(grace_seconds: float, run_ids: list[object]) -> None:
 
 
 def _hard_exit(run_ids: list[object]) -> None:
-    """Report the interrupted flow run, stop the local server, exit 130 (143 after SIGTERM) now."""
+    """Report the interrupted flow run, stop the server this process owns, exit 130 (143 after SIGTERM) now."""
     server = _server
-    if run_ids and server is not None:
+    if run_ids and _api_url is not None:
         reporter = threading.Thread(target=_report_crashed, args=(list(run_ids),), daemon=True)
         reporter.start()
         reporter.join(2.0)

@@ -176,6 +176,7 @@ def test_flow_runs_are_recorded_in_raglines_database(isolated_env):
     assert lines["AFTER"] == ["None", "None"]  # settings restored
     assert "Starting temporary server" not in err
     assert _wait_gone(int(pid), 5) is not None
+    assert not (Path(isolated_env["RAGLINE_HOME"]) / "prefect" / "server.json").exists()  # idle 0: not shared
     db = Path(isolated_env["RAGLINE_HOME"]) / "prefect" / "prefect.db"
     with sqlite3.connect(db) as conn:
         states = conn.execute("SELECT fr.state_type FROM flow_run fr JOIN flow f ON f.id = fr.flow_id "
@@ -289,3 +290,156 @@ def test_ctrl_c_during_a_flow_run_exits_promptly(isolated_env, step_seconds):
         states = conn.execute("SELECT fr.state_type FROM flow_run fr JOIN flow f ON f.id = fr.flow_id "
                               "WHERE f.name = ?", (name,)).fetchall()
     assert states == [("CRASHED",)]  # the crash report reached the (still running) server
+
+
+# ----------------------------------------------------------------------------- a shared server (idle timeout)
+# The CLI's default: the first command that needs a Prefect API starts ragline's local server detached
+# and records it in $RAGLINE_HOME/prefect/server.json; later commands reuse it; it stops itself once no
+# command has held its lease for RAGLINE_PREFECT_IDLE_SECONDS. These tests stop what they start.
+_STAGES = '''
+from pydantic import BaseModel
+from ragline.flows.contracts import Passage, Ranking
+from ragline.flows.spec.registry import stage
+
+
+class Params(BaseModel):
+    pass
+
+
+@stage("echo", params=Params, produces="rankings", kind="query")
+def echo(query, params, ctx):
+    return [Ranking(retriever=ctx.step_id, query=query.text,
+                    passages=[Passage(chunk_id="c1", source_id="s1", text=query.text)])]
+'''
+_PIPELINES = """
+pipelines:
+  echo:
+    kind: query
+    steps:
+      - {id: echo, task: echo_stages.echo}
+      - {id: join, task: fuse}
+"""
+_CLI = "import sys\nfrom ragline.flows.cli import main\nsys.exit(main())"
+
+
+@pytest.fixture
+def echo_project(tmp_path):
+    """A project whose one query pipeline needs no model: `ragline run echo` is a cheap flow run."""
+    (tmp_path / "echo_stages.py").write_text(_STAGES)
+    (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["echo_stages"]\n')
+    (tmp_path / "pipelines.yaml").write_text(_PIPELINES)
+    return tmp_path
+
+
+@pytest.fixture
+def shared_env(isolated_env, echo_project):
+    """The module's environment with a shared server (idle timeout 600 s); whatever server the test
+    left is stopped afterwards."""
+    from ragline.flows.ops import prefect_server
+
+    env = dict(isolated_env, RAGLINE_PREFECT_IDLE_SECONDS="600",
+               PYTHONPATH=f"{echo_project}{os.pathsep}{isolated_env['PYTHONPATH']}")
+    home = Path(env["RAGLINE_HOME"]) / "prefect"
+    yield env
+    record = prefect_server.read_record(home)
+    prefect_server.stop_shared_server(home)
+    if record is not None and _alive(record.pid):
+        os.kill(record.pid, signal.SIGKILL)
+
+
+def _ragline(env: dict[str, str], cwd: Path, *args: str, timeout: float = STARTUP + 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _CLI, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _echo(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    done = _ragline(env, cwd, "run", "echo", "--input", '{"query": {"text": "hello"}}')
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert '"text": "hello"' in done.stdout
+    return done
+
+
+def _record(env: dict[str, str]) -> dict:
+    import json
+
+    return json.loads((Path(env["RAGLINE_HOME"]) / "prefect" / "server.json").read_text())
+
+
+def test_a_record_of_a_dead_process_is_not_reused(tmp_path):
+    """A stale server.json (its server was killed) is never taken for a running server."""
+    import json
+
+    from ragline.flows.ops import prefect_server
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:9/api", "pid": gone.pid, "port": 9,
+                                                      "started": time.time(), "database": "x"}))
+    assert prefect_server.read_record(tmp_path).pid == gone.pid
+    assert prefect_server.healthy_record(tmp_path, "x") is None
+    assert prefect_server.stop_shared_server(tmp_path).startswith("no local Prefect server")
+    assert not (tmp_path / "server.json").exists()
+
+
+@pytest.mark.integration
+def test_a_second_command_reuses_the_first_commands_server(shared_env, echo_project):
+    first = _echo(shared_env, echo_project)
+    record = _record(shared_env)
+    assert "Prefect API: started ragline's local server at " + record["url"] in first.stderr
+    assert _alive(record["pid"])  # it outlived the command that started it
+    started = time.monotonic()
+    second = _echo(shared_env, echo_project)
+    reused_in = time.monotonic() - started
+    assert f"Prefect API: reusing ragline's local server at {record['url']} (idle timeout 10 min)" in second.stderr
+    assert _record(shared_env) == record  # the same server: no second start
+    status = _ragline(shared_env, echo_project, "prefect", "status", timeout=60)
+    assert status.returncode == 0 and f"pid {record['pid']}" in status.stdout, status.stderr
+    stop = _ragline(shared_env, echo_project, "prefect", "stop", timeout=60)
+    assert stop.returncode == 0 and f"stopped ragline's local Prefect server (pid {record['pid']}, {record['url']})" in stop.stdout
+    assert _wait_gone(record["pid"], 5) is not None
+    assert not (Path(shared_env["RAGLINE_HOME"]) / "prefect" / "server.json").exists()
+    print(f"second command with a reused server: {reused_in:.1f} s")
+
+
+@pytest.mark.integration
+def test_an_idle_server_stops_only_once_no_command_holds_its_lease(shared_env, echo_project):
+    import fcntl
+
+    env = dict(shared_env, RAGLINE_PREFECT_IDLE_SECONDS="3")
+    _echo(env, echo_project)
+    pid = _record(env)["pid"]
+    lease = Path(env["RAGLINE_HOME"]) / "prefect" / "lease"
+    with open(lease, "a+") as handle:  # what a running command holds: the server waits for it
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        time.sleep(8)
+        assert _alive(pid), "the server stopped while a command held its lease"
+    took = _wait_gone(pid, 30)
+    assert took is not None, "the idle server did not stop"
+    assert not (Path(env["RAGLINE_HOME"]) / "prefect" / "server.json").exists()
+
+
+@pytest.mark.integration
+def test_a_killed_server_is_replaced_by_the_next_command(shared_env, echo_project):
+    _echo(shared_env, echo_project)
+    killed = _record(shared_env)["pid"]
+    os.kill(killed, signal.SIGKILL)
+    assert _wait_gone(killed, 10) is not None
+    again = _echo(shared_env, echo_project)
+    assert "Prefect API: started ragline's local server" in again.stderr
+    assert _record(shared_env)["pid"] != killed and _alive(_record(shared_env)["pid"])
+
+
+@pytest.mark.integration
+def test_two_first_commands_at_once_start_one_server(shared_env, echo_project):
+    commands = [subprocess.Popen([sys.executable, "-c", _CLI, "run", "echo", "--input", '{"query": {"text": "hello"}}'],
+                                 cwd=echo_project, env=shared_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(2)]
+    errors = []
+    for command in commands:
+        out, err = command.communicate(timeout=STARTUP + 120)
+        assert command.returncode == 0, err[-4000:]
+        errors.append(err)
+    record = _record(shared_env)
+    assert sum("Prefect API: started" in err for err in errors) == 1, errors
+    assert sum(f"Prefect API: reusing ragline's local server at {record['url']}" in err for err in errors) == 1
+    assert _alive(record["pid"])
