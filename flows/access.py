@@ -17,14 +17,20 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 ACL_PREFIX = "ragline_acl"  # every metadata key under it is the server's: refused in a client's filter
 PUBLIC_KEY = f"{ACL_PREFIX}_public"
 GROUP_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 _GROUP = re.compile(GROUP_PATTERN)
 
-Group = Annotated[str, StringConstraints(pattern=GROUP_PATTERN)]
+
+
+def _group_name(name: str) -> str:
+    return checked([name], "access")[0]
+
+
+Group = Annotated[str, AfterValidator(_group_name)]
 Access = frozenset[str] | None  # None: unrestricted; a set: public documents and those of these groups
 
 

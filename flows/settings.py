@@ -74,6 +74,9 @@ class RaglineSettings(BaseSettings):
                                                         "`OTEL_EXPORTER_OTLP_ENDPOINT`, and without either no traces")
     trace_content: Flag = Field(False, description="put question, prompt and answer text on trace spans "
                                                    "(off: sizes, ids, scores and timings only)")
+    triggered_groups: Names = Field(default_factory=list, description="groups whose documents a query run "
+                                    "triggered through a Prefect deployment may read besides public ones (it has "
+                                    "no principal; comma-separated); `*`: every document. Unset: public only")
     served_deployments: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="set by `ragline serve` for its flow runs: what each deployment was "
                                           "created with (JSON)")

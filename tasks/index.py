@@ -151,8 +151,9 @@ def regrant(documents: list[Document], store: ChromaStore, state: IndexState, ct
         return 0
     state.forget_access(grants)
     failpoints.hit("regrant.after_forget")
-    store.update_metadata({cid: access_change(meta, grants[sid])
-                           for cid, sid, _, _, _, meta in state.source_chunks(grants)})
+    owners = {cid: sid for cid, sid, *_ in state.source_chunks(grants)}
+    stored_meta = store.metadatas(sorted(owners))  # what Chroma holds (a killed re-grant may have changed it)
+    store.update_metadata({cid: access_change(meta, grants[owners[cid]]) for cid, meta in stored_meta.items()})
     failpoints.hit("regrant.after_store")
     state.regrant(grants)
     ctx.logger.info("re-granted %d sources whose access changed (metadata only, nothing re-embedded)", len(grants))
@@ -160,8 +161,8 @@ def regrant(documents: list[Document], store: ChromaStore, state: IndexState, ct
 
 
 def access_change(metadata: dict, groups: tuple[str, ...]) -> dict:
-    """The Chroma metadata update that takes a chunk from its current grants to ``groups``: old
-    access keys removed (None), new ones set."""
+    """The Chroma metadata update that takes a chunk from the grants it holds in Chroma to ``groups``:
+    every access key it has removed (None), the new ones set."""
     return {**{k: None for k in metadata if access.reserved(k)}, **access.acl_metadata(groups)}
 
 

@@ -32,12 +32,14 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Header, Query, UploadFile
+from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ragline.flows import formats
+from ragline.flows.access import checked
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
@@ -276,8 +278,11 @@ class _Keys:
 
 
 # ----------------------------------------------------------------------------- the router
-def documents_router(runs: _Runs) -> APIRouter:
-    """``/v1/documents`` for the ingestion pipelines of ``runs``' project."""
+def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[str] | None] = lambda request: None
+                     ) -> APIRouter:
+    """``/v1/documents`` for the ingestion pipelines of ``runs``' project. ``uploader_groups``: who may
+    read what a request uploads (the server's, from its principal; None: everyone), never a field
+    the client sends."""
     catalogue = _Catalogue(runs)
     trigger = _Trigger(runs)
     keys = _Keys(data_dir_of(runs.project) / ".ragline" / "idempotency")
@@ -301,7 +306,7 @@ def documents_router(runs: _Runs) -> APIRouter:
                                                                           "request, or a pipeline without uploads"},
                             413: {**ERRORS[400], "description": "the file is over the pipeline's max_bytes"},
                             415: {**ERRORS[400], "description": "a file type load does not read"}})
-    async def upload(file: Annotated[UploadFile, File(description="the document")],
+    async def upload(request: Request, file: Annotated[UploadFile, File(description="the document")],
                      pipeline: Annotated[str | None, Form(description="the ingestion pipeline (default: the only "
                                                                       "one with an uploads root)")] = None,
                      ingest: Annotated[Literal["true", "false"], Form(description="start the pipeline's next "
@@ -309,6 +314,8 @@ def documents_router(runs: _Runs) -> APIRouter:
                      idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
         """Store a document in the pipeline's managed uploads and index it by the next run."""
         root = managed(pipeline)
+        given = uploader_groups(request)
+        groups = None if given is None else checked(given, "uploader")
         try:
             name = safe_name(file.filename or "")
         except ValueError as exc:
@@ -327,22 +334,25 @@ def documents_router(runs: _Runs) -> APIRouter:
                                             "(pipeline, file name or bytes differ)", param="Idempotency-Key",
                                        code="idempotency_conflict")
                     return JSONResponse(seen["body"], seen["status"], headers={"Idempotent-Replayed": "true"})
-                status, body = await _store(root, file, name, ingest == "true")
+                status, body = await _store(root, file, name, ingest == "true", groups)
                 keys.put(idempotency_key, request_digest, status, body)
         else:
-            status, body = await _store(root, file, name, ingest == "true")
+            status, body = await _store(root, file, name, ingest == "true", groups)
         return JSONResponse(body, status)
 
-    async def _store(root: _Managed, file: UploadFile, name: str, ingest: bool) -> tuple[int, dict[str, Any]]:
+    async def _store(root: _Managed, file: UploadFile, name: str, ingest: bool,
+                     groups: tuple[str, ...] | None) -> tuple[int, dict[str, Any]]:
         try:
-            upload, created = await asyncio.to_thread(UploadFolder(root.folder).put, file.file, name, root.max_bytes)
+            upload, created = await asyncio.to_thread(UploadFolder(root.folder).put, file.file, name, root.max_bytes,
+                                                      groups)
         except TooLarge as exc:
             raise ApiError(413, f"field 'file': {name!r} is over the limit of {exc.limit} bytes", param="file",
                            code="file_too_large") from None
         document = next((d for d in await asyncio.to_thread(catalogue.documents, root.pipeline) if d.id == upload.id),
                         None)
         ingestion = None
-        if ingest and (created or (document is not None and document.status == "queued")):
+        # the same bytes sent by an uploader with groups may widen who reads them: the next run re-grants
+        if ingest and (created or groups is not None or (document is not None and document.status == "queued")):
             ingestion = await trigger.request(root.pipeline)
         document = document or DocumentInfo(id=upload.id, pipeline=root.pipeline, managed=True, status="queued",
                                             source=f"{root.name}/{upload.key}", name=upload.name, size=upload.size)

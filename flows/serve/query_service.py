@@ -11,7 +11,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,6 +22,7 @@ from fastapi.sse import format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows import telemetry
+from ragline.flows.access import checked
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
 from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, Passage, PipelineKind
@@ -40,6 +41,15 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
 REPLACED_NOTICE = ("verification replaced the streamed draft with the refusal text: discard the streamed tokens "
                    "and show answer.text")
+
+
+# ----------------------------------------------------------------------------- access
+def access_for(groups: Iterable[str] | None) -> frozenset[str] | None:
+    """The ``Query.access`` of a caller with these groups (flows/access.py): public documents and
+    theirs; None reads every document (an operator, or no principal: today's behaviour). The only
+    way a surface sets it: put it in the query dict it runs (``query["access"] = access_for(...)``),
+    never from the request body. A bad group name is a ValueError (the server's, not the client's)."""
+    return None if groups is None else frozenset(checked(groups, "principal"))
 
 
 # ----------------------------------------------------------------------------- errors
