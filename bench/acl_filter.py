@@ -133,7 +133,7 @@ def main() -> None:
         rows.append(row)
         print(f"{name:24} dense {row['dense']}  bm25 {row['bm25']}  dense($contains) {row['dense_array']}",
               flush=True)
-    result = {"machine": platform.processor() or platform.machine(), "chunks": store.count(),
+    result = {"machine": platform.processor() or platform.machine(), "chunks": store.count(), "docs": args.docs or 5183,
               "queries": len(queries), "k": args.k, "backend": args.backend, "rows": rows, "index": report.summary()}
     save("acl_filter", result)
     table(result, readme=not args.no_readme)
@@ -146,7 +146,7 @@ def table(result: dict, readme: bool) -> None:
         cells = [f"{row[k]['median_ms']} / {row[k]['p95_ms']} | {row[k]['ratio_median']}x"
                  for k in ("dense", "bm25", "dense_array")]
         lines.append(f"| {row['access']} | " + " | ".join(cells) + " |")
-    lines += ["", f"SciFact, {result['chunks']} chunks in 10 groups (a tenth public), {result['queries']} queries, "
+    lines += ["", f"SciFact ({result.get('docs', 5183)} abstracts), {result['chunks']} chunks in 10 groups (a tenth public), {result['queries']} queries, "
                   f"top-{result['k']}, the variants interleaved per query in one run; ratio: median against no "
                   f"filter. Machine: 2 shared cores under other load."]
     publish("acl_filter", lines, readme=readme)

@@ -63,6 +63,7 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
     old_ids = state.chunk_ids(source_ids)
     new_ids = {c.chunk_id for c in chunks}
     _ensure_dimension(store, state, chunks, ctx)
+    granted(chunks, documents)
     state.forget(source_ids)
     failpoints.hit("index.after_forget")
     store.delete(sorted(old_ids - new_ids))
@@ -77,6 +78,14 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
     added = sum(1 for s in source_ids if s not in known)
     return IndexReport(added=added, updated=len(source_ids) - added, chunks_written=len(chunks),
                        chunks_deleted=len(old_ids - new_ids))
+
+
+def granted(chunks: list[Chunk], documents: list[Document]) -> None:
+    """Every chunk carries exactly its document's groups (flows/access.py), whatever the loader and
+    chunker in between did: the sink, not each stage, makes the stores agree with the state."""
+    groups = {d.source_id: d.groups for d in documents}
+    for chunk in chunks:
+        chunk.metadata = {**access.without_acl(chunk.metadata), **access.acl_metadata(groups.get(chunk.source_id, ()))}
 
 
 @index.on_session

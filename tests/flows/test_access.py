@@ -158,3 +158,17 @@ def test_a_bad_rule_in_pipelines_yaml_is_located(make_project, group, words):
     [error] = validate_file(make_project(ACCESS_YAML.replace("GROUP", repr(group))))
     assert (error.pipeline, error.step) == ("index", "load") and "access" in error.field
     assert error.line and words in error.message
+
+
+def test_the_index_sink_gives_every_chunk_exactly_its_documents_groups():
+    """Whatever a loader or chunker in between did (a plugin that forgot the keys, or set its own),
+    the stores get the document's groups."""
+    from ragline.flows.contracts import Chunk, Document
+    from ragline.tasks.index import granted
+
+    documents = [Document(source_id="a", text="x", groups=["hr"]), Document(source_id="b", text="y")]
+    chunks = [Chunk(chunk_id="1", source_id="a", ordinal=0, text="x", metadata={"ragline_acl_public": True}),
+              Chunk(chunk_id="2", source_id="b", ordinal=0, text="y", metadata={"ragline_acl.hr": True, "k": 1})]
+    granted(chunks, documents)
+    assert chunks[0].metadata == {"ragline_acl.hr": True}
+    assert chunks[1].metadata == {"k": 1, "ragline_acl_public": True}
