@@ -146,7 +146,8 @@ def table(result: dict, readme: bool) -> None:
         cells = [f"{row[k]['median_ms']} / {row[k]['p95_ms']} | {row[k]['ratio_median']}x"
                  for k in ("dense", "bm25", "dense_array")]
         lines.append(f"| {row['access']} | " + " | ".join(cells) + " |")
-    lines += ["", f"SciFact ({result.get('docs', 5183)} abstracts), {result['chunks']} chunks in 10 groups (a tenth public), {result['queries']} queries, "
+    lines += ["", f"SciFact ({result.get('docs', 5183)} abstracts), {result['chunks']} chunks in 10 groups "
+                  f"(a tenth public), {result['queries']} queries, "
                   f"top-{result['k']}, the variants interleaved per query in one run; ratio: median against no "
                   f"filter. Machine: 2 shared cores under other load."]
     publish("acl_filter", lines, readme=readme)

@@ -340,7 +340,8 @@ class IndexReport(BaseModel):
         return (f"added {self.added}, updated {self.updated}, deleted {self.deleted}, "
                 f"unchanged {self.unchanged}, failed {self.failed} "
                 f"({self.chunks_written} chunks written, {self.chunks_deleted} removed)"
-                + (f"; {self.migrated} sources moved to root-relative ids without re-embedding" if self.migrated else "")
+                + (f"; {self.migrated} sources moved to root-relative ids without re-embedding"
+                   if self.migrated else "")
                 + (f"; {self.regranted} sources re-granted (access changed) without re-embedding"
                    if self.regranted else ""))
 
