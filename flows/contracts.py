@@ -49,6 +49,8 @@ class Document(BaseModel):
     modified: float = 0.0
     content_hash: str = ""
     metadata: Metadata = Field(default_factory=dict)
+    groups: list[str] = Field(default_factory=list, description="groups allowed to read it (flows/access.py); "
+                                                                 "empty: everyone. Its chunks carry them as metadata")
     pages: list[int] = Field(default_factory=list,
                              description="where each page starts in `text` (page n at pages[n-1], an empty page where "
                                          "the next starts); empty for formats without pages. The chunker records "
@@ -182,6 +184,9 @@ class Query(BaseModel):
     keyword_texts: list[str] = Field(default_factory=list, description="BM25 search texts when they differ from "
                                      "the search texts (query2doc: the request repeated, then the pseudo-document)")
     feedback: Feedback | None = Field(None, description="pseudo-relevance feedback terms (expand_prf)")
+    access: frozenset[str] | None = Field(None, description="set by the server, never by a client (flows/access.py): "
+                                                            "the groups whose documents it may read besides public "
+                                                            "ones; None: every document (an operator, the CLI)")
 
     @field_validator("text")
     @classmethod
@@ -314,6 +319,8 @@ class IndexReport(BaseModel):
     failed: int = 0
     migrated: int = Field(0, description="sources renamed to root-relative ids in place (an index from before "
                                          "them, a moved project, a renamed root): their vectors were kept")
+    regranted: int = Field(0, description="unchanged sources whose access groups changed: their chunks' metadata "
+                                          "was updated in place, nothing re-embedded")
     chunks_written: int = 0
     chunks_deleted: int = 0
     failures: list[Failure] = Field(default_factory=list)
@@ -326,7 +333,8 @@ class IndexReport(BaseModel):
         return [f for f in self.failures if f.root]
 
     def merge(self, other: "IndexReport") -> "IndexReport":
-        fields = ("added", "updated", "deleted", "unchanged", "failed", "migrated", "chunks_written", "chunks_deleted")
+        fields = ("added", "updated", "deleted", "unchanged", "failed", "migrated", "regranted", "chunks_written",
+                  "chunks_deleted")
         merged = {f: getattr(self, f) + getattr(other, f) for f in fields}
         return IndexReport(**merged, failures=self.failures + other.failures, roots=self.roots + other.roots,
                            seconds=self.seconds + other.seconds)
@@ -335,7 +343,10 @@ class IndexReport(BaseModel):
         return (f"added {self.added}, updated {self.updated}, deleted {self.deleted}, "
                 f"unchanged {self.unchanged}, failed {self.failed} "
                 f"({self.chunks_written} chunks written, {self.chunks_deleted} removed)"
-                + (f"; {self.migrated} sources moved to root-relative ids without re-embedding" if self.migrated else ""))
+                + (f"; {self.migrated} sources moved to root-relative ids without re-embedding"
+                   if self.migrated else "")
+                + (f"; {self.regranted} sources re-granted (access changed) without re-embedding"
+                   if self.regranted else ""))
 
 
 class ContextDocument(BaseModel):
@@ -439,6 +450,7 @@ class IngestPlan:
     removed: list[str] = field(default_factory=list)
     unchanged: int = 0
     migrated: int = 0  # sources renamed to root-relative ids, their vectors kept
+    regranted: int = 0  # unchanged sources whose access changed: metadata updated in place
 
 
 class StepResult:

@@ -111,6 +111,9 @@ class RaglineSettings(BaseSettings):
                                                                     "deleted (within 1/30 of it)")
     feedback_max_mb: float = Field(50.0, gt=0, description="`POST /v1/feedback`'s files together stay under this "
                                                            "many MB (rotated by size; the oldest file goes)")
+    triggered_groups: Names = Field(default_factory=list, description="groups whose documents a query run "
+                                    "triggered through a Prefect deployment may read besides public ones (it has "
+                                    "no principal; comma-separated); `*`: every document. Unset: public only")
     served_deployments: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="set by `ragline serve` for its flow runs: what each deployment was "
                                           "created with (JSON)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Passage
+from ragline.flows.contracts import Passage, Query
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.state import IndexState, StoreMissing
 from ragline.flows.spec.registry import stage
@@ -33,12 +33,13 @@ class Params(BaseModel):
 
 @stage("expand_context", params=Params, produces="passages", kind="query",
        uses={"state": ("index_state",), "embedder": ("sentence_transformer",)})
-def expand_context(passages: list[Passage], params: Params, ctx: StepContext, state: IndexState,
+def expand_context(query: Query, passages: list[Passage], params: Params, ctx: StepContext, state: IndexState,
                    embedder: Embedder) -> list[Passage]:
-    """Grow the top hits into their neighbouring chunks within a token budget, without repeats."""
+    """Grow the top hits into their neighbouring chunks within a token budget, without repeats; only
+    into chunks the query may read (``Query.access``)."""
     head = passages[: params.top_k]
     try:
-        around = state.neighbourhoods([p.chunk_id for p in head], params.neighbours) if head else {}
+        around = state.neighbourhoods([p.chunk_id for p in head], params.neighbours, query.access) if head else {}
     except StoreMissing as exc:
         ctx.logger.warning("context not expanded: %s", exc)
         return passages

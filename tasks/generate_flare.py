@@ -97,7 +97,8 @@ def _retrieve(query, text, documents, params, store, embedder) -> bool:
     known = {d.passage.chunk_id for d in documents}
     store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
     vector = embedder.encode_queries([f"{query.text} {text}"])
-    found = store.query(vector, params.k, where=combined_filter(None, query.filters), retriever="flare")[0]
+    where = combined_filter(None, query.filters, query.access)  # re-retrieval reads only what the query may
+    found = store.query(vector, params.k, where=where, retriever="flare")[0]
     new = [p for p in found if p.chunk_id not in known][: max(0, params.max_documents - len(documents))]
     for passage in new:
         documents.append(ContextDocument(number=len(documents) + 1, passage=passage))

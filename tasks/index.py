@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragline.flows import failpoints
+from ragline.flows import access, failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
 from ragline.flows.contracts import IngestPlan
@@ -63,6 +63,7 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
     old_ids = state.chunk_ids(source_ids)
     new_ids = {c.chunk_id for c in chunks}
     _ensure_dimension(store, state, chunks, ctx)
+    granted(chunks, documents)
     state.forget(source_ids)
     failpoints.hit("index.after_forget")
     store.delete(sorted(old_ids - new_ids))
@@ -77,6 +78,14 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
     added = sum(1 for s in source_ids if s not in known)
     return IndexReport(added=added, updated=len(source_ids) - added, chunks_written=len(chunks),
                        chunks_deleted=len(old_ids - new_ids))
+
+
+def granted(chunks: list[Chunk], documents: list[Document]) -> None:
+    """Every chunk carries exactly its document's groups (flows/access.py), whatever the loader and
+    chunker in between did: the sink, not each stage, makes the stores agree with the state."""
+    groups = {d.source_id: d.groups for d in documents}
+    for chunk in chunks:
+        chunk.metadata = {**access.without_acl(chunk.metadata), **access.acl_metadata(groups.get(chunk.source_id, ()))}
 
 
 @index.on_session
@@ -107,14 +116,17 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
     everything = state.sources()
     plan = IngestPlan(to_index=[], migrated=migrated)
     seen: set[str] = set()
+    unchanged: list[Document] = []
     for doc in documents:
         seen.add(doc.source_id)
         previous = everything.get(doc.source_id)
         if previous == (doc.content_hash, ctx.fingerprint):
-            plan.unchanged += 1
+            unchanged.append(doc)
             continue
         plan.to_index.append(doc)
         (plan.updated if previous else plan.new).add(doc.source_id)
+    plan.regranted = regrant(unchanged, store, state, ctx)
+    plan.unchanged = len(unchanged) - plan.regranted
     if params.delete_missing:
         plan.removed = sorted(set(gone_sources(state.sources(origin=ctx.pipeline), seen, failures, covered))
                               | set(moves.gone))
@@ -133,6 +145,34 @@ def migrate_ids(moves: Moves, store: ChromaStore, state: IndexState, ctx: StepCo
     ctx.logger.warning("migrated %d sources to root-relative ids (an index from before them, a moved project or a "
                        "renamed root), keeping their vectors", len(moves.renamed))
     return len(moves.renamed)
+
+
+def regrant(documents: list[Document], store: ChromaStore, state: IndexState, ctx: StepContext) -> int:
+    """Apply changed access to unchanged documents in place: their chunks' metadata, never their
+    vectors. Crash-safe like a replace: the state forgets their access (commit), Chroma's metadata
+    is changed, then the state records the new groups on the sources and their chunks (one
+    transaction, which moves the generation so BM25 is republished at finalize). A crash between
+    leaves the access unknown, and the next run grants them again whatever their rules are then."""
+    stored = state.acls(d.source_id for d in documents)
+    grants = {d.source_id: tuple(sorted(set(d.groups))) for d in documents
+              if stored.get(d.source_id) != tuple(sorted(set(d.groups)))}
+    if not grants:
+        return 0
+    state.forget_access(grants)
+    failpoints.hit("regrant.after_forget")
+    owners = {cid: sid for cid, sid, *_ in state.source_chunks(grants)}
+    stored_meta = store.metadatas(sorted(owners))  # what Chroma holds (a killed re-grant may have changed it)
+    store.update_metadata({cid: access_change(meta, grants[owners[cid]]) for cid, meta in stored_meta.items()})
+    failpoints.hit("regrant.after_store")
+    state.regrant(grants)
+    ctx.logger.info("re-granted %d sources whose access changed (metadata only, nothing re-embedded)", len(grants))
+    return len(grants)
+
+
+def access_change(metadata: dict, groups: tuple[str, ...]) -> dict:
+    """The Chroma metadata update that takes a chunk from the grants it holds in Chroma to ``groups``:
+    every access key it has removed (None), the new ones set."""
+    return {**{k: None for k in metadata if access.reserved(k)}, **access.acl_metadata(groups)}
 
 
 def gone_sources(indexed: Iterable[str], seen: set[str], failures: list[Failure], covered: list[Coverage]) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 from pydantic import BaseModel, Field, field_validator
-from ragline.flows import failpoints, formats
+from ragline.flows import access, failpoints, formats
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document, Metadata, content_hash
 from ragline.flows.sources import (
@@ -95,6 +95,11 @@ class Params(BaseModel):
                                                                   "seconds each); the rest are reported")
     ocr_languages: NonEmpty = Field("eng", pattern=r"^[A-Za-z_]+(\+[A-Za-z_]+)*$",
                                     description="tesseract language codes, e.g. 'eng+deu'")
+    acl_field: NonEmpty | None = Field(None, description="a document's own field naming the groups allowed to "
+                                                          "read it (a list or 'a,b'): a JSONL record's field (or "
+                                                          "one of its 'metadata'), a converted file's metadata; it "
+                                                          "overrides the root's `access` rules. Not part of the "
+                                                          "content hash: a change re-grants without re-embedding")
 
     @field_validator("encoding")
     @classmethod
@@ -138,6 +143,11 @@ class SourceRoot:
     follow_links: bool = False
     is_file: bool = False
     remote: bool = False  # ``location`` is a URL and paths are '<location>/<key>'
+    access: tuple[access.AccessRule, ...] = ()  # the root's access rules (flows/access.py)
+
+    def groups(self, path: str) -> tuple[str, ...]:
+        """Who may read the source at ``path``: the first access rule matching its path below the root."""
+        return access.rule_groups(list(self.access), self.below(path)) or ()
 
     def below(self, path: str) -> str:
         if self.remote:
@@ -177,7 +187,7 @@ def _roots(params: Params, base_dir: str) -> list[SourceRoot]:
         follow = params.follow_links if spec.follow_links is None else spec.follow_links
         url = spec.url_prefix if spec.url_prefix is None or spec.url_prefix.endswith("/") else spec.url_prefix + "/"
         roots.append(SourceRoot(spec.path, location, spec.name or _default_name(location, base), pattern, url,
-                                follow, is_file=not pattern and os.path.isfile(expanded)))
+                                follow, is_file=not pattern and os.path.isfile(expanded), access=tuple(spec.access)))
     return roots
 
 
@@ -319,9 +329,35 @@ def _matches(path: str, patterns: list[str]) -> bool:
 # --- reading one file ----------------------------------------------------------------------
 
 def _load_file(path: str, root: SourceRoot, data: bytes, mtime: float, params: Params, ctx: StepContext,
-               media_type: str | None = None) -> list[Document]:
+               media_type: str | None = None, groups: tuple[str, ...] | None = None) -> list[Document]:
     """All Documents of one item's bytes (one, or one per JSONL record); [] when it was reported as
-    failed. ``media_type``: the Content-Type a web page came with (its URL often has no suffix)."""
+    failed. ``media_type``: the Content-Type a web page came with (its URL often has no suffix);
+    ``groups``: who may read it when its source says (an upload), else the root's access rules."""
+    documents = _read_documents(path, root, data, mtime, params, ctx, media_type)
+    fallback = root.groups(path) if groups is None else groups
+    out = []
+    for document in documents:
+        try:
+            out.append(_granted(document, fallback, params))
+        except ValueError as exc:
+            ctx.fail(document.source_id, str(exc))
+    return out
+
+
+def _granted(document: Document, fallback: tuple[str, ...], params: Params) -> Document:
+    """The document with its groups: its own ``acl_field`` when it has one, else ``fallback``; its
+    metadata carries them (flows/access.py) and never a reserved key of its own."""
+    own = document.metadata.get(params.acl_field) if params.acl_field else None
+    groups = fallback if own is None else access.parse_groups(
+        own, f"document {document.source_id!r} field {params.acl_field!r}")
+    document.groups = list(groups)
+    kept = {k: v for k, v in access.without_acl(document.metadata).items() if k != params.acl_field}
+    document.metadata = {**kept, **access.acl_metadata(groups)}
+    return document
+
+
+def _read_documents(path: str, root: SourceRoot, data: bytes, mtime: float, params: Params, ctx: StepContext,
+                    media_type: str | None) -> list[Document]:
     fmt = FORMATS.get(Path(path).suffix.lower()) or MEDIA_FORMATS.get((media_type or "").split(";")[0].strip(),
                                                                        "text")
     where = root.source_id(path)
@@ -362,7 +398,8 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Docum
     root (what it no longer names is gone); an incomplete one is a root failure (nothing deleted)."""
     source: DocumentSource = source_types()[spec.type](spec, params.max_bytes)
     source.bind(ctx.base_dir)
-    root = _LinkedRoot(source.location, source.location, spec.name or source.location, remote=True, source=source)
+    root = _LinkedRoot(source.location, source.location, spec.name or source.location, remote=True,
+                       access=tuple(getattr(spec, "access", ())), source=source)
     cache = ItemCache(cache_folder(ctx.base_dir, f"{spec.type} {source.location} {root.name}"))
     listing = source.list(cache, lambda key: (not source.by_name or _matches(key, params.include))
                           and not _matches(key, params.exclude))
@@ -375,7 +412,7 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Docum
         path = f"{root.location}/{item.key}"
         fetched = _remote_bytes(source, item, cache, root.source_id(path), ctx)
         for document in _load_file(path, root, fetched.data, fetched.modified or 0.0, params, ctx,
-                                   fetched.media_type) if fetched else []:
+                                   fetched.media_type, item.groups) if fetched else []:
             documents.append(document)
             ctx.progress("documents", 1)
     if listing.complete:
@@ -583,12 +620,30 @@ def _record_document(path: str, root: SourceRoot, record_id: str, record: dict[s
     # no "modified": the file's mtime moves when any record changes, so it says nothing of this one,
     # and rewriting it on unchanged records would make incremental runs differ from clean ones
     base: Metadata = {**_provenance(path, root), "format": "jsonl", "doc_id": record_id}
-    # canonical JSON: any change to the record (text, title, metadata) re-indexes it, key order does not
-    canonical = json.dumps(record, sort_keys=True, ensure_ascii=False)
+    # canonical JSON: any change to the record (text, title, metadata) re-indexes it, key order does not;
+    # its access field is not content: a change of rights re-grants its chunks without re-embedding them
+    groups, hashed = _record_groups(record, params)
+    canonical = json.dumps(hashed, sort_keys=True, ensure_ascii=False)
+    own = {} if groups is None else {params.acl_field: ",".join(
+        access.parse_groups(groups, f"record {record_id!r} field {params.acl_field!r}"))}
     return Document(source_id=f"{root.source_id(path)}#{record_id}", path=_shown(path, root), format="jsonl",
                     title=title.strip() if isinstance(title, str) else "", modified=mtime,
                     content_hash=content_hash(canonical), text=text,
-                    metadata={**_scalar_metadata(record.get("metadata")), **base})
+                    metadata={**_scalar_metadata(record.get("metadata")), **own, **base})
+
+
+def _record_groups(record: dict[str, Any], params: Params) -> tuple[Any, dict[str, Any]]:
+    """A record's access value (its ``acl_field``, top-level or in its 'metadata'; None: it has none)
+    and the record without it, which is what its content hash is made of."""
+    name = params.acl_field
+    if name is None:
+        return None, record
+    meta = record.get("metadata")
+    if name in record:
+        return record[name], {k: v for k, v in record.items() if k != name}
+    if isinstance(meta, dict) and name in meta:
+        return meta[name], {**record, "metadata": {k: v for k, v in meta.items() if k != name}}
+    return None, record
 
 
 def _scalar_metadata(extra: Any) -> Metadata:
@@ -596,4 +651,4 @@ def _scalar_metadata(extra: Any) -> Metadata:
     if not isinstance(extra, dict):
         return {}
     return {str(k): v for k, v in extra.items()
-            if isinstance(v, (str, int, float, bool)) and str(k) not in LOADER_KEYS}
+            if isinstance(v, (str, int, float, bool)) and str(k) not in LOADER_KEYS and not access.reserved(str(k))}

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ragline.flows.access import Access, restrict
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query, Ranking
 from ragline.flows.spec.registry import stage
@@ -33,9 +34,12 @@ class Params(BaseModel):
         return value
 
 
-def combined_filter(fixed: dict[str, Any] | None, requested: dict[str, Any] | None) -> dict[str, Any] | None:
+def combined_filter(fixed: dict[str, Any] | None, requested: dict[str, Any] | None,
+                    access: Access) -> dict[str, Any] | None:
+    """The pipeline's and the client's filters, within what the query may read (``Query.access``,
+    set by the server): every retriever searches with this, so a client's filter only narrows."""
     filters.validate(requested)
-    return filters.normalize({"$and": [f for f in (fixed, requested) if f]})
+    return filters.normalize(restrict({"$and": [f for f in (fixed, requested) if f]}, access))
 
 
 @stage("retrieve_dense", params=Params, produces="rankings", kind="query",
@@ -44,7 +48,7 @@ def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: Chroma
                    embedder: Embedder) -> list[Ranking]:
     """Nearest chunks by embedding, per search text, honouring metadata filters."""
     texts = query.dense_texts()
-    where = combined_filter(params.where, query.filters)
+    where = combined_filter(params.where, query.filters, query.access)
     try:
         store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
         vectors = embedder.encode_queries(texts)

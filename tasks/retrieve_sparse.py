@@ -32,7 +32,7 @@ def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: BM25
     """Best BM25 matches per search text (query2doc's and PRF's expansions when upstream steps made
     them); the same metadata filters as dense retrieval."""
     texts = query.keyword_search_texts()
-    where = combined_filter(params.where, query.filters)
+    where = combined_filter(params.where, query.filters, query.access)
     try:
         report_lag(sparse, state, ctx)
         if query.feedback is not None and query.feedback.terms:  # expand_prf ran upstream: RM3's weighted query

@@ -416,6 +416,26 @@ class ChromaStore(Resource):
             self._call("upsert", lambda col: col.upsert(ids=ids, embeddings=embeddings, documents=documents,
                                                          metadatas=metadatas))
 
+    def metadatas(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The stored metadata of these chunks (those present)."""
+        out: dict[str, dict[str, Any]] = {}
+        size = self._batch_size()
+        for start in range(0, len(ids), size):
+            batch = ids[start:start + size]
+            got = self._call("get metadata", lambda c: c.get(ids=batch, include=["metadatas"]), create=False)
+            out.update(zip(got["ids"], (m or {} for m in got["metadatas"])))
+        return out
+
+    def update_metadata(self, metadatas: dict[str, dict[str, Any]]) -> None:
+        """Change stored chunks' metadata in place (vectors and text kept): Chroma merges the keys
+        given into each chunk's metadata, and a key given as None is removed."""
+        ids = sorted(metadatas)
+        size = self._batch_size()
+        for start in range(0, len(ids), size):
+            batch = ids[start:start + size]
+            changes = [metadatas[i] for i in batch]
+            self._call("update metadata", lambda col: col.update(ids=batch, metadatas=changes), create=False)
+
     def delete(self, ids: Iterable[str]) -> None:
         ids = list(ids)
         if not ids:

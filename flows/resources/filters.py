@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ragline.flows.access import reserved
 from ragline.flows.errors import InputError
 
 MAX_CLAUSES = 100  # comparisons in one filter, all levels together (and as many $and/$or branches)
@@ -108,6 +109,9 @@ def _check(where: Any, budget: _Budget, depth: int) -> None:
                 _check(clause, budget, depth + 1)
         elif key.startswith("$"):
             raise FilterError(f"unknown filter operator {_short(key)}")
+        elif reserved(key):
+            raise FilterError(f"field {_short(key)} is reserved for access control: the server filters on it "
+                              f"from who asks; a filter may not name it")
         elif isinstance(cond, dict):
             budget.spend(clauses=len(cond))
             for op, value in cond.items():

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.access import Access, acl_metadata, readable, without_acl
 from ragline.flows.processes import pid_alive
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.errors import EX_TEMPFAIL, IndexUnavailable, RaglineError
@@ -34,7 +35,7 @@ log = logging.getLogger("ragline.state")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (
     source_id TEXT PRIMARY KEY, origin TEXT NOT NULL, content_hash TEXT NOT NULL,
-    fingerprint TEXT NOT NULL, path TEXT, title TEXT, indexed_at REAL NOT NULL);
+    fingerprint TEXT NOT NULL, path TEXT, title TEXT, indexed_at REAL NOT NULL, acl TEXT);
 CREATE TABLE IF NOT EXISTS chunks (
     chunk_id TEXT PRIMARY KEY, source_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
     text TEXT NOT NULL, title TEXT, metadata TEXT NOT NULL);
@@ -221,6 +222,7 @@ class IndexState(Resource):
                     _rollback_journal(conn)
                     conn.execute("PRAGMA synchronous=FULL")
                     conn.executescript(SCHEMA)
+                    _add_acl_column(conn)
                 except BaseException:
                     conn.close()
                     raise
@@ -388,18 +390,20 @@ class IndexState(Resource):
                                               f"WHERE source_id IN ({marks}) ORDER BY chunk_id", batch)]
         return rows
 
-    def neighbourhoods(self, chunk_ids: list[str], radius: int) -> dict[str, list[tuple[str, int, str]]]:
+    def neighbourhoods(self, chunk_ids: list[str], radius: int,
+                       access: Access = None) -> dict[str, list[tuple[str, int, str]]]:
         """Per chunk id: (chunk_id, ordinal, text) of its source's chunks within ``radius`` ordinals of
-        it, in order (context expansion). Read-only: query paths call it."""
+        it, in order (context expansion), only those ``access`` may read. Read-only: query paths call it."""
         out: dict[str, list[tuple[str, int, str]]] = {}
         with self._guarded():
             for batch in _batched(list(dict.fromkeys(chunk_ids)), 500):
                 marks = ",".join("?" * len(batch))
-                for hit, cid, ordinal, text in self.reader.execute(
-                        f"SELECT h.chunk_id, c.chunk_id, c.ordinal, c.text FROM chunks h JOIN chunks c "
+                for hit, cid, ordinal, text, meta in self.reader.execute(
+                        f"SELECT h.chunk_id, c.chunk_id, c.ordinal, c.text, c.metadata FROM chunks h JOIN chunks c "
                         f"ON c.source_id = h.source_id AND c.ordinal BETWEEN h.ordinal - ? AND h.ordinal + ? "
                         f"WHERE h.chunk_id IN ({marks}) ORDER BY h.chunk_id, c.ordinal", [radius, radius, *batch]):
-                    out.setdefault(hit, []).append((cid, ordinal, text))
+                    if access is None or readable(json.loads(meta), access):
+                        out.setdefault(hit, []).append((cid, ordinal, text))
         return out
 
     def rename_sources(self, renamed: dict[str, Document], chunks: list[Chunk]) -> None:
@@ -479,11 +483,46 @@ class IndexState(Resource):
         now = time.time()
         with self.transaction() as tx:
             tx.executemany(
-                "INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(d.source_id, origin, d.content_hash, fingerprint, d.path, d.title, now) for d in documents])
+                "INSERT OR REPLACE INTO sources (source_id, origin, content_hash, fingerprint, path, title, "
+                "indexed_at, acl) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(d.source_id, origin, d.content_hash, fingerprint, d.path, d.title, now, _acl_text(d.groups))
+                 for d in documents])
             tx.executemany(
                 "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
                 [(c.chunk_id, c.source_id, c.ordinal, c.text, c.title, json.dumps(c.metadata)) for c in chunks])
+            self._bump(tx)
+
+    def acls(self, source_ids: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
+        """Per source: the groups its chunks were last granted (() public; None unknown: a state from
+        before access, or a re-grant a crash interrupted). Writers only (the column is added on write)."""
+        out: dict[str, tuple[str, ...] | None] = {}
+        with self._guarded():
+            for batch in _batched(list(source_ids), 500):
+                marks = ",".join("?" * len(batch))
+                for sid, acl in self.conn.execute(f"SELECT source_id, acl FROM sources WHERE source_id IN ({marks})",
+                                                  batch):
+                    out[sid] = None if acl is None else tuple(json.loads(acl))
+        return out
+
+    def forget_access(self, source_ids: Iterable[str]) -> None:
+        """Step one of a re-grant: the sources' access becomes unknown, so a crash before the stores
+        are updated makes the next run grant them again, whatever their rules are by then."""
+        with self.transaction() as tx:
+            tx.executemany("UPDATE sources SET acl=NULL WHERE source_id=?", [(s,) for s in source_ids])
+
+    def regrant(self, grants: dict[str, tuple[str, ...]]) -> None:
+        """The last step of a re-grant: the sources' chunks carry their new groups (metadata only)
+        and the sources record them, in one transaction; BM25 is republished from it."""
+        with self.transaction() as tx:
+            for batch in _batched(list(grants), 500):
+                marks = ",".join("?" * len(batch))
+                rows = tx.execute(f"SELECT chunk_id, source_id, metadata FROM chunks WHERE source_id IN ({marks})",
+                                  batch).fetchall()
+                tx.executemany("UPDATE chunks SET metadata=? WHERE chunk_id=?", [
+                    (json.dumps({**without_acl(json.loads(meta)), **acl_metadata(grants[sid])}), cid)
+                    for cid, sid, meta in rows])
+            tx.executemany("UPDATE sources SET acl=? WHERE source_id=?",
+                           [(_acl_text(groups), sid) for sid, groups in grants.items()])
             self._bump(tx)
 
     # ------------------------------------------------------------------ writer lease
@@ -581,6 +620,14 @@ def expected_chunks(state: IndexState | None) -> int | None:
         return 0
 
 
+def _add_acl_column(conn: sqlite3.Connection) -> None:
+    """A state from before document access gets the ``acl`` column, NULL (unknown) for every source:
+    the next ingestion run grants each its groups in place (metadata only, nothing re-embedded)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(sources)")}
+    if "acl" not in columns:
+        conn.execute("ALTER TABLE sources ADD COLUMN acl TEXT")
+
+
 def _rollback_journal(conn: sqlite3.Connection) -> None:
     """Rollback-journal mode, not WAL: a WAL file's readers create and keep its -wal and -shm files,
     so a query would change the index folder. A WAL file left by an older version is converted when
@@ -590,6 +637,10 @@ def _rollback_journal(conn: sqlite3.Connection) -> None:
     except sqlite3.OperationalError as exc:
         if "locked" not in str(exc):
             raise
+
+
+def _acl_text(groups: Iterable[str]) -> str:
+    return json.dumps(sorted(set(groups)))
 
 
 def _batched(items: list[Any], size: int) -> Iterator[list[Any]]:

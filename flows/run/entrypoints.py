@@ -63,6 +63,7 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     compiled = ref.resolve()
     if refusal := _query_refusal(compiled, inputs):
         return Failed(message=refusal)
+    inputs = _triggered_access(compiled, inputs)
     runner = task_runner(compiled.spec.runner)
     driver = drivers.DRIVER.get()
     progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
@@ -142,13 +143,30 @@ def _normal(value: Any) -> Any:
     return None if value in (None, {}, "") else value
 
 
-def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) -> str | None:
-    """A deployment's query run takes the question, its history and filters, checked as the HTTP
-    API checks them (length, roles, filter shape); an ingestion or job run takes no inputs."""
+def _deployment_run() -> bool:
     from prefect.context import FlowRunContext
 
     context = FlowRunContext.get()
-    if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
+    return context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None
+
+
+def _triggered_access(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A deployment's query run has no principal: it reads public documents only, or the groups of
+    the ``triggered_groups`` setting (``*``: everything). Its parameters can never set the access
+    (``DeployedQuery`` forbids the field); this is the only place it is given."""
+    if pipeline.kind != PipelineKind.QUERY or not _deployment_run():
+        return inputs
+    groups = settings.get("triggered_groups")
+    query = dict(inputs or {}).get("query")
+    query = {"text": query} if isinstance(query, str) else dict(query or {})
+    query["access"] = None if "*" in groups else frozenset(groups)
+    return {**(inputs or {}), "query": query}
+
+
+def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) -> str | None:
+    """A deployment's query run takes the question, its history and filters, checked as the HTTP
+    API checks them (length, roles, filter shape); an ingestion or job run takes no inputs."""
+    if not _deployment_run():
         return None
     if pipeline.kind != PipelineKind.QUERY:
         return None if not inputs else (f"pipeline '{pipeline.name}' ({pipeline.kind}) refuses parameter 'inputs': "

@@ -57,7 +57,7 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
         plan_future = run.submit(sink, {}, label=f"{sink.id}.plan", hook="plan", inputs=given)
         plan_result = run.result(plan_future)
         plan, failures = plan_result.value, failures + plan_result.failures
-    report = IndexReport(unchanged=plan.unchanged, migrated=plan.migrated)
+    report = IndexReport(unchanged=plan.unchanged, migrated=plan.migrated, regranted=plan.regranted)
     if progress is not None:
         progress.start(len(plan.to_index))
     _phase(progress, "indexing")  # batches: converted, chunked, embedded and written, pipelined

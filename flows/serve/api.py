@@ -60,12 +60,13 @@ from ragline.flows.errors import ConfigError
 from ragline.flows.serve.discovery import published
 from ragline.flows.serve.metrics import INDEXES, metrics_router
 from ragline.flows.serve.oidc import OidcConfig
-from ragline.flows.serve.principals import Authenticator, require
+from ragline.flows.serve.principals import Authenticator, reading_groups, require
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.openai_api import openai_router
 from ragline.flows.serve.feedback import FEEDBACK_BODY_BYTES, feedback_router
 from ragline.flows.serve.query_service import (
     ANSWER_ID_HEADER,
+    access_for,
     ApiError,
     CHECK_TIMEOUT_SECONDS,
     DEFAULT_MAX_QUESTION_CHARS,
@@ -108,20 +109,21 @@ def query_router(service: QueryService) -> APIRouter:
         try:
             service.check_question(body.question, "question", 422)
             pipeline = service.pipeline(body.pipeline, stream=body.stream)
-            require(request, "query", pipeline)
+            principal = require(request, "query", pipeline)
             if body.stream and not service.answers(body.pipeline):
                 raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
                                     f"text; stream an answer pipeline or leave stream false", param="stream",
                                code="stream_not_supported")
         except ApiError as exc:
             return exc.response()
-        query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters}
+        query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters,
+                 "access": access_for(reading_groups(principal))}  # set here only: the body cannot carry it
         answer_id = service.new_answer_id()
         if body.stream:
-            return EventSourceResponse(_sse_query(service, pipeline, query, rid, answer_id),
+            return EventSourceResponse(_sse_query(service, pipeline, query, rid, answer_id, principal.id),
                                        headers={**STREAM_HEADERS, ANSWER_ID_HEADER: answer_id})
         try:
-            outcome = await service.run(pipeline, query, answer_id=answer_id, request_id=rid)
+            outcome = await service.run(pipeline, query, answer_id=answer_id, request_id=rid, principal=principal.id)
         except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
             return service.failure(exc, rid).response()
         return JSONResponse(outcome.to_json(body.top_k), headers={ANSWER_ID_HEADER: answer_id})
@@ -130,9 +132,9 @@ def query_router(service: QueryService) -> APIRouter:
 
 
 async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: dict[str, Any],
-                     rid: str, answer_id: str) -> AsyncIterator[bytes]:
+                     rid: str, answer_id: str, principal: str) -> AsyncIterator[bytes]:
     try:
-        async for item in service.stream(pipeline, query, answer_id=answer_id, request_id=rid):
+        async for item in service.stream(pipeline, query, answer_id=answer_id, request_id=rid, principal=principal):
             if isinstance(item, Outcome):
                 final = {**item.to_json(), "replaced_by_refusal": item.replaced_by_refusal()}
                 if final["replaced_by_refusal"]:

@@ -32,17 +32,19 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ragline.flows import formats
+from ragline.flows.access import checked
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_service import ERRORS, ApiError
-from ragline.flows.serve.principals import may_read, principal_of, require
+from ragline.flows.serve.principals import may_read, principal_of, reading_groups, require
 from ragline.flows.serve.runs import _Runs
 from ragline.flows.sources.uploads import (
     ID,
@@ -277,8 +279,17 @@ class _Keys:
 
 
 # ----------------------------------------------------------------------------- the router
-def documents_router(runs: _Runs) -> APIRouter:
-    """``/v1/documents`` for the ingestion pipelines of ``runs``' project."""
+def _principals_groups(request: Request) -> Iterable[str] | None:
+    """An upload is readable by its uploader's groups (a key's or a token's); the operator's
+    uploads (legacy token, loopback user) by everyone, as before keys existed."""
+    return reading_groups(principal_of(request))
+
+
+def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[str] | None] = _principals_groups
+                     ) -> APIRouter:
+    """``/v1/documents`` for the ingestion pipelines of ``runs``' project. ``uploader_groups``: who may
+    read what a request uploads (the server's, from its principal; None: everyone), never a field
+    the client sends."""
     catalogue = _Catalogue(runs)
     trigger = _Trigger(runs)
     keys = _Keys(data_dir_of(runs.project) / ".ragline" / "idempotency")
@@ -312,6 +323,8 @@ def documents_router(runs: _Runs) -> APIRouter:
         upload scope covers starting that run)."""
         root = managed(pipeline)
         require(request, "upload", runs.project.pipeline(root.pipeline))
+        given = uploader_groups(request)
+        groups = None if given is None else checked(given, "uploader")
         try:
             name = safe_name(file.filename or "")
         except ValueError as exc:
@@ -330,22 +343,25 @@ def documents_router(runs: _Runs) -> APIRouter:
                                             "(pipeline, file name or bytes differ)", param="Idempotency-Key",
                                        code="idempotency_conflict")
                     return JSONResponse(seen["body"], seen["status"], headers={"Idempotent-Replayed": "true"})
-                status, body = await _store(root, file, name, ingest == "true")
+                status, body = await _store(root, file, name, ingest == "true", groups)
                 keys.put(idempotency_key, request_digest, status, body)
         else:
-            status, body = await _store(root, file, name, ingest == "true")
+            status, body = await _store(root, file, name, ingest == "true", groups)
         return JSONResponse(body, status)
 
-    async def _store(root: _Managed, file: UploadFile, name: str, ingest: bool) -> tuple[int, dict[str, Any]]:
+    async def _store(root: _Managed, file: UploadFile, name: str, ingest: bool,
+                     groups: tuple[str, ...] | None) -> tuple[int, dict[str, Any]]:
         try:
-            upload, created = await asyncio.to_thread(UploadFolder(root.folder).put, file.file, name, root.max_bytes)
+            upload, created = await asyncio.to_thread(UploadFolder(root.folder).put, file.file, name, root.max_bytes,
+                                                      groups)
         except TooLarge as exc:
             raise ApiError(413, f"field 'file': {name!r} is over the limit of {exc.limit} bytes", param="file",
                            code="file_too_large") from None
         document = next((d for d in await asyncio.to_thread(catalogue.documents, root.pipeline) if d.id == upload.id),
                         None)
         ingestion = None
-        if ingest and (created or (document is not None and document.status == "queued")):
+        # the same bytes sent by an uploader with groups may widen who reads them: the next run re-grants
+        if ingest and (created or groups is not None or (document is not None and document.status == "queued")):
             ingestion = await trigger.request(root.pipeline)
         document = document or DocumentInfo(id=upload.id, pipeline=root.pipeline, managed=True, status="queued",
                                             source=f"{root.name}/{upload.key}", name=upload.name, size=upload.size)

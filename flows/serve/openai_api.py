@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.contracts import Source
 from ragline.flows.serve.query_service import ANSWER_ID_HEADER, ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService
 from ragline.flows.serve.query_service import request_id, sse
-from ragline.flows.serve.query_service import estimate_tokens
-from ragline.flows.serve.principals import collections_of, principal_of, require
+from ragline.flows.serve.query_service import access_for, estimate_tokens
+from ragline.flows.serve.principals import collections_of, principal_of, reading_groups, require
 from ragline.flows.resources.filters import FilterError, validate
 
 WITHDRAWN = "\n\n[Verification withdrew the text above.] "
@@ -125,16 +125,18 @@ def openai_router(service: QueryService) -> APIRouter:
         rid = request_id(request)
         try:
             pipeline, query = _parse(service, body)
-            require(request, "query", pipeline)
+            principal = require(request, "query", pipeline)
         except ApiError as exc:
             return exc.response()
+        query["access"] = access_for(reading_groups(principal))  # set here only: the body cannot carry it
         reply = Reply(body, query)
         answer_id = service.new_answer_id()
         if body.stream:
-            return EventSourceResponse(_chunks(service, pipeline, query, reply, rid, answer_id),
+            return EventSourceResponse(_chunks(service, pipeline, query, reply, rid, answer_id, principal.id),
                                        headers={**STREAM_HEADERS, ANSWER_ID_HEADER: answer_id})
         try:
-            outcome = await service.run(pipeline, query, surface="chat", answer_id=answer_id, request_id=rid)
+            outcome = await service.run(pipeline, query, surface="chat", answer_id=answer_id, request_id=rid,
+                                        principal=principal.id)
         except Exception as exc:  # noqa: BLE001 - classified, logged, never a traceback
             return service.failure(exc, rid).response()
         return JSONResponse(reply.completion(outcome), headers={ANSWER_ID_HEADER: answer_id})
@@ -241,10 +243,11 @@ def extras(outcome: Outcome) -> dict[str, Any]:
 
 
 async def _chunks(service: QueryService, pipeline: Any, query: dict[str, Any], reply: Reply,
-                  rid: str, answer_id: str) -> AsyncIterator[bytes]:
+                  rid: str, answer_id: str, principal: str) -> AsyncIterator[bytes]:
     yield reply.chunk({"role": "assistant", "content": ""})
     try:
-        async for item in service.stream(pipeline, query, surface="chat", answer_id=answer_id, request_id=rid):
+        async for item in service.stream(pipeline, query, surface="chat", answer_id=answer_id, request_id=rid,
+                                         principal=principal):
             if item is None:
                 yield sse(None, None)
             elif isinstance(item, Outcome):

@@ -172,3 +172,11 @@ def _bearer(headers: list[tuple[bytes, bytes]]) -> str:
     value = next((v for k, v in headers if k == b"authorization"), b"").decode("latin-1")
     scheme, _, credential = value.partition(" ")
     return credential.strip() if scheme.lower() == "bearer" else ""
+
+
+def reading_groups(principal: Principal) -> frozenset[str] | None:
+    """The groups whose documents a principal reads besides public ones (``Query.access``); None
+    reads every document. The legacy token and the loopback user are the operator, as before
+    keys existed; a key or a token reads what its groups may, whatever its scopes (admin
+    manages keys and runs, it does not widen reading)."""
+    return None if principal.kind in ("legacy-token", "local") else principal.groups

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,6 +23,7 @@ from fastapi.sse import format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows import telemetry
+from ragline.flows.access import checked
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
 from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, Passage, PipelineKind
@@ -46,6 +47,15 @@ OPENAI_PATHS = ("/v1/chat/", "/v1/models")
 REPLACED_NOTICE = ("verification replaced the streamed draft with the refusal text: discard the streamed tokens "
                    "and show answer.text")
 ANSWER_ID_HEADER = "X-Answer-ID"  # also `answer_id` in the body: what POST /v1/feedback names
+
+
+# ----------------------------------------------------------------------------- access
+def access_for(groups: Iterable[str] | None) -> frozenset[str] | None:
+    """The ``Query.access`` of a caller with these groups (flows/access.py): public documents and
+    theirs; None reads every document (an operator, or no principal: today's behaviour). The only
+    way a surface sets it: put it in the query dict it runs (``query["access"] = access_for(...)``),
+    never from the request body. A bad group name is a ValueError (the server's, not the client's)."""
+    return None if groups is None else frozenset(checked(groups, "principal"))
 
 
 # ----------------------------------------------------------------------------- errors
@@ -320,13 +330,13 @@ class QueryService:
 
     async def run(self, pipeline: CompiledPipeline, query: dict[str, Any], *, surface: str = "query",
                   on_token: Callable[[str], None] | None = None, answer_id: str | None = None,
-                  request_id: str | None = None) -> Outcome:
+                  request_id: str | None = None, principal: str | None = None) -> Outcome:
         """The pipeline on a driver thread; the event loop only awaits it."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         outputs: dict[str, Any] | None = {} if self.query_log is not None else None
         answer_id = answer_id or self.new_answer_id()
-        logged = _LogContext(pipeline.name, surface, on_token is not None, answer_id, request_id, query) \
+        logged = _LogContext(pipeline.name, surface, on_token is not None, answer_id, request_id, query, principal) \
             if self.query_log is not None else None
         try:  # in this request's context: the run's span is a child of the request's
             value, trace = await loop.run_in_executor(self.drivers, contextvars.copy_context().run, _run, pipeline,
@@ -364,7 +374,7 @@ class QueryService:
         query_log.record(entry, build)
 
     async def stream(self, pipeline: CompiledPipeline, query: dict[str, Any], *, surface: str = "query",
-                     answer_id: str | None = None, request_id: str | None = None
+                     answer_id: str | None = None, request_id: str | None = None, principal: str | None = None
                      ) -> AsyncIterator[str | None | Outcome]:
         """Generated pieces as they come (``None`` now and then while nothing does), then the Outcome.
         The run goes on to the end (and emits its event) if the client leaves."""
@@ -382,7 +392,7 @@ class QueryService:
                     listening.clear()
 
         job = asyncio.ensure_future(self.run(pipeline, query, surface=surface, on_token=on_token, answer_id=answer_id,
-                                             request_id=request_id))
+                                             request_id=request_id, principal=principal))
         job.add_done_callback(lambda finished: (queue.put_nowait(done), finished.cancelled() or finished.exception()))
         tokens: list[str] = []
         getter: asyncio.Future | None = None
@@ -462,6 +472,7 @@ class _LogContext:
     answer_id: str
     request_id: str | None
     query: dict[str, Any]
+    principal: str | None = None  # who asked (an API key's id, a token's subject): the audit trail
     time: str = field(default_factory=now_iso)
     trace_id: str | None = field(default_factory=lambda: _trace_id())
 
@@ -474,6 +485,7 @@ class _LogContext:
         entry: dict[str, Any] = {"answer_id": self.answer_id, "time": self.time, "pipeline": self.pipeline,
                                  "surface": self.surface, "stream": self.stream, "status": status,
                                  "latency_ms": latency_ms, "timings": timings, "request_id": self.request_id,
+                                 "principal": self.principal, "restricted": self.query.get("access") is not None,
                                  "trace_id": self.trace_id, "history_turns": len(self.query.get("history") or []),
                                  "filtered": bool(self.query.get("filters"))}
         if text:

@@ -48,6 +48,7 @@ class Item:
     modified: float | None = None
     media_type: str | None = None  # a Content-Type, where the key has no telling suffix (web pages)
     data: bytes | None = None  # fetched while listing (a crawl reads pages to find links)
+    groups: tuple[str, ...] | None = None  # who may read it, when the source knows (an upload's uploader's groups)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ragline.flows.sources.base import (
     Listing,
     SourceError,
 )
-from ragline.flows.sources.local import NonEmpty, PublicUrl, RootName
+from ragline.flows.sources.local import AccessRules, NonEmpty, PublicUrl, RootName
 
 SECRET_OPTION = re.compile(r"(?:^|_)(?:key|secret|password|passwd|token|credentials?|sas|sig|signature)(?:$|_)", re.I)
 SIGNAL_FIELDS = ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash", "content_md5", "checksum")
@@ -42,6 +42,7 @@ class FsspecSpec(BaseModel):
     name: RootName | None = Field(None, description="what its sources are identified by: '<name>/<key below the "
                                                     "prefix>' (default: the URL itself)")
     url_prefix: PublicUrl | None = Field(None, description="public http(s) URL a source links to, followed by its key")
+    access: AccessRules = []
     options: dict[str, Any] = Field({}, description="storage options of the backend that are not secrets "
                                                     "(endpoint_url, region_name, anon, ...)")
     secrets: dict[str, NonEmpty] = Field({}, description="storage option -> name of the environment variable "

@@ -19,6 +19,7 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from ragline.flows.access import AccessRule
 from ragline.flows.sources.base import (
     DocumentSource,
     Fetched,
@@ -50,6 +51,10 @@ def http_url(value: str | None) -> str | None:
 # the ``name`` and ``url_prefix`` every root type may have, checked the same way
 RootName = Annotated[NonEmpty, AfterValidator(relative_name)]
 PublicUrl = Annotated[NonEmpty, AfterValidator(http_url)]
+# who may read a root's sources: rules by path below the root, the first that matches decides (none: everyone)
+AccessRules = Annotated[list[AccessRule], Field(description="who may read its sources: [{prefix: 'hr/', groups: "
+                                                            "[hr]}, ...], the first rule whose prefix the path below "
+                                                            "the root starts with decides; no match: everyone")]
 
 
 class Root(BaseModel):
@@ -66,6 +71,7 @@ class Root(BaseModel):
                                                           "by its path below the root")
     follow_links: bool | None = Field(None, description="index symbolic links that lead outside every root "
                                                         "(default: the step's follow_links)")
+    access: AccessRules = []
 
     @model_validator(mode="before")
     @classmethod

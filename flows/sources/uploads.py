@@ -19,6 +19,7 @@ listing (nothing uploaded), and one that cannot be read is incomplete (nothing d
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -38,12 +39,14 @@ from ragline.flows.sources.base import (
     Listing,
     SourceError,
 )
+from ragline.flows.files import write_atomic
 from ragline.flows.sources.local import RootName, read_file
 
 ID_LENGTH = 32  # hex digits of the SHA-256: 128 bits
 ID = re.compile(rf"^[0-9a-f]{{{ID_LENGTH}}}$")
 MAX_NAME_CHARS = 200
 CHUNK_BYTES = 1 << 20
+GROUPS_FILE = ".groups.json"  # hidden: never listed as the upload's file
 
 
 class UploadsSpec(BaseModel):
@@ -86,11 +89,12 @@ class UploadsSource(DocumentSource):
         return self.folder.as_posix()
 
     def list(self, cache: ItemCache, wanted: Callable[[str], bool]) -> Listing:
+        folder = UploadFolder(self.folder)
         try:
-            uploads = UploadFolder(self.folder).uploads()
+            return Listing(items=[Item(u.key, None, u.size, u.modified, groups=folder.groups(u.id))
+                                  for u in folder.uploads() if wanted(u.key)])
         except OSError as exc:
             return Listing(complete=False, reason=f"cannot list the uploads folder: {exc.strerror or exc}")
-        return Listing(items=[Item(u.key, None, u.size, u.modified) for u in uploads if wanted(u.key)])
 
     def fetch(self, item: Item) -> Fetched:
         if not ID.match(item.key.partition("/")[0]):
@@ -156,9 +160,35 @@ class UploadFolder:
         info = files[0].stat(follow_symlinks=False)
         return Upload(upload_id, files[0].name, info.st_size, info.st_mtime)
 
-    def put(self, stream: BinaryIO, name: str, max_bytes: int) -> tuple[Upload, bool]:
+    def groups(self, upload_id: str) -> tuple[str, ...] | None:
+        """Who may read an upload (its uploaders' groups, set by the server); None: everyone."""
+        try:
+            return tuple(json.loads((self.folder / upload_id / GROUPS_FILE).read_text()))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:  # unreadable: nobody but an operator reads it until fixed
+            raise SourceError(f"upload {upload_id}: its access file is unreadable ({exc})") from None
+
+    def grant(self, upload_id: str, groups: tuple[str, ...] | None) -> None:
+        """Add an uploader's groups to an upload that holds the same bytes: every uploader could read
+        it (they sent it); one who sent it for everyone (None) makes it public. The next ingestion
+        run re-grants its chunks in place (nothing re-embedded)."""
+        current = self.groups(upload_id)
+        path = self.folder / upload_id / GROUPS_FILE
+        if current is None or groups is None:
+            if current is not None:
+                path.unlink(missing_ok=True)
+            return
+        merged = tuple(sorted(set(current) | set(groups)))
+        if merged != current:
+            write_atomic(path, json.dumps(merged))
+
+    def put(self, stream: BinaryIO, name: str, max_bytes: int,
+            groups: tuple[str, ...] | None = None) -> tuple[Upload, bool]:
         """Store the stream's bytes as ``name``: (the upload, True) when new, (the one already
-        holding these bytes, False) when not. Raises ``TooLarge`` beyond ``max_bytes``."""
+        holding these bytes, False) when not. Raises ``TooLarge`` beyond ``max_bytes``. ``groups``:
+        who may read it (the server's, from the uploader; None: everyone), kept in a hidden file
+        that appears with the upload in the same rename."""
         self.folder.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.folder))
         try:
@@ -175,12 +205,16 @@ class UploadFolder:
                 os.fsync(out.fileno())
             upload_id = digest.hexdigest()[:ID_LENGTH]
             if (existing := self.get(upload_id)) is not None:
+                self.grant(upload_id, groups)
                 return existing, False
+            if groups is not None:
+                write_atomic(staging / GROUPS_FILE, json.dumps(sorted(set(groups))))
             _fsync_dir(staging)
             try:
                 os.rename(staging, self.folder / upload_id)  # atomic; fails if another request just made it
             except OSError:
                 if (existing := self.get(upload_id)) is not None:
+                    self.grant(upload_id, groups)
                     return existing, False
                 raise
             _fsync_dir(self.folder)

@@ -27,7 +27,7 @@ from ragline.flows.sources.base import (
     Listing,
     SourceError,
 )
-from ragline.flows.sources.local import NonEmpty, RootName
+from ragline.flows.sources.local import AccessRules, NonEmpty, RootName
 
 PAGE_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf")
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -47,6 +47,7 @@ class WebSpec(BaseModel):
     start: list[NonEmpty] = Field([], description="URLs the crawl starts from (one origin)")
     sitemap: NonEmpty | None = Field(None, description="a sitemap.xml whose pages are crawled (same origin)")
     name: RootName | None = Field(None, description="sources are '<name>/<path>' (default: their canonical URL)")
+    access: AccessRules = []
     max_depth: int = Field(3, ge=0, le=100, description="links followed from a start page")
     max_pages: int = Field(1000, ge=1, le=1_000_000, description="pages fetched at most; reaching it makes the "
                                                                  "crawl incomplete (nothing deleted)")

@@ -31,6 +31,7 @@ from tests.integration.serving import (
 pytestmark = pytest.mark.integration
 
 SECRET = "CAPYBARA-SECRET-7731"
+PRIVATE = "OKAPI-HR-4412"  # in private/, readable by the hr group only
 
 PIPELINES = """
 resources:
@@ -47,7 +48,7 @@ pipelines:
     kind: ingestion
     schedule: {cron: "0 3 * * *", timezone: Europe/Berlin}
     steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: load,    task: load, with: {paths: [docs, {path: private, access: [{prefix: "", groups: [hr]}]}]}}
       - {id: convert, task: convert}
       - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
       - {id: embed,   task: embed, uses: [embedder]}
@@ -80,13 +81,15 @@ def project(tmp_path_factory) -> Path:
     (root / "docs").mkdir()
     for number, text in enumerate(TOPICS):
         (root / "docs" / f"topic{number}.md").write_text(f"# Topic {number}\n\n{text} Regeneration notes.\n")
+    (root / "private").mkdir()
+    (root / "private" / "salary.md").write_text(f"# Salary\n\nThe {PRIVATE} salary band of the okapi team.\n")
     (root / "bulk").mkdir()
     for number in range(60):
         (root / "bulk" / f"note{number:02d}.md").write_text(f"# Note {number}\n\nBulk note number {number}.\n")
     outside = root.parent / f"{root.name}-outside"  # not under any configured root
     outside.mkdir()
     (outside / "passwd.md").write_text(f"# Secret\n\nroot:x:0:0:{SECRET}:/root:/bin/bash\n")
-    (outside / "evil.yaml").write_text(textwrap.dedent(PIPELINES).replace("paths: [docs]", f"paths: [{outside}]"))
+    (outside / "evil.yaml").write_text(textwrap.dedent(PIPELINES).replace("paths: [docs, ", f"paths: [{outside}, "))
     path = root / "pipelines.yaml"
     path.write_text(textwrap.dedent(PIPELINES))
     return path
@@ -275,3 +278,22 @@ def test_an_edit_while_serving_changes_neither_the_api_nor_the_runs_until_restar
     assert config["detail"]["file_digest"] == edited and config["detail"]["changed_on_disk"] is True
     assert "restart" in config["detail"]["note"]
     assert (project.parent / ".ragline" / "served" / f"{started}.yaml").is_file()
+
+
+# ----------------------------------------------------------------------------- issue 19 item 3
+def test_a_triggered_query_reads_public_documents_only(served, prefect_api):
+    """A run triggered through Prefect has no principal: it never reads a restricted document, and
+    its parameters cannot say otherwise. The API with no principal wired (access None) still does."""
+    [indexed] = _trigger_all(prefect_api, _deployment(prefect_api, "index")["id"], [{}])
+    assert indexed["state"]["type"] == "COMPLETED", indexed["state"]
+    search = _deployment(prefect_api, "search")["id"]
+    question = f"{PRIVATE} okapi salary band"
+    [refused] = _trigger_all(prefect_api, search, [{"parameters": {"inputs": {"query": {"text": question,
+                                                                                       "access": None}}}}])
+    assert refused["state"]["type"] == "FAILED"
+    assert "refuses parameter 'inputs.query.access'" in refused["state"]["message"], refused["state"]["message"]
+    [run] = _trigger_all(prefect_api, search, [{"parameters": {"inputs": {"query": question}}}])
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    passages = json.loads(Path(run["state"]["data"]["storage_key"]).read_text())
+    assert passages and not any(PRIVATE in p["text"] for p in passages), passages
+    assert any(PRIVATE in p["text"] for p in _query(served, question)["passages"])

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Passage
+from ragline.flows.contracts import Passage, Query
 from ragline.flows.resources.state import IndexState, StateSpec
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
@@ -62,9 +62,9 @@ def squashed(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def expand(passages, state, minilm, **params):
-    return expand_context.fn(passages=passages, params=Params(**params), ctx=StepContext(pipeline="p", step_id="c"),
-                             state=state, embedder=minilm)
+def expand(passages, state, minilm, access=None, **params):
+    return expand_context.fn(query=Query(text="q", access=access), passages=passages, params=Params(**params),
+                             ctx=StepContext(pipeline="p", step_id="c"), state=state, embedder=minilm)
 
 
 def test_a_hit_grows_into_its_neighbours_as_one_seamless_span(indexed, minilm):

@@ -66,7 +66,7 @@ def test_text_markdown_and_html_files(tmp_path):
     assert notes.content_hash == content_hash("Plain notes.\nSecond line.\n")
     assert notes.modified == os.stat(tmp_path / "notes.txt").st_mtime
     assert notes.metadata == {"source": notes.path, "format": "text", "modified": notes.modified,
-                              "file_name": "notes.txt", "root": tmp_path.name}
+                              "file_name": "notes.txt", "root": tmp_path.name, "ragline_acl_public": True}
     assert (by_name["guide.md"].format, by_name["guide.md"].title) == ("markdown", "Install Guide")
     assert by_name["noheading.md"].title == "noheading"
     page = by_name["page.html"]
@@ -131,7 +131,7 @@ def test_jsonl_records_and_bad_lines(tmp_path):
     seven, first = documents
     assert (first.title, first.text, first.format) == ("One", "first text\n\nmore", "jsonl")
     assert first.metadata == {"source": path, "format": "jsonl", "doc_id": "d1", "root": "corpus.jsonl",
-                              "file_name": "corpus.jsonl", "year": 2020, "lang": "en", "ok": True}
+                              "file_name": "corpus.jsonl", "year": 2020, "lang": "en", "ok": True, "ragline_acl_public": True}
     assert (seven.title, seven.text, seven.metadata["doc_id"]) == ("", "seven\u2028with a line separator", "7")
     reasons = failures(ctx)
     assert set(reasons) == {f"{path}:3", f"{path}:4", f"{path}:5", f"{path}:7", f"{path}:8"}
@@ -374,7 +374,8 @@ def test_jsonl_metadata_cannot_set_where_a_record_comes_from_or_links_to(tmp_pat
                                            "url_prefix": "https://wiki.example.com/base"}]), ctx=ctx)
     assert doc.source_id == "corpus/c.jsonl#a" and doc.path == "https://wiki.example.com/base/c.jsonl"
     assert doc.metadata == {"source": "https://wiki.example.com/base/c.jsonl", "url": "https://wiki.example.com/base/c.jsonl",
-                            "root": "corpus", "file_name": "c.jsonl", "format": "jsonl", "doc_id": "a", "lang": "en"}
+                            "root": "corpus", "file_name": "c.jsonl", "format": "jsonl", "doc_id": "a", "lang": "en",
+                                "ragline_acl_public": True}
     (plain,), _ = run([tmp_path / "c.jsonl"])
     assert "url" not in plain.metadata and "path" not in plain.metadata and "evil" not in json.dumps(plain.metadata)
 

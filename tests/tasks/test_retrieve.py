@@ -224,10 +224,10 @@ def test_invalid_params_where_is_rejected():
 
 
 def test_combined_filter():
-    assert combined_filter(None, None) is None
-    assert combined_filter({}, {}) is None
-    assert combined_filter({"a": 1}, None) == {"a": 1}
-    assert combined_filter(None, {"b": 2}) == {"b": 2}
-    assert combined_filter({"a": 1}, {"b": 2}) == {"$and": [{"a": 1}, {"b": 2}]}
+    assert combined_filter(None, None, None) is None
+    assert combined_filter({}, {}, None) is None
+    assert combined_filter({"a": 1}, None, None) == {"a": 1}
+    assert combined_filter(None, {"b": 2}, None) == {"b": 2}
+    assert combined_filter({"a": 1}, {"b": 2}, None) == {"$and": [{"a": 1}, {"b": 2}]}
     with pytest.raises(FilterError):
-        combined_filter({"a": 1}, {"b": {"$bad": 2}})
+        combined_filter({"a": 1}, {"b": {"$bad": 2}}, None)

@@ -262,3 +262,43 @@ def test_an_upload_cut_mid_body_leaves_nothing(project, served):
     assert [d["id"] for d in listing(served)] == ["docs/configured.md"]
     whole = upload(served, "cut.md", body[len(head):-len(f"\r\n--{boundary}--\r\n")])
     assert whole.status_code == 201  # the server is fine and the same file uploads whole
+
+
+# ----------------------------------------------------------------------------- issue 19 item 3: who reads an upload
+UPLOADER = "x-test-uploader-groups"  # stands for the principal the auth layer will give (principal_of)
+
+
+def uploader_groups(request):
+    """The server's side: the uploader's groups (the header is this test's stand-in for a principal)."""
+    given = request.headers.get(UPLOADER)
+    return None if given is None else [g for g in given.split(",") if g]
+
+
+def test_an_upload_is_readable_by_its_uploaders_groups_only(project):
+    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.documents import documents_router
+    from ragline.flows.serve.query_service import access_for
+    from ragline.flows.serve.runs import ingestion_runs
+
+    runs = ingestion_runs(project)
+    app = create_app(str(project), token=TOKEN, routers=[documents_router(runs, uploader_groups=uploader_groups)])
+
+    def found(groups) -> bool:
+        passages = engine.run(load_project(project).pipeline("search"),
+                              {"query": {"text": "axolotl limb regeneration", "access": access_for(groups)}},
+                              orchestrate=False)
+        return any("Axolotl" in p.text for p in passages)
+
+    with running(app) as url:
+        # a client's own `groups` field sets nothing: only the server's uploader_groups does
+        first = upload(url, "axolotl.md", MD, headers={UPLOADER: "hr"}, groups="eng")
+        assert first.status_code == 201, first.text
+        assert ingest(project).added == 2
+        assert found({"hr"}) and not found({"eng"}) and not found(set()) and found(None)
+        again = upload(url, "copy.md", MD, headers={UPLOADER: "eng"})  # the same bytes from an eng uploader
+        assert again.status_code == 200 and again.json()["unchanged"] is True
+        report = ingest(project)
+        assert (report.regranted, report.chunks_written) == (1, 0)  # re-granted, not re-embedded
+        assert found({"eng"}) and found({"hr"}) and not found({"sales"})
+        assert upload(url, "axolotl.md", MD).status_code == 200  # an uploader without groups: for everyone
+        assert ingest(project).regranted == 1 and found(set())

@@ -1,0 +1,183 @@
+"""Document access through the HTTP API (issue 19 items 3 and 5): API keys with groups, a real
+uvicorn server, real embeddings, Chroma and BM25. Whatever a key asks, through `/v1/query` (JSON
+and streamed) or `/v1/chat/completions` (streamed), with or without its own filter, no passage,
+citation or stream frame carries a document its groups may not read; the query log names who asked."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ragline.flows.resources import clear_cache
+from ragline.flows.run import engine
+from ragline.flows.serve.keys import KeyStore, keys_file
+from ragline.flows.serve.service import api_app
+from ragline.flows.spec.compile import load_project
+from tests.helpers.api_harness import Script, running
+from tests.helpers.data import BASE_RESOURCES, REPO
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.integration
+
+GROUPS = ("hr", "eng", "legal")
+DOCS = {  # folder -> (groups that may read it, a word only its documents say)
+    "hr": (["hr"], "okapi"), "eng": (["eng"], "narwhal"), "legal": (["legal", "hr"], "quokka"), "public": ([], "otter")}
+PIPELINES = BASE_RESOURCES.replace("resources:\n", "resources:\n  llm: {type: openai_compatible, base_url: LLM_URL, "
+                                                   "max_retries: 0, timeout_seconds: 10}\n", 1) + """
+pipelines:
+  index:
+    kind: ingestion
+    steps:
+      - id: load
+        task: load
+        with:
+          paths:
+            - path: docs
+              name: kb
+              access: [{prefix: "hr/", groups: [hr]}, {prefix: "eng/", groups: [eng]},
+                       {prefix: "legal/", groups: [legal, hr]}]
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: 48, overlap: 0}}
+      - {id: embed,   task: embed}
+      - {id: write,   task: index}
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 40}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 40}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 40}}
+  ask:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 10}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 4}}
+      - {id: insert, task: insert, with: {max_tokens: 1500}}
+      - {id: answer, task: generate}
+"""
+WORDS = [word for _, word in DOCS.values()] + ["salary", "review", "contract", "build", "holiday"]
+
+
+def _document(folder: str, number: int, word: str) -> str:
+    return (f"# {folder.title()} note {number}\n\n" + " ".join(
+        f"Item {i}: the {word} {folder} record {number} covers salary, review, contract, build and holiday "
+        f"rules for the {word} team." for i in range(4)) + "\n")
+
+
+@pytest.fixture(scope="module")
+def llm():
+    script = Script()
+    script.answer = "It is in the notes [1] and [2]."
+    with ScriptedLLM(script, chunk_delay=0.001) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, llm) -> Path:
+    folder = tmp_path_factory.mktemp("access-http")
+    for name, (_, word) in DOCS.items():
+        for number in range(3):
+            path = folder / "docs" / name / f"note{number}.md"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(_document(name, number, word))
+    shutil.copytree(REPO / "prompts", folder / "prompts")
+    path = folder / "pipelines.yaml"
+    path.write_text(PIPELINES.replace("LLM_URL", json.dumps(llm.base_url)))
+    assert engine.run(load_project(path).pipeline("index"), orchestrate=False).added == 12
+    yield path
+    clear_cache()
+
+
+@pytest.fixture(scope="module")
+def keys(project) -> dict[frozenset, str]:
+    """One key per set of groups (none, each one, two together): all may query everything."""
+    store = KeyStore(keys_file(project.parent))
+    sets = [frozenset(), *(frozenset([g]) for g in GROUPS), frozenset(["eng", "legal"])]
+    return {groups: store.create("k" + "-".join(sorted(groups)), ["query"], ["*"], groups=sorted(groups))[1]
+            for groups in sets}
+
+
+@pytest.fixture(scope="module")
+def served(project, keys, monkeypatch_module):
+    monkeypatch_module.setenv("RAGLINE_QUERY_LOG", "1")
+    with running(api_app(project)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def readable(groups: frozenset) -> set[str]:
+    return {folder for folder, (allowed, _) in DOCS.items() if not allowed or groups & set(allowed)}
+
+
+def folders_in(text: str) -> set[str]:
+    """Which folders' documents a response (or a stream frame) carries, by their ids and their words."""
+    return {folder for folder, (_, word) in DOCS.items() if f"kb/{folder}/" in text or word in text}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(groups=st.sampled_from([frozenset(), frozenset(["hr"]), frozenset(["eng"]), frozenset(["legal"]),
+                               frozenset(["eng", "legal"])]),
+       words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
+       client_filter=st.sampled_from([None, {"chunk": {"$gte": 0}}, {"ragline_acl.hr": True}, {"title": "x"}]),
+       stream=st.booleans())
+def test_no_response_or_frame_carries_a_document_the_key_may_not_read(served, keys, groups, words, client_filter,
+                                                                       stream):
+    body = {"pipeline": "search", "question": " ".join(words), "top_k": 40, "stream": False}
+    if client_filter is not None:
+        body["filters"] = client_filter
+    reply = httpx.post(f"{served}/v1/query", json=body, headers={"Authorization": f"Bearer {keys[groups]}"},
+                       timeout=60)
+    if client_filter is not None and "ragline_acl.hr" in client_filter:
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_filter"  # cannot widen
+        return
+    assert reply.status_code == 200, reply.text
+    shown = folders_in(reply.text)
+    assert shown <= readable(groups), (groups, shown)
+    if stream and client_filter is None:
+        chat = {"model": "ask", "stream": True, "messages": [{"role": "user", "content": " ".join(words)}]}
+        with httpx.stream("POST", f"{served}/v1/chat/completions", json=chat, timeout=60,
+                          headers={"Authorization": f"Bearer {keys[groups]}"}) as response:
+            assert response.status_code == 200
+            frames = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert frames[-1] == "data: [DONE]"
+        for frame in frames:
+            assert folders_in(frame) <= readable(groups), (groups, frame[:300])
+
+
+def test_every_reader_finds_what_its_groups_may_read(served, keys):
+    """The filter is not a wall around everything: each folder is found by the keys that may read it."""
+    for groups, key in keys.items():
+        seen: set[str] = set()
+        for word in WORDS[:4]:
+            reply = httpx.post(f"{served}/v1/query", json={"pipeline": "search", "question": word, "top_k": 40},
+                               headers={"Authorization": f"Bearer {key}"}, timeout=60)
+            seen |= folders_in(reply.text)
+        assert seen == readable(groups), (groups, seen)
+
+
+def test_the_query_log_names_the_key_that_asked_and_that_it_was_restricted(served, keys, project):
+    key = keys[frozenset(["eng"])]
+    reply = httpx.post(f"{served}/v1/query", json={"pipeline": "search", "question": "narwhal"},
+                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    answer_id = reply.json()["answer_id"]
+    log = project.parent / ".ragline" / "query-log" / "queries.jsonl"
+    for _ in range(100):
+        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        mine = [e for e in entries if e["answer_id"] == answer_id]
+        if mine:
+            break
+        import time
+        time.sleep(0.05)
+    key_id = key.split("_")[1]
+    assert mine and mine[0]["principal"] == f"key:{key_id}" and mine[0]["restricted"] is True
+    assert key not in log.read_text()  # the secret is never logged
