@@ -23,7 +23,7 @@ from fastapi.sse import format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows import telemetry
-from ragline.flows.access import checked
+from ragline.flows.access import checked, without_acl
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
 from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, Passage, PipelineKind
@@ -199,8 +199,25 @@ class Outcome:
             body["answer"] = self.value.model_dump(mode="json")
         else:
             items = list(self.value)[:top_k] if top_k else list(self.value)
-            body["passages"] = [p.model_dump(mode="json") if hasattr(p, "model_dump") else p for p in items]
+            body["passages"] = [_shown(p.model_dump(mode="json") if hasattr(p, "model_dump") else p) for p in items]
         return {**body, "timings": self.timings, "latency_ms": self.latency_ms}
+
+    def returned_ids(self, limit: int = 50) -> list[str]:
+        """The documents this outcome shows (cited sources, or ranked passages): the audit's record,
+        ids and never text."""
+        if self.is_answer:
+            ids = [s.source_id for s in self.value.sources]
+        else:
+            ids = [p.source_id if hasattr(p, "source_id") else str(p.get("source_id", "")) for p in self.value]
+        return list(dict.fromkeys(ids))[:limit]
+
+
+def _shown(passage: Any) -> Any:
+    """A passage as a client sees it: without the access keys (which groups may read a document is
+    the server's business, not its readers')."""
+    if isinstance(passage, dict) and isinstance(passage.get("metadata"), dict):
+        return {**passage, "metadata": without_acl(passage["metadata"])}
+    return passage
 
 
 class Events:
@@ -224,11 +241,15 @@ class Events:
         self._down: str | None = None  # why the API did not answer at the last probe
 
     def query_done(self, pipeline: str, status: str, latency_ms: float, timings: dict[str, float],
-                   question_chars: int, surface: str, error: str | None = None) -> None:
+                   question_chars: int, surface: str, error: str | None = None, *, principal: str | None = None,
+                   answer_id: str | None = None, returned: list[str] | None = None) -> None:
+        """One event per query: who asked (the principal's id), how it went, and the ids of the
+        documents returned (the audit trail); never the question's or the answer's text."""
         if self._pool is None:
             return
         payload = {"pipeline": pipeline, "status": status, "latency_ms": latency_ms, "timings": timings,
-                   "question_chars": question_chars, "surface": surface}
+                   "question_chars": question_chars, "surface": surface, "principal": principal,
+                   "answer_id": answer_id, "returned": returned or []}
         if error:
             payload["error_type"] = error
         name = "ragline.query.failed" if status == "failed" else "ragline.query.completed"
@@ -344,14 +365,15 @@ class QueryService:
         except Exception as exc:
             seconds = time.perf_counter() - started
             self.events.query_done(pipeline.name, "failed", _ms(seconds), {}, len(query["text"]), surface,
-                                   type(exc).__name__)
+                                   type(exc).__name__, principal=principal, answer_id=answer_id)
             telemetry.query_done(pipeline.name, "failed", seconds, error=exc)
             self._log(logged, "failed", _ms(seconds), {}, None, {}, error=type(exc).__name__)
             raise
         seconds = time.perf_counter() - started
         outcome = Outcome(pipeline.name, value, {step: _ms(s) for step, s in trace}, _ms(seconds), answer_id=answer_id)
         self.events.query_done(pipeline.name, outcome.status(), outcome.latency_ms, outcome.timings,
-                               len(query["text"]), surface)
+                               len(query["text"]), surface, principal=principal, answer_id=answer_id,
+                               returned=outcome.returned_ids())
         refused = outcome.is_answer and value.refused
         telemetry.query_done(pipeline.name, outcome.status(), seconds, trace, refusal=value.reason if refused else None)
         self._log(logged, outcome.status(), outcome.latency_ms, outcome.timings, value, outputs or {})

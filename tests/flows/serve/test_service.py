@@ -144,3 +144,19 @@ def test_a_recorded_flow_run_process_is_gone_only_when_it_is_on_this_host_and_no
     assert process_gone(f"{host}:{os.getpid()}", long_ago)  # alive, but it started after the run: a reused pid
     assert not process_gone(f"elsewhere.example:{exited.pid}", started)  # another host: cannot tell
     assert not process_gone(None, started) and not process_gone(f"{host}:not-a-pid", started)
+
+
+def test_the_audit_record_of_an_outcome_is_document_ids_without_access_keys():
+    """Issue 19.4: a query's event names the documents returned, never text; a client never sees
+    the access keys of a passage's metadata."""
+    from ragline.flows.contracts import Answer, Passage, Source
+    from ragline.flows.serve.query_service import Outcome
+
+    passages = [Passage(chunk_id=f"c{i}", source_id=f"kb/doc{i % 2}", text="secret text",
+                        metadata={"ragline_acl.hr": True, "ragline_acl_public": False, "year": 2020})
+                for i in range(3)]
+    ranked = Outcome("search", passages, {}, 1.0)
+    assert ranked.returned_ids() == ["kb/doc0", "kb/doc1"]
+    assert [p["metadata"] for p in ranked.to_json()["passages"]] == [{"year": 2020}] * 3
+    answer = Answer(question="q", text="t [1]", sources=[Source(number=1, chunk_id="c1", source_id="kb/doc1")])
+    assert Outcome("ask", answer, {}, 1.0).returned_ids() == ["kb/doc1"]

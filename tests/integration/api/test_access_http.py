@@ -141,6 +141,7 @@ def test_no_response_or_frame_carries_a_document_the_key_may_not_read(served, ke
         assert reply.status_code == 422 and "ragline_acl" in reply.json()["error"]["message"]  # cannot widen
         return
     assert reply.status_code == 200, reply.text
+    assert "ragline_acl" not in reply.text  # which groups may read a document is not shown to its readers
     shown = folders_in(reply.text)
     assert shown <= readable(groups), (groups, shown)
     if stream and client_filter is None:
