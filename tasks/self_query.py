@@ -10,15 +10,17 @@ no filter and a warning, never a failed query. A request with nothing to read is
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ragline.flows.access import reserved
+from ragline.flows.access import reserved, restrict
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.resources import filters
+from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, parse_json
 from ragline.flows.spec.registry import stage
@@ -70,6 +72,9 @@ class Params(BaseModel):
     on_invalid: Literal["no_filter", "drop_clause"] = Field(
         "no_filter", description="llm: a reply with an invalid clause gives no filter at all (no_filter), or "
                                  "only its valid clauses (drop_clause)")
+    fallback: Literal["none", "unfiltered"] = Field(
+        "none", description="unfiltered: when no indexed chunk the query may read satisfies the filter (counted "
+                            "in the BM25 index's metadata), search without it (logged); none: keep it")
     max_tokens: int = Field(256, ge=16, le=2048, description="llm: length of the reply")
     max_request_chars: int = Field(2000, ge=100, description="llm: longer requests are clipped in the prompt")
 
@@ -85,11 +90,15 @@ class Params(BaseModel):
         return self
 
 
-@stage("self_query", params=Params, produces="query", kind="query", uses={"llm": ("openai_compatible",)},
+@stage("self_query", params=Params, produces="query", kind="query",
+       uses={"llm": ("openai_compatible",), "sparse": ("bm25",)},
        prompt=lambda p: "self_query" if p is not None and p.mode == "llm" else None,
        prompt_variables=("question", "fields"))
-def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | None = None) -> Query:
+def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | None = None,
+               sparse: BM25Index | None = None) -> Query:
     """Read a metadata filter out of the request and AND it with the query's own filters."""
+    if params.fallback == "unfiltered" and sparse is None:
+        raise ValueError("fallback 'unfiltered' counts matches in a bm25 resource: add one and name it in `uses`")
     if params.mode == "llm":
         if llm is None:
             raise ValueError("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
@@ -98,8 +107,13 @@ def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | 
         where, text = rules_filter(query.text, params)
     if where is None:
         return query
+    combined = narrowed(query.filters, where)
+    if params.fallback == "unfiltered" and not _matches_any(combined, query, sparse):
+        ctx.logger.warning("self-query filter %s matches no document this query may read; searching without it",
+                           where)
+        return query
     ctx.logger.info("self-query filter %s", where)
-    update: dict[str, Any] = {"filters": narrowed(query.filters, where)}
+    update: dict[str, Any] = {"filters": combined}
     if params.strip and text.strip() and text != query.text:
         update.update(text=text, original=query.original or query.text)
     return query.model_copy(update=update)
@@ -109,6 +123,16 @@ def narrowed(client: dict[str, Any] | None, where: dict[str, Any]) -> dict[str, 
     """The client's filter AND ours: never wider than what the client asked (its filter is kept
     as sent, so the retrievers still validate it and refuse a bad one)."""
     return {"$and": [client, where]} if client else where
+
+
+def _matches_any(where: dict[str, Any], query: Query, sparse: BM25Index) -> bool:
+    """Whether a chunk within the query's access satisfies ``where`` (a client filter that is
+    itself invalid counts as matching: the retrievers refuse it with their own error)."""
+    try:
+        filters.validate(query.filters)
+        return sparse.count(filters.normalize(restrict(where, query.access))) > 0
+    except filters.FilterError:
+        return True
 
 
 # ----------------------------------------------------------------------------- rules
@@ -314,7 +338,7 @@ def _number(value: Any, integer: bool) -> int | float | None:
         number = float(value)
     except ValueError:
         return None
-    if number != number or number in (float("inf"), float("-inf")):
+    if not math.isfinite(number):
         return None
     if integer:
         return int(number) if number.is_integer() else None

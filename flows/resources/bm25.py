@@ -313,6 +313,13 @@ class BM25Index(Resource):
             results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked(scores, k, ids).tolist()])
         return results
 
+    def count(self, where: dict[str, Any] | None) -> int:
+        """How many published chunks satisfy ``where`` (all when None), from the metadata index."""
+        loaded = self._current()
+        if loaded is None:
+            return 0
+        return len(loaded[2]) if not where else int(loaded[4].mask(where).sum())
+
     def terms(self, texts: list[str]) -> list[list[str]]:
         """Texts as this index's terms (its stemmer and stop words), as its searches split them."""
         return self._tokenize(texts)

@@ -42,6 +42,18 @@ pipelines:
       - {id: dense,  task: retrieve_dense,  with: {k: 20}}
       - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: [filter]}
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+  fallback:
+    kind: query
+    steps:
+      - id: filter
+        task: self_query
+        with:
+          fallback: unfiltered
+          fields:
+            year: {type: int, min: 1900, max: 2100}
+      - {id: dense,  task: retrieve_dense,  with: {k: 20}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: [filter]}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
 """
 
 
@@ -94,3 +106,20 @@ def test_the_clients_filter_and_access_narrow_it_further(project):
     # the server's access clause stays: an eng principal gets the 2020 documents it may read
     restricted = search(project, "self_query", f"papers from 2020 about {topic}", access=access_for({"eng"}))
     assert restricted and {(p.metadata["year"], p.metadata["venue"]) for p in restricted} == {(2020, "arxiv")}
+
+
+def test_fallback_searches_without_a_filter_that_matches_nothing_it_may_read(project, caplog):
+    _, records = project
+    topic = records[2]["title"]
+    assert search(project, "self_query", f"papers from 1999 about {topic}") == []  # no 1999 documents
+    with caplog.at_level("WARNING"):
+        widened = search(project, "fallback", f"papers from 1999 about {topic}")
+    assert widened and widened[0].metadata["doc_id"] == records[2]["_id"]
+    assert "matches no document this query may read" in caplog.text
+    found = search(project, "fallback", f"papers from 2020 about {topic}")
+    assert {p.metadata["year"] for p in found} == {2020}  # a filter that matches is kept
+    # the 2020 pubmed abstracts exist but are hr's: for eng the filter matches nothing it may read, and
+    # the search without it stays within the client's filter and eng's access
+    eng = search(project, "fallback", f"papers from 2020 about {topic}", filters={"venue": "pubmed"},
+                 access=access_for({"eng"}))
+    assert eng and all(p.metadata["venue"] == "pubmed" and p.metadata["year"] != 2020 for p in eng)

@@ -105,15 +105,18 @@ pipelines:
     assert message in error.message
 
 
-def test_llm_mode_without_an_llm_is_refused_clearly():
+def test_a_mode_without_its_resource_is_refused_clearly():
     with pytest.raises(ValueError, match="mode 'llm' needs an openai_compatible resource"):
         self_query.fn(query=Query(text="x"), params=Params(fields=FIELDS, mode="llm"),
+                      ctx=StepContext(pipeline="p", step_id="s"))
+    with pytest.raises(ValueError, match="fallback 'unfiltered' counts matches in a bm25 resource"):
+        self_query.fn(query=Query(text="x"), params=Params(fields=FIELDS, fallback="unfiltered"),
                       ctx=StepContext(pipeline="p", step_id="s"))
 
 
 # ----------------------------------------------------------------------------- the LLM's reply
-SELF_QUERY_STEP = """      - {{id: sq, task: self_query, with: {{mode: llm, on_invalid: {on_invalid}, fields: {fields}}}}}
-"""
+SELF_QUERY_STEP = ("      - {{id: sq, task: self_query, "
+                   "with: {{mode: llm, on_invalid: {on_invalid}, fields: {fields}}}}}\n")
 
 
 def llm_filter(make_project, reply: dict | str, on_invalid: str = "no_filter", **query):
