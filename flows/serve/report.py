@@ -14,8 +14,8 @@ import base64
 import hashlib
 import html
 import json
+import logging
 import re
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,8 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.evaluation.retrieval import EVAL_RUNS, METRICS
+from ragline.flows.run.check import indexes
+from ragline.flows.run.entrypoints import LAST_SUCCESS
 from ragline.flows.serve.feedback import FEEDBACK_FOLDER, FEEDBACK_NAME
+from ragline.flows.serve.metrics import _read as read_index
 from ragline.flows.serve.query_log import LOG_FOLDER, LOG_NAME, read_lines
+
+log = logging.getLogger("ragline.report")
 
 MAX_TEXT = 160  # characters of one value shown
 MAX_ROWS = 15  # rows of a listing (pipelines, principals, slowest queries)
@@ -74,6 +79,7 @@ class Summary:
     principals: Counter = field(default_factory=Counter)
     slowest: list[dict[str, Any]] = field(default_factory=list)
     refusals: list[dict[str, Any]] = field(default_factory=list)
+    latest: list[dict[str, Any]] = field(default_factory=list)
     eval_runs: list[dict[str, Any]] = field(default_factory=list)
     ingestion: list[dict[str, Any]] = field(default_factory=list)
 
@@ -114,6 +120,7 @@ def summarize(entries: list[dict[str, Any]], feedback: list[dict[str, Any]], eva
     summary.slowest = sorted((e for e in logged if isinstance(e.get("latency_ms"), (int, float))),
                              key=lambda e: -e["latency_ms"])[:MAX_ROWS]
     newest_first = [e for _, e in sorted(timed, key=lambda te: -te[0])]
+    summary.latest = newest_first[:MAX_ROWS]
     summary.refusals = [e for e in newest_first if e.get("status") in ("refused", "failed")][:MAX_ROWS]
     summary.feedback_over_time = {"up": [0] * count, "down": [0] * count}
     for t, record in rated:
@@ -160,15 +167,12 @@ def read_eval_runs(data_dir: Path) -> list[dict[str, Any]]:
 def ingestion_rows(project: Any) -> list[dict[str, Any]]:
     """Each ingestion pipeline's index (documents, chunks) and last success, from the state DBs
     (what ``/metrics`` reads: a COUNT and a few keys); an index that cannot be read is left out."""
-    from ragline.flows.run.check import indexes
-    from ragline.flows.run.entrypoints import LAST_SUCCESS
-    from ragline.flows.serve.metrics import _read
-
     rows = []
     for index in indexes(project):
         try:
-            found = _read(project, index)
-        except Exception:  # noqa: BLE001 - the page shows what it can
+            found = read_index(project, index)
+        except Exception as exc:  # noqa: BLE001 - the page shows what it can
+            log.debug("report: could not read index %s: %s", index.state, exc)
             continue
         if found is None:
             continue
@@ -218,7 +222,8 @@ def bar_chart(labels: list[str], series: dict[str, list[float]], title: str, uni
             h = plot_h * values[i] / peak
             if values[i]:
                 y -= h
-                parts.append(f'<rect class="bar" x="{left + i * step + 1:.1f}" y="{y:.1f}" width="{max(1.0, step - 2):.1f}" '
+                parts.append(f'<rect class="bar" x="{left + i * step + 1:.1f}" y="{y:.1f}" '
+                             f'width="{max(1.0, step - 2):.1f}" '
                              f'height="{h:.1f}" fill="{COLOURS.get(name, PALETTE[0])}"><title>{text(label)}: '
                              f'{text(name)} {_number(values[i])}{text(unit)}</title></rect>')
     parts.extend(_x_labels(labels, left, step, top + plot_h))
@@ -269,7 +274,8 @@ def _axes(left: float, top: float, plot_w: float, plot_h: float, peak: float, un
     for share in (0.5, 1.0):
         y = top + plot_h * (1 - share)
         lines.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{_number(peak * share)}{text(unit)}</text>')
+                     f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">'
+                     f'{_number(peak * share)}{text(unit)}</text>')
     return "".join(lines)
 
 
@@ -294,8 +300,10 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd
 .grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}figcaption{font-weight:600;font-size:13px}
 .key{font-weight:400;margin-left:8px}table{border-collapse:collapse;font-size:13px}
 td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left;vertical-align:top}
-.num{text-align:right}.tiles{display:flex;gap:16px}.tile{border:1px solid #ddd;border-radius:6px;padding:8px 14px}
-.tile b{display:block;font-size:20px}.empty{background:#fff6e0;border:1px solid #f0c36d;padding:10px;border-radius:6px}"""
+.num{text-align:right}.num,td:first-child{white-space:nowrap}.tiles{display:flex;gap:16px}
+.tile{border:1px solid #ddd;border-radius:6px;padding:8px 14px}
+.tile b{display:block;font-size:20px}
+.empty{background:#fff6e0;border:1px solid #f0c36d;padding:10px;border-radius:6px}"""
 
 
 def _when(epoch: float | None, bucket_seconds: float = 0) -> str:
@@ -327,7 +335,8 @@ def _overview(s: Summary) -> str:
     rate = {k: f"{100 * s.statuses[k] / s.queries:.1f}%" for k in STATUSES}
     overall = s.latency["overall"]
     tiles = [("queries", s.queries), ("refused", rate["refused"]), ("failed", rate["failed"]),
-             ("p50 latency", f"{percentile(overall, 0.5):.0f} ms"), ("p95 latency", f"{percentile(overall, 0.95):.0f} ms"),
+             ("p50 latency", f"{percentile(overall, 0.5):.0f} ms"),
+             ("p95 latency", f"{percentile(overall, 0.95):.0f} ms"),
              ("feedback", f"{sum(s.feedback_over_time['up'])} up / {sum(s.feedback_over_time['down'])} down")]
     return '<div class="tiles">' + "".join(f'<div class="tile">{text(k)}<b>{text(v)}</b></div>' for k, v in tiles) + \
         "</div>"
@@ -336,14 +345,17 @@ def _overview(s: Summary) -> str:
 def _latency(s: Summary) -> str:
     if not s.queries:
         return ""
-    bins = [f"{BIN_EDGES_MS[i]}" if i < len(BIN_EDGES_MS) - 1 else f"{BIN_EDGES_MS[i]}+"
-            for i in range(len(BIN_EDGES_MS))]
+    bins = [_ms(edge) + ("+" if i == len(BIN_EDGES_MS) - 1 else "") for i, edge in enumerate(BIN_EDGES_MS)]
     plots = [bar_chart(bins, {"queries": histogram(values)},
-                       f"{name}: p50 {percentile(values, 0.5):.0f} ms, p95 {percentile(values, 0.95):.0f} ms, "
-                       f"mean {statistics.fmean(values):.0f} ms (n={len(values)})", width=380, height=170)
+                       f"{name}: p50 {percentile(values, 0.5):.0f} ms · p95 {percentile(values, 0.95):.0f} ms · "
+                       f"n={len(values)}", width=360, height=150)
              for name, values in s.latency.items() if values]
     return "<h2>Latency (ms, bins from their lower edge)</h2><div class=\"grid\" id=\"latency\">" + "".join(plots) + \
         "</div>"
+
+
+def _ms(edge: float) -> str:
+    return f"{edge / 1000:g}s" if edge >= 1000 else f"{edge:g}"
 
 
 def _labels(s: Summary) -> list[str]:
@@ -375,15 +387,17 @@ def _usage(s: Summary) -> str:
     return ('<h2>Requests</h2><div class="grid" id="usage">'
             + hbar_chart(s.pipelines.most_common(MAX_ROWS), "per pipeline", width=420)
             + hbar_chart(s.principals.most_common(MAX_ROWS), "per principal", width=420)
-            + "</div>" + _listing("Slowest queries", s.slowest, "latency"))
+            + "</div>" + _listing("Latest queries", s.latest, "latency")
+            + _listing("Slowest queries", s.slowest, "latency"))
 
 
 def _listing(title: str, entries: list[dict[str, Any]], extra: str) -> str:
     if not entries:
         return ""
     rows = "".join(
-        f"<tr><td>{text(e.get('time', ''))}</td><td>{text(e.get('pipeline', ''))}</td><td>{text(e.get('status', ''))}"
-        f"</td><td class=\"num\">{text(round(float(e.get('latency_ms') or 0)))} ms</td><td>{text(e.get('principal') or '')}"
+        f"<tr><td>{text(_when(_epoch(e.get('time'))))}</td><td>{text(e.get('pipeline', ''))}</td>"
+        f"<td>{text(e.get('status', ''))}</td><td class=\"num\">{text(round(float(e.get('latency_ms') or 0)))} ms</td>"
+        f"<td>{text(e.get('principal') or '')}"
         f"</td><td>{text(e.get('question', '(not logged: RAGLINE_QUERY_LOG_TEXT=0)'))}</td>"
         f"<td>{text(e.get('error') or (e.get('answer') or {}).get('reason') or '') if extra == 'reason' else ''}</td>"
         f"</tr>" for e in entries)
@@ -396,7 +410,8 @@ def _evaluations(s: Summary) -> str:
         return "<h2>Retrieval evaluation</h2><p>No <code>ragline eval</code> run recorded yet.</p>"
     labels = [f"#{i + 1}" for i in range(len(s.eval_runs))]
     series = {m: [r.get(m) if isinstance(r.get(m), (int, float)) else None for r in s.eval_runs] for m in METRICS}
-    rows = "".join(f"<tr><td>#{i + 1}</td><td>{text(r.get('time'))}</td><td>{text(r.get('dataset'))}</td>"
+    rows = "".join(f"<tr><td>#{i + 1}</td><td>{text(_when(_epoch(r.get('time'))))}</td>"
+                   f"<td>{text(r.get('dataset'))}</td>"
                    f"<td>{text(r.get('pipeline'))}</td><td class=\"num\">{text(r.get('queries'))}</td>"
                    + "".join(f"<td class=\"num\">{text(r.get(m, '-'))}</td>" for m in METRICS) + "</tr>"
                    for i, r in enumerate(s.eval_runs))
