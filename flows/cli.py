@@ -1,4 +1,4 @@
-"""The `ragline` command: validate, index, search, eval, tune, run, quickstart, feedback export."""
+"""The `ragline` command: validate, index, search, eval, tune, run, quickstart, feedback export, report."""
 from __future__ import annotations
 
 import argparse
@@ -195,6 +195,11 @@ def _parser() -> argparse.ArgumentParser:
     _keys_command(command)
     _feedback_command(command)
 
+    p = command("report", _report, "Write one self-contained HTML page of the served queries (query log), "
+                                   "feedback, eval runs and ingestion: latency per step, refusals, ratings over time.")
+    p.add_argument("--out", type=Path, default=Path("report.html"), help="the page (default: report.html)")
+    p.add_argument("--since", default="7d", help="the period shown: 30m, 12h, 7d, 4w or all (default 7d)")
+
     p = command("prefect", _prefect, "Show or stop ragline's local Prefect server (shared by commands until "
                                      "RAGLINE_PREFECT_IDLE_SECONDS pass unused).")
     p.add_argument("action", choices=("status", "stop"))
@@ -328,6 +333,19 @@ def _feedback(args) -> int:
     else:
         write_atomic(args.out, lines)
         print(printable(f"{args.out}: {lines.count(chr(10))} feedback record(s)"), file=sys.stderr)
+    return 0
+
+
+# ----------------------------------------------------------------------------- ragline report (issue 20.5)
+def _report(args) -> int:
+    from ragline.flows.files import write_atomic
+    from ragline.flows.serve.layout import data_dir_of
+    from ragline.flows.serve.report import build, ingestion_rows, parse_since
+
+    since = parse_since(args.since)
+    project = _project(args)
+    write_atomic(args.out, build(data_dir_of(project), since, ingestion_rows(project)))
+    print(printable(f"{args.out}: report of {data_dir_of(project)} (since {args.since})"), file=sys.stderr)
     return 0
 
 
@@ -626,7 +644,7 @@ def _print_stream(response) -> int:
 
 
 def _eval(args) -> int:
-    from ragline.flows.evaluation.retrieval import METRICS, evaluate, load_beir
+    from ragline.flows.evaluation.retrieval import METRICS, evaluate, load_beir, record_run
     from ragline.flows.run.progress import IngestProgress
 
     project = _project(args)
@@ -640,6 +658,7 @@ def _eval(args) -> int:
                           progress=progress, limit=args.limit)
     finally:
         progress.close()
+    record_run(Path(project.data_dir or project.base_dir).resolve(), result, args.split)
     if args.json:
         print(json.dumps(result))
         return 0

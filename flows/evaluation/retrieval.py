@@ -6,17 +6,20 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import Project
 from ragline.flows.contracts import Passage
+from ragline.flows.files import write_atomic
 from ragline.flows.spec.fingerprint import _resource_fingerprint
 from ragline.flows.spec.overlay import apply_overlay
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@10", "p@10")
 OWN_INDEX_MARKER = "feedback.json"  # `ragline feedback export --qrels`: judged against the project's own index
+EVAL_RUNS = Path(".ragline") / "eval-runs"  # one small JSON record per `ragline eval` run (what `ragline report` plots)
 
 
 @dataclass
@@ -163,3 +166,13 @@ def _run_and_score(project: Project, dataset: BeirDataset, pipeline: str, limit:
             "overlay": str(overlay.path) if overlay is not None else None,
             "overlay_changes": list(overlay.changes) if overlay is not None else [],
             "query_ms_mean": round(1000 * searched / max(1, len(queries)), 2)}
+
+
+def record_run(data_dir: Path, result: dict[str, Any], split: str) -> Path:
+    """Keep one evaluation's figures (metrics, dataset, split, pipeline, overlay) under the data dir's
+    ``EVAL_RUNS``, so `ragline report` can show retrieval quality run after run."""
+    moment = datetime.now(timezone.utc)
+    record = {"time": moment.isoformat(timespec="seconds").replace("+00:00", "Z"), "split": split,
+              **{k: v for k, v in result.items() if k != "workspace"}}
+    name = f"{moment.strftime('%Y%m%dT%H%M%S%fZ')}-{result.get('dataset', 'dataset')}.json"
+    return write_atomic(Path(data_dir) / EVAL_RUNS / name.replace("/", "_"), json.dumps(record, indent=1))
