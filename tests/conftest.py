@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 import ragline.flows  # noqa: F401 - offline defaults before any heavy import
 
@@ -20,24 +21,47 @@ os.environ.setdefault("RAGLINE_START_LLM", "0")
 # no test leaves a server behind; the tests of the shared server set their own timeout and stop what they start.
 os.environ.setdefault("RAGLINE_PREFECT_IDLE_SECONDS", "0")
 
-SHARED_SESSION_SERVERS = {"vllm_server": "vllm"}  # session fixtures too costly to start on two workers
+# The modules whose tests use the session's real vLLM server (~3 min to start on CPU, ~2.5 GB): under
+# pytest-xdist (the README's `pytest -n 2`) they run on one worker, so it starts once. A test elsewhere
+# that asks for `vllm_server` is refused at collection: add its module here.
+VLLM_MODULES = frozenset({"tests/integration/test_vllm_server.py", "tests/integration/test_ask_vllm.py",
+                          "tests/integration/test_ask_company_vllm.py", "tests/integration/test_quickstart_vllm.py"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def work_unit(nodeid: str) -> str:
+    """What one worker runs in one go: a module (its module-scoped servers start once), and every
+    vLLM module together."""
+    module = _module(nodeid)
+    return "vllm" if module in VLLM_MODULES else module
+
+
+class ModuleScheduling(LoadScopeScheduling):
+    """xdist's loadscope, with the vLLM modules as one unit (its own `loadgroup` marks test ids with
+    `@group`, which pytest 9 no longer lets a plugin change)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's test command) a module runs on one
-    worker, so its module-scoped servers start once; every test that uses the real vLLM runs on the
-    same worker, so the session's one vLLM server (~3 min to start on CPU) starts once."""
-    groups = {}
-    for item in items:
-        shared = [group for fixture, group in SHARED_SESSION_SERVERS.items() if fixture in item.fixturenames]
-        groups[item.nodeid] = shared[0] if shared else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    """The vLLM users are where VLLM_MODULES says; under xdist the longest units go first (workers
+    take the next unit as they finish one; `--no-loadscope-reorder` keeps this order): the vLLM
+    modules, then the integration modules, the quick modules last."""
+    strays = sorted({_module(i.nodeid) for i in items if "vllm_server" in i.fixturenames} - VLLM_MODULES)
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)} use the vllm_server fixture: add them to VLLM_MODULES "
+                                f"in tests/conftest.py (one worker holds the session's vLLM)")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # longest first (workers take the next module as they finish one; `--no-loadscope-reorder`
-        # keeps this order): the vLLM group, then the integration modules, the quick modules last
-        items.sort(key=lambda item: 0 if groups[item.nodeid] in SHARED_SESSION_SERVERS.values() else
-                   1 if item.get_closest_marker("integration") or "integration/" in item.nodeid else 2)
+        items.sort(key=lambda item: 0 if work_unit(item.nodeid) == "vllm" else
+                   1 if item.get_closest_marker("integration") or "/integration/" in item.nodeid else 2)
 
 
 @pytest.fixture
