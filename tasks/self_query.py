@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ragline.flows.access import reserved, restrict
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
+from ragline.flows.errors import InputError
 from ragline.flows.resources import filters
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.llm import LLMClient
@@ -266,7 +267,7 @@ def reply_schema(params: Params) -> dict[str, Any]:
                            "filters": {"type": "array", "maxItems": 2 * len(params.fields), "items": clause}}}
 
 
-class InvalidClause(ValueError):
+class InvalidClause(InputError):
     """One clause of the LLM's reply that may not become a filter."""
 
 

@@ -59,9 +59,13 @@ def pytest_collection_modifyitems(config, items):
     if strays:
         raise pytest.UsageError(f"{', '.join(strays)} use the vllm_server fixture: add them to VLLM_MODULES "
                                 f"in tests/conftest.py (one worker holds the session's vLLM)")
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: 0 if work_unit(item.nodeid) == "vllm" else
-                   1 if item.get_closest_marker("integration") or "/integration/" in item.nodeid else 2)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # whole units move, each keeps its own order
+        rank: dict[str, int] = {}
+        for item in items:
+            unit = work_unit(item.nodeid)
+            own = 0 if unit == "vllm" else 1 if item.get_closest_marker("integration") else 2
+            rank[unit] = min(rank.get(unit, 2), own)
+        items.sort(key=lambda item: rank[work_unit(item.nodeid)])
 
 
 @pytest.fixture

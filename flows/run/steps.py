@@ -51,7 +51,8 @@ class StepFailed(RaglineError, RuntimeError):
 
     @property
     def cause(self) -> BaseException | None:
-        """What the stage raised (None once the error crossed a process: causes do not pickle)."""
+        """What the stage raised (None once the error crossed a process: causes do not pickle, unless
+        tblib's exception pickling is installed, as Dask's `distributed` does)."""
         return self.__cause__
 
 

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -205,16 +205,28 @@ class Outcome:
     def returned_ids(self, limit: int = 50) -> list[str]:
         """The documents this outcome shows (cited sources, or ranked passages): the audit's record,
         ids and never text."""
-        if self.is_answer:
-            ids = [s.source_id for s in self.value.sources]
-        else:
-            ids = [p.source_id if hasattr(p, "source_id") else str(p.get("source_id", "")) for p in self.value]
-        return list(dict.fromkeys(ids))[:limit]
+        items = self.value.sources if self.is_answer else self.value
+        return list(dict.fromkeys(_source_ids(items)))[:limit]
+
+
+def _source_ids(items: Any) -> Iterator[str]:
+    """The source ids in what a pipeline returned: passages, sources, rankings of passages (a lone
+    retriever's output), or their JSON forms."""
+    for item in items or ():
+        data = item.model_dump() if hasattr(item, "model_dump") else item
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("passages"), list):
+            yield from _source_ids(data["passages"])
+        elif data.get("source_id"):
+            yield str(data["source_id"])
 
 
 def _shown(passage: Any) -> Any:
     """A passage as a client sees it: without the access keys (which groups may read a document is
     the server's business, not its readers')."""
+    if isinstance(passage, dict) and isinstance(passage.get("passages"), list):  # a ranking
+        return {**passage, "passages": [_shown(p) for p in passage["passages"]]}
     if isinstance(passage, dict) and isinstance(passage.get("metadata"), dict):
         return {**passage, "metadata": without_acl(passage["metadata"])}
     return passage

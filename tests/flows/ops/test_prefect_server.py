@@ -102,7 +102,7 @@ def test_configured_api_url_starts_nothing(monkeypatch):
 def test_api_url_from_prefect_profile_starts_nothing(tmp_path, isolated_env):
     profiles = tmp_path / "profiles.toml"
     profiles.write_text('active = "mine"\n[profiles.mine]\nPREFECT_API_URL = "http://127.0.0.1:9/api"\n')
-    env = dict(isolated_env, PREFECT_PROFILES_PATH=str(profiles))
+    env = dict(isolated_env, PREFECT_PROFILES_PATH=str(profiles), RAGLINE_HOME=str(tmp_path / "ragline-home"))
     code = """
         from ragline.flows.ops import prefect_server
         with prefect_server.local_api() as url:

@@ -195,6 +195,13 @@ def test_invoke_takes_params_given_instead_of_the_steps(search):
 
 
 def test_a_step_failure_pickles_without_its_cause():
-    error = StepFailed("p", "s", "t", ValueError("x"))
-    copy = pickle.loads(pickle.dumps(error))
-    assert str(copy) == str(error) and copy.where == error.where and copy.cause is None
+    """In a fresh process: once Dask's `distributed` is imported, tblib's pickling support sends
+    every exception's cause along too (so a test process that ran the Dask tests would)."""
+    import subprocess
+    import sys
+
+    script = ("import pickle; from ragline.flows.run.steps import StepFailed; "
+              "error = StepFailed('p', 's', 't', ValueError('x')); copy = pickle.loads(pickle.dumps(error)); "
+              "print(str(copy) == str(error), copy.where == error.where, copy.cause is None)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "True", "True"], result.stderr[-2000:]

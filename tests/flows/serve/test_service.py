@@ -158,5 +158,9 @@ def test_the_audit_record_of_an_outcome_is_document_ids_without_access_keys():
     ranked = Outcome("search", passages, {}, 1.0)
     assert ranked.returned_ids() == ["kb/doc0", "kb/doc1"]
     assert [p["metadata"] for p in ranked.to_json()["passages"]] == [{"year": 2020}] * 3
+    from ragline.flows.contracts import Ranking
+    rankings = Outcome("dense", [Ranking(retriever="dense", query="q", passages=passages)], {}, 1.0)
+    assert rankings.returned_ids() == ["kb/doc0", "kb/doc1"]  # a lone retriever's rankings
+    assert [p["metadata"] for p in rankings.to_json()["passages"][0]["passages"]] == [{"year": 2020}] * 3
     answer = Answer(question="q", text="t [1]", sources=[Source(number=1, chunk_id="c1", source_id="kb/doc1")])
     assert Outcome("ask", answer, {}, 1.0).returned_ids() == ["kb/doc1"]
