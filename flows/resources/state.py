@@ -436,10 +436,25 @@ class IndexState(Resource):
         with self._guarded():
             return self.reader.execute("SELECT MAX(indexed_at) FROM sources").fetchone()[0]
 
-    def sources_indexed_since(self, timestamp: float) -> int:
-        """How many sources were (re)indexed at or after ``timestamp``: what an ingestion run has written so far."""
+    def sources_indexed_since(self, timestamp: float, *, wait: float | None = None) -> int:
+        """How many sources were (re)indexed at or after ``timestamp``: what an ingestion run has written so far.
+        ``wait``: a status read (``peek``) that gives up after that many seconds."""
+        sql, params = "SELECT COUNT(*) FROM sources WHERE indexed_at >= ?", (timestamp,)
+        if wait is not None:
+            return self.peek(sql, params, wait)[0]
         with self._guarded():
-            return self.reader.execute("SELECT COUNT(*) FROM sources WHERE indexed_at >= ?", (timestamp,)).fetchone()[0]
+            return self.reader.execute(sql, params).fetchone()[0]
+
+    def peek(self, sql: str, params: tuple[Any, ...], wait: float) -> tuple[Any, ...] | None:
+        """One row read on a connection of its own that waits at most ``wait`` seconds for a writer.
+        Why: in rollback-journal mode a committing writer blocks readers, and a status poll that
+        queued on the shared reader (busy timeout 60 s, behind its lock) held every later poll with
+        it; a busy file raises ``sqlite3.OperationalError`` here instead, at once for the caller."""
+        conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, timeout=wait, isolation_level=None)
+        try:
+            return conn.execute(sql, params).fetchone()
+        finally:
+            conn.close()
 
     def sample_chunk_ids(self, n: int) -> list[str]:
         """Up to ``n`` chunk ids picked at random: the cheap check that a store holds what the state names."""
@@ -526,10 +541,14 @@ class IndexState(Resource):
             self._bump(tx)
 
     # ------------------------------------------------------------------ writer lease
-    def lease_holder(self, name: str = "writer") -> LeaseHolder | None:
-        with self._guarded():
-            row = self.reader.execute("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?",
-                                      (name,)).fetchone()
+    def lease_holder(self, name: str = "writer", *, wait: float | None = None) -> LeaseHolder | None:
+        """Who holds the lease ``name`` now; ``wait``: a status read (``peek``)."""
+        sql, params = "SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?", (name,)
+        if wait is not None:
+            row = self.peek(sql, params, wait)
+        else:
+            with self._guarded():
+                row = self.reader.execute(sql, params).fetchone()
         return LeaseHolder(*row) if row else None
 
     @contextmanager

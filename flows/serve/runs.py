@@ -54,6 +54,7 @@ from ragline.flows.resources.state import StorageError, StoreDamaged
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
 LEASE_STALE_SECONDS = 30.0  # as IndexState.lease: a holder silent this long has lost the lease
+STATUS_READ_WAIT = 2.0  # seconds a status poll waits on a committing writer before it goes without the count
 STEP_PHASES = {"convert": "converting", "chunk": "chunking", "embed": "embedding"}  # by stage, in pipeline order
 
 
@@ -124,7 +125,7 @@ class _Runs:
         resource = self.state_resource.get(pipeline)
         if resource is None or not (path := self.state_path(pipeline)) or not path.exists():
             return None
-        holder = self.project.resource(resource).lease_holder()
+        holder = self.project.resource(resource).lease_holder(wait=STATUS_READ_WAIT)  # busy: sqlite3.Error
         if holder is None or holder.stale(time.time(), LEASE_STALE_SECONDS):
             return None
         return holder
@@ -134,7 +135,7 @@ class _Runs:
         if resource is None or not (path := self.state_path(pipeline)) or not path.exists():
             return None
         try:
-            return self.project.resource(resource).sources_indexed_since(since.timestamp())
+            return self.project.resource(resource).sources_indexed_since(since.timestamp(), wait=STATUS_READ_WAIT)
         except (sqlite3.Error, StorageError, StoreDamaged):  # a status line without the count, not a failure
             return None
 
@@ -185,7 +186,10 @@ class _Runs:
                     when = f", since {since.astimezone().strftime('%H:%M:%S')}" if since else ""
                     return (f"pipeline '{name}' writes this index and has a run in progress: flow run {run.id} "
                             f"({state}{when}); try again when it ends (GET /v1/runs/{run.id})")
-        holder = await asyncio.to_thread(self.lease_holder, pipeline)
+        try:
+            holder = await asyncio.to_thread(self.lease_holder, pipeline)
+        except sqlite3.Error as exc:  # a writer is committing (or the file is unreadable): not now
+            return f"the index state is busy ({exc}); try again shortly"
         if holder is not None:
             return f"the index is being written by {holder.describe()}; try again when that run ends"
         return None
@@ -268,7 +272,10 @@ class _Runs:
         if flow_run.start_time is not None:
             out["documents_written"] = await asyncio.to_thread(self.documents_written_since, pipeline,
                                                                flow_run.start_time)
-        holder = await asyncio.to_thread(self.lease_holder, pipeline)
+        try:
+            holder = await asyncio.to_thread(self.lease_holder, pipeline)
+        except sqlite3.Error:  # a writer is committing: this poll goes without the heartbeat
+            holder = None
         if holder is not None:
             out["lease_heartbeat_seconds_ago"] = round(max(0.0, time.time() - holder.heartbeat_at), 1)
         return out

@@ -229,3 +229,29 @@ def test_sources_indexed_since_counts_what_a_run_wrote_read_only(state, tmp_path
     with pytest.raises(StoreMissing):
         missing.sources_indexed_since(0)
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_a_status_read_gives_up_on_a_committing_writer_and_holds_no_lock(state, tmp_path):
+    """The CI failure of 501983c: a status poll queued on the shared reader (busy timeout 60 s) while
+    a writer committed, and every later poll queued behind its lock. A ``wait`` read gives up in
+    about that time, and the shared reader still answers once the writer is done."""
+    import sqlite3
+    import time
+
+    state.record("docs", "fp", [doc("a")], chunks_of("a", 1))
+    reader = IndexState(StateSpec(type="index_state", path="s.sqlite"), base_dir=tmp_path)
+    writer = sqlite3.connect(tmp_path / "s.sqlite", isolation_level=None)
+    try:
+        writer.execute("BEGIN EXCLUSIVE")  # what a commit holds in rollback-journal mode
+        began = time.monotonic()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            reader.sources_indexed_since(0, wait=0.2)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            reader.lease_holder(wait=0.2)
+        assert time.monotonic() - began < 5
+        writer.execute("COMMIT")
+        assert reader.sources_indexed_since(0, wait=0.2) == 1 and reader.lease_holder(wait=0.2) is None
+        assert reader.sources_indexed_since(0) == 1
+    finally:
+        writer.close()
+        reader.close()
