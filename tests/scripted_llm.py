@@ -28,12 +28,17 @@ class ScriptedLLM:
     closes. ``hang_after_chunks=N`` hangs each stream after N chunks the same way.
 
     A broken server: ``malformed`` answers 200 with a body that is not JSON; ``cut_after_chunks=N``
-    closes each stream's connection after N chunks, without the end of the answer or [DONE]."""
+    closes each stream's connection after N chunks, without the end of the answer or [DONE].
+
+    ``top(prompt) -> {token: logprob}`` scripts the first token's top_logprobs (a judge reading P(yes)
+    from them); without it each token's top list is the token itself."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
                  logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None,
                  chunk_delay: float = 0.0, hung: bool = False, hang_after_chunks: int | None = None,
-                 malformed: bool = False, cut_after_chunks: int | None = None):
+                 malformed: bool = False, cut_after_chunks: int | None = None,
+                 top: Callable[[str], dict[str, float]] | None = None):
+        self.top = top
         self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
         self.malformed, self.cut_after_chunks = malformed, cut_after_chunks
         self.hung, self.hang_after_chunks = hung, hang_after_chunks
@@ -77,6 +82,9 @@ class ScriptedLLM:
                     return
                 logprobs = {"content": [{"token": w, "logprob": lp, "top_logprobs": [{"token": w, "logprob": lp}]}
                                         for w in pieces]} if body.get("logprobs") else None
+                if logprobs and server.top is not None:
+                    logprobs["content"][0]["top_logprobs"] = [{"token": t, "logprob": v}
+                                                              for t, v in server.top(prompt).items()]
                 self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                  "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
                                               "message": {"role": "assistant", "content": text}}],
