@@ -139,10 +139,22 @@ def _parser() -> argparse.ArgumentParser:
     _orchestration_flags(p, default=False)
     _start_llm_flag(p)
 
-    p = command("eval", _eval, "Evaluate a query pipeline: retrieval on a BEIR folder, answers on an RGB file.")
-    p.add_argument("--dataset", required=True,
-                   help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/) or an RGB-format .json file")
-    p.add_argument("-p", "--pipeline", help="default: search (BEIR), ask (RGB)")
+    p = command("eval", _eval, "Evaluate a query pipeline: retrieval on a BEIR folder, answers on an RGB file, or "
+                               "(no labels) on a test set generated from the index, answers scored by the LLM judge.")
+    p.add_argument("--dataset",
+                   help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/), an RGB-format .json file, or a "
+                        "generated test set (.jsonl)")
+    p.add_argument("--generate-testset", type=int, metavar="N",
+                   help="write N questions made from the indexed documents by the LLM (pseudo-query stage) "
+                        "to --testset, with their source passages")
+    p.add_argument("--testset", help="a generated test set: retrieval (source hit@10, MRR@10) on the project's "
+                                     "own index; default .ragline/testsets/generated.jsonl")
+    p.add_argument("--judge", action="store_true",
+                   help="also answer each test-set question (--answer-pipeline) and score faithfulness, answer "
+                        "and context relevance with the configured LLM (no labels needed)")
+    p.add_argument("--answer-pipeline", default="ask", help="the pipeline whose answers --judge scores")
+    p.add_argument("--seed", type=int, default=0, help="--generate-testset: the same seed makes the same set")
+    p.add_argument("-p", "--pipeline", help="default: search (BEIR, test set), ask (RGB)")
     p.add_argument("--index-pipeline", default="index")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
@@ -648,6 +660,12 @@ def _eval(args) -> int:
     from ragline.flows.run.progress import IngestProgress
 
     project = _project(args)
+    if args.generate_testset is not None:
+        return _generate_testset(args, project)
+    if args.judge or args.testset or (args.dataset and _is_testset(args.dataset)):
+        return _eval_testset(args, project)
+    if not args.dataset:
+        raise ValueError("ragline eval needs --dataset, --testset, --judge or --generate-testset N")
     if Path(args.dataset).is_file():
         return _eval_answers(args, project)
     args.pipeline = args.pipeline or "search"
@@ -669,6 +687,69 @@ def _eval(args) -> int:
         print(f"  {metric:<11} {result[metric]:.4f}")
     print(printable(f"  index: {result['index_summary']} in {result['index_seconds']} s; "
                     f"query: {result['query_ms_mean']} ms mean"))
+    return 0
+
+
+def _is_testset(path: str) -> bool:
+    from ragline.flows.evaluation.judge import is_testset
+
+    return Path(path).is_file() and is_testset(path)
+
+
+def _testset_path(args, project) -> Path:
+    from ragline.flows.evaluation.judge import DEFAULT_TESTSET
+
+    given = args.testset or args.dataset
+    return Path(given) if given else Path(project.data_dir or project.base_dir).resolve() / DEFAULT_TESTSET
+
+
+def _generate_testset(args, project) -> int:
+    from ragline.flows.evaluation.judge import generate_testset, save_testset
+
+    if args.generate_testset < 1:
+        raise ValueError(f"--generate-testset {args.generate_testset}: give a number of questions of 1 or more")
+    path = _testset_path(args, project)
+    if args.dataset and not _is_testset(args.dataset) and Path(args.dataset).exists():
+        raise ValueError(f"{args.dataset}: not a generated test set; write one with --testset PATH (evaluation "
+                         "data is never overwritten)")
+    with _packaged_llms(project, args.start_llm, [args.answer_pipeline]):
+        rows, stats = generate_testset(project, args.generate_testset, seed=args.seed, pipeline=args.answer_pipeline)
+    save_testset(path, rows)
+    if args.json:
+        print(json.dumps({**stats, "path": str(path)}))
+    else:
+        print(printable(f"{stats['questions']} questions from {stats['documents']} documents in {stats['seconds']} s "
+                        f"written to {path}"))
+    return 0 if rows else 1
+
+
+def _eval_testset(args, project) -> int:
+    from ragline.flows.evaluation.judge import evaluate_testset
+    from ragline.flows.evaluation.retrieval import record_run
+
+    path = _testset_path(args, project)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no test set; make one with `ragline eval --generate-testset N`")
+    if not _is_testset(str(path)):
+        raise ValueError(f"{path}: not a generated test set (--judge scores answers to generated questions; "
+                         "labelled data goes to --dataset without --judge)")
+    pipeline = args.pipeline or "search"
+    with _packaged_llms(project, args.start_llm, [args.answer_pipeline] if args.judge else [pipeline]):
+        result = evaluate_testset(project, path, pipeline, args.answer_pipeline, judge=args.judge, limit=args.limit)
+    record_run(Path(project.data_dir or project.base_dir).resolve(),
+               {k: v for k, v in result.items() if k != "items"}, "generated")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(printable(f"{result['dataset']} (generated, {result['queries']} questions), pipeline '{pipeline}'"))
+    print(f"  hit@10      {result['hit@10']:.4f}\n  mrr@10      {result['mrr@10']:.4f}")
+    if args.judge:
+        summary = result["judge"]
+        print(printable(f"  judged by {result['judge_model']} ({summary['llm_calls']} calls, {summary['seconds']} s; "
+                        f"{summary['refused']} refusals, {summary['unreadable']} unreadable verdicts)"))
+        for name in ("faithfulness", "answer_relevance", "context_relevance", "context_relevance_cosine"):
+            value = result[name]
+            print(f"  {name:<25} {'-' if value is None else f'{value:.4f}'}")
     return 0
 
 

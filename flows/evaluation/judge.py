@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field, ValidationError
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, ContextDocument, Passage
 from ragline.flows.evaluation.retrieval import document_id, require_kinds
+from ragline.flows.files import write_atomic
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, option_probabilities, parse_citations, sentences, strip_citations
 from ragline.flows.run import engine
@@ -279,8 +280,6 @@ def generate_testset(project: Project, n: int, seed: int = 0, strategies: list[s
 
 
 def save_testset(path: Path, rows: list[TestQuestion]) -> Path:
-    from ragline.flows.files import write_atomic
-
     return write_atomic(Path(path), "".join(r.model_dump_json() + "\n" for r in rows))
 
 
