@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ragline.flows.evaluation.judge import SCORES
 from ragline.flows.evaluation.retrieval import EVAL_RUNS, METRICS
 from ragline.flows.run.check import indexes
 from ragline.flows.run.entrypoints import LAST_SUCCESS
@@ -409,15 +410,17 @@ def _evaluations(s: Summary) -> str:
     if not s.eval_runs:
         return "<h2>Retrieval evaluation</h2><p>No <code>ragline eval</code> run recorded yet.</p>"
     labels = [f"#{i + 1}" for i in range(len(s.eval_runs))]
-    series = {m: [r.get(m) if isinstance(r.get(m), (int, float)) else None for r in s.eval_runs] for m in METRICS}
+    # a generated test set's runs (`ragline eval --testset/--judge`) add source hit@10 and the judge's scores
+    metrics = METRICS + tuple(m for m in ("hit@10", *SCORES) if any(m in r for r in s.eval_runs))
+    series = {m: [r.get(m) if isinstance(r.get(m), (int, float)) else None for r in s.eval_runs] for m in metrics}
     rows = "".join(f"<tr><td>#{i + 1}</td><td>{text(_when(_epoch(r.get('time'))))}</td>"
                    f"<td>{text(r.get('dataset'))}</td>"
                    f"<td>{text(r.get('pipeline'))}</td><td class=\"num\">{text(r.get('queries'))}</td>"
-                   + "".join(f"<td class=\"num\">{text(r.get(m, '-'))}</td>" for m in METRICS) + "</tr>"
+                   + "".join(f"<td class=\"num\">{text(r.get(m, '-'))}</td>" for m in metrics) + "</tr>"
                    for i, r in enumerate(s.eval_runs))
     return (f'<h2>Retrieval evaluation (last {MAX_EVAL_RUNS} runs)</h2><div class="grid" id="evaluation">'
             + line_chart(labels, series, "metrics per run", top_value=1.0) + "</div><table><tr><th>run</th><th>time"
-            "</th><th>dataset</th><th>pipeline</th><th>queries</th>" + "".join(f"<th>{m}</th>" for m in METRICS)
+            "</th><th>dataset</th><th>pipeline</th><th>queries</th>" + "".join(f"<th>{m}</th>" for m in metrics)
             + f"</tr>{rows}</table>")
 
 

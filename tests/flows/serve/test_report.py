@@ -110,3 +110,18 @@ def test_eval_runs_are_recorded_and_read_back_oldest_first(tmp_path):
     runs = read_eval_runs(tmp_path)
     assert [r["ndcg@10"] for r in runs] == [0.66, 0.7] and runs[0]["split"] == "test" and "workspace" not in runs[0]
     assert json.loads(first.read_text())["time"].endswith("Z")
+
+
+def test_a_judged_run_on_a_generated_test_set_shows_its_scores_beside_retrieval_runs(tmp_path):
+    record_run(tmp_path, {"dataset": "scifact", "pipeline": "search", "queries": 300, "ndcg@10": 0.66}, "test")
+    record_run(tmp_path, {"dataset": "generated", "kind": "generated", "pipeline": "search", "queries": 20,
+                          "hit@10": 0.85, "mrr@10": 0.7, "faithfulness": 0.4321, "answer_relevance": 0.61,
+                          "context_relevance": 0.55, "context_relevance_cosine": 0.42}, "generated")
+    page = build(tmp_path, parse_since("all"), now=datetime.now(timezone.utc).timestamp())
+    table = page.split('id="evaluation"', 1)[1]
+    for column in ("hit@10", "faithfulness", "answer_relevance", "context_relevance"):
+        assert f"<th>{column}</th>" in table
+    assert ">0.4321<" in table and ">0.66<" in table
+    plain = tmp_path / "plain"
+    record_run(plain, {"dataset": "scifact", "pipeline": "search", "queries": 300, "ndcg@10": 0.66}, "test")
+    assert "faithfulness" not in build(plain, parse_since("all"), now=datetime.now(timezone.utc).timestamp())
