@@ -65,7 +65,7 @@ def rgb_agreement(project, items: int, seed: int) -> dict:
         scores["relevance"] += [judge.answer_relevance(item.query, gold), judge.answer_relevance(item.query, other)]
         labels["relevance"] += [True, False]
     seconds = time.perf_counter() - started
-    everything = [i for i in data]  # the embedder is cheap: all items, every passage
+    everything = data  # the embedder is cheap: every item, every passage
     all_cos, all_labels = [], []
     for item in everything:
         texts = item.passages["positive"] + item.passages["negative"]

@@ -728,7 +728,7 @@ def _eval_testset(args, project) -> int:
     from ragline.flows.evaluation.retrieval import record_run
 
     path = _testset_path(args, project)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no test set; make one with `ragline eval --generate-testset N`")
     if not _is_testset(str(path)):
         raise ValueError(f"{path}: not a generated test set (--judge scores answers to generated questions; "
