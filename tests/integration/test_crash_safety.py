@@ -4,15 +4,14 @@ from __future__ import annotations
 import random
 import shutil
 import signal
-import subprocess
-import sys
+import textwrap
 import time
 
 import pytest
 
 from ragline.flows.resources import clear_cache
-from tests.helpers.data import REPO
-from tests.helpers.harness import default_corpus, run_child, run_index, snapshot, write_corpus
+from tests.helpers.data import index_and_search_yaml
+from tests.helpers.harness import default_corpus, forked_children, run_child, run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -29,45 +28,63 @@ def change_corpus(docs, records):
                                  "gamma": "# Gamma\n\nNew notes on CRISPR screens.\n"})
 
 
-@pytest.fixture
-def changed_project(index_project, tmp_path):
-    """A project indexed once, whose corpus has then changed."""
-    project = index_project(batch_size=3)
-    records = default_corpus(tmp_path / "docs")
+@pytest.fixture(scope="module")
+def crash_site(tmp_path_factory):
+    """One project (``site/``), indexed once and then changed, its folder copied aside (``before``),
+    and the snapshot of a clean build of the changed corpus: every test restores ``before`` into the
+    same folder (ids embed the paths) instead of indexing and clean-building again."""
+    root = tmp_path_factory.mktemp("crash")
+    site = root / "site"
+    (site / "prompts").mkdir(parents=True)
+    project = site / "pipelines.yaml"
+    project.write_text(textwrap.dedent(index_and_search_yaml(batch_size=3)))
+    records = default_corpus(site / "docs")
     run_index(project)
-    change_corpus(tmp_path / "docs", records)
+    change_corpus(site / "docs", records)
+    clear_cache()
+    shutil.copytree(site, root / "before")
+    shutil.rmtree(site / "idx")
+    run_index(project)
+    clean = snapshot(project)
+    return project, root / "before", clean
+
+
+@pytest.fixture
+def changed_project(crash_site):
+    """The project as it was indexed once, with its corpus changed since."""
+    project, before, _ = crash_site
+    clear_cache()
+    shutil.rmtree(project.parent)
+    shutil.copytree(before, project.parent)
     return project
 
 
-def clean_build(project, tmp_path):
-    """What a clean run builds from the same corpus, in the same folder (ids embed the paths)."""
-    clear_cache()
-    shutil.rmtree(tmp_path / "idx")
-    run_index(project)
-    return snapshot(project)
+@pytest.fixture
+def clean(crash_site):
+    """What a clean run builds from the changed corpus in the same folder."""
+    return crash_site[2]
 
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
-def test_killed_run_converges_to_clean_index(failpoint, changed_project, tmp_path):
+def test_killed_run_converges_to_clean_index(failpoint, changed_project, clean):
     crashed = run_child(changed_project, failpoints=failpoint)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     recovered = run_child(changed_project)
     assert recovered.returncode == 0, recovered.stderr[-2000:]
     after_recovery = snapshot(changed_project)
     assert [c[0] for c in after_recovery["chroma"]] == after_recovery["bm25"] == after_recovery["state_chunks"]
-    assert after_recovery == clean_build(changed_project, tmp_path)
+    assert after_recovery == clean
 
 
-def test_random_kills_converge(changed_project, tmp_path):
+def test_random_kills_converge(changed_project, clean):
     """Kill runs at random moments, several times in a row, then let one finish."""
     rng = random.Random(7)
-    code = ("import sys; from tests.helpers.harness import run_index; from pathlib import Path; "
-            "run_index(Path(sys.argv[1]))")
+    forks = forked_children()
     for _ in range(3):
-        child = subprocess.Popen([sys.executable, "-c", code, str(changed_project)], cwd=REPO,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(4, 12))
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        child = forks.Process(target=run_index, args=(changed_project,))
+        child.start()
+        time.sleep(rng.uniform(1, 6))  # a forked child starts working at once
+        child.kill()
+        child.join()
     assert run_child(changed_project).returncode == 0
-    assert snapshot(changed_project) == clean_build(changed_project, tmp_path)
+    assert snapshot(changed_project) == clean
