@@ -54,6 +54,7 @@ from ragline.flows.resources.state import StorageError, StoreDamaged
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
 LEASE_STALE_SECONDS = 30.0  # as IndexState.lease: a holder silent this long has lost the lease
+PROGRESS_WAIT = 10.0  # seconds a status poll spends on the progress courtesy at most
 STATUS_READ_WAIT = 2.0  # seconds a status poll waits on a committing writer before it goes without the count
 STEP_PHASES = {"convert": "converting", "chunk": "chunking", "embed": "embedding"}  # by stage, in pipeline order
 
@@ -338,7 +339,9 @@ class _Runs:
             status.message = self.redact(state.message) or None
         if kind == PipelineKind.INGESTION and state.type.value in ("RUNNING", "PENDING"):
             try:
-                status.progress = await self.progress(client, flow_run, pipeline)
+                status.progress = await asyncio.wait_for(self.progress(client, flow_run, pipeline), PROGRESS_WAIT)
+            except TimeoutError:  # a busy Prefect API or state file: this poll goes without it
+                status.progress = {"error": f"progress not read within {PROGRESS_WAIT:g} s; ask again"}
             except Exception as exc:  # progress is a courtesy: never fail the status for it
                 status.progress = {"error": self.redact(str(exc))}
         return status

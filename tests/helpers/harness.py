@@ -58,39 +58,58 @@ def snapshot(project_path: Path) -> dict:
 
 
 def run_child(project_path: Path, failpoints: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the index pipeline in a new process, optionally armed to SIGKILL itself at a failpoint.
-    The process is forked from a server that imported the stack once (``forked_children``): it is
-    a process of its own (its caches, its death) without the ~10 CPU-seconds of imports each time."""
-    forks = forked_children()
+    """Run the index pipeline in a new process (``fork_index``), optionally armed to SIGKILL itself
+    at a failpoint; its output is the result's stdout and stderr."""
     handle, log = tempfile.mkstemp(suffix=".log", prefix="ragline-child-")
     os.close(handle)
+    try:
+        code, _ = fork_index(project_path, Path(log), failpoints, timeout)
+        output = Path(log).read_text(errors="replace")
+    finally:
+        os.unlink(log)
+    return subprocess.CompletedProcess(["index", str(project_path)], code, output, output)
+
+
+def fork_index(project_path: Path, log: Path, failpoints: str = "", timeout: float = 600) -> tuple[int, int]:
+    """(exit code, pid) of one index run in a child forked from a server that imported the stack
+    once (``forked_children``): a process of its own (its caches, its death; -9 when a failpoint
+    killed it) without the 5-30 s of imports a new Python costs on a busy machine. Output: ``log``."""
     env = dict(os.environ, RAGLINE_FAILPOINTS=failpoints)
-    child = forks.Process(target=_index_in_child, args=(str(project_path), env, log))
+    child = forked_children().Process(target=_index_in_child, args=(str(project_path), env, str(log)))
     child.start()
     child.join(timeout)
     if child.exitcode is None:
         child.kill()
         child.join()
         raise subprocess.TimeoutExpired(f"index {project_path}", timeout)
-    output = Path(log).read_text(errors="replace")
-    os.unlink(log)
-    return subprocess.CompletedProcess(["index", str(project_path)], child.exitcode, output, output)
+    return child.exitcode, child.pid
 
 
 def forked_children():
-    """The ``forkserver`` context, its server preloading this module (ragline's engine, Chroma, BM25,
-    sentence-transformers): started once per test process, on first use."""
+    """The stdlib ``forkserver`` context, its server preloading this module (ragline's engine,
+    Chroma, BM25, sentence-transformers; imported only: one thread, no store opened, safe to fork),
+    started once per test process."""
     import multiprocessing
+    from multiprocessing import forkserver
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__, "sentence_transformers", "chromadb", "bm25s"])
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when the server loads OpenMP: no spinning children
+    try:
+        forkserver.ensure_running()
+    finally:
+        if policy is None:
+            del os.environ["OMP_WAIT_POLICY"]
+        else:
+            os.environ["OMP_WAIT_POLICY"] = policy
     return context
 
 
 def _index_in_child(project_path: str, env: dict[str, str], log: str) -> None:
-    """A forked child's work: the parent's environment as it was at the call (the fork server's is
-    older), output to ``log``, then the index run (a failpoint SIGKILLs it: exit code -9)."""
-    fd = os.open(log, os.O_WRONLY | os.O_TRUNC)
+    """A forked child's work: the caller's environment as it was at the call (the fork server's is
+    older), output appended to ``log``, then the index run."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.environ.clear()

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import random
-import select
 import signal
 import sqlite3
 import subprocess
@@ -26,7 +25,7 @@ from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import IndexReport
 from ragline.flows.resources import clear_cache
 from tests.helpers.data import REPO, scifact_records
-from tests.helpers.harness import run_index, snapshot, write_corpus
+from tests.helpers.harness import fork_index, run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -107,71 +106,21 @@ def rerun(project: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- killed runs, forked
-# Each killed run is a process of its own, killed by SIGKILL mid-write. Starting Python with torch,
-# transformers and chromadb takes 5-30 s on a busy 2-core machine, so the runs are forked from a
-# process that has only imported them (one thread, nothing computed, no store opened: safe to fork).
-FORKER = r"""
-import os, sys, traceback
-from pathlib import Path
-
-import bm25s, chromadb, sentence_transformers  # noqa: F401 - the slow imports, once
-import ragline.tasks  # noqa: F401
-from tests.helpers.harness import run_index
-
-print("ready", flush=True)
-for line in sys.stdin:
-    failpoints, project = line.rstrip("\n").split("\t")
-    pid = os.fork()
-    if pid == 0:  # a new process as far as the indexes are concerned: nothing was opened before the fork
-        os.dup2(2, 1)  # stdout is the answer pipe
-        os.environ["RAGLINE_FAILPOINTS"] = failpoints
-        code = 0
-        try:
-            run_index(Path(project))
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stderr.flush()
-        os._exit(code)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), pid, flush=True)
-"""
-
-
 class Forker:
-    """Runs the index pipeline in forked processes, armed with failpoints; see FORKER."""
+    """Runs the index pipeline in forked processes (``harness.fork_index``), armed with failpoints;
+    their output goes to ``log``."""
 
     def __init__(self, log: Path):
         self.log = log
-        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_WAIT_POLICY="PASSIVE")
-        with open(log, "w") as err:
-            self.process = subprocess.Popen([sys.executable, "-c", FORKER], cwd=REPO, env=env, text=True,
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                            start_new_session=True)
-        assert self._read(600) == "ready", self.log.read_text()[-3000:]
-
-    def _read(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        assert ready, f"no answer in {timeout} s: {self.log.read_text()[-3000:]}"
-        return self.process.stdout.readline().strip()
 
     def run(self, project: Path, failpoints: str = "", timeout: float = 300) -> tuple[int, int]:
         """(exit status, pid) of one run: -9 when a failpoint killed it."""
-        self.process.stdin.write(f"{failpoints}\t{project}\n")
-        self.process.stdin.flush()
-        code, pid = self._read(timeout).split()
-        return int(code), int(pid)
-
-    def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # with any forked run still going
-        self.process.wait()
+        return fork_index(project, self.log, failpoints, timeout)
 
 
 @pytest.fixture
 def forker(tmp_path):
-    runner = Forker(tmp_path / "forker.log")
-    yield runner
-    runner.close()
+    return Forker(tmp_path / "forker.log")
 
 
 # ----------------------------------------------------------------------------- the kill schedule
