@@ -22,7 +22,7 @@ os.environ.setdefault("RAGLINE_START_LLM", "0")
 os.environ.setdefault("RAGLINE_PREFECT_IDLE_SECONDS", "0")
 
 # The modules whose tests use the session's real vLLM server (~3 min to start on CPU, ~2.5 GB): under
-# pytest-xdist (the README's `pytest -n 2`) they run on one worker, so it starts once. A test elsewhere
+# pytest-xdist (the README's `pytest -n 3`) they run on one worker, so it starts once. A test elsewhere
 # that asks for `vllm_server` is refused at collection: add its module here.
 VLLM_MODULES = frozenset({"tests/integration/test_vllm_server.py", "tests/integration/test_ask_vllm.py",
                           "tests/integration/test_ask_company_vllm.py", "tests/integration/test_quickstart_vllm.py"})

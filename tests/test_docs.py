@@ -53,7 +53,7 @@ def test_set_up_is_two_commands_on_the_venv_and_ci_runs_the_second():
     blocks = re.findall(r"```bash\n(.*?)```", _section(README.read_text(encoding="utf-8"), "Set up"), re.S)
     commands = [block.strip() for block in blocks]
     assert commands == ["bash deploy/bootstrap.sh && .venv/bin/ragline quickstart",
-                        "bash deploy/bootstrap.sh && .venv/bin/python -m pytest -n 2"]
+                        "bash deploy/bootstrap.sh && .venv/bin/python -m pytest -n 3"]
     assert commands[1] in (REPO / ".ci" / "run").read_text()
 
 

@@ -14,7 +14,8 @@
 - ``GET /v1/documents/{id}`` one of them; ``DELETE /v1/documents/{id}`` removes an upload from its
   folder and starts (or, while a run writes the index, schedules) the next ingestion run, which
   removes it from Chroma, BM25 and the state. A document of any other root is not the API's to
-  delete: 409 ``not_managed``.
+  delete: 409 ``not_managed``. The list drops it once the state forgets it; queries stop finding it
+  when that run has deleted it from the stores and published BM25 (poll the run it names).
 
 An upload's id is the first 32 hex digits of its SHA-256; any other document's id is its source id.
 Writes need the token ``/v1/ingest`` needs (the guard checks every ``/v1`` route); reads only read
