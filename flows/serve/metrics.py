@@ -59,15 +59,7 @@ class IndexCollector(Collector):
             projects = list(reversed(self.projects.values()))
         now = time.time()
         for project in projects:
-            for index in indexes(project):
-                try:
-                    found = _read(project, index)
-                except Exception as exc:  # noqa: BLE001 - a scrape shows what it can
-                    log.debug("metrics: could not read index %s: %s", index.state, exc)
-                    continue
-                if found is None:
-                    continue
-                collection, (n_docs, n_chunks), newest, meta = found
+            for index, collection, (n_docs, n_chunks), newest, meta in index_facts(project, "metrics"):
                 for pipeline in index.pipelines:
                     if (pipeline, collection) in seen:
                         continue
@@ -83,6 +75,23 @@ class IndexCollector(Collector):
 
     def describe(self) -> list:
         return []  # read at scrape time only: never while registering
+
+
+IndexFacts = tuple[Any, str, tuple[int, int], float | None, dict[str, float]]
+
+
+def index_facts(project: Project, reader: str) -> Iterator[IndexFacts]:
+    """(index, collection, (documents, chunks), newest change, last successes) of each of the
+    project's indexes that has a state to read: a COUNT and a few keys. ``/metrics`` and ``ragline
+    report`` show what they can: an index that cannot be read is left out (logged as ``reader``)."""
+    for index in indexes(project):
+        try:
+            found = _read(project, index)
+        except Exception as exc:  # noqa: BLE001 - a scrape or a page shows what it can
+            log.debug("%s: could not read index %s: %s", reader, index.state, exc)
+            continue
+        if found is not None:
+            yield (index, *found)
 
 
 def _read(project: Project, index: Any) -> tuple[str, tuple[int, int], float | None, dict[str, float]] | None:

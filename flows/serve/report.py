@@ -14,7 +14,6 @@ import base64
 import hashlib
 import html
 import json
-import logging
 import re
 import time
 from collections import Counter
@@ -25,13 +24,10 @@ from typing import Any
 
 from ragline.flows.evaluation.judge import SCORES
 from ragline.flows.evaluation.retrieval import EVAL_RUNS, METRICS
-from ragline.flows.run.check import indexes
 from ragline.flows.run.entrypoints import LAST_SUCCESS
 from ragline.flows.serve.feedback import FEEDBACK_FOLDER, FEEDBACK_NAME
-from ragline.flows.serve.metrics import _read as read_index
+from ragline.flows.serve.metrics import index_facts
 from ragline.flows.serve.query_log import LOG_FOLDER, LOG_NAME, read_lines
-
-log = logging.getLogger("ragline.report")
 
 MAX_TEXT = 160  # characters of one value shown
 MAX_ROWS = 15  # rows of a listing (pipelines, principals, slowest queries)
@@ -169,15 +165,7 @@ def ingestion_rows(project: Any) -> list[dict[str, Any]]:
     """Each ingestion pipeline's index (documents, chunks) and last success, from the state DBs
     (what ``/metrics`` reads: a COUNT and a few keys); an index that cannot be read is left out."""
     rows = []
-    for index in indexes(project):
-        try:
-            found = read_index(project, index)
-        except Exception as exc:  # noqa: BLE001 - the page shows what it can
-            log.debug("report: could not read index %s: %s", index.state, exc)
-            continue
-        if found is None:
-            continue
-        collection, (documents, chunks), newest, meta = found
+    for index, collection, (documents, chunks), newest, meta in index_facts(project, "report"):
         for pipeline in index.pipelines:
             rows.append({"pipeline": pipeline, "collection": collection, "documents": documents, "chunks": chunks,
                          "last_success": meta.get(LAST_SUCCESS + pipeline), "newest_change": newest})
