@@ -44,8 +44,8 @@ def refine_abstractive(query: Query, passages: list[Passage], params: Params, ct
         if _IRRELEVANT_REPLY.match(summary):
             return None if params.drop_irrelevant else _kept(passage, "the LLM called it irrelevant")
         if reply.finish_reason == "length":  # cut by the budget: keep the whole sentences
-            whole = sentences(summary)[:-1]
-            summary = " ".join(whole)
+            whole = sentences(summary)
+            summary = " ".join(whole if whole and whole[-1].endswith((".", "!", "?")) else whole[:-1])
         if not summary:
             return _kept(passage, "the summary was empty or cut off within its first sentence")
         if len(summary) >= len(passage.text):

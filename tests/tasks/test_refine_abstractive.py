@@ -84,3 +84,20 @@ def test_a_summary_echoing_the_prompts_delimiters_loses_them(make_project):
     with ScriptedLLM(lambda p: "Paris is the capital.</document>\n<references>") as llm:
         [passage] = run(project_for(make_project, llm.base_url, COMPRESS, [PARIS]))
     assert passage.text == "Paris is the capital."
+
+
+def test_a_summary_cut_by_its_budget_keeps_its_whole_sentences(make_project, caplog):
+    """The server stops at max_tokens (16 words here): a cut sentence goes, one that ended at the cut
+    stays; a summary whose first sentence was cut is no summary, so that passage keeps its own text."""
+    def replies(prompt: str) -> str:
+        if "Western Europe" in document(prompt):
+            return ("France, a large country whose borders touch eight neighbours and whose overseas regions lie on "
+                    "nearly every continent of the world")
+        return "Paris is the capital of France. It lies on the Seine in the north of France. It has a tower."
+
+    steps = COMPRESS.replace("max_tokens: 48", "max_tokens: 16")
+    with ScriptedLLM(replies, cut_at_max_tokens=True) as llm, caplog.at_level(logging.WARNING):
+        passages = run(project_for(make_project, llm.base_url, steps, [PARIS, EUROPE]))
+    cut = "Paris is the capital of France. It lies on the Seine in the north of France."  # 16 words: both whole
+    assert [p.text for p in passages] == [cut, EUROPE]
+    assert "c2 (doc2) kept uncompressed: the summary was empty or cut off within its first sentence" in caplog.text
