@@ -3,8 +3,9 @@ from ragline.tasks import (adapt_embedder, answerable, chunk, convert, embed, ex
                    expand_prf, fuse, generate, generate_flare, index, insert, load, pseudo_queries,
                    refine_extract, refine_notes, refine_sentences, rerank, rerank_llm, retrieve_dense,
                    retrieve_sparse, rewrite, self_query, tune_retrieval, verify)
+from ragline.tasks import refine_abstractive  # noqa: F401
 
 __all__ = ["adapt_embedder", "answerable", "chunk", "convert", "embed", "expand_context", "expand_prf", "fuse",
            "generate", "generate_flare", "index", "insert", "load", "pseudo_queries", "refine_extract",
            "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense", "retrieve_sparse",
-           "rewrite", "self_query", "tune_retrieval", "verify"]
+           "rewrite", "self_query", "tune_retrieval", "verify", "refine_abstractive"]

@@ -31,14 +31,17 @@ class ScriptedLLM:
     closes each stream's connection after N chunks, without the end of the answer or [DONE].
 
     ``top(prompt) -> {token: logprob}`` scripts the first token's top_logprobs (a judge reading P(yes)
-    from them); without it each token's top list is the token itself."""
+    from them); without it each token's top list is the token itself.
+
+    ``cut_at_max_tokens``: a (non-streamed) reply longer than the request's ``max_tokens`` words is cut
+    there and finishes with ``"length"``, as a real server does; off, every reply is whole."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
                  logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None,
                  chunk_delay: float = 0.0, hung: bool = False, hang_after_chunks: int | None = None,
                  malformed: bool = False, cut_after_chunks: int | None = None,
-                 top: Callable[[str], dict[str, float]] | None = None):
-        self.top = top
+                 top: Callable[[str], dict[str, float]] | None = None, cut_at_max_tokens: bool = False):
+        self.top, self.cut_at_max_tokens = top, cut_at_max_tokens
         self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
         self.malformed, self.cut_after_chunks = malformed, cut_after_chunks
         self.hung, self.hang_after_chunks = hung, hang_after_chunks
@@ -77,6 +80,10 @@ class ScriptedLLM:
                 text = server.reply(prompt)
                 lp = server.logprob
                 pieces = [w + " " for w in text.split(" ")[:-1]] + text.split(" ")[-1:]
+                finish = "stop"
+                if server.cut_at_max_tokens and body.get("max_tokens") and len(pieces) > body["max_tokens"]:
+                    pieces, finish = pieces[: body["max_tokens"]], "length"
+                    text = "".join(pieces)
                 if body.get("stream"):
                     self._stream(body, pieces, lp)
                     return
@@ -86,7 +93,7 @@ class ScriptedLLM:
                     logprobs["content"][0]["top_logprobs"] = [{"token": t, "logprob": v}
                                                               for t, v in server.top(prompt).items()]
                 self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
+                                 "choices": [{"index": 0, "finish_reason": finish, "logprobs": logprobs,
                                               "message": {"role": "assistant", "content": text}}],
                                  "usage": _usage(body, pieces)})
 
