@@ -2,9 +2,9 @@
 from ragline.tasks import (adapt_embedder, answerable, chunk, convert, embed, expand_context,  # noqa: F401
                    expand_prf, fuse, generate, generate_flare, index, insert, load, pseudo_queries,
                    refine_extract, refine_notes, refine_sentences, rerank, rerank_llm, retrieve_dense,
-                   retrieve_sparse, rewrite, self_query, tune_retrieval, verify)
+                   retrieve_examples, retrieve_sparse, rewrite, self_query, tune_retrieval, verify)
 
 __all__ = ["adapt_embedder", "answerable", "chunk", "convert", "embed", "expand_context", "expand_prf", "fuse",
            "generate", "generate_flare", "index", "insert", "load", "pseudo_queries", "refine_extract",
-           "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense", "retrieve_sparse",
-           "rewrite", "self_query", "tune_retrieval", "verify"]
+           "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense", "retrieve_examples",
+           "retrieve_sparse", "rewrite", "self_query", "tune_retrieval", "verify"]
