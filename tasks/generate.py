@@ -36,7 +36,7 @@ class SystemPrompt(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _one_source(self) -> "SystemPrompt":
+    def _one_source(self) -> SystemPrompt:
         if self.system and self.system_prompt:
             raise ValueError("give `system` (text) or `system_prompt` (a template), not both")
         if self.system_variables and not self.system_prompt:

@@ -71,7 +71,7 @@ class Bank:
     vectors: np.ndarray  # unit rows, one per example
 
 
-_BANKS: "weakref.WeakKeyDictionary[Embedder, dict[tuple[str, int, int], Bank]]" = weakref.WeakKeyDictionary()
+_BANKS: weakref.WeakKeyDictionary[Embedder, dict[tuple[str, int, int], Bank]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 

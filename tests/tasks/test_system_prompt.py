@@ -3,6 +3,8 @@ instructions as the system message, inline or rendered from a template with the 
 values (never the request); a template that is missing or reads the request is a located error."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ragline.flows.context import StepContext
@@ -52,6 +54,11 @@ def test_an_inline_system_prompt_is_the_first_message(make_project):
     assert user["role"] == "user" and QUESTION in user["content"] and "British" not in user["content"]
 
 
+def test_a_streamed_answer_gets_the_system_message_too(make_project):
+    system, user = messages_sent(make_project, answer_step('stream: true, system: "Be brief."'))
+    assert system == {"role": "system", "content": "Be brief."} and QUESTION in user["content"]
+
+
 def test_a_system_template_is_rendered_with_the_pipelines_values_only(make_project):
     template = "You answer for {{ company }}'s help desk (pipeline {{ pipeline }}), in a friendly tone."
     system, user = messages_sent(make_project, answer_step('system_prompt: tone, system_variables: {company: Acme}'),
@@ -70,7 +77,7 @@ def test_a_missing_system_template_is_located_at_its_parameter(make_project):
     [error] = errors_of(make_project, answer_step("system_prompt: tonne"), prompts={"tone": "Be kind."})
     assert (error.pipeline, error.step, error.field) == ("p", "answer", "with.system_prompt")
     assert "'tonne.j2' not found" in error.message and "'tone'" in error.message  # with the nearest name
-    lines = open(error.file).read().splitlines()
+    lines = Path(error.file).read_text().splitlines()
     assert "system_prompt: tonne" in lines[error.line - 1]
 
 
