@@ -1,11 +1,10 @@
 """Builtin stages, one per module. Importing this package registers them (explicitly, here)."""
 from ragline.tasks import (adapt_embedder, answerable, chunk, convert, embed, expand_context,  # noqa: F401
                    expand_prf, fuse, generate, generate_flare, index, insert, load, pseudo_queries,
-                   refine_extract, refine_notes, refine_sentences, rerank, rerank_llm, retrieve_dense,
-                   retrieve_sparse, rewrite, self_query, tune_retrieval, verify)
-from ragline.tasks import refine_abstractive  # noqa: F401
+                   refine_abstractive, refine_extract, refine_notes, refine_sentences, rerank, rerank_llm,
+                   retrieve_dense, retrieve_examples, retrieve_sparse, rewrite, self_query, tune_retrieval, verify)
 
 __all__ = ["adapt_embedder", "answerable", "chunk", "convert", "embed", "expand_context", "expand_prf", "fuse",
-           "generate", "generate_flare", "index", "insert", "load", "pseudo_queries", "refine_extract",
-           "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense", "retrieve_sparse",
-           "rewrite", "self_query", "tune_retrieval", "verify", "refine_abstractive"]
+           "generate", "generate_flare", "index", "insert", "load", "pseudo_queries", "refine_abstractive",
+           "refine_extract", "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense",
+           "retrieve_examples", "retrieve_sparse", "rewrite", "self_query", "tune_retrieval", "verify"]

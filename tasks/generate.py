@@ -3,18 +3,64 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, Query, Source
 from ragline.flows.resources.llm_output import MarkupFilter, clip, normalize_text, parse_citations, sentences, strip_markup
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import Completion, LLMClient
+from ragline.tasks.retrieve_examples import Example
 
 REFUSAL = "I cannot answer this question"
+SYSTEM_VARIABLES = ("pipeline",)  # what every system template may read, besides `system_variables`
 
 
-class Params(BaseModel):
+class SystemPrompt(BaseModel):
+    """The operator's instructions (tone, persona, language), sent as the system message. Rendered
+    from the pipeline's own values only: no request text reaches it, and a client's system messages
+    are dropped before the pipeline runs (flows/serve/openai_api.py), so a caller cannot replace it."""
+
+    system: str | None = Field(None, min_length=1, description="the system message, as written")
+    system_prompt: str | None = Field(None, min_length=1, description="a template in prompts/ (name without .j2) "
+                                                                      "rendered as the system message")
+    system_variables: dict[str, str] = Field(default_factory=dict, description="values the system template "
+                                                                               "reads, besides `pipeline`")
+
+    @field_validator("system_variables")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not k.isidentifier() or k in SYSTEM_VARIABLES]
+        if bad:
+            raise ValueError(f"not usable as a template variable: {', '.join(map(repr, bad))}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SystemPrompt:
+        if self.system and self.system_prompt:
+            raise ValueError("give `system` (text) or `system_prompt` (a template), not both")
+        if self.system_variables and not self.system_prompt:
+            raise ValueError("`system_variables` are read by a `system_prompt` template; none is named")
+        return self
+
+
+def system_templates(params: SystemPrompt) -> dict[str, tuple[str, ...]]:
+    """The system template a step renders, with its variables (checked by `ragline validate`)."""
+    return {params.system_prompt: (*SYSTEM_VARIABLES, *params.system_variables)} if params.system_prompt else {}
+
+
+def system_message(params: SystemPrompt, ctx: StepContext) -> str | None:
+    if params.system_prompt:
+        return ctx.prompt_for(params.system_prompt, pipeline=ctx.pipeline, **params.system_variables)
+    return params.system
+
+
+def with_system(prompt: str, system: str | None) -> str | list[dict[str, str]]:
+    """The user prompt, preceded by the pipeline's system message when it has one."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}] if system else prompt
+
+
+class Params(SystemPrompt):
     model_config = ConfigDict(extra="forbid")
 
     max_tokens: int = Field(256, ge=1, le=8192)
@@ -30,21 +76,26 @@ class Params(BaseModel):
 
 
 @stage("generate", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt="answer_with_citations", prompt_variables=("question", "instruction", "documents", "refusal"))
-def generate(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient) -> Answer:
-    """Generate from the numbered references; record token logprobs for the confidence check."""
+       prompt="answer_with_citations",
+       prompt_variables=("question", "instruction", "documents", "refusal", "examples"),
+       other_prompts=system_templates)
+def generate(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
+             examples: list[Example] | None = None) -> Answer:
+    """Generate from the numbered references (after worked examples, when a step retrieved them);
+    record token logprobs for the confidence check."""
     if not context.documents:
         return refusal(query, params.refusal, context.withheld or "no relevant documents were found")
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
-                        documents=context.documents, refusal=params.refusal)
+                        documents=context.documents, refusal=params.refusal, examples=examples or [])
+    messages = with_system(prompt, system_message(params, ctx))
     if params.stream:
         shown = MarkupFilter(ctx.on_token) if ctx.on_token else None  # the prompt's tags never reach a client
-        completion = llm.stream(prompt, on_token=shown.feed if shown else None, max_tokens=params.max_tokens,
+        completion = llm.stream(messages, on_token=shown.feed if shown else None, max_tokens=params.max_tokens,
                                 logprobs=True, stop=params.stop)
         if shown:
             shown.flush()
     else:
-        completion = llm.chat(prompt, max_tokens=params.max_tokens, logprobs=True, stop=params.stop)
+        completion = llm.chat(messages, max_tokens=params.max_tokens, logprobs=True, stop=params.stop)
     return answer_from(query, completion, context, params.refusal,
                        min_overlap=params.min_overlap if params.attribute else None)
 

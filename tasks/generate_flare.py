@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, ContextDocument, Query
@@ -13,13 +13,14 @@ from ragline.flows.spec.registry import stage
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import Completion, LLMClient
-from ragline.tasks.generate import REFUSAL, answer_from, refusal
+from ragline.tasks.generate import REFUSAL, SystemPrompt, answer_from, refusal, system_message, system_templates, \
+    with_system
 from ragline.tasks.retrieve_dense import combined_filter
 
 _SENTENCE = re.compile(r"^(.+?[.!?])(\s|$)", re.S)
 
 
-class Params(BaseModel):
+class Params(SystemPrompt):
     model_config = ConfigDict(extra="forbid")
 
     threshold: float = Field(0.4, gt=0, lt=1, description="retrieve when a token's probability is below this")
@@ -32,15 +33,16 @@ class Params(BaseModel):
 
 
 @stage("generate_flare", params=Params, produces="answer", kind="query", prompt="flare_continue",
-       prompt_variables=("question", "instruction", "documents", "refusal", "draft"),
+       prompt_variables=("question", "instruction", "documents", "refusal", "draft"), other_prompts=system_templates,
        uses={"llm": ("openai_compatible",), "store": ("chroma",), "embedder": ("sentence_transformer",)})
 def generate_flare(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
                    store: ChromaStore, embedder: Embedder) -> Answer:
     """Active retrieval (Jiang et al., 2023): uncertain sentences trigger retrieval before they are kept."""
     documents = list(context.documents)
     draft, retrievals, tokens = "", 0, []
+    system = system_message(params, ctx)
     for _ in range(params.max_sentences):
-        step = _look_ahead(query, documents, draft, params, ctx, llm)
+        step = _look_ahead(query, documents, draft, params, ctx, llm, system)
         sentence, confident = _first_sentence(step, params.threshold)
         if not sentence:
             break
@@ -48,7 +50,7 @@ def generate_flare(query: Query, context: Context, params: Params, ctx: StepCont
             added = _retrieve(query, _masked(step, sentence, params.threshold), documents, params, store, embedder)
             retrievals += 1
             if added:
-                step = _look_ahead(query, documents, draft, params, ctx, llm)
+                step = _look_ahead(query, documents, draft, params, ctx, llm, system)
                 sentence, _ = _first_sentence(step, params.threshold)
         draft = f"{draft} {sentence}".strip()
         tokens.extend(step.tokens)
@@ -61,10 +63,10 @@ def generate_flare(query: Query, context: Context, params: Params, ctx: StepCont
     return answer.model_copy(update={"retrievals": retrievals})
 
 
-def _look_ahead(query, documents, draft, params, ctx, llm) -> Completion:
+def _look_ahead(query, documents, draft, params, ctx, llm, system) -> Completion:
     prompt = ctx.prompt(question=clip(query.text, 2000), instruction=query.instruction, documents=documents,
                         refusal=params.refusal, draft=draft)
-    return llm.chat(prompt, max_tokens=params.max_tokens, logprobs=True)
+    return llm.chat(with_system(prompt, system), max_tokens=params.max_tokens, logprobs=True)
 
 
 def _first_sentence(step: Completion, threshold: float) -> tuple[str, bool]:

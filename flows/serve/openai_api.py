@@ -1,8 +1,9 @@
 """The OpenAI-compatible surface: ``POST /v1/chat/completions`` and ``GET /v1/models``.
 
 Each query pipeline of the file is a model (``model`` picks the pipeline). The last message is
-the question (it must be the user's), earlier user/assistant messages the history; system
-messages are ignored, since the pipeline's prompts decide how it answers. The stock ``openai``
+the question (it must be the user's), earlier user/assistant messages the history; system (and
+developer) messages are dropped: the pipeline's prompts and its own system prompt (``generate``'s
+``system``) decide how it answers, and a caller must not override them. The stock ``openai``
 client works unchanged: ragline's extras are top-level JSON fields it keeps in ``model_extra``,
 ``sources`` and ``verification`` ({verdict, refused, reason, confidence}), on the response or, when
 streaming, on the last chunk (``finish_reason: "stop"``), as RAGFlow and Perplexity do.

@@ -17,7 +17,7 @@ from ragline.flows.spec import registry
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.sources import source_types
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
-from ragline.flows.spec.prompts import library, prompt_problems
+from ragline.flows.spec.prompts import library, template_problems
 from ragline.flows.spec.registry import ALLOW_HINT, Stage, module_allowed
 from ragline.flows.spec.parse import (
     LocatedYaml,
@@ -168,8 +168,10 @@ class Checker:
             return None
         usable = params if params is not None else _salvaged_params(stage, step.with_)
         name = step.prompt or stage.default_prompt(usable)
-        for problem in prompt_problems(self.prompts, stage, usable, name):
-            self.error(loc + ("prompt",), problem)
+        named_by = _fields_naming_templates(usable)
+        for template, problem in template_problems(self.prompts, stage, usable, name):
+            field = named_by.get(template) if template != name else None
+            self.error(loc + (("with", field) if field else ("prompt",)), problem)
         return name
 
     def _upstream(self, loc, step: StepSpec, ids: list[str], index: int) -> list[str]:
@@ -239,6 +241,12 @@ def _nearest_producers(compiled: dict[str, CompiledStep], sid: str, port: str) -
         seen.update(frontier)
         frontier = list(dict.fromkeys(p for u in frontier for p in compiled[u].upstream if p not in seen))
     return []
+
+
+def _fields_naming_templates(params: BaseModel | None) -> dict[str, str]:
+    """template name -> the parameter that names it (e.g. generate's ``system_prompt``)."""
+    values = params.model_dump() if params is not None else {}
+    return {value: field for field, value in values.items() if isinstance(value, str)}
 
 
 def _salvaged_params(stage: Stage, given: dict[str, Any]) -> BaseModel | None:

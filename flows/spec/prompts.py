@@ -162,7 +162,8 @@ def _relative(path: Path, folder: Path) -> str:
 # What a model could read as one of the prompts' delimiters: an angle bracket or a look-alike,
 # blanks or invisible characters, an optional slash, the name in any case (``< / Document\t>``).
 _INVISIBLE = "\\s\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff"
-DELIMITER = re.compile(f"[<\uff1c\ufe64][{_INVISIBLE}]*[/\uff0f]?[{_INVISIBLE}]*(?:document|references)(?![a-z])",
+DELIMITER = re.compile(f"[<\uff1c\ufe64][{_INVISIBLE}]*[/\uff0f]?[{_INVISIBLE}]*(?:document|references|examples?)"
+                       f"(?![a-z])",
                        re.IGNORECASE)
 _ATTRIBUTE_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
@@ -192,6 +193,12 @@ def library(folder: str) -> PromptLibrary:
 def prompt_problems(prompts: PromptLibrary, stage: "Stage", params: "BaseModel | None", name: str | None) -> list[str]:
     """What is wrong with the templates a step renders: its own (``name``) and the fixed ones the
     stage also renders, each missing, broken, or reading a variable the stage does not pass."""
+    return [problem for _, problem in template_problems(prompts, stage, params, name)]
+
+
+def template_problems(prompts: PromptLibrary, stage: "Stage", params: "BaseModel | None",
+                      name: str | None) -> list[tuple[str, str]]:
+    """``prompt_problems`` as (template, problem), so a template a parameter names is located there."""
     templates = [(name, stage.variables(params) if params is not None else None)] if name else []
     if params is not None:
         templates += sorted(stage.extra_prompts(params).items())
@@ -200,7 +207,7 @@ def prompt_problems(prompts: PromptLibrary, stage: "Stage", params: "BaseModel |
         problem = prompts.check(template)
         if problem:
             missing = prompts.text(template + SUFFIX) is None  # a broken template needs no other name
-            problems.append(problem + (suggest(template, prompts.names()) if missing else ""))
+            problems.append((template, problem + (suggest(template, prompts.names()) if missing else "")))
         elif variables is not None:
-            problems += prompts.check_variables(template, variables)
+            problems += [(template, p) for p in prompts.check_variables(template, variables)]
     return problems
