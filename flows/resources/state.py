@@ -439,11 +439,14 @@ class IndexState(Resource):
     def sources_indexed_since(self, timestamp: float, *, wait: float | None = None) -> int:
         """How many sources were (re)indexed at or after ``timestamp``: what an ingestion run has written so far.
         ``wait``: a status read (``peek``) that gives up after that many seconds."""
-        sql, params = "SELECT COUNT(*) FROM sources WHERE indexed_at >= ?", (timestamp,)
+        return self._row("SELECT COUNT(*) FROM sources WHERE indexed_at >= ?", (timestamp,), wait)[0]
+
+    def _row(self, sql: str, params: tuple[Any, ...], wait: float | None) -> tuple[Any, ...] | None:
+        """One row through the shared reader, or with ``wait`` through ``peek``."""
         if wait is not None:
-            return self.peek(sql, params, wait)[0]
+            return self.peek(sql, params, wait)
         with self._guarded():
-            return self.reader.execute(sql, params).fetchone()[0]
+            return self.reader.execute(sql, params).fetchone()
 
     def peek(self, sql: str, params: tuple[Any, ...], wait: float) -> tuple[Any, ...] | None:
         """One row read on a connection of its own that waits at most ``wait`` seconds for a writer.
@@ -543,12 +546,7 @@ class IndexState(Resource):
     # ------------------------------------------------------------------ writer lease
     def lease_holder(self, name: str = "writer", *, wait: float | None = None) -> LeaseHolder | None:
         """Who holds the lease ``name`` now; ``wait``: a status read (``peek``)."""
-        sql, params = "SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?", (name,)
-        if wait is not None:
-            row = self.peek(sql, params, wait)
-        else:
-            with self._guarded():
-                row = self.reader.execute(sql, params).fetchone()
+        row = self._row("SELECT holder, pid, host, acquired_at, heartbeat_at FROM lease WHERE name=?", (name,), wait)
         return LeaseHolder(*row) if row else None
 
     @contextmanager
