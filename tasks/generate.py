@@ -87,17 +87,22 @@ def generate(query: Query, context: Context, params: Params, ctx: StepContext, l
         return refusal(query, params.refusal, context.withheld or "no relevant documents were found")
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
                         documents=context.documents, refusal=params.refusal, examples=examples or [])
-    messages = with_system(prompt, system_message(params, ctx))
-    if params.stream:
-        shown = MarkupFilter(ctx.on_token) if ctx.on_token else None  # the prompt's tags never reach a client
-        completion = llm.stream(messages, on_token=shown.feed if shown else None, max_tokens=params.max_tokens,
-                                logprobs=True, stop=params.stop)
-        if shown:
-            shown.flush()
-    else:
-        completion = llm.chat(messages, max_tokens=params.max_tokens, logprobs=True, stop=params.stop)
+    completion = complete(with_system(prompt, system_message(params, ctx)), params, ctx, llm)
     return answer_from(query, completion, context, params.refusal,
                        min_overlap=params.min_overlap if params.attribute else None)
+
+
+def complete(messages: str | list[dict[str, str]], params: Params, ctx: StepContext, llm: LLMClient) -> Completion:
+    """The answer call, with token logprobs: streamed to the caller when asked (the prompt's tags
+    filtered out), else in one piece."""
+    if not params.stream:
+        return llm.chat(messages, max_tokens=params.max_tokens, logprobs=True, stop=params.stop)
+    shown = MarkupFilter(ctx.on_token) if ctx.on_token else None  # the prompt's tags never reach a client
+    completion = llm.stream(messages, on_token=shown.feed if shown else None, max_tokens=params.max_tokens,
+                            logprobs=True, stop=params.stop)
+    if shown:
+        shown.flush()
+    return completion
 
 
 def answer_from(query: Query, completion: Completion, context: Context, refusal_text: str,

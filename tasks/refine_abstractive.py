@@ -8,9 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.llm import LLMClient
+from ragline.flows.resources.llm import Completion, LLMClient
 from ragline.flows.resources.llm_output import clip, sentences, strip_markup
 from ragline.flows.spec.registry import stage
+from ragline.tasks.refine_notes import ask_each_passage
 
 IRRELEVANT = "IRRELEVANT"
 WORDS_PER_TOKEN = 0.75  # what the prompt asks for, so most summaries end before the token cap cuts them
@@ -34,12 +35,9 @@ def refine_abstractive(query: Query, passages: list[Passage], params: Params, ct
     question = clip(query.text, 1000)
     words = max(8, int(params.max_tokens * WORDS_PER_TOKEN))
 
-    def compress(passage: Passage) -> Passage | None:
-        shown = passage.model_copy(update={"text": clip(passage.text, params.max_passage_chars)})
-        try:
-            reply = llm.chat(ctx.prompt(question=question, passage=shown, n=words), max_tokens=params.max_tokens)
-        except RuntimeError as exc:  # the endpoint failed for this passage: the rest still get compressed
-            return _kept(passage, f"the LLM failed: {exc}")
+    def compress(passage: Passage, reply: Completion | RuntimeError) -> Passage | None:
+        if isinstance(reply, RuntimeError):  # the endpoint failed for this passage: the rest still get compressed
+            return _kept(passage, f"the LLM failed: {reply}")
         summary = strip_markup(reply.text)
         if _IRRELEVANT_REPLY.match(summary):
             return None if params.drop_irrelevant else _kept(passage, "the LLM called it irrelevant")
@@ -56,7 +54,10 @@ def refine_abstractive(query: Query, passages: list[Passage], params: Params, ct
         ctx.logger.warning("passage %s (%s) kept uncompressed: %s", passage.chunk_id, passage.source_id, reason)
         return passage
 
-    refined = llm.map(compress, passages)
+    replies = ask_each_passage(llm, passages, lambda shown: ctx.prompt(question=question, passage=shown, n=words),
+                               max_chars=params.max_passage_chars, max_tokens=params.max_tokens,
+                               tolerate_failures=True)
+    refined = [compress(passage, reply) for passage, reply in zip(passages, replies)]
     dropped = sum(r is None for r in refined)
     if dropped:
         ctx.logger.info("dropped %d passages the LLM called irrelevant", dropped)

@@ -1,0 +1,83 @@
+"""Map-reduce generation ("one document at a time, then combine"): the LLM first notes what each
+inserted document says about the question, one call per document, then answers from the notes.
+
+For questions whose answer is spread over more documents than one prompt reads well: each map call
+sees one document, and the reduce call sees only the notes, each under its document's own number,
+so a citation [n] names the inserted document it came from and ``verify`` checks it as usual.
+"""
+from __future__ import annotations
+
+import re
+
+from pydantic import Field
+
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Answer, Context, ContextDocument, Query
+from ragline.flows.resources.llm import LLMClient
+from ragline.flows.resources.llm_output import clip, strip_markup
+from ragline.flows.spec.registry import stage
+from ragline.tasks.generate import Params as GenerateParams
+from ragline.tasks.generate import answer_from, complete, refusal, system_message, system_templates, with_system
+from ragline.tasks.refine_notes import ask_each_passage
+
+_NOTHING_REPLY = re.compile(r"^\W*nothing relevant\b", re.IGNORECASE)  # what map_passage asks for
+MAP_VARIABLES = ("question", "passage")
+
+
+class Params(GenerateParams):
+    max_passages: int = Field(20, ge=1, le=100, description="documents read one by one (the first, in prompt "
+                                                            "order); the rest are left out and logged")
+    map_prompt: str = Field("map_passage", min_length=1, description="the template of each per-document call")
+    map_tokens: int = Field(96, ge=8, le=1024, description="token budget of each document's note")
+    max_passage_chars: int = Field(4000, ge=100, description="document text shown to each map call")
+
+
+def _prompts(params: Params) -> dict[str, tuple[str, ...]]:
+    return {params.map_prompt: MAP_VARIABLES, **system_templates(params)}
+
+
+@stage("generate_map_reduce", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
+       prompt="reduce_notes", prompt_variables=("question", "instruction", "documents", "refusal"),
+       other_prompts=_prompts)
+def generate_map_reduce(query: Query, context: Context, params: Params, ctx: StepContext,
+                        llm: LLMClient) -> Answer:
+    """Map: a note per document on what it says about the question ("nothing relevant" drops it);
+    reduce: one cited answer from the notes, resolved against the documents the notes came from."""
+    if not context.documents:
+        return refusal(query, params.refusal, context.withheld or "no relevant documents were found")
+    read = context.documents[: params.max_passages]
+    if len(read) < len(context.documents):
+        ctx.logger.info("map-reduce reads the first %d of %d documents (max_passages)", len(read),
+                        len(context.documents))
+    notes = _map(query, read, params, ctx, llm)
+    if not notes:
+        return refusal(query, params.refusal, "no document says anything about the question")
+    prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
+                        documents=notes, refusal=params.refusal)
+    completion = complete(with_system(prompt, system_message(params, ctx)), params, ctx, llm)
+    noted = {d.number for d in notes}  # a number the reduce call never saw is no valid citation
+    sources = Context(documents=[d for d in read if d.number in noted], tokens=context.tokens,
+                      dropped=context.dropped)
+    return answer_from(query, completion, sources, params.refusal,
+                       min_overlap=params.min_overlap if params.attribute else None)
+
+
+def _map(query: Query, documents: list[ContextDocument], params: Params, ctx: StepContext,
+         llm: LLMClient) -> list[ContextDocument]:
+    """Each document's note, as a document under the same number; irrelevant and failed ones left out."""
+    question = clip(query.text, params.max_request_chars)
+    replies = ask_each_passage(llm, [d.passage for d in documents],
+                               lambda shown: ctx.prompt_for(params.map_prompt, question=question, passage=shown),
+                               max_chars=params.max_passage_chars, max_tokens=params.map_tokens,
+                               tolerate_failures=True)
+    notes = []
+    for document, reply in zip(documents, replies):
+        if isinstance(reply, RuntimeError):
+            ctx.logger.warning("document %d (%s) left out: its map call failed: %s", document.number,
+                               document.passage.source_id, reply)
+            continue
+        note = strip_markup(reply.text).strip()
+        if not note or _NOTHING_REPLY.match(note):
+            continue
+        notes.append(document.model_copy(update={"passage": document.passage.model_copy(update={"text": note})}))
+    return notes
