@@ -1,8 +1,17 @@
-"""FLARE-style active retrieval: generate a sentence at a time; when a token's probability falls
-below the threshold, retrieve with that sentence (uncertain tokens masked) and write it again."""
+"""FLARE-style active retrieval (Jiang et al., 2023), in its two forms.
+
+``mode: direct`` (FLARE-Direct): generate a sentence at a time; when a token's probability falls
+below the threshold, retrieve with that sentence (uncertain tokens masked) and write it again.
+``mode: instruct`` (FLARE-Instruct): the model is told to write ``[Search(query)]`` where it needs
+information (``prompts/flare_instruct.j2``); the stage retrieves with that query, keeps the text
+before the token and lets the model go on with the new documents. Both retrieve the same way (the
+pipeline's embedder and store, within the query's filters and access) and at most
+``max_retrievals`` times; a token past that bound, or one that cannot be read, is dropped from the
+text and generation simply goes on."""
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
@@ -18,13 +27,20 @@ from ragline.tasks.generate import REFUSAL, SystemPrompt, answer_from, refusal, 
 from ragline.tasks.retrieve_dense import combined_filter
 
 _SENTENCE = re.compile(r"^(.+?[.!?])(\s|$)", re.S)
+_SEARCH = re.compile(r"\[\s*Search\s*\(([^()\[\]]*)\)\s*\]", re.I)  # [Search(query)]
+# a token cut short or malformed ("[Search(q", "[Search q]"): dropped up to its line's next bracket
+_SEARCH_LEFTOVER = re.compile(r"\[\s*Search\b[^()\[\]\n]*\(?[^()\[\]\n]*[)\]]*", re.I)
+INSTRUCT_PROMPT = "flare_instruct"
 
 
 class Params(SystemPrompt):
     model_config = ConfigDict(extra="forbid")
 
+    mode: Literal["direct", "instruct"] = Field("direct", description="direct: retrieve when a sentence's tokens "
+                                                                      "are uncertain; instruct: when the model "
+                                                                      "writes [Search(query)]")
     threshold: float = Field(0.4, gt=0, lt=1, description="retrieve when a token's probability is below this")
-    max_sentences: int = Field(6, ge=1, le=50)
+    max_sentences: int = Field(6, ge=1, le=50, description="look-aheads generated (instruct: continuations)")
     max_retrievals: int = Field(3, ge=0, le=20)
     k: int = Field(3, ge=1, le=50, description="passages per active retrieval")
     max_documents: int = Field(12, ge=1, le=100, description="cap on references in the prompt")
@@ -32,12 +48,16 @@ class Params(SystemPrompt):
     refusal: str = Field(REFUSAL)
 
 
-@stage("generate_flare", params=Params, produces="answer", kind="query", prompt="flare_continue",
+@stage("generate_flare", params=Params, produces="answer", kind="query",
+       prompt=lambda p: INSTRUCT_PROMPT if p is not None and p.mode == "instruct" else "flare_continue",
        prompt_variables=("question", "instruction", "documents", "refusal", "draft"), other_prompts=system_templates,
        uses={"llm": ("openai_compatible",), "store": ("chroma",), "embedder": ("sentence_transformer",)})
 def generate_flare(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
                    store: ChromaStore, embedder: Embedder) -> Answer:
-    """Active retrieval (Jiang et al., 2023): uncertain sentences trigger retrieval before they are kept."""
+    """Active retrieval (Jiang et al., 2023): uncertain sentences, or the model's own search requests,
+    trigger retrieval before the answer goes on."""
+    if params.mode == "instruct":
+        return _instruct(query, context, params, ctx, llm, store, embedder)
     documents = list(context.documents)
     draft, retrievals, tokens = "", 0, []
     system = system_message(params, ctx)
@@ -61,6 +81,43 @@ def generate_flare(query: Query, context: Context, params: Params, ctx: StepCont
     final = Context(documents=documents, tokens=context.tokens, dropped=context.dropped)
     answer = answer_from(query, Completion(text=draft, tokens=tokens), final, params.refusal)
     return answer.model_copy(update={"retrievals": retrievals})
+
+
+def _instruct(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
+              store: ChromaStore, embedder: Embedder) -> Answer:
+    """FLARE-Instruct: the text up to a [Search(query)] token is kept, the query retrieved, and the
+    model continues from the kept text with the new documents in its prompt."""
+    documents = list(context.documents)
+    draft, retrievals, tokens = "", 0, []
+    system = system_message(params, ctx)
+    for _ in range(params.max_sentences):
+        step = _look_ahead(query, documents, draft, params, ctx, llm, system)
+        search = _SEARCH.search(step.text)
+        wanted = search.group(1).strip() if search else ""
+        if search and wanted and retrievals < params.max_retrievals:
+            draft = _joined(draft, _without_tokens(step.text[: search.start()]))
+            _retrieve(query, wanted, documents, params, store, embedder)
+            retrievals += 1
+            ctx.logger.info("the model searched for %r (retrieval %d)", wanted, retrievals)
+            continue
+        draft = _joined(draft, _without_tokens(step.text))
+        tokens.extend(step.tokens)
+        if step.finish_reason != "length":
+            break
+    if not draft:
+        return refusal(query, params.refusal, "no answer was generated")
+    final = Context(documents=documents, tokens=context.tokens, dropped=context.dropped)
+    answer = answer_from(query, Completion(text=draft, tokens=tokens), final, params.refusal)
+    return answer.model_copy(update={"retrievals": retrievals})
+
+
+def _without_tokens(text: str) -> str:
+    """Generated text without search tokens: those past the bound, empty or malformed ones."""
+    return " ".join(_SEARCH_LEFTOVER.sub(" ", _SEARCH.sub(" ", text)).split())
+
+
+def _joined(draft: str, more: str) -> str:
+    return f"{draft} {more}".strip()
 
 
 def _look_ahead(query, documents, draft, params, ctx, llm, system) -> Completion:
