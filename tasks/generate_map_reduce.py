@@ -70,6 +70,9 @@ def _map(query: Query, documents: list[ContextDocument], params: Params, ctx: St
                                lambda shown: ctx.prompt_for(params.map_prompt, question=question, passage=shown),
                                max_chars=params.max_passage_chars, max_tokens=params.map_tokens,
                                tolerate_failures=True)
+    failed = [r for r in replies if isinstance(r, RuntimeError)]
+    if failed and len(failed) == len(replies):  # the endpoint is down, not the documents irrelevant
+        raise failed[0]
     notes = []
     for document, reply in zip(documents, replies):
         if isinstance(reply, RuntimeError):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 
 import pytest
 from pydantic import ValidationError
 
+from ragline.flows.spec.compile import validate_file
 from ragline.tasks.generate_map_reduce import Params
-from tests.helpers.llm_stages import chat_prompts, project_for, run
-
+from tests.helpers.llm_stages import REPO_PROMPTS, chat_prompts, project_for, run
 from tests.scripted_llm import ScriptedLLM
 
 PARIS = "Paris is the capital of France and its largest city, on the Seine."
@@ -98,11 +99,6 @@ def test_params_are_checked():
 
 
 def test_a_map_template_that_is_missing_or_reads_unknown_variables_is_located(make_project):
-    import shutil
-
-    from ragline.flows.spec.compile import validate_file
-    from tests.helpers.llm_stages import REPO_PROMPTS
-
     text = """
 resources:
   llm: {type: openai_compatible, base_url: "http://127.0.0.1:9/v1"}
@@ -122,3 +118,8 @@ pipelines:
     (path.parent / "prompts" / "my_map.j2").unlink()
     [error] = validate_file(path)
     assert error.step == "answer" and "my_map" in error.message
+
+
+def test_when_every_map_call_fails_the_step_fails_rather_than_refusing(make_project):
+    with ScriptedLLM(status=500) as llm, pytest.raises(RuntimeError, match="500|scripted failure"):
+        run(project_for(make_project, llm.base_url, steps(), [PARIS, LOUVRE]))
