@@ -1,6 +1,7 @@
 """Retrieval-side techniques on BEIR SciFact test, each alone against the default hybrid `search`:
 pseudo-relevance feedback (RM3, `expand_prf`) for BM25, as a second dense query and in the hybrid,
-and context expansion (`expand_context`, small-to-big).
+query expansion with related terms from the corpus's co-occurrences (`expand_terms` mode corpus)
+for BM25 and in the hybrid, and context expansion (`expand_context`, small-to-big).
 
 Usage: .venv/bin/python bench/techniques.py [--no-readme] [--table-only] [--index-only] [--limit N]
 
@@ -9,7 +10,7 @@ the corpus is indexed once in that folder's evaluation workspace (what `ragline 
 configuration searches the same index. Context expansion cannot move document-level nDCG or recall
 (it changes the text of hits, not their order): its row reports how much of each relevant abstract
 the top-10 passages hold, before and after, and the time it adds. Query2doc (`rewrite` mode hyde with
-`keyword: true`) needs an LLM writing pseudo-documents and is not measured here.
+`keyword: true`) and `expand_terms` mode llm need an LLM writing for every query and are not measured here.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from ragline.flows.run.progress import IngestProgress
 from ragline.flows.spec.compile import load_project
 
 WORK = OUT / "techniques"
+TERMS = "{id: terms, task: expand_terms, with: {mode: corpus, docs: 10, terms: NT, weight: W}}"
+TERM_SETTINGS = {"": (5, 0.3), "_10": (10, 0.2), "_w05": (5, 0.5)}  # pipeline suffix -> terms, weight
 PRF = "{id: prf, task: expand_prf, with: {docs: 10, terms: 10, query_weight: QW, dense: DENSE}}"
 CONFIGS = """
   t_bm25_rm3:
@@ -66,6 +69,19 @@ CONFIGS = """
       - {id: dense,  task: retrieve_dense,  with: {k: 100}}
       - {id: sparse, task: retrieve_sparse, with: {k: 100}, after: [prf]}
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 100}}
+  t_bm25_terms:
+    kind: query
+    steps:
+      - TERMS
+      - {id: sparse, task: retrieve_sparse, with: {k: 100}}
+      - {id: fuse,   task: fuse, with: {top_k: 100}}
+  t_hybrid_terms:
+    kind: query
+    steps:
+      - TERMS
+      - {id: dense,  task: retrieve_dense,  with: {k: 100}, after: []}
+      - {id: sparse, task: retrieve_sparse, with: {k: 100}, after: [terms]}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {method: rrf, k: 60, top_k: 100}}
   t_context:
     kind: query
     steps:
@@ -83,6 +99,10 @@ ROWS = [  # pipeline, label, technique
     ("t_dense_prf", "dense + PRF second dense query", "PRF"),
     ("t_hybrid_rm3", "hybrid, BM25 side RM3 (PRF from the fused top 10)", "PRF"),
     ("t_hybrid_prf", "hybrid, RM3 BM25 + PRF dense query", "PRF"),
+    ("t_bm25_terms", "BM25 + related terms (LCA co-occurrence: 10 docs, 5 terms, weight 0.3)", "expansion"),
+    ("t_bm25_terms_10", "BM25 + related terms (10 terms, weight 0.2)", "expansion"),
+    ("t_bm25_terms_w05", "BM25 + related terms (5 terms, weight 0.5)", "expansion"),
+    ("t_hybrid_terms", "hybrid, BM25 side + related terms (5 terms, weight 0.3)", "expansion"),
     ("t_context", "hybrid + context expansion (±1 chunk, 512 tokens)", "small-to-big"),
 ]
 
@@ -92,6 +112,11 @@ def pipelines_text() -> str:
         .replace("PRF_DENSE", PRF.replace("QW", "0.5").replace("DENSE", "true"))
     variant = configs.split("  t_dense_prf:")[0].replace("t_bm25_rm3:", "t_bm25_rm3_07:").replace(
         "query_weight: 0.5", "query_weight: 0.7")
+    terms = configs[configs.index("  t_bm25_terms:"):configs.index("  t_hybrid_terms:")]
+    variant += "".join(terms.replace("t_bm25_terms:", f"t_bm25_terms{suffix}:").replace(
+        "TERMS", TERMS.replace("NT", str(n)).replace("W", str(w))) for suffix, (n, w) in TERM_SETTINGS.items()
+        if suffix)
+    configs = configs.replace("TERMS", TERMS.replace("NT", "5").replace("W", "0.3"))
     shipped = (REPO / "pipelines.yaml").read_text()
     return shipped.replace("\npipelines:\n", "\npipelines:\n" + configs + variant, 1)
 
