@@ -31,7 +31,7 @@ from ragline.flows.spec.compile import load_project
 
 WORK = OUT / "techniques"
 TERMS = "{id: terms, task: expand_terms, with: {mode: corpus, docs: 10, terms: NT, weight: W}}"
-TERM_SETTINGS = {"": (5, 0.3), "_10": (10, 0.2), "_w05": (5, 0.5)}  # pipeline suffix -> terms, weight
+TERM_SETTINGS = {"": (20, 0.2), "_5": (5, 0.3), "_w05": (5, 0.5)}  # pipeline suffix -> terms, weight (first: default)
 PRF = "{id: prf, task: expand_prf, with: {docs: 10, terms: 10, query_weight: QW, dense: DENSE}}"
 CONFIGS = """
   t_bm25_rm3:
@@ -99,10 +99,10 @@ ROWS = [  # pipeline, label, technique
     ("t_dense_prf", "dense + PRF second dense query", "PRF"),
     ("t_hybrid_rm3", "hybrid, BM25 side RM3 (PRF from the fused top 10)", "PRF"),
     ("t_hybrid_prf", "hybrid, RM3 BM25 + PRF dense query", "PRF"),
-    ("t_bm25_terms", "BM25 + related terms (LCA co-occurrence: 10 docs, 5 terms, weight 0.3)", "expansion"),
-    ("t_bm25_terms_10", "BM25 + related terms (10 terms, weight 0.2)", "expansion"),
+    ("t_bm25_terms", "BM25 + related terms (LCA co-occurrence: 10 docs, 20 terms, weight 0.2)", "expansion"),
+    ("t_bm25_terms_5", "BM25 + related terms (5 terms, weight 0.3)", "expansion"),
     ("t_bm25_terms_w05", "BM25 + related terms (5 terms, weight 0.5)", "expansion"),
-    ("t_hybrid_terms", "hybrid, BM25 side + related terms (5 terms, weight 0.3)", "expansion"),
+    ("t_hybrid_terms", "hybrid, BM25 side + related terms (20 terms, weight 0.2)", "expansion"),
     ("t_context", "hybrid + context expansion (±1 chunk, 512 tokens)", "small-to-big"),
 ]
 
@@ -116,7 +116,7 @@ def pipelines_text() -> str:
     variant += "".join(terms.replace("t_bm25_terms:", f"t_bm25_terms{suffix}:").replace(
         "TERMS", TERMS.replace("NT", str(n)).replace("W", str(w))) for suffix, (n, w) in TERM_SETTINGS.items()
         if suffix)
-    configs = configs.replace("TERMS", TERMS.replace("NT", "5").replace("W", "0.3"))
+    configs = configs.replace("TERMS", TERMS.replace("NT", "20").replace("W", "0.2"))
     shipped = (REPO / "pipelines.yaml").read_text()
     return shipped.replace("\npipelines:\n", "\npipelines:\n" + configs + variant, 1)
 

@@ -96,7 +96,7 @@ def test_the_expansion_finds_passages_without_any_query_term(scifact):
 
 def test_dense_gives_a_second_dense_query_in_written_words(scifact):
     sparse, _ = scifact
-    expanded = expand(sparse, CLAIM, dense=True)
+    expanded = expand(sparse, CLAIM, terms=5, dense=True)
     assert expanded.dense_texts() == [CLAIM, expanded.feedback.text] and expanded.search_texts() == [CLAIM]
     assert expanded.feedback.text.startswith(CLAIM + " ") and len(expanded.feedback.text.split()) == 8 + 5
 
