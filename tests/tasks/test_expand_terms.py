@@ -81,7 +81,7 @@ def test_co_occurrence_with_every_query_term_beats_frequency_in_the_top_passages
     related = expand(sparse, CLAIM, terms=10).feedback.terms
     top = sparse.terms([p.text for p in bm25(Query(text=CLAIM), sparse, state)])
     frequent = [t for t, _ in Counter(t for terms in top for t in terms).most_common(10)]
-    frequencies, total = sparse.document_frequencies(set(related) | set(frequent))
+    frequencies, _ = sparse.document_frequencies(set(related) | set(frequent))
     assert sum(frequencies[t] for t in related) < sum(frequencies[t] for t in frequent)
 
 
