@@ -23,7 +23,8 @@ from ragline.flows import telemetry
 from ragline.flows.files import write_atomic
 from ragline.flows.spec.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Query, StepResult
+from ragline.flows.contracts import Query, Ranking, StepResult
+from ragline.flows.spec.collections import COLLECTION_KEY
 from ragline.flows.errors import RaglineError
 
 
@@ -220,6 +221,30 @@ def _join(values: list[Any]) -> Any:
 def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any], ctx: StepContext,
            params: Any = None, hook: Callable[..., Any] | None = None) -> Any:
     """Call a stage (or one of its hooks) with its inputs, params, resources and context."""
+    if step.collections and hook is None:
+        return _per_collection(pipeline, step, inputs, ctx, params)
+    return _call(pipeline, step, step.resources, inputs, ctx, params, hook)
+
+
+def _per_collection(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any], ctx: StepContext,
+                    params: Any) -> list[Ranking]:
+    """A retriever over named collections: run once per collection the query selects (all when it
+    names none), over that collection's resources; every passage says which collection it came
+    from, and fuse ranks them all together."""
+    wanted = getattr(inputs.get("query"), "collections", None)
+    rankings: list[Ranking] = []
+    for name, resources in step.collections.items():
+        if wanted is not None and name not in wanted:
+            continue
+        for ranking in _call(pipeline, step, resources, inputs, ctx, params, None):
+            passages = [p.model_copy(update={"metadata": {**p.metadata, COLLECTION_KEY: name}})
+                        for p in ranking.passages]
+            rankings.append(ranking.model_copy(update={"passages": passages}))
+    return rankings
+
+
+def _call(pipeline: CompiledPipeline, step: CompiledStep, resources: dict[str, str], inputs: dict[str, Any],
+          ctx: StepContext, params: Any, hook: Callable[..., Any] | None) -> Any:
     import inspect
 
     fn = hook or step.stage.fn
@@ -229,7 +254,7 @@ def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any
         kwargs["params"] = params or step.params
     if "ctx" in accepted:
         kwargs["ctx"] = ctx
-    for role, name in step.resources.items():
+    for role, name in resources.items():
         if role in accepted:
             kwargs[role] = pipeline.project.resource(name)
     started = time.perf_counter()
