@@ -81,8 +81,9 @@ def principal_of(request: Any) -> Principal:
     return principal
 
 
-def collections_of(pipeline: Any) -> frozenset[str]:
-    """The Chroma collections a compiled pipeline reads (query) or writes (ingestion)."""
+def collections_of(pipeline: Any, fanned_out: bool = True) -> frozenset[str]:
+    """The Chroma collections a compiled pipeline reads (query) or writes (ingestion); without
+    ``fanned_out``, only those of its steps that do not search named collections (e.g. FLARE's store)."""
     project = pipeline.project
     specs = project.spec.resources
     tied: dict[str, set[str]] = {}  # a BM25 / index-state resource -> the store of its index
@@ -91,7 +92,7 @@ def collections_of(pipeline: Any) -> frozenset[str]:
             if member:
                 tied.setdefault(member, set()).add(index.store)
     found = set()
-    for step in pipeline.steps:
+    for step in pipeline.steps if fanned_out else [s for s in pipeline.steps if not s.collections]:
         for name in {n for bound in (step.collections.values() or [step.resources]) for n in bound.values()}:
             for resource in {name, *tied.get(name, ())}:
                 spec = specs.get(resource)
@@ -122,6 +123,10 @@ def query_collections(request: Any, pipeline: Any, requested: list[str] | None) 
                                 f"(pipelines.yaml declares none)", param="collections")
         return require(request, "query", pipeline), None
     principal = principal_of(request)
+    missing = principal.missing("query", collections_of(pipeline, fanned_out=False))
+    if missing:  # a step that reads one index whatever the request names (FLARE's store, say)
+        raise ApiError(403, f"forbidden: this credential lacks {missing} (pipeline '{pipeline.name}')",
+                       "permission_error", code="forbidden")
     if requested is not None:
         unknown = [name for name in requested if name not in known]
         if unknown:
@@ -142,7 +147,8 @@ def query_collections(request: Any, pipeline: Any, requested: list[str] | None) 
 def may_query(principal: Principal, pipeline: Any) -> bool:
     """Whether a principal may query ``pipeline`` at all: one of its named collections, or all it reads."""
     if pipeline.collections:
-        return any(principal.may("query", [name]) for name in pipeline.collections)
+        return any(principal.may("query", [name]) for name in pipeline.collections) and \
+            principal.may("query", collections_of(pipeline, fanned_out=False))
     return principal.may("query", collections_of(pipeline))
 
 
