@@ -6,7 +6,7 @@ pipeline (dense + BM25, RRF) over the single index, over all three collections a
 fourth collection is added to the file and part_a's ingestion runs again: every document is
 unchanged (its fingerprint did not move), nothing is embedded.
 
-Usage: .venv/bin/python bench/collections_fanout.py [--docs 300] [--queries 100]
+Usage: .venv/bin/python bench/collections_fanout.py [--docs 300] [--queries 100] [--workdir DIR]
 """
 from __future__ import annotations
 
@@ -84,10 +84,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=300)
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--workdir", type=Path, help="keep the indexes here (a second run indexes nothing new)")
     args = parser.parse_args()
     texts = questions(args.queries)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = args.workdir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         split_corpus(folder, args.docs)
         single = folder / "single.yaml"
         single.write_text(RESOURCES.replace("idx/", "single/") + PIPELINES)
