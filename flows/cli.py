@@ -428,6 +428,8 @@ def _validate(args) -> int:
         return EX_USAGE  # bad configuration (README's exit codes; errors.ConfigError's)
     project = load_project(path)
     print(printable(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})"))
+    if project.collections:
+        print(printable(f"collections: {', '.join(f'{c.name} ({c.pipeline})' for c in project.collections.values())}"))
     if project.overlay is not None:
         print("\n".join(printable(line) for line in project.overlay.describe()))
     return 0

@@ -45,6 +45,8 @@ def test_index_every_collection_then_search_one(tmp_path, capsys):
     project = tmp_path / "pipelines.yaml"
     project.write_text(PIPELINES)
     try:
+        assert main(["validate", str(project)]) == 0
+        assert "collections: handbook (index@handbook), papers (index@papers)" in capsys.readouterr().out
         assert main(["index", "-f", str(project), "--no-prefect"]) == 0
         out = capsys.readouterr().out
         assert "index@handbook: " in out and "index@papers: " in out
