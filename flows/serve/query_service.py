@@ -524,6 +524,8 @@ class _LogContext:
                                  "principal": self.principal, "restricted": self.query.get("access") is not None,
                                  "trace_id": self.trace_id, "history_turns": len(self.query.get("history") or []),
                                  "filtered": bool(self.query.get("filters"))}
+        if self.query.get("collections") is not None:  # which named collections it searched (audit)
+            entry["collections"] = list(self.query["collections"])
         if text:
             entry["question"] = self.question
         if error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -92,8 +93,10 @@ def keys(project) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def served(project, keys):
-    with running(api_app(project)) as url:
-        yield url
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAGLINE_QUERY_LOG", "1")
+        with running(api_app(project)) as url:
+            yield url
 
 
 def query(served: str, key: str, **body) -> httpx.Response:
@@ -121,12 +124,25 @@ def test_by_default_a_query_searches_every_collection(served, keys):
     assert collections_in(reply) == {"handbook": {"handbook"}, "papers": {"papers"}}
 
 
-def test_a_key_scoped_to_one_collection_searches_only_it_and_is_refused_the_other(served, keys):
-    assert collections_in(query(served, keys["handbook"])) == {"handbook": {"handbook"}}
+def test_a_key_scoped_to_one_collection_searches_only_it_and_is_refused_the_other(served, keys, project):
+    reply = query(served, keys["handbook"])
+    assert collections_in(reply) == {"handbook": {"handbook"}}
+    assert logged(project, reply.json()["answer_id"])["collections"] == ["handbook"]  # the audit says which
     refused = query(served, keys["handbook"], collections=["papers"])
     assert refused.status_code == 403 and "'papers'" in refused.json()["error"]["message"]
     models = httpx.get(f"{served}/v1/models", headers={"Authorization": f"Bearer {keys['handbook']}"}).json()
     assert {m["id"] for m in models["data"]} == {"search", "ask"}  # it may query one of their collections
+
+
+def logged(project: Path, answer_id: str) -> dict:
+    log = project.parent / ".ragline" / "query-log" / "queries.jsonl"
+    for _ in range(200):  # written off the response path
+        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        mine = [e for e in entries if e["answer_id"] == answer_id]
+        if mine:
+            return mine[0]
+        time.sleep(0.05)
+    raise AssertionError(f"answer {answer_id} is not in the query log")
 
 
 def test_an_unknown_collection_is_a_bad_request_naming_the_field(served, keys):
