@@ -119,10 +119,10 @@ def _resources(checker: Any, loc: tuple, name: str, collection: CollectionSpec, 
     for resource in base:
         changes = collection.resources.get(resource, {})
         where = loc + ("resources", resource)
-        for fixed in ("type", "collection"):
+        for fixed, why in (("type", f"its template's, {declared[resource].type}"),
+                           ("collection", f"the collection's name, '{name}'")):
             if fixed in changes:
-                checker.error(where + (fixed,), f"a collection's {resource} keeps its template's {fixed} "
-                                                f"({'the collection name is the Chroma collection' if fixed == 'collection' else declared[resource].type})")
+                checker.error(where + (fixed,), f"a collection's {resource} keeps its {fixed}: {why}")
                 ok = False
         fields = {**_derived_fields(declared[resource].model_dump(), name), **changes}
         try:
@@ -133,12 +133,11 @@ def _resources(checker: Any, loc: tuple, name: str, collection: CollectionSpec, 
             ok = False
             continue
         own = f"{resource}@{name}"
-        if own in declared and own not in project.spec._derived_resources:
+        if own in declared:
             checker.error(loc, f"resource '{own}' is defined in the file; collection '{name}' derives its own")
             ok = False
             continue
         declared[own] = derived
-        project.spec._derived_resources.add(own)
         renamed[resource] = own
     return renamed if ok else None
 

@@ -269,7 +269,6 @@ class PipelinesFile(BaseModel):
         default_factory=dict, description="named collections, each its own index written by the ingestion "
                                           "template compiled as '<template>@<name>'")
     _invalid_resources: set[str] = PrivateAttr(default_factory=set)  # defined, but with errors
-    _derived_resources: set[str] = PrivateAttr(default_factory=set)  # a collection's copies (spec.collections)
 
 
 # ----------------------------------------------------------------------------- YAML with lines

@@ -159,7 +159,7 @@ def test_every_collection_mistake_is_located_at_its_own_line_and_field(tmp_path)
     assert "'search' is not an ingestion pipeline" in found[(line_of("template: search"),
                                                              "collections.bad-template.template")]
     assert "did you mean 'sparse'" in found[(line_of("spares:"), "collections.bad-resource.resources.spares")]
-    assert "keeps its template's collection" in found[(line_of("store: {collection"),
+    assert "keeps its collection: the collection's name, 'bad-resource'" in found[(line_of("store: {collection"),
                                                        "collections.bad-resource.resources.store.collection")]
     assert "greater than 0" in found[(line_of("sparse: {k1: -3}"), "collections.bad-resource.resources.sparse.k1")]
     assert "no step 'chunck' (did you mean 'chunk'?)" in found[(line_of("chunck:"),
