@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ragline.flows.errors import EX_USAGE, DependencyUnavailable, RaglineError
+from ragline.flows.errors import EX_USAGE, DependencyUnavailable, InputError, RaglineError
 from ragline.flows.terminal import configure_terminal, printable
 
 # Only what every command needs is imported here (issue 24.5): `--help` and `validate` never load
@@ -115,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     p = command("index", _index, "Run an ingestion pipeline (incremental).")
     p.add_argument("paths", nargs="*", help="folders, files or globs to index instead of the pipeline's own")
     p.add_argument("-p", "--pipeline", default="index")
+    p.add_argument("-c", "--collection", action="append", metavar="NAME",
+                   help="index this collection of pipelines.yaml (repeatable; default: every collection of the "
+                        "pipeline, when the file declares collections)")
     p.add_argument("--no-wait", action="store_true", help="fail at once if another run is writing this index")
     p.add_argument("--allow-skipped", action="store_true",
                    help=f"exit 0 even if some documents were skipped (default: exit {EXIT_SKIPPED})")
@@ -125,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--pipeline", default="search")
     p.add_argument("-k", "--top", type=int, default=5, help="passages to print")
     p.add_argument("--where", type=_json_value, help='metadata filter, e.g. \'{"format": "markdown"}\'')
+    _collection_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     _orchestration_flags(p, default=False)
 
@@ -134,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--history", type=_json_value, default=[],
                    help='earlier turns, e.g. \'[{"role": "user", "content": "..."}, {"role": "assistant", ...}]\'')
     p.add_argument("--where", type=_json_value, help="metadata filter")
+    _collection_flag(p)
     p.add_argument("--stream", action="store_true", help="print the answer as it is generated")
     p.add_argument("--json", action="store_true", help="print the whole answer object as JSON")
     _orchestration_flags(p, default=False)
@@ -423,6 +428,8 @@ def _validate(args) -> int:
         return EX_USAGE  # bad configuration (README's exit codes; errors.ConfigError's)
     project = load_project(path)
     print(printable(f"{path}: OK ({len(project.pipelines)} pipelines: {', '.join(project.pipelines)})"))
+    if project.collections:
+        print(printable(f"collections: {', '.join(f'{c.name} ({c.pipeline})' for c in project.collections.values())}"))
     if project.overlay is not None:
         print("\n".join(printable(line) for line in project.overlay.describe()))
     return 0
@@ -473,17 +480,48 @@ def _source_locations(pipeline) -> list[str]:
 
 
 def _index(args) -> int:
-    _, report = index_paths(args, args.paths, args.pipeline, args.orchestrate)
-    if report.incomplete:
-        return 1
-    return EXIT_SKIPPED if report.failed and not args.allow_skipped else 0
+    names = _ingestion_names(_project(args), args.pipeline, args.collection, args.paths)
+    code = 0
+    for name in names:
+        _, report = index_paths(args, args.paths, name, args.orchestrate)
+        if report.incomplete:
+            code = 1
+        elif report.failed and not args.allow_skipped and not code:
+            code = EXIT_SKIPPED
+    return code
+
+
+def _ingestion_names(project, pipeline: str, collections: list[str] | None, paths: list[str]) -> list[str]:
+    """The ingestion pipelines `ragline index` runs: ``pipeline``, or its collections' (``index@NAME``):
+    those named with --collection, by default all of them (folders given on the command line go to
+    one collection only)."""
+    own = {c.name: c.pipeline for c in project.collections.values() if c.template == pipeline}
+    if not collections:
+        if own and pipeline not in project.pipelines:
+            if paths and len(own) > 1:
+                raise InputError(f"folders given for '{pipeline}', which indexes {len(own)} collections "
+                                 f"({', '.join(own)}): name one with --collection", field="collection")
+            return list(own.values())
+        return [pipeline]
+    unknown = [name for name in collections if name not in own]
+    if unknown:
+        raise InputError(f"no collection {', '.join(repr(n) for n in unknown)} of pipeline '{pipeline}' in "
+                         f"{project.path}; its collections: {', '.join(own) or 'none'}", field="collection")
+    if paths and len(collections) > 1:
+        raise InputError("folders given for several collections: name one with --collection", field="collection")
+    return [own[name] for name in dict.fromkeys(collections)]
+
+
+def _collection_flag(p) -> None:
+    p.add_argument("-c", "--collection", action="append", metavar="NAME",
+                   help="search this collection of pipelines.yaml (repeatable; default: all of them)")
 
 
 def _search(args) -> int:
     from ragline.flows.run import engine
 
     pipeline = _query_pipeline(_project(args), args.pipeline)
-    query: dict[str, Any] = {"text": args.question, "filters": args.where}
+    query: dict[str, Any] = {"text": args.question, "filters": args.where, "collections": args.collection}
     passages = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate)
     _print_passages([_plain(p) for p in passages[: args.top]], args.json)
     return 0
@@ -502,7 +540,7 @@ def _ask(args) -> int:
     if args.stream:
         pipeline = pipeline.with_overrides({s.id: {"stream": True} for s in pipeline.steps
                                             if "stream" in s.stage.params.model_fields})
-    query = {"text": args.question, "history": args.history, "filters": args.where}
+    query = {"text": args.question, "history": args.history, "filters": args.where, "collections": args.collection}
     with _packaged_llms(pipeline.project, args.start_llm, [args.pipeline]):
         answer = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate,
                             on_token=show if args.stream and not args.json else None)
@@ -529,7 +567,9 @@ def _print_answer(answer: dict[str, Any], as_json: bool, streamed: bool) -> None
     if answer["refused"] and answer.get("reason"):
         print(printable(f"({answer['reason']})"))
     for source in [] if answer["refused"] else answer.get("sources", []):
-        print(printable(f"[{source['number']}] {source.get('title') or source['source_id']} — {source.get('path')}"))
+        where = f" ({source['collection']})" if source.get("collection") else ""
+        print(printable(f"[{source['number']}] {source.get('title') or source['source_id']} — {source.get('path')}"
+                        f"{where}"))
     if answer.get("invalid_citations"):
         print(f"warning: citations with no matching reference: {answer['invalid_citations']}", file=sys.stderr)
 
@@ -542,6 +582,8 @@ def _print_passages(passages: list[dict[str, Any]], as_json: bool) -> None:
         print("no passages found")
     for rank, p in enumerate(passages, start=1):
         source = (p.get("metadata") or {}).get("source", p["source_id"])
+        collection = (p.get("metadata") or {}).get("collection")
+        source += f" ({collection})" if collection else ""
         print(f"{rank}. [{p['score']:.4f}] {printable(p.get('title') or p['source_id'])}\n   {printable(source)}")
         snippet = " ".join(p["text"].split())
         print(f"   {printable(snippet[:300])}{'…' if len(snippet) > 300 else ''}\n")
@@ -571,6 +613,8 @@ def _served(args) -> int | None:
                         f"running in-process)"), file=sys.stderr)
         return None
     body: dict[str, Any] = {"question": args.question, "pipeline": args.pipeline, "filters": args.where}
+    if args.collection:
+        body["collections"] = args.collection
     if args.handler is _search:
         body["top_k"] = args.top
     else:

@@ -187,6 +187,8 @@ class Query(BaseModel):
     access: frozenset[str] | None = Field(None, description="set by the server, never by a client (flows/access.py): "
                                                             "the groups whose documents it may read besides public "
                                                             "ones; None: every document (an operator, the CLI)")
+    collections: list[str] | None = Field(None, description="the named collections to search (pipelines.yaml "
+                                                            "`collections`); None: all of them")
 
     @field_validator("text")
     @classmethod
@@ -384,6 +386,8 @@ class Source(BaseModel):
     page_start: int | None = Field(None, description="the page the cited passage starts on (paged formats: PDF, slides)")
     page_end: int | None = Field(None, description="the page it ends on")
     section: str = Field("", description="the passage's section path, 'Heading > Subheading'")
+    collection: str = Field("", description="the named collection it came from (pipelines.yaml `collections`); "
+                                            "empty when the file declares none")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -402,7 +406,8 @@ class Source(BaseModel):
         return cls(number=number, chunk_id=passage.chunk_id, source_id=passage.source_id, title=passage.title,
                    path=str(meta.get("source", passage.source_id)),
                    url=f"{url}#page={start}" if url and start is not None and "#" not in url else url,
-                   passage=passage.text, page_start=start, page_end=end, section=str(meta.get("section", "")))
+                   passage=passage.text, page_start=start, page_end=end, section=str(meta.get("section", "")),
+                   collection=str(meta.get("collection", "")))
 
 
 def page_label(start: int | None, end: int | None = None) -> str:

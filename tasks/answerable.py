@@ -74,7 +74,7 @@ def answerable(query: Query, context: Context, params: Params, ctx: StepContext,
                                       ("min_probability", llm, "openai_compatible")):
         if getattr(params, threshold) != "auto" and getattr(params, threshold) > 0 and resource is None:
             raise ValueError(f"{threshold} needs a {kind} resource in the file (or set it to 0)")
-    floor, origin = ((indexed_floor(ctx, embedder), ", the floor set at ingestion") if params.min_similarity == "auto"
+    floor, origin = ((indexed_floor(ctx, embedder, query), ", the floor set at ingestion") if params.min_similarity == "auto"
                      else (params.min_similarity, ""))
     if floor is not None and floor > 0:
         scores.similarity = max_cosine(embedder.encode_queries([query.text])[0],
@@ -194,19 +194,31 @@ def read_floor(state: IndexState) -> Floor | None:
         return None
 
 
-def indexed_floor(ctx: StepContext, embedder: Embedder | None) -> float | None:
+def indexed_floor(ctx: StepContext, embedder: Embedder | None, query: Query | None = None) -> float | None:
     """The floor ingestion recorded in the project's index state, if it was computed with this
-    gate's embedder (a project with several index states: none, which one is meant is unknown)."""
+    gate's embedder (a project with several index states: none, which one is meant is unknown).
+    Over named collections: the lowest floor of those the query searches (none unless each has one)."""
     project = getattr(ctx, "project", None)
     if project is None or embedder is None:
         return None
-    names = [n for n, spec in project.spec.resources.items() if spec.type == "index_state"]
-    if len(names) != 1:
+    floors = [read_floor(project.resource(name)) for name in _floor_states(project, query)]
+    if not floors or any(f is None or f.embedder != embedder.spec.vectors_key() for f in floors):
         return None
-    floor = read_floor(project.resource(names[0]))
-    if floor is None or floor.embedder != embedder.spec.vectors_key():
-        return None
-    return floor.min_similarity
+    values = [f.min_similarity for f in floors]
+    return None if None in values else min(values)
+
+
+def _floor_states(project: Any, query: Query | None) -> list[str]:
+    """The index states whose floors apply: the searched collections' (pipelines.yaml `collections`),
+    else the project's one state."""
+    resources = project.spec.resources
+    collections = getattr(project, "collections", None) or {}
+    if collections:
+        wanted = (query.collections if query is not None else None) or list(collections)
+        return [name for c in wanted if c in collections for name in collections[c].resources.values()
+                if resources[name].type == "index_state"]
+    names = [n for n, spec in resources.items() if spec.type == "index_state"]
+    return names if len(names) == 1 else []
 
 
 def inverse_cloze(state: IndexState, n: int, seed: int = 0) -> list[tuple[str, str]]:

@@ -32,8 +32,21 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
             raise InputError(f"pipeline '{pipeline.name}': invalid query ({problems})", field="question") from None
         except filters.FilterError as exc:
             raise InputError(f"pipeline '{pipeline.name}': invalid query (filters: {exc})", field="question") from None
+        _check_collections(pipeline, query.collections)
         inputs = dict(inputs, query=query)
     return inputs
+
+
+def _check_collections(pipeline: CompiledPipeline, wanted: list[str] | None) -> None:
+    """A query may name only collections its pipeline searches (pipelines.yaml `collections`)."""
+    if wanted is None:
+        return
+    known = pipeline.collections
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        searched = f"it searches {', '.join(known)}" if known else "the file declares no collections"
+        raise InputError(f"pipeline '{pipeline.name}': unknown collection{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(repr(n) for n in unknown) or '(none named)'}; {searched}", field="collections")
 
 
 def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, trace: list | None = None) -> Any:

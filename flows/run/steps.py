@@ -9,12 +9,14 @@ call and its inputs pickle.
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import re
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +25,8 @@ from ragline.flows import telemetry
 from ragline.flows.files import write_atomic
 from ragline.flows.spec.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Query, StepResult
+from ragline.flows.contracts import Query, Ranking, StepResult
+from ragline.flows.spec.collections import COLLECTION_KEY
 from ragline.flows.errors import RaglineError
 
 
@@ -220,6 +223,36 @@ def _join(values: list[Any]) -> Any:
 def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any], ctx: StepContext,
            params: Any = None, hook: Callable[..., Any] | None = None) -> Any:
     """Call a stage (or one of its hooks) with its inputs, params, resources and context."""
+    if step.collections and hook is None:
+        return _per_collection(pipeline, step, inputs, ctx, params)
+    return _call(pipeline, step, step.resources, inputs, ctx, params, hook)
+
+
+def _per_collection(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any], ctx: StepContext,
+                    params: Any) -> list[Ranking]:
+    """A retriever over named collections: run once per collection the query selects (all when it
+    names none), over that collection's resources; every passage says which collection it came
+    from, and fuse ranks them all together."""
+    wanted = getattr(inputs.get("query"), "collections", None)
+    selected = [(name, bound) for name, bound in step.collections.items() if wanted is None or name in wanted]
+
+    def search(name: str, resources: dict[str, str]) -> list[Ranking]:
+        rankings = _call(pipeline, step, resources, inputs, ctx, params, None)
+        return [r.model_copy(update={"passages": [p.model_copy(update={"metadata": {**p.metadata, COLLECTION_KEY: name}})
+                                                  for p in r.passages]}) for r in rankings]
+
+    before, started = ctx.seconds, time.perf_counter()
+    if len(selected) == 1:
+        found = [search(*selected[0])]
+    else:  # side by side: each waits on its own store; the embedder encodes one at a time anyway
+        with ThreadPoolExecutor(len(selected) or 1, thread_name_prefix=f"ragline-{step.id}") as pool:
+            found = list(pool.map(lambda chosen: contextvars.copy_context().run(search, *chosen), selected))
+    ctx.seconds = before + time.perf_counter() - started  # the step's wall time, not the sum of its threads'
+    return [ranking for rankings in found for ranking in rankings]
+
+
+def _call(pipeline: CompiledPipeline, step: CompiledStep, resources: dict[str, str], inputs: dict[str, Any],
+          ctx: StepContext, params: Any, hook: Callable[..., Any] | None) -> Any:
     import inspect
 
     fn = hook or step.stage.fn
@@ -229,7 +262,7 @@ def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any
         kwargs["params"] = params or step.params
     if "ctx" in accepted:
         kwargs["ctx"] = ctx
-    for role, name in step.resources.items():
+    for role, name in resources.items():
         if role in accepted:
             kwargs[role] = pipeline.project.resource(name)
     started = time.perf_counter()

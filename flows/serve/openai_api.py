@@ -31,7 +31,7 @@ from ragline.flows.contracts import Source
 from ragline.flows.serve.query_service import ANSWER_ID_HEADER, ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService
 from ragline.flows.serve.query_service import request_id, sse
 from ragline.flows.serve.query_service import access_for, estimate_tokens
-from ragline.flows.serve.principals import collections_of, principal_of, reading_groups, require
+from ragline.flows.serve.principals import may_query, principal_of, query_collections, reading_groups
 from ragline.flows.resources.filters import FilterError, validate
 
 WITHDRAWN = "\n\n[Verification withdrew the text above.] "
@@ -69,6 +69,9 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     filters: dict[str, Any] | None = Field(None, description="ragline extension (openai: `extra_body`): a "
                                                              "Chroma-style metadata filter")
+    collections: list[str] | None = Field(None, min_length=1, description="ragline extension (openai: "
+                                          "`extra_body`): the named collections to search; default: all this "
+                                          "credential may query")
 
 
 class ModelCard(BaseModel):
@@ -108,13 +111,16 @@ def openai_router(service: QueryService) -> APIRouter:
     async def models(request: Request) -> dict[str, Any]:
         principal = principal_of(request)
         return {"object": "list", "data": [_card(service, name) for name, pipeline in service.queries.items()
-                                           if principal.may("query", collections_of(pipeline))]}
+                                           if may_query(principal, pipeline)]}
 
     @router.get("/models/{model}", response_model=ModelCard, responses=ERRORS, summary="One query pipeline")
     async def model(model: str, request: Request) -> Response:
         if model not in service.queries:
             return _unknown(service, model).response()
-        require(request, "query", service.queries[model])
+        try:
+            query_collections(request, service.queries[model], None)
+        except ApiError as exc:
+            return exc.response()
         return JSONResponse(_card(service, model))
 
     @router.post("/chat/completions", response_model=ChatCompletion, responses=ERRORS,
@@ -126,10 +132,12 @@ def openai_router(service: QueryService) -> APIRouter:
         rid = request_id(request)
         try:
             pipeline, query = _parse(service, body)
-            principal = require(request, "query", pipeline)
+            principal, searched = query_collections(request, pipeline, body.collections)
         except ApiError as exc:
             return exc.response()
         query["access"] = access_for(reading_groups(principal))  # set here only: the body cannot carry it
+        if searched is not None:
+            query["collections"] = searched
         reply = Reply(body, query)
         answer_id = service.new_answer_id()
         if body.stream:

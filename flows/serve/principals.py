@@ -14,7 +14,9 @@ counts, even revoked ones), every protected route needs a credential.
 
 A "collection" is a Chroma collection name: those of the ``chroma`` resources a pipeline uses, plus,
 for a BM25 or index-state resource, the collection of the index it belongs to (so a BM25-only
-pipeline over collection B is B's). ``admin`` implies every other scope.
+pipeline over collection B is B's). ``admin`` implies every other scope. A named collection
+(pipelines.yaml ``collections``) is the Chroma collection of its name; a query pipeline over several
+searches those a request names, by default all the principal may query (``query_collections``).
 """
 from __future__ import annotations
 
@@ -79,8 +81,9 @@ def principal_of(request: Any) -> Principal:
     return principal
 
 
-def collections_of(pipeline: Any) -> frozenset[str]:
-    """The Chroma collections a compiled pipeline reads (query) or writes (ingestion)."""
+def collections_of(pipeline: Any, fanned_out: bool = True) -> frozenset[str]:
+    """The Chroma collections a compiled pipeline reads (query) or writes (ingestion); without
+    ``fanned_out``, only those of its steps that do not search named collections (e.g. FLARE's store)."""
     project = pipeline.project
     specs = project.spec.resources
     tied: dict[str, set[str]] = {}  # a BM25 / index-state resource -> the store of its index
@@ -89,8 +92,8 @@ def collections_of(pipeline: Any) -> frozenset[str]:
             if member:
                 tied.setdefault(member, set()).add(index.store)
     found = set()
-    for step in pipeline.steps:
-        for name in step.resources.values():
+    for step in pipeline.steps if fanned_out else [s for s in pipeline.steps if not s.collections]:
+        for name in {n for bound in (step.collections.values() or [step.resources]) for n in bound.values()}:
             for resource in {name, *tied.get(name, ())}:
                 spec = specs.get(resource)
                 if spec is not None and spec.type == "chroma":
@@ -106,6 +109,47 @@ def require(request: Any, scope: str, pipeline: Any) -> Principal:
         raise ApiError(403, f"forbidden: this credential lacks {missing} (pipeline '{pipeline.name}')",
                        "permission_error", code="forbidden")
     return principal
+
+
+def query_collections(request: Any, pipeline: Any, requested: list[str] | None) -> tuple[Principal, list[str] | None]:
+    """The request's principal and the named collections its query searches (None: the pipeline
+    searches none, it is checked as a whole by ``require``): those ``requested`` (400 for a name
+    the pipeline does not search, 403 naming one it may not query), by default all it may query
+    (403 when none)."""
+    known = pipeline.collections
+    if not known:
+        if requested is not None:
+            raise ApiError(400, f"field 'collections': pipeline '{pipeline.name}' searches no named collections "
+                                f"(pipelines.yaml declares none)", param="collections")
+        return require(request, "query", pipeline), None
+    principal = principal_of(request)
+    missing = principal.missing("query", collections_of(pipeline, fanned_out=False))
+    if missing:  # a step that reads one index whatever the request names (FLARE's store, say)
+        raise ApiError(403, f"forbidden: this credential lacks {missing} (pipeline '{pipeline.name}')",
+                       "permission_error", code="forbidden")
+    if requested is not None:
+        unknown = [name for name in requested if name not in known]
+        if unknown:
+            raise ApiError(400, f"field 'collections': unknown collection {', '.join(repr(n) for n in unknown)}; "
+                                f"pipeline '{pipeline.name}' searches {', '.join(known)}", param="collections")
+        missing = principal.missing("query", requested)
+        if missing:
+            raise ApiError(403, f"forbidden: this credential lacks {missing} (pipeline '{pipeline.name}')",
+                           "permission_error", code="forbidden")
+        return principal, list(dict.fromkeys(requested))
+    readable = [name for name in known if principal.may("query", [name])]
+    if not readable:
+        raise ApiError(403, f"forbidden: this credential lacks {principal.missing('query', known)} (pipeline "
+                            f"'{pipeline.name}')", "permission_error", code="forbidden")
+    return principal, readable
+
+
+def may_query(principal: Principal, pipeline: Any) -> bool:
+    """Whether a principal may query ``pipeline`` at all: one of its named collections, or all it reads."""
+    if pipeline.collections:
+        return any(principal.may("query", [name]) for name in pipeline.collections) and \
+            principal.may("query", collections_of(pipeline, fanned_out=False))
+    return principal.may("query", collections_of(pipeline))
 
 
 def may_read(principal: Principal, pipeline: Any) -> bool:

@@ -123,6 +123,8 @@ class QueryRequest(BaseModel):
     stream: bool = Field(False, description="answer as server-sent events: `token` events, then one `answer` "
                                             "event (answer pipelines only)")
     top_k: int | None = Field(None, ge=1, description="return at most this many passages (search pipelines)")
+    collections: list[str] | None = Field(None, min_length=1, description="the named collections to search "
+                                          "(pipelines.yaml `collections`); default: all this credential may query")
 
     @field_validator("question")
     @classmethod
@@ -483,7 +485,7 @@ class QueryService:
     def warm_up(self) -> dict[str, str]:
         """Load every resource a query pipeline uses; returns those that failed (name -> error):
         they are reported by /readyz, and the first query that needs one says why."""
-        names = dict.fromkeys(name for p in self.queries.values() for s in p.steps for name in s.resources.values())
+        names = dict.fromkeys(name for p in self.queries.values() for s in p.steps for name in _bound(s))
         started = time.perf_counter()
         failed = warm_up_resources((name, self.project.resource(name)) for name in names)
         log.info("warmed up %d resource(s) in %.1f s", len(names) - len(failed), time.perf_counter() - started)
@@ -522,6 +524,8 @@ class _LogContext:
                                  "principal": self.principal, "restricted": self.query.get("access") is not None,
                                  "trace_id": self.trace_id, "history_turns": len(self.query.get("history") or []),
                                  "filtered": bool(self.query.get("filters"))}
+        if self.query.get("collections") is not None:  # which named collections it searched (audit)
+            entry["collections"] = list(self.query["collections"])
         if text:
             entry["question"] = self.question
         if error:
@@ -539,8 +543,13 @@ def _trace_id() -> str | None:
 
 def _states_read(project: Project, pipeline: CompiledPipeline) -> list[str]:
     """The index states whose stores a query pipeline searches (their generation is logged)."""
-    used = {name for step in pipeline.steps for name in step.resources.values()}
+    used = {name for step in pipeline.steps for name in _bound(step)}
     return sorted({index.state for index in indexes(project) if {index.store, index.sparse} & used})
+
+
+def _bound(step: Any) -> list[str]:
+    """The resources a step may use: its own, or those of every collection it searches."""
+    return [name for bound in (list(step.collections.values()) or [step.resources]) for name in bound.values()]
 
 
 def _run(pipeline: CompiledPipeline, query: dict[str, Any], on_token: Callable[[str], None] | None,

@@ -21,7 +21,7 @@ from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.spec.prompts import prompt_problems
 from ragline.flows.settings import pyproject_table
 from ragline.flows.spec.parse import SpecError, SpecValidationError, parse_file
-from ragline.flows.spec import overlay
+from ragline.flows.spec import collections, overlay
 
 __all__ = ["load_project", "validate_file", "Project", "CompiledPipeline", "CompiledStep", "DEFAULT_FILE",
            "PIPELINE_INPUTS", "prompt_problems", "external_allowlist", "project_allowlist"]
@@ -59,6 +59,7 @@ def load_project(path: str | Path = DEFAULT_FILE, allow_modules: Iterable[str] =
         compiled = checker.pipeline(name, pipe, project)
         if compiled is not None:
             project.pipelines[name] = compiled
+    collections.expand(checker, project)
     if checker.errors:
         raise SpecValidationError(sorted(checker.errors, key=lambda e: (e.line or 0, e.message)))
 

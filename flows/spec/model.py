@@ -32,6 +32,9 @@ class CompiledStep:
     upstream: list[str]
     wiring: dict[str, list[str]]  # input -> producer step ids; [] means a pipeline input
     prompt: str | None
+    # A retriever over named collections (flows.spec.collections): collection -> its role -> resource
+    # bindings; the step runs once per collection a query selects. Empty: it runs once, over ``resources``.
+    collections: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -54,6 +57,11 @@ class CompiledPipeline:
     def kind(self) -> str:
         return self.spec.kind
 
+    @property
+    def collections(self) -> list[str]:
+        """The named collections this pipeline's retrievers search (empty: none are declared)."""
+        return list(dict.fromkeys(name for s in self.steps for name in s.collections))
+
     def moved_to(self, project: "Project") -> "CompiledPipeline":
         """The same compiled steps over another project's resources (a relocated or tuned copy)."""
         return CompiledPipeline(self.name, self.spec, self.steps, project, self.output, dict(self.overrides))
@@ -75,7 +83,7 @@ class CompiledPipeline:
                 if problems:
                     raise SpecValidationError([SpecError(str(self.project.path), None, problem, self.name, s.id,
                                                          "prompt") for problem in problems])
-                s = CompiledStep(s.spec, s.stage, params, s.resources, s.upstream, s.wiring, prompt)
+                s = CompiledStep(s.spec, s.stage, params, s.resources, s.upstream, s.wiring, prompt, s.collections)
             steps.append(s)
         unknown = set(overrides) - {s.id for s in self.steps}
         if unknown:
@@ -101,6 +109,7 @@ class Project:
     untuned: "Project | None" = None  # the project before its tuned overlay (flows.overlay); None: not applied
     overlay: Any = None  # the AppliedOverlay, when an overlay file was found
     source: Path | None = None  # where the file's text was read from, when pinned (serve's snapshot)
+    collections: dict[str, Any] = field(default_factory=dict)  # name -> spec.collections.Collection
 
     @property
     def base_dir(self) -> Path:
@@ -136,7 +145,7 @@ class Project:
         spec = self.spec.model_copy(update={"resources": resources})
         spec._invalid_resources = set()
         project = Project(self.path, spec, data_dir=data_dir, resource_overrides=dict(self.resource_overrides),
-                          source=self.source)
+                          source=self.source, collections=dict(self.collections))
         for pipe_name, pipe in self.pipelines.items():
             project.pipelines[pipe_name] = pipe.moved_to(project)
         return project

@@ -235,6 +235,29 @@ class ProjectSettings(BaseModel):
         None, description="narrows the external allowlist (RAGLINE_ALLOW_MODULES ...) for this file; never widens it")
 
 
+COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{1,61}[A-Za-z0-9]$"  # also a valid Chroma collection name
+
+
+class CollectionSpec(BaseModel):
+    """One named collection (knowledge base): the ingestion template compiled over its own sources,
+    schedule and index (``flows.spec.collections``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str = ""
+    template: str | None = Field(None, description="the ingestion pipeline compiled for this collection "
+                                                   "(default: the file's only ingestion pipeline)")
+    paths: list[Any] | None = Field(None, min_length=1, description="the template's source step `paths` "
+                                                                    "(default: the template's own)")
+    schedule: ScheduleSpec | None = Field(None, description="default: the template's schedule")
+    resources: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="fields of the index resources to change, by the template's resource "
+                                          "name, e.g. {sparse: {k1: 1.2}}")
+    steps: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="parameters of the template's steps to change, by step id, e.g. "
+                                          "{chunk: {overlap: 64}}")
+
+
 class PipelinesFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -242,6 +265,9 @@ class PipelinesFile(BaseModel):
     settings: ProjectSettings = Field(default_factory=ProjectSettings)
     resources: dict[str, ResourceSpec] = Field(default_factory=dict)
     pipelines: dict[str, PipelineSpec] = Field(default_factory=dict)
+    collections: dict[str, CollectionSpec] = Field(
+        default_factory=dict, description="named collections, each its own index written by the ingestion "
+                                          "template compiled as '<template>@<name>'")
     _invalid_resources: set[str] = PrivateAttr(default_factory=set)  # defined, but with errors
 
 
@@ -362,7 +388,7 @@ def _locate(doc: LocatedYaml, loc: Loc, message: str) -> SpecError:
             item = steps[loc[3]] if loc[3] < len(steps) else None
             step = str(item.get("id")) if isinstance(item, dict) and item.get("id") else f"#{loc[3] + 1}"
             field = ".".join(str(p) for p in loc[4:]) or None
-    elif len(loc) >= 2 and loc[0] in ("resources", "settings"):
+    elif len(loc) >= 2 and loc[0] in ("resources", "settings", "collections"):
         field = ".".join(str(p) for p in loc)
     return SpecError(doc.file, doc.line(loc), message, pipeline, step, field)
 
@@ -407,10 +433,11 @@ def parse_file(path: str | Path, source: str | Path | None = None
         parts["version"] = _validated(doc, TypeAdapter(int), data["version"], ("version",), errors, 1)
     if "settings" in data:
         parts["settings"] = _validated_settings(doc, data["settings"], errors)
-    unknown = [k for k in data if k not in ("version", "settings", "resources", "pipelines")]
+    unknown = [k for k in data if k not in ("version", "settings", "resources", "pipelines", "collections")]
     errors += [_locate(doc, (k,), f"unknown top-level field '{k}'") for k in unknown]
     parts["resources"] = _valid_entries(doc, data, "resources", errors)
     parts["pipelines"] = _valid_entries(doc, data, "pipelines", errors)
+    parts["collections"] = _valid_entries(doc, data, "collections", errors)
     try:
         spec = PipelinesFile.model_validate(parts)
     except ValidationError as exc:
@@ -432,6 +459,11 @@ def _valid_entries(doc: LocatedYaml, data: dict[str, Any], key: str, errors: lis
     adapter = _entry_adapter(key)
     valid = {}
     for name, entry in section.items():
+        if key == "collections" and not re.fullmatch(COLLECTION_PATTERN, str(name)):
+            errors.append(_locate(doc, (key, name), f"collection name {name!r} must be 3-63 letters, digits, '_' "
+                                                    f"or '-', starting and ending with a letter or digit (it names "
+                                                    f"its Chroma collection)"))
+            continue
         try:
             valid[name] = adapter.validate_python(entry)
         except ValidationError as exc:
@@ -443,7 +475,7 @@ def _valid_entries(doc: LocatedYaml, data: dict[str, Any], key: str, errors: lis
 
 
 def _entry_adapter(key: str) -> TypeAdapter:
-    return TypeAdapter(ResourceSpec if key == "resources" else PipelineSpec)
+    return TypeAdapter({"resources": ResourceSpec, "collections": CollectionSpec}.get(key, PipelineSpec))
 
 
 def _validated(doc: LocatedYaml, adapter: TypeAdapter, value: Any, loc: Loc, errors: list[SpecError],

@@ -1,0 +1,28 @@
+"""`ragline serve` deploys each collection's ingestion as its own deployment (issue 19 item 1): named
+``<template>@<collection>``, with the collection's schedule (or the template's), one run at a time;
+the template itself is not deployed (no query would read what it wrote)."""
+from __future__ import annotations
+
+import textwrap
+
+from ragline.flows.serve.service import build_deployments, deployment_options
+from ragline.flows.spec.compile import load_project
+from tests.flows.spec.test_collections import PIPELINES, RESOURCES
+
+
+def test_each_collection_is_its_own_scheduled_deployment(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(textwrap.dedent(RESOURCES + """
+collections:
+  handbook: {paths: [handbook], schedule: {interval_seconds: 600}}
+  papers:   {paths: [papers]}
+""" + PIPELINES))
+    options = deployment_options(load_project(path, tuned=False))
+
+    assert list(options) == ["index@handbook", "index@papers", "search"]
+    assert [s.interval.total_seconds() for s in options["index@handbook"]["schedules"]] == [600]
+    assert [s.cron for s in options["index@papers"]["schedules"]] == ["0 * * * *"]  # the template's
+    assert options["index@papers"]["parameters"]["pipeline"] == "index@papers"
+    assert options["index@papers"]["concurrency_limit"].limit == 1
+    assert "collection 'papers'" in options["index@papers"]["description"]
+    assert [d.name for d in build_deployments(path)] == ["index@handbook", "index@papers", "search"]

@@ -1,0 +1,169 @@
+"""Named collections in pipelines.yaml (issue 19 item 1): each compiles the ingestion template over its
+own sources, schedule and index; query retrievers search every collection; a collection's mistakes
+are located at its own fields; adding a collection leaves the others' fingerprints (their indexes) alone."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from ragline.flows.errors import InputError
+from ragline.flows.run.query_runner import coerce_inputs
+from ragline.flows.spec.compile import load_project
+from ragline.flows.spec.parse import SpecValidationError
+
+RESOURCES = """
+resources:
+  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
+  store:    {type: chroma, path: idx/chroma, collection: test}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+"""
+PIPELINES = """
+pipelines:
+  index:
+    kind: ingestion
+    schedule: {cron: "0 * * * *"}
+    steps:
+      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: 64, overlap: 8}}
+      - {id: embed,   task: embed}
+      - {id: write,   task: index}
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 10}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse]}
+"""
+HANDBOOK = """
+  handbook:
+    paths: [handbook]
+    schedule: {interval_seconds: 600}
+"""
+PAPERS = """
+  papers:
+    description: Research papers
+    paths: [papers]
+    resources: {sparse: {k1: 0.9}}
+    steps: {chunk: {overlap: 16}}
+"""
+
+
+def write(tmp_path, collections: str | None, name: str = "pipelines.yaml"):
+    text = RESOURCES + (f"collections:{collections}" if collections is not None else "") + PIPELINES
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_each_collection_compiles_the_template_over_its_own_sources_schedule_and_index(tmp_path):
+    project = load_project(write(tmp_path, HANDBOOK + PAPERS), tuned=False)
+
+    assert list(project.pipelines) == ["index@handbook", "index@papers", "search"]  # the template is not runnable
+    handbook, papers = project.pipeline("index@handbook"), project.pipeline("index@papers")
+    assert handbook.spec.schedule.interval_seconds == 600 and papers.spec.schedule.cron == "0 * * * *"  # inherited
+    assert papers.spec.description == "Research papers"
+    assert handbook.step("load").params.paths[0].path == "handbook"
+    assert papers.step("chunk").params.overlap == 16 and handbook.step("chunk").params.overlap == 8
+    assert papers.step("write").resources == {"store": "store@papers", "sparse": "sparse@papers",
+                                              "state": "state@papers"}
+    resources = project.spec.resources
+    assert (resources["store@papers"].collection, resources["store@papers"].path) == ("papers", "idx/chroma")
+    assert resources["sparse@papers"].path == "idx/collections/papers/bm25" and resources["sparse@papers"].k1 == 0.9
+    assert resources["sparse@handbook"].k1 == resources["sparse"].k1
+    assert resources["state@handbook"].path == "idx/collections/handbook/state.sqlite"
+
+    search = project.pipeline("search")
+    assert search.collections == ["handbook", "papers"]
+    assert search.step("dense").collections["papers"] == {"store": "store@papers", "embedder": "embedder"}
+    assert search.step("sparse").collections["handbook"] == {"sparse": "sparse@handbook", "state": "state@handbook"}
+    assert search.step("fuse").collections == {}
+
+
+def test_without_collections_nothing_changes(tmp_path):
+    project = load_project(write(tmp_path, None), tuned=False)
+
+    assert list(project.pipelines) == ["index", "search"] and project.collections == {}
+    assert all(not s.collections for s in project.pipeline("search").steps)
+    assert not any("@" in name for name in project.spec.resources)
+
+
+def test_a_query_may_name_only_the_collections_its_pipeline_searches(tmp_path):
+    search = load_project(write(tmp_path, HANDBOOK + PAPERS), tuned=False).pipeline("search")
+
+    assert coerce_inputs(search, {"query": {"text": "q", "collections": ["papers"]}})["query"].collections == ["papers"]
+    with pytest.raises(InputError, match="unknown collection 'memos'; it searches handbook, papers") as caught:
+        coerce_inputs(search, {"query": {"text": "q", "collections": ["papers", "memos"]}})
+    assert caught.value.field == "collections"
+
+
+def test_adding_a_collection_keeps_the_others_fingerprints(tmp_path):
+    before = load_project(write(tmp_path, HANDBOOK, "one.yaml"), tuned=False)
+    after = load_project(write(tmp_path, PAPERS + HANDBOOK, "two.yaml"), tuned=False)
+
+    def fingerprint(project, name):
+        pipeline = project.pipeline(name)
+        return pipeline.fingerprint([s for s in pipeline.steps if s.stage.plan is None])
+
+    assert fingerprint(after, "index@handbook") == fingerprint(before, "index@handbook")
+    assert fingerprint(after, "index@papers") != fingerprint(after, "index@handbook")  # its own chunking and BM25
+
+
+def test_a_collection_that_mirrors_the_implicit_index_keeps_its_fingerprint(tmp_path):
+    """Moving a file's one index into `collections:` re-indexes nothing when its settings stay the same."""
+    plain = load_project(write(tmp_path, None, "plain.yaml"), tuned=False).pipeline("index")
+    same = """
+  test:
+    resources: {sparse: {path: idx/bm25}, state: {path: idx/state.sqlite}}
+"""
+    named = load_project(write(tmp_path, same, "named.yaml"), tuned=False).pipeline("index@test")
+
+    assert named.fingerprint(named.steps[:-1]) == plain.fingerprint(plain.steps[:-1])
+
+
+MISTAKES = """
+  ok-one:
+    paths: [a]
+  x:
+    paths: [b]
+  bad-template:
+    template: search
+  bad-resource:
+    resources:
+      spares: {k1: 1}
+      store: {collection: other}
+      sparse: {k1: -3}
+  bad-step:
+    steps:
+      chunck: {overlap: 1}
+      chunk: {overlap: -1}
+  bad-field:
+    schedul: {cron: "0 * * * *"}
+"""
+
+
+def test_every_collection_mistake_is_located_at_its_own_line_and_field(tmp_path):
+    path = write(tmp_path, MISTAKES)
+    lines = path.read_text().splitlines()
+
+    def line_of(text: str) -> int:
+        return next(i for i, line in enumerate(lines, start=1) if text in line)
+
+    with pytest.raises(SpecValidationError) as caught:
+        load_project(path, tuned=False)
+    found = {(e.line, e.field): e.message for e in caught.value.errors}
+
+    assert "must be 3-63 letters" in found[(line_of("  x:"), "collections.x")]
+    assert "'search' is not an ingestion pipeline" in found[(line_of("template: search"),
+                                                             "collections.bad-template.template")]
+    assert "did you mean 'sparse'" in found[(line_of("spares:"), "collections.bad-resource.resources.spares")]
+    assert "keeps its collection: the collection's name, 'bad-resource'" in found[(line_of("store: {collection"),
+                                                       "collections.bad-resource.resources.store.collection")]
+    assert "greater than 0" in found[(line_of("sparse: {k1: -3}"), "collections.bad-resource.resources.sparse.k1")]
+    assert "no step 'chunck' (did you mean 'chunk'?)" in found[(line_of("chunck:"),
+                                                                "collections.bad-step.steps.chunck")]
+    assert "(got -1)" in found[(line_of("chunk: {overlap: -1}"), "collections.bad-step.steps.chunk.overlap")]
+    assert "unknown field 'schedul'" in found[(line_of("schedul:"), "collections.bad-field.schedul")]
+    assert len(found) == 8, found

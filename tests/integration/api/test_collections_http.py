@@ -1,0 +1,160 @@
+"""Named collections through the HTTP API (issue 19 item 1): two collections compiled from one template,
+each indexed by its own pipeline into its own Chroma collection, BM25 index and state; real uvicorn,
+real embeddings. A query naming one collection gets only its sources, each saying which collection it
+came from; by default a query searches every collection its key may query; a key scoped to one
+collection never sees the other, and asking for it is 403 naming it; an unknown name is 400 naming the
+field. The OpenAI-compatible surface carries the collection in its sources too."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ragline.flows.resources import clear_cache
+from ragline.flows.run import engine
+from ragline.flows.serve.keys import KeyStore, keys_file
+from ragline.flows.serve.service import api_app
+from ragline.flows.spec.compile import load_project
+from tests.helpers.api_harness import Script, running
+from tests.helpers.data import BASE_RESOURCES, REPO
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.integration
+
+PIPELINES = BASE_RESOURCES.replace("resources:\n", "resources:\n  llm: {type: openai_compatible, base_url: LLM_URL, "
+                                                   "max_retries: 0, timeout_seconds: 10}\n", 1) + """
+collections:
+  handbook: {paths: [handbook]}
+  papers:   {paths: [papers], steps: {chunk: {size: 40}}}
+pipelines:
+  index:
+    kind: ingestion
+    steps:
+      - {id: load,    task: load, with: {paths: [unused]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: 48, overlap: 0}}
+      - {id: embed,   task: embed}
+      - {id: write,   task: index}
+  search:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 20}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+  ask:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 10}}
+      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 4}}
+      - {id: insert, task: insert, with: {max_tokens: 1500}}
+      - {id: answer, task: generate}
+"""
+QUESTION = "vacation policy and the experiment results"
+FILES = {
+    "handbook/vacation.md": "# Vacation\n\nEmployees take 25 vacation days a year; the vacation policy allows "
+                            "carrying five days over.\n",
+    "handbook/security.md": "# Security\n\nLaptops lock after five minutes; badges open the office doors.\n",
+    "papers/results.md": "# Results\n\nThe experiment results show a 12 percent gain over the baseline in every "
+                         "trial.\n",
+    "papers/method.md": "# Method\n\nThe experiment used three cohorts and a held-out validation set.\n",
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("collections-http")
+    for name, text in FILES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    shutil.copytree(REPO / "prompts", folder / "prompts")
+    script = Script()
+    script.answer = "See [1]."
+    with ScriptedLLM(script) as llm:
+        path = folder / "pipelines.yaml"
+        path.write_text(PIPELINES.replace("LLM_URL", json.dumps(llm.base_url)))
+        compiled = load_project(path)
+        for collection in ("handbook", "papers"):
+            assert engine.run(compiled.pipeline(f"index@{collection}"), orchestrate=False).added == 2
+        yield path
+    clear_cache()
+
+
+@pytest.fixture(scope="module")
+def keys(project) -> dict[str, str]:
+    store = KeyStore(keys_file(project.parent))
+    return {"all": store.create("all", ["query"], ["*"])[1],
+            "handbook": store.create("handbook-only", ["query"], ["handbook"])[1]}
+
+
+@pytest.fixture(scope="module")
+def served(project, keys):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAGLINE_QUERY_LOG", "1")
+        with running(api_app(project)) as url:
+            yield url
+
+
+def query(served: str, key: str, **body) -> httpx.Response:
+    return httpx.post(f"{served}/v1/query", json={"pipeline": "search", "question": QUESTION, **body},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def collections_in(reply: httpx.Response) -> dict[str, set[str]]:
+    """collection -> the folders of the sources it returned (the folder names the collection's sources)."""
+    found: dict[str, set[str]] = {}
+    for passage in reply.json()["passages"]:
+        found.setdefault(passage["metadata"]["collection"], set()).add(passage["metadata"]["source"].split("/")[0])
+    return found
+
+
+def test_a_query_naming_one_collection_gets_only_its_sources(served, keys):
+    reply = query(served, keys["all"], collections=["papers"])
+    assert reply.status_code == 200, reply.text
+    assert collections_in(reply) == {"papers": {"papers"}}
+
+
+def test_by_default_a_query_searches_every_collection(served, keys):
+    reply = query(served, keys["all"])
+    assert reply.status_code == 200, reply.text
+    assert collections_in(reply) == {"handbook": {"handbook"}, "papers": {"papers"}}
+
+
+def test_a_key_scoped_to_one_collection_searches_only_it_and_is_refused_the_other(served, keys, project):
+    reply = query(served, keys["handbook"])
+    assert collections_in(reply) == {"handbook": {"handbook"}}
+    assert logged(project, reply.json()["answer_id"])["collections"] == ["handbook"]  # the audit says which
+    refused = query(served, keys["handbook"], collections=["papers"])
+    assert refused.status_code == 403 and "'papers'" in refused.json()["error"]["message"]
+    models = httpx.get(f"{served}/v1/models", headers={"Authorization": f"Bearer {keys['handbook']}"}).json()
+    assert {m["id"] for m in models["data"]} == {"search", "ask"}  # it may query one of their collections
+
+
+def logged(project: Path, answer_id: str) -> dict:
+    log = project.parent / ".ragline" / "query-log" / "queries.jsonl"
+    for _ in range(200):  # written off the response path
+        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        mine = [e for e in entries if e["answer_id"] == answer_id]
+        if mine:
+            return mine[0]
+        time.sleep(0.05)
+    raise AssertionError(f"answer {answer_id} is not in the query log")
+
+
+def test_an_unknown_collection_is_a_bad_request_naming_the_field(served, keys):
+    reply = query(served, keys["all"], collections=["memos"])
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "collections"
+    assert "'memos'" in reply.json()["error"]["message"]
+
+
+def test_openai_sources_say_which_collection_they_came_from(served, keys):
+    body = {"model": "ask", "messages": [{"role": "user", "content": QUESTION}], "collections": ["handbook"]}
+    reply = httpx.post(f"{served}/v1/chat/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {keys['all']}"})
+    assert reply.status_code == 200, reply.text
+    sources = reply.json()["sources"]
+    assert sources and {s["collection"] for s in sources} == {"handbook"}
