@@ -186,7 +186,7 @@ class FsspecSource(DocumentSource):
         try:
             root = self._root()
             fs = self.filesystem()
-            found = fs.find(root, detail=True, **({"on_error": "raise"} if _walks(fs) else {}))
+            found = _walk(fs, root) if _walks(fs) else fs.find(root, detail=True)
         except Exception as exc:  # noqa: BLE001 - a listing that fails anywhere is incomplete, whatever raised
             reason = exc if isinstance(exc, SourceError) else f"{type(exc).__name__}: {exc}"
             return Listing(complete=False, reason=self.scrub(f"cannot list {self.location}: {reason}"))
@@ -263,14 +263,32 @@ def _safe_key(key: str) -> bool:
 
 
 def _walks(fs: Any) -> bool:
-    """Whether the backend's find() is fsspec's folder-by-folder walk (SFTP), which by default leaves
-    out a folder it cannot read: told to raise instead, so the listing is incomplete, never short."""
+    """Whether the backend's find() is fsspec's folder-by-folder walk (SFTP): that walk leaves out a
+    sub-folder it cannot read (its on_error reaches the top folder only), so `_walk` lists instead."""
     from fsspec.asyn import AsyncFileSystem
     from fsspec.spec import AbstractFileSystem
 
     if isinstance(fs, AsyncFileSystem):
         return type(fs)._find is AsyncFileSystem._find
     return type(fs).find is AbstractFileSystem.find
+
+
+def _walk(fs: Any, root: str) -> dict[str, dict[str, Any]]:
+    """Every file below ``root``, one listing per folder; a folder that cannot be read raises, so
+    the listing is incomplete rather than short. Links are not followed (each folder is read once)."""
+    found: dict[str, dict[str, Any]] = {}
+    folders, seen = [root], {root}
+    while folders:
+        folder = folders.pop()
+        for info in fs.ls(folder, detail=True):
+            name = info["name"].rstrip("/")
+            if info.get("type") == "directory":
+                if name not in seen and name.startswith(root + "/"):
+                    seen.add(name)
+                    folders.append(name)
+            elif name.startswith(root + "/"):
+                found[name] = info
+    return found
 
 
 def _signal(info: dict[str, Any], protocol: str = "") -> str | None:
