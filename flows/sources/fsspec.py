@@ -231,7 +231,7 @@ class FsspecSource(DocumentSource):
                                                f"{exc}"), False))
                 continue
             items.append(Item(key=key, signal=_signal(info, self.protocol), size=info.get("size"),
-                                  modified=_mtime(info)))
+                              modified=_mtime(info)))
         return Listing(items, failed=failed)
 
     def fetch(self, item: Item) -> Fetched:
