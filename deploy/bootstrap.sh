@@ -38,6 +38,9 @@ fi
 mkdir -p .ragline/logs
 bash deploy/vllm/setup.sh > .ragline/logs/vllm-setup.log 2>&1 &
 vllm_setup=$!
+# Azurite (npm) for the az:// source tests, in .ragline/tools/; without Node.js they skip with the reason.
+{ command -v npm >/dev/null 2>&1 && bash deploy/azurite/setup.sh > .ragline/logs/azurite-setup.log 2>&1; } &
+azurite_setup=$!
 stamp=.venv/.ragline-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
@@ -45,6 +48,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip check
   touch "$stamp"
 fi
+wait "$azurite_setup" || echo "note: Azurite not installed (.ragline/logs/azurite-setup.log); the az:// tests retry it" >&2
 if ! wait "$vllm_setup"; then
   echo "note: installing vLLM failed (.ragline/logs/vllm-setup.log); ragline quickstart and the vLLM tests retry it" >&2
 fi

@@ -1,5 +1,13 @@
 """``fsspec``: objects under a URL prefix (``s3://``, ``gs://``, ``az://``, ``sftp://``, ...) through
-fsspec and its maintained backends (s3fs for S3: ``pip install 'ragline[s3]'``).
+fsspec and its maintained backends, one extra each: s3fs (``ragline[s3]``), gcsfs (``ragline[gcs]``),
+adlfs (``ragline[azure]``), sshfs on asyncssh (``ragline[sftp]``).
+
+The change signal is the listing field that changes when an object's bytes do, read from the listing
+itself (no request per object): S3's ETag; GCS's ``generation`` (a new one per write of the bytes;
+its etag also moves on metadata-only updates); Azure's blob ETag (moves on every write, metadata
+included: a spare download, never a stale index); SFTP has no version, so size and mtime (whole
+seconds in SFTP v3: a same-size rewrite within the second of the last download is missed until the
+file changes again). A backend not named here: the first version-like field, else size and mtime.
 
 Credentials never come from pipelines.yaml: the backend's own environment (AWS_ACCESS_KEY_ID,
 GOOGLE_APPLICATION_CREDENTIALS, ...) or ``secrets``, which maps a storage option to the name of an
@@ -26,10 +34,20 @@ from ragline.flows.sources.base import (
 )
 from ragline.flows.sources.local import AccessRules, NonEmpty, PublicUrl, RootName
 
-SECRET_OPTION = re.compile(r"(?:^|_)(?:key|secret|password|passwd|token|credentials?|sas|sig|signature)(?:$|_)", re.I)
+SECRET_OPTION = re.compile(r"(?:^|_)(?:key|secret|password|passwd|passphrase|token|credentials?|sas|sig|signature|"
+                           r"connection_string)(?:$|_)", re.I)
+TOKEN_METHODS = ("anon", "google_default", "cloud")  # gcsfs `token` values that name a method, not a credential
 SIGNAL_FIELDS = ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash", "content_md5", "checksum")
+SIGNAL_FIELDS_BY_PROTOCOL = {  # the field that changes exactly when the bytes do, per backend (see above)
+    **dict.fromkeys(("s3", "s3a"), ("ETag", "VersionId")),
+    **dict.fromkeys(("gs", "gcs"), ("generation",)),
+    **dict.fromkeys(("az", "abfs", "abfss"), ("etag",)),
+    **dict.fromkeys(("sftp", "ssh"), ()),
+}
 MTIME_FIELDS = ("LastModified", "last_modified", "mtime", "updated", "modified")
 HTTP_SCHEMES = ("http", "https")
+EXTRAS = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure", "sftp": "sftp",
+          "ssh": "sftp"}
 
 
 class FsspecSpec(BaseModel):
@@ -67,6 +85,8 @@ class FsspecSpec(BaseModel):
     @classmethod
     def _no_secrets(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in _keys(value):
+            if name == "token" and value.get(name) in TOKEN_METHODS:
+                continue
             if SECRET_OPTION.search(name):
                 raise ValueError(f"option {name!r} looks like a credential: set it in the environment and name the "
                                  f"variable under `secrets` ({name}: MY_ENV_VAR), never in pipelines.yaml")
@@ -131,14 +151,25 @@ class FsspecSource(DocumentSource):
                 secrets[option] = value
             self._secrets = [v for v in secrets.values() if len(v) >= 4]
             try:
-                self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, use_listings_cache=False,
-                                             **self.spec.options, **secrets)
+                self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True,
+                                             **self._options(fsspec.get_filesystem_class(self.protocol)), **secrets)
             except ImportError as exc:
-                raise SourceError(f"no fsspec backend for {self.protocol}:// ({exc}); install it, e.g. "
-                                  f"pip install 'ragline[s3]' for s3://") from None
+                hint = f"pip install 'ragline[{EXTRAS[self.protocol]}]'" if self.protocol in EXTRAS else "install it"
+                raise SourceError(f"no fsspec backend for {self.protocol}:// ({exc}); {hint}") from None
             except Exception as exc:  # noqa: BLE001 - each backend raises its own types
                 raise SourceError(self.scrub(f"cannot open {self.protocol}:// ({type(exc).__name__}: {exc})")) from None
         return self._fs
+
+    def _options(self, backend: type) -> dict[str, Any]:
+        """What the URL says (an SFTP host, port and user) under the configured options. SFTP checks
+        the server's host key against ~/.ssh/known_hosts (sshfs's own default checks nothing):
+        `known_hosts` names another file, or null to skip the check knowingly."""
+        options = {**backend._get_kwargs_from_urls(self.spec.url), **self.spec.options}
+        if self.protocol in ("sftp", "ssh"):  # sshfs keeps no listings and hands every option to asyncssh
+            options.setdefault("known_hosts", ())  # asyncssh's default: ~/.ssh/known_hosts, none trusted without it
+        else:
+            options["use_listings_cache"] = False
+        return options
 
     def scrub(self, text: str) -> str:
         """A message with every secret value blanked (a backend may echo what it was given)."""
@@ -154,7 +185,8 @@ class FsspecSource(DocumentSource):
             return self._manifest_listing(wanted)
         try:
             root = self._root()
-            found = self.filesystem().find(root, detail=True)
+            fs = self.filesystem()
+            found = _walk(fs, root) if _walks(fs) else fs.find(root, detail=True)
         except Exception as exc:  # noqa: BLE001 - a listing that fails anywhere is incomplete, whatever raised
             reason = exc if isinstance(exc, SourceError) else f"{type(exc).__name__}: {exc}"
             return Listing(complete=False, reason=self.scrub(f"cannot list {self.location}: {reason}"))
@@ -164,7 +196,8 @@ class FsspecSource(DocumentSource):
                 continue
             key = path[len(root) + 1:]
             if wanted(key):
-                items.append(Item(key=key, signal=_signal(info), size=info.get("size"), modified=_mtime(info)))
+                items.append(Item(key=key, signal=_signal(info, self.protocol), size=info.get("size"),
+                                  modified=_mtime(info)))
         if not found:  # a prefix cannot be told from a typo of one: like a missing folder, it deletes nothing
             return Listing(complete=False, reason=f"no objects under {self.location}")
         return Listing(items)
@@ -197,7 +230,8 @@ class FsspecSource(DocumentSource):
                 failed.append((key, self.scrub(f"named in the manifest but unreadable: {type(exc).__name__}: "
                                                f"{exc}"), False))
                 continue
-            items.append(Item(key=key, signal=_signal(info), size=info.get("size"), modified=_mtime(info)))
+            items.append(Item(key=key, signal=_signal(info, self.protocol), size=info.get("size"),
+                              modified=_mtime(info)))
         return Listing(items, failed=failed)
 
     def fetch(self, item: Item) -> Fetched:
@@ -228,9 +262,38 @@ def _safe_key(key: str) -> bool:
                 or ".." in key.replace("\\", "/").split("/") or any(ord(c) < 32 for c in key))
 
 
-def _signal(info: dict[str, Any]) -> str | None:
-    """The backend's own version marker (ETag, object version, generation), else size and mtime."""
-    for name in SIGNAL_FIELDS:
+def _walks(fs: Any) -> bool:
+    """Whether the backend's find() is fsspec's folder-by-folder walk (SFTP): that walk leaves out a
+    sub-folder it cannot read (its on_error reaches the top folder only), so `_walk` lists instead."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    if isinstance(fs, AsyncFileSystem):
+        return type(fs)._find is AsyncFileSystem._find
+    return type(fs).find is AbstractFileSystem.find
+
+
+def _walk(fs: Any, root: str) -> dict[str, dict[str, Any]]:
+    """Every file below ``root``, one listing per folder; a folder that cannot be read raises, so
+    the listing is incomplete rather than short. Links are not followed (each folder is read once)."""
+    found: dict[str, dict[str, Any]] = {}
+    folders, seen = [root], {root}
+    while folders:
+        folder = folders.pop()
+        for info in fs.ls(folder, detail=True):
+            name = info["name"].rstrip("/")
+            if info.get("type") == "directory":
+                if name not in seen and name.startswith(root + "/"):
+                    seen.add(name)
+                    folders.append(name)
+            elif name.startswith(root + "/"):
+                found[name] = info
+    return found
+
+
+def _signal(info: dict[str, Any], protocol: str = "") -> str | None:
+    """The backend's own version marker (ETag, generation), else size and mtime."""
+    for name in SIGNAL_FIELDS_BY_PROTOCOL.get(protocol, SIGNAL_FIELDS):
         if info.get(name):
             return f"{name}:{info[name]}"
     mtime = _mtime(info)
