@@ -71,6 +71,7 @@ class DocumentInfo(BaseModel):
     managed: bool = Field(description="uploaded through this API (only these can be deleted here)")
     status: Status
     reason: str | None = Field(None, description="why it failed (status failed)")
+    stage: str | None = Field(None, description="the step it failed in (status failed): load, convert, chunk, ...")
     chunks: int = 0
     size: int | None = None
     updated: str | None = Field(None, description="when it was last indexed, else uploaded (ISO 8601, UTC)")
@@ -168,11 +169,11 @@ class _Catalogue:
         for upload in uploads:
             source = f"{root.name}/{upload.key}"
             indexed = by_source.pop(source, [])
-            reason = self.runs.redact(failures.get(source))
-            status: Status = "indexed" if indexed else "failed" if reason else "queued"
+            failed = None if indexed else failures.get(source)
+            status: Status = "indexed" if indexed else "failed" if failed else "queued"
             updated = max((r[3] for r in indexed), default=upload.modified)
             out[upload.id] = DocumentInfo(id=upload.id, pipeline=pipeline, source=source, name=upload.name,
-                                          managed=True, status=status, reason=None if indexed else reason,
+                                          managed=True, status=status, **self._failure(failed),
                                           chunks=sum(r[4] for r in indexed), size=upload.size, updated=_iso(updated))
         for source, indexed in by_source.items():
             upload_id = self._upload_id(root, source)
@@ -181,11 +182,20 @@ class _Catalogue:
                 name=source.rsplit("/", 1)[-1] if upload_id else None,
                 status="deleting" if upload_id else "indexed", chunks=sum(r[4] for r in indexed),
                 updated=_iso(max(r[3] for r in indexed)))
-        for source, reason in failures.items():
+        for source, failed in failures.items():
             if source not in out and self._upload_id(root, source) is None and source.partition("#")[0] not in out:
                 out[source] = DocumentInfo(id=source, pipeline=pipeline, source=source, managed=False,
-                                           status="failed", reason=self.runs.redact(reason))
+                                           status="failed", **self._failure(failed))
         return [out[k] for k in sorted(out)]
+
+    def _failure(self, failed: dict[str, str] | str | None) -> dict[str, str | None]:
+        """A recorded failure's reason (redacted) and stage: {"stage", "reason"}, or the reason
+        alone as states written before stages were recorded hold it."""
+        if failed is None:
+            return {}
+        if isinstance(failed, str):
+            return {"reason": self.runs.redact(failed)}
+        return {"reason": self.runs.redact(str(failed.get("reason", ""))), "stage": failed.get("stage")}
 
     @staticmethod
     def _upload_id(root: _Managed | None, source: str) -> str | None:
@@ -194,7 +204,7 @@ class _Catalogue:
         candidate = source[len(root.name) + 1:].partition("/")[0]
         return candidate if ID.match(candidate) else None
 
-    def _state(self, pipeline: str) -> tuple[list[tuple], dict[str, str]]:
+    def _state(self, pipeline: str) -> tuple[list[tuple], dict[str, Any]]:
         """The state's rows of this pipeline and its last run's failures; nothing when there is no
         state file yet (opening it would create one: a read never writes)."""
         resource, path = self.runs.state_resource.get(pipeline), self.runs.state_path(pipeline)
