@@ -835,11 +835,14 @@ def _describe(pipeline) -> str:
 
 def _api(args) -> int:
     from ragline.flows.serve.api import serve_api
+    from ragline.flows.serve.documents import api_documents
 
     with contextlib.ExitStack() as stack:
         _api_llms(_project(args), args.start_llm, stack)
+        documents, upload_limits = api_documents(args.file, data_dir=args.data_dir)  # runs ingest in-process
         serve_api(args.file, host=args.host, port=args.port, token=_token(args), data_dir=args.data_dir,
-                  max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
+                  max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin, routers=[documents],
+                  body_limits=upload_limits)
     return 0
 
 
