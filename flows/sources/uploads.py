@@ -242,7 +242,7 @@ class UploadFolder:
         try:
             entries = [e for e in os.scandir(self.folder) if e.name.startswith(LEFTOVERS)
                        and e.is_dir(follow_symlinks=False)]
-        except FileNotFoundError:
+        except OSError:  # no folder yet (or unreadable: the upload itself says so)
             return 0
         removed = 0
         for entry in entries:
