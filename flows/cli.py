@@ -177,7 +177,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON", help="override a step parameter")
     _orchestration_flags(p, default=True)
 
-    p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
+    p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, documents (uploads ingested in this "
+                             "process), health (OpenAPI at /docs).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
     p.add_argument("--token",
