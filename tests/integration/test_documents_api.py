@@ -1,6 +1,7 @@
 """The document API under `ragline api` (a subprocess, no Prefect server): an upload over HTTP is
-ingested by a run in the API's own process, the list shows it indexed, the query pipeline finds it,
-and a delete's run removes it from Chroma, BM25 and the state. Same credentials and scopes as
+ingested by a run in the API's own process (one sent during that run, by the run after it), the
+list shows it indexed, the query pipeline finds it, and a delete's run removes it from Chroma,
+BM25 and the state. Same credentials and scopes as
 `ragline serve`: no token is a 401, a query-only key may read the list but not upload."""
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "ragline-api-documents"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OTHER = b"# Okapi\n\nThe okapi is a forest giraffe of the Congo with striped legs.\n"
 NOTE = b"# Narwhal tusks\n\nA narwhal's tusk is an elongated canine tooth that senses salinity and temperature.\n"
 
 
@@ -99,8 +101,12 @@ def test_an_upload_is_ingested_in_process_found_and_deleted(api, project, reader
     assert created.status_code == 201, created.text
     assert created.json()["ingestion"]["state"] == "started", created.json()
     upload_id = created.json()["document"]["id"]
-    found = wait_for(api, lambda d: d.get(upload_id, {}).get("status") == "indexed"
-                     and d.get("docs/configured.md", {}).get("status") == "indexed", "the upload was never indexed")
+    # sent while that run writes the index: one more run follows it
+    other = httpx.post(f"{api}/v1/documents", files={"file": ("okapi.md", OTHER)}, headers=AUTH, timeout=60)
+    assert other.status_code == 201 and other.json()["ingestion"]["state"] == "scheduled", other.text
+    other_id = other.json()["document"]["id"]
+    found = wait_for(api, lambda d: all(d.get(i, {}).get("status") == "indexed"
+                                        for i in (upload_id, other_id, "docs/configured.md")), "uploads never indexed")
     assert found[upload_id]["chunks"] >= 1
     assert httpx.get(f"{api}/v1/documents", headers=reader, timeout=30).status_code == 200
     source = f"uploads/{upload_id}/narwhal.md"
@@ -116,4 +122,4 @@ def test_an_upload_is_ingested_in_process_found_and_deleted(api, project, reader
         time.sleep(0.5)
     with sqlite3.connect(project.parent / "idx" / "state.sqlite") as db:
         assert db.execute("SELECT COUNT(*) FROM chunks WHERE source_id LIKE ?", (f"%{upload_id}%",)).fetchone()[0] == 0
-    assert set(documents(api)) == {"docs/configured.md"}
+    assert set(documents(api)) == {"docs/configured.md", other_id}
