@@ -39,7 +39,7 @@ from common import save
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.tasks.chunk import MD_HEADING, Params as ChunkParams, _Sections, _headings, chunk
+from ragline.tasks.chunk import Params as ChunkParams, _Sections, _headings, chunk
 from ragline.tasks.convert import Params as ConvertParams, convert
 from ragline.tasks.load import Params as LoadParams, load
 

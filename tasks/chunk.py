@@ -108,8 +108,8 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
                   if (piece := doc.text[offsets[s][0]:offsets[e - 1][1]].strip())
                   and (not tail or e - s >= params.min_tokens)]
         for ordinal, (piece, begin, end) in enumerate(pieces):
-            text = f"{context}\n{piece}" if params.prepend_section and (context := sections.context(begin, piece, title)) \
-                else piece
+            context = sections.context(begin, piece, title) if params.prepend_section else ""
+            text = f"{context}\n{piece}" if context else piece
             text = f"{doc.title}\n{text}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
                 else text
             chunks.append(Chunk(chunk_id=chunk_id(ctx.fingerprint, doc.source_id, ordinal, text),

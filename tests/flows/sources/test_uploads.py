@@ -94,7 +94,6 @@ def staging(folder: UploadFolder) -> list[str]:
 
 
 def test_staging_left_by_a_killed_upload_is_removed_and_one_in_use_never(tmp_path):
-    import os
     import subprocess
     import sys
     import threading
