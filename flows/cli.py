@@ -182,7 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON", help="override a step parameter")
     _orchestration_flags(p, default=True)
 
-    p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, health (OpenAPI at /docs).")
+    p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, documents (uploads ingested in this "
+                             "process), health (OpenAPI at /docs).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
     p.add_argument("--token",
@@ -879,11 +880,14 @@ def _describe(pipeline) -> str:
 
 def _api(args) -> int:
     from ragline.flows.serve.api import serve_api
+    from ragline.flows.serve.documents import api_documents
 
     with contextlib.ExitStack() as stack:
         _api_llms(_project(args), args.start_llm, stack)
+        documents, upload_limits = api_documents(args.file, data_dir=args.data_dir)  # runs ingest in-process
         serve_api(args.file, host=args.host, port=args.port, token=_token(args), data_dir=args.data_dir,
-                  max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin)
+                  max_body_bytes=args.max_body_bytes, cors_origins=args.cors_origin, routers=[documents],
+                  body_limits=upload_limits)
     return 0
 
 

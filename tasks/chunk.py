@@ -3,7 +3,9 @@
 Chunks follow the document's structure: one never crosses a page boundary (unless the page is
 shorter than ``min_tokens``) nor a Markdown heading (unless the sections on both sides fit one
 chunk together), and never splits a Markdown table row. Each chunk records its page range
-(``page_start``/``page_end``) and its section path (``section``: "Heading > Subheading").
+(``page_start``/``page_end``) and its section path (``section``: "Heading > Subheading"); with
+``prepend_section`` the path also opens the chunk's text (what the embedder and BM25 see), which
+bench/section_context.py measures.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import hashlib
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ragline.flows import failpoints
 from ragline.flows.context import StepContext
@@ -43,6 +45,10 @@ class Params(BaseModel):
                                                  "a shorter page joins its neighbour instead of being a chunk")
     structure: bool = Field(True, description="tokens mode: chunks break at page boundaries and at headings whose "
                                               "section does not fit the chunk before it, never inside a table row")
+    prepend_section: bool = Field(False, description="start each chunk (after the title) with its section path "
+                                                     "('Heading > Subheading', without its own heading when the "
+                                                     "chunk opens with it): what the embedder and BM25 see. Off by "
+                                                     "default: measured, see bench/section_context.py")
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> "Params":
@@ -51,6 +57,14 @@ class Params(BaseModel):
         if self.window is not None and self.step is not None and self.step > self.window:
             raise ValueError(f"step ({self.step}) must not exceed window ({self.window})")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_default_section(self, handler):
+        """Left out while off, so the settings fingerprint of every existing index stays as it was."""
+        dumped = handler(self)
+        if not self.prepend_section:
+            dumped.pop("prepend_section", None)
+        return dumped
 
 
 @stage("chunk", params=Params, produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion",
@@ -72,24 +86,32 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
     for i, doc in enumerate(documents):
         offsets = encodings["offset_mapping"][i]
         words = encodings.word_ids(i) if hasattr(encodings, "word_ids") else None
+        sections = _Sections(doc.text if doc.format not in PLAIN_FORMATS else "")
+        title = doc.title if params.prepend_title else ""
+        rooms = _path_lengths(tokenizer, sections, title, starts=[o[0] for o in offsets]) \
+            if params.prepend_section else {}
         budget = max(16, size - title_lengths[i])
         # the title shrinks every window: a stride beyond it would skip text (or index past the end)
         step = min(params.step or max(1, budget // 2), budget)
         overlap = min(params.overlap, budget // 2)
+        if rooms and (params.mode == "window" or not params.structure):  # one budget: room for the longest path
+            budget = max(16, budget - min(max(rooms.values()), budget // 4))
+            step = min(step, budget)
         if params.mode == "window":
             spans = [(s, e, j > 0) for j, (s, e) in enumerate(_window_spans(len(offsets), budget, step))]
         elif params.structure:
-            spans = _structure_spans(doc, offsets, words, budget, overlap, params.min_tokens)
+            spans = _structure_spans(doc, offsets, words, budget, overlap, params.min_tokens, rooms)
         else:
             spans = [(s, e, j > 0) for j, (s, e) in
                      enumerate(_sentence_spans(doc.text, offsets, words, budget, overlap))]
-        sections = _Sections(doc.text if doc.format not in PLAIN_FORMATS else "")
         pieces = [(piece, offsets[s][0], offsets[e - 1][1]) for s, e, tail in spans
                   if (piece := doc.text[offsets[s][0]:offsets[e - 1][1]].strip())
                   and (not tail or e - s >= params.min_tokens)]
         for ordinal, (piece, begin, end) in enumerate(pieces):
-            text = f"{doc.title}\n{piece}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
-                else piece
+            context = sections.context(begin, piece, title) if params.prepend_section else ""
+            text = f"{context}\n{piece}" if context else piece
+            text = f"{doc.title}\n{text}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
+                else text
             chunks.append(Chunk(chunk_id=chunk_id(ctx.fingerprint, doc.source_id, ordinal, text),
                                 source_id=doc.source_id, ordinal=ordinal, text=text, title=doc.title,
                                 metadata={**doc.metadata, "chunk": ordinal, **_where(doc, sections, begin, end)}))
@@ -126,6 +148,35 @@ class _Sections:
             stack.append((level, title))
         return " > ".join(title for _, title in stack)
 
+    def context(self, offset: int, piece: str, title: str) -> str:
+        """The section path to open a chunk with: without a leading heading that is the document's
+        title (already prepended) and without its own heading when the piece opens with it."""
+        path = _below_title(self.at(offset), title).split(" > ") if self.at(offset) else []
+        if path and path[-1] and _starts_with_title(piece, path[-1]):
+            path.pop()
+        return " > ".join(p for p in path if p)
+
+    def paths(self, title: str) -> list[tuple[int, str]]:
+        """(offset, path below the title) of every section, to reserve room for its path."""
+        return [(offset, path) for offset in self.starts if (path := _below_title(self.at(offset), title))]
+
+
+def _below_title(path: str, title: str) -> str:
+    if title and (path == title.strip() or path.startswith(title.strip() + " > ")):
+        return path[len(title.strip()):].removeprefix(" > ")
+    return path
+
+
+def _path_lengths(tokenizer, sections: "_Sections", title: str, starts: list[int]) -> dict[int, int]:
+    """{first token of a section: tokens its path (below the title) takes, with its newline}."""
+    paths = {bisect.bisect_left(starts, offset): path for offset, path in sections.paths(title)}
+    if not paths:
+        return {}
+    texts = sorted(set(paths.values()))
+    ids = tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    lengths = {text: len(t) + 1 for text, t in zip(texts, ids)}
+    return {token: lengths[path] for token, path in paths.items()}
+
 
 def _headings(text: str) -> list[tuple[int, int, str]]:
     """(offset, level, title) of each '#' heading line outside fenced code blocks."""
@@ -140,7 +191,7 @@ def _headings(text: str) -> list[tuple[int, int, str]]:
 
 
 def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int,
-                     min_tokens: int) -> list[tuple[int, int, bool]]:
+                     min_tokens: int, rooms: dict[int, int] | None = None) -> list[tuple[int, int, bool]]:
     """(start, end, is_tail) token spans that follow the document's pages and sections.
 
     Pages are hard boundaries, except a page under ``min_tokens`` tokens, which joins the page
@@ -160,8 +211,9 @@ def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int,
     spans: list[tuple[int, int, bool]] = []
     for page_start, page_end in zip(pages, pages[1:]):
         cuts = [page_start, *sorted(t for t in headings if page_start < t < page_end), page_end]
-        for group_start, group_end in _pack(cuts, budget):
-            pieces = _sentence_spans(doc.text, offsets, words, budget, overlap, group_start, group_end, blocked)
+        for group_start, group_end in _pack(cuts, budget, rooms or {}):
+            room = _room(rooms or {}, group_start, budget)
+            pieces = _sentence_spans(doc.text, offsets, words, budget - room, overlap, group_start, group_end, blocked)
             spans.extend((s, e, j > 0) for j, (s, e) in enumerate(pieces))
     return spans
 
@@ -178,15 +230,25 @@ def _merge_small(bounds: list[int], min_tokens: int) -> list[int]:
     return [*kept, bounds[-1]]
 
 
-def _pack(cuts: list[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive sections (between ``cuts``) grouped while a group fits ``budget`` tokens."""
+def _pack(cuts: list[int], budget: int, rooms: dict[int, int] | None = None) -> list[tuple[int, int]]:
+    """Consecutive sections (between ``cuts``) grouped while a group fits ``budget`` tokens (less
+    the room its section path takes, with ``prepend_section``)."""
     groups: list[tuple[int, int]] = []
     for start, end in zip(cuts, cuts[1:]):
-        if groups and end - groups[-1][0] <= budget:
+        if groups and end - groups[-1][0] <= budget - _room(rooms or {}, groups[-1][0], budget):
             groups[-1] = (groups[-1][0], end)
         else:
             groups.append((start, end))
     return groups
+
+
+def _room(rooms: dict[int, int], token: int, budget: int) -> int:
+    """Tokens the section path of the section holding ``token`` takes (at most a quarter of the budget)."""
+    if not rooms:
+        return 0
+    starts = sorted(rooms)
+    at = bisect.bisect_right(starts, token) - 1
+    return min(rooms[starts[at]], budget // 4) if at >= 0 else 0
 
 
 def _inside_table_rows(text: str, starts: list[int]) -> frozenset[int]:

@@ -34,7 +34,8 @@ from ragline.flows.resources.source_ids import Moves, find_moves, move_chunks
 from ragline.tasks.answerable import record_floor
 
 DIRTY = "dirty"
-FAILURES = "failures"  # meta "failures:<pipeline>": the last run's per-document failures, {source_id: reason}
+FAILURES = "failures"  # meta "failures:<pipeline>": the last run's per-document failures,
+# {source_id: {"stage": step id, "reason": why}}: load's at plan, every stage's at finalize
 
 
 class Params(BaseModel):
@@ -108,7 +109,7 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
         reconcile(store, state, ctx.logger.warning)
     integrity.repair(integrity.compare(store, sparse, state), store, sparse, state, ctx.logger.warning)
     state.set_meta(DIRTY, "1")
-    state.set_meta(f"{FAILURES}:{ctx.pipeline}", json.dumps({f.source_id: f.reason for f in failures if not f.root}))
+    record_failures(state, ctx.pipeline, failures)
     moves = find_moves(documents, state.sources(origin=ctx.pipeline), covered, failures)
     migrated = migrate_ids(moves, store, state, ctx)
     if not migrated:  # nothing renamed in place (a vector was missing): the old ids go, the documents re-index
@@ -185,11 +186,19 @@ def gone_sources(indexed: Iterable[str], seen: set[str], failures: list[Failure]
                   and not any(f.protects(s) for f in failures))
 
 
+def record_failures(state: IndexState, pipeline: str, failures: Iterable[Failure]) -> None:
+    """The run's per-document failures, for ``GET /v1/documents`` (a root's failure is the run's)."""
+    state.set_meta(f"{FAILURES}:{pipeline}", json.dumps({f.source_id: {"stage": f.stage, "reason": f.reason}
+                                                         for f in failures if not f.root}))
+
+
 @index.on_finalize
-def finalize(plan: IngestPlan, params: Params, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
-             state: IndexState) -> IndexReport:
+def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: StepContext, store: ChromaStore,
+             sparse: BM25Index, state: IndexState) -> IndexReport:
     """Delete removed sources everywhere, republish BM25 if the state moved, mark the run clean,
-    set the answerability floor of the published index."""
+    set the answerability floor of the published index; record every stage's failures (the engine
+    collects them: load's, and those of the batches' steps, which plan could not know)."""
+    record_failures(state, ctx.pipeline, failures)
     removed_ids = state.chunk_ids(plan.removed)
     state.forget(plan.removed)
     failpoints.hit("finalize.after_forget")

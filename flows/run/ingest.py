@@ -80,7 +80,7 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     if sink is not None and sink.stage.finalize is not None:
         _phase(progress, "publishing")  # deletions, then the derived indexes (BM25) published
         final = run.result(run.submit(sink, {}, label=f"{sink.id}.finalize", hook="finalize",
-                                      inputs={"plan": [plan_future]}))
+                                      inputs={"plan": [plan_future], "failures": [StepResult(failures)]}))
         report = report.merge(final.value)
         failures += final.failures
     report.failures = failures

@@ -586,7 +586,8 @@ def credentials_configured(project_path: str, token: str | None, data_dir: str |
 def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
               data_dir: str | None = None, routers: Iterable[APIRouter] = (), max_body_bytes: int = 1_000_000,
               cors_origins: Iterable[str] = (), log_level: str = "info",
-              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, limits: Any = None) -> None:
+              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS, limits: Any = None,
+              body_limits: dict[str, int] | None = None) -> None:
     """Serve the API with uvicorn until stopped. ``token`` defaults to ``RAGLINE_API_TOKEN``; off
     loopback a token is required: anyone who can reach the port could otherwise run queries.
     ``limits`` (``connections.ConnectionLimits``, default: from the environment) bound slow and
@@ -601,7 +602,8 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
     import uvicorn
 
     app = create_app(project_path, token=token, routers=routers, max_body_bytes=max_body_bytes,
-                     cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars)
+                     cors_origins=cors_origins, data_dir=data_dir, max_question_chars=max_question_chars,
+                     body_limits=body_limits)
     with contextlib.ExitStack() as stack:  # embedded stores get one owner: terminal writers then reach it too
         serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr, flush=True))
         stack.enter_context(published(app.state.service.project, host, port, token, data_dir))  # for the CLI

@@ -17,6 +17,11 @@
   delete: 409 ``not_managed``. The list drops it once the state forgets it; queries stop finding it
   when that run has deleted it from the stores and published BM25 (poll the run it names).
 
+Under ``ragline serve`` a triggered run is a flow run of the pipeline's deployment; under ``ragline
+api`` (no Prefect server, ``api_documents``) it runs in the API's own process, on a thread, as
+``ragline index`` does: one run per index at a time, and requests during a run make one more run
+after it (``_InProcess``). A run killed with the process is finished by the next one (crash safety).
+
 An upload's id is the first 32 hex digits of its SHA-256; any other document's id is its source id.
 Writes need the token ``/v1/ingest`` needs (the guard checks every ``/v1`` route); reads only read
 the state file. Limits: the ``load`` step's ``max_bytes`` per file (413 naming ``file``), and the
@@ -31,6 +36,8 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterable
@@ -46,7 +53,8 @@ from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_service import ERRORS, ApiError
 from ragline.flows.serve.principals import may_read, principal_of, reading_groups, require
-from ragline.flows.serve.runs import _Runs
+from ragline.flows.run import engine
+from ragline.flows.serve.runs import _Runs, ingestion_runs
 from ragline.flows.sources.uploads import (
     ID,
     TooLarge,
@@ -71,6 +79,7 @@ class DocumentInfo(BaseModel):
     managed: bool = Field(description="uploaded through this API (only these can be deleted here)")
     status: Status
     reason: str | None = Field(None, description="why it failed (status failed)")
+    stage: str | None = Field(None, description="the step it failed in (status failed): load, convert, chunk, ...")
     chunks: int = 0
     size: int | None = None
     updated: str | None = Field(None, description="when it was last indexed, else uploaded (ISO 8601, UTC)")
@@ -168,11 +177,11 @@ class _Catalogue:
         for upload in uploads:
             source = f"{root.name}/{upload.key}"
             indexed = by_source.pop(source, [])
-            reason = self.runs.redact(failures.get(source))
-            status: Status = "indexed" if indexed else "failed" if reason else "queued"
+            failed = None if indexed else failures.get(source)
+            status: Status = "indexed" if indexed else "failed" if failed else "queued"
             updated = max((r[3] for r in indexed), default=upload.modified)
             out[upload.id] = DocumentInfo(id=upload.id, pipeline=pipeline, source=source, name=upload.name,
-                                          managed=True, status=status, reason=None if indexed else reason,
+                                          managed=True, status=status, **self._failure(failed),
                                           chunks=sum(r[4] for r in indexed), size=upload.size, updated=_iso(updated))
         for source, indexed in by_source.items():
             upload_id = self._upload_id(root, source)
@@ -181,11 +190,20 @@ class _Catalogue:
                 name=source.rsplit("/", 1)[-1] if upload_id else None,
                 status="deleting" if upload_id else "indexed", chunks=sum(r[4] for r in indexed),
                 updated=_iso(max(r[3] for r in indexed)))
-        for source, reason in failures.items():
+        for source, failed in failures.items():
             if source not in out and self._upload_id(root, source) is None and source.partition("#")[0] not in out:
                 out[source] = DocumentInfo(id=source, pipeline=pipeline, source=source, managed=False,
-                                           status="failed", reason=self.runs.redact(reason))
+                                           status="failed", **self._failure(failed))
         return [out[k] for k in sorted(out)]
+
+    def _failure(self, failed: dict[str, str] | str | None) -> dict[str, str | None]:
+        """A recorded failure's reason (redacted) and stage: {"stage", "reason"}, or the reason
+        alone as states written before stages were recorded hold it."""
+        if failed is None:
+            return {}
+        if isinstance(failed, str):
+            return {"reason": self.runs.redact(failed)}
+        return {"reason": self.runs.redact(str(failed.get("reason", ""))), "stage": failed.get("stage")}
 
     @staticmethod
     def _upload_id(root: _Managed | None, source: str) -> str | None:
@@ -194,7 +212,7 @@ class _Catalogue:
         candidate = source[len(root.name) + 1:].partition("/")[0]
         return candidate if ID.match(candidate) else None
 
-    def _state(self, pipeline: str) -> tuple[list[tuple], dict[str, str]]:
+    def _state(self, pipeline: str) -> tuple[list[tuple], dict[str, Any]]:
         """The state's rows of this pipeline and its last run's failures; nothing when there is no
         state file yet (opening it would create one: a read never writes)."""
         resource, path = self.runs.state_resource.get(pipeline), self.runs.state_path(pipeline)
@@ -258,6 +276,50 @@ class _Trigger:
             return
 
 
+class _InProcess:
+    """Runs a pipeline's ingestion in this process (``ragline api``: no Prefect to start a
+    deployment run), on a thread: one run per index at a time; a request while one runs makes one
+    more run after it (many requests during a run cost one more run, not one each)."""
+
+    def __init__(self, runs: _Runs):
+        self.runs = runs
+        self.lock = threading.Lock()
+        self.running: dict[str, str] = {}  # index (its state file) -> the run id in progress
+        self.queued: dict[str, list[str]] = {}  # index -> pipelines to run after it
+
+    async def request(self, pipeline: str) -> Ingestion:
+        index = str(self.runs.state_path(pipeline) or pipeline)
+        with self.lock:
+            if index in self.running:
+                if pipeline not in self.queued.setdefault(index, []):
+                    self.queued[index].append(pipeline)
+                return Ingestion(state="scheduled", reason=f"run {self.running[index]} is writing this index: "
+                                                           f"one more run follows it")
+            run_id = self.running[index] = uuid.uuid4().hex
+        threading.Thread(target=self._runs, args=(index, pipeline, run_id), daemon=True,
+                         name=f"ragline-ingest-{pipeline}").start()
+        return Ingestion(state="started", run_id=run_id)
+
+    def _runs(self, index: str, pipeline: str, run_id: str) -> None:
+        while True:
+            self._run(pipeline, run_id)
+            with self.lock:
+                if not self.queued.get(index):
+                    del self.running[index]
+                    return
+                pipeline, run_id = self.queued[index].pop(0), uuid.uuid4().hex
+                self.running[index] = run_id
+
+    def _run(self, pipeline: str, run_id: str) -> None:
+        """One run, as ``ragline index`` runs it (it waits while another writer holds the index)."""
+        try:
+            report = engine.run(self.runs.project.pipeline(pipeline), orchestrate=False)
+        except Exception as exc:  # noqa: BLE001 - logged; the next upload or delete starts another
+            log.warning("ingestion run %s of %s failed: %s", run_id, pipeline, self.runs.redact(str(exc)))
+            return
+        log.info("ingestion run %s of %s: %s", run_id, pipeline, report.summary())
+
+
 # ----------------------------------------------------------------------------- idempotency keys
 class _Keys:
     """``Idempotency-Key`` answers, one file per key under the data dir (they outlive a restart)."""
@@ -286,13 +348,16 @@ def _principals_groups(request: Request) -> Iterable[str] | None:
     return reading_groups(principal_of(request))
 
 
-def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[str] | None] = _principals_groups
-                     ) -> APIRouter:
+def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[str] | None] = _principals_groups,
+                     *, in_process: bool = False) -> APIRouter:
     """``/v1/documents`` for the ingestion pipelines of ``runs``' project. ``uploader_groups``: who may
     read what a request uploads (the server's, from its principal; None: everyone), never a field
-    the client sends."""
+    the client sends. ``in_process``: runs are started in this process (``ragline api``), not as
+    deployment runs. Staging left by uploads killed before this start is removed now."""
     catalogue = _Catalogue(runs)
-    trigger = _Trigger(runs)
+    trigger = _InProcess(runs) if in_process else _Trigger(runs)
+    for root in catalogue.roots.values():
+        UploadFolder(root.folder).sweep()
     keys = _Keys(data_dir_of(runs.project) / ".ragline" / "idempotency")
     router = APIRouter(prefix="/v1", tags=["documents"])
 
@@ -421,6 +486,15 @@ def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[
         return DeleteResult(id=document.id, deleted=deleted, ingestion=ingestion)
 
     return router
+
+
+def api_documents(project_path: str | Path, *, data_dir: str | Path | None = None
+                  ) -> tuple[APIRouter, dict[str, int]]:
+    """The document API of ``ragline api``: its router (ingestion runs in this process) and the
+    body limit its uploads need, for ``create_app(routers=..., body_limits=...)``."""
+    runs = ingestion_runs(project_path, data_dir=data_dir)
+    limit = upload_limit(runs)
+    return documents_router(runs, in_process=True), ({"/v1/documents": limit} if limit else {})
 
 
 def readable(request: Request, project: Any, names: list[str], explicit: bool) -> list[str]:

@@ -10,6 +10,10 @@ the first 32 hex digits of the SHA-256 of its bytes. So
 - an upload appears at once and whole: its bytes are written to a temporary file (fsynced) inside
   a hidden staging folder, which is renamed to ``<id>`` (one atomic rename). Hidden entries
   (``.staging-*``, ``.tmp-*``) are never listed, so an interrupted upload is never indexed;
+- a killed upload (or delete) leaves its hidden ``.staging-*`` (``.deleted-*``) folder behind: each
+  upload, and the API at start, removes those older than ``STALE_SECONDS`` whose lock no one holds
+  (an upload holds an ``flock`` on its staging folder until it is renamed or removed, and the
+  kernel drops it when the process dies), so a folder in use is never touched;
 - a delete removes ``<id>``: a complete listing no longer names it, so the next ingestion run
   removes it from every index (deletions only from complete listings, as for any root).
 
@@ -18,12 +22,15 @@ listing (nothing uploaded), and one that cannot be read is incomplete (nothing d
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +54,9 @@ ID = re.compile(rf"^[0-9a-f]{{{ID_LENGTH}}}$")
 MAX_NAME_CHARS = 200
 CHUNK_BYTES = 1 << 20
 GROUPS_FILE = ".groups.json"  # hidden: never listed as the upload's file
+STALE_SECONDS = 15 * 60  # a staging folder untouched this long, and unlocked, was left by a killed upload
+LEFTOVERS = (".staging-", ".deleted-")
+log = logging.getLogger("ragline.sources.uploads")
 
 
 class UploadsSpec(BaseModel):
@@ -190,7 +200,9 @@ class UploadFolder:
         who may read it (the server's, from the uploader; None: everyone), kept in a hidden file
         that appears with the upload in the same rename."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.sweep()
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.folder))
+        lock = _locked(staging)  # held until the end: the sweep of another request leaves it alone
         try:
             target = staging / name
             digest, size = hashlib.sha256(), 0
@@ -222,15 +234,51 @@ class UploadFolder:
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
+            os.close(lock)
+
+    def sweep(self, grace_seconds: float = STALE_SECONDS) -> int:
+        """Remove the staging (and trash) folders killed requests left: untouched for
+        ``grace_seconds`` and not locked by a live upload. Returns how many were removed."""
+        try:
+            entries = [e for e in os.scandir(self.folder) if e.name.startswith(LEFTOVERS)
+                       and e.is_dir(follow_symlinks=False)]
+        except OSError:  # no folder yet (or unreadable: the upload itself says so)
+            return 0
+        removed = 0
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                if time.time() - _last_touched(path) < grace_seconds:
+                    continue
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:  # gone meanwhile (its upload finished)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # an upload in progress holds it
+                os.close(fd)
+                continue
+            try:
+                shutil.rmtree(path, ignore_errors=True)
+                removed += not path.exists()
+            finally:
+                os.close(fd)
+        if removed:
+            log.warning("removed %d staging folder(s) left by killed uploads in %s", removed, self.folder)
+        return removed
 
     def remove(self, upload_id: str) -> bool:
         """Remove an upload (renamed away first, so no listing sees it half-removed)."""
         if not ID.match(upload_id) or not (self.folder / upload_id).is_dir():
             return False
         trash = Path(tempfile.mkdtemp(prefix=".deleted-", dir=self.folder))
-        os.rename(self.folder / upload_id, trash / upload_id)
-        _fsync_dir(self.folder)
-        shutil.rmtree(trash, ignore_errors=True)
+        lock = _locked(trash)
+        try:
+            os.rename(self.folder / upload_id, trash / upload_id)
+            _fsync_dir(self.folder)
+            shutil.rmtree(trash, ignore_errors=True)
+        finally:
+            os.close(lock)
         return True
 
 
@@ -238,6 +286,25 @@ class TooLarge(SourceError):
     def __init__(self, size: int, limit: int):
         super().__init__(f"the file is over the limit of {limit} bytes (read {size} so far)", permanent=True)
         self.limit = limit
+
+
+def _locked(folder: Path) -> int:
+    """An open descriptor holding an exclusive ``flock`` on ``folder`` (close it to release)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _last_touched(folder: Path) -> float:
+    """The newest modification time of a folder and what is in it (a file being written moves it)."""
+    newest = folder.stat().st_mtime
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            try:
+                newest = max(newest, os.stat(os.path.join(root, name), follow_symlinks=False).st_mtime)
+            except FileNotFoundError:
+                pass
+    return newest
 
 
 def _fsync_dir(path: Path) -> None:

@@ -81,3 +81,21 @@ def test_a_table_in_a_word_file_is_never_split_mid_row(tmp_path, minilm):
     for n in range(60):  # every row is whole in some chunk
         assert any(line.startswith(f"| item{n} |") for line in table_lines)
     assert {c.metadata["section"] for c in chunks} == {"Inventory"}
+
+
+def test_prepend_section_starts_each_chunk_with_its_section_path_within_the_budget(minilm):
+    text = f"# Guide\n\n{prose('ia', 2)}\n\n## Background\n\n{prose('bg', 40, 1)}\n\n### Early work\n\n{prose('ew', 3, 2)}"
+    document = Document(source_id="d", text=text, format="markdown", title="Guide")
+    plain = run(document, minilm, size=64, overlap=8)
+    prefixed = run(document, minilm, size=64, overlap=8, prepend_section=True)
+    background = [c for c in prefixed if c.metadata["section"] == "Guide > Background"]
+    assert len(background) > 2
+    for c in background:  # the title, then the path below it, then the piece (its heading not repeated)
+        assert c.text.startswith("Guide\nBackground\n") or c.text.startswith("Guide\n## Background"), c.text
+    assert not any(c.text.startswith("Guide\nBackground\n## Background") for c in prefixed)
+    early = next(c for c in prefixed if c.metadata["section"].endswith("Early work"))
+    assert early.text.startswith("Guide\nBackground\n### Early work"), early.text  # its parents: its heading opens it
+    assert all(len(minilm.tokenizer(c.text, add_special_tokens=False)["input_ids"]) <= 64 for c in prefixed)
+    assert [c.metadata for c in plain] != [] and all("Guide\nBackground\n" not in c.text for c in plain)
+    # the default leaves the params (and so every existing index's fingerprint) as they were
+    assert "prepend_section" not in Params().model_dump() and Params(prepend_section=True).model_dump()["prepend_section"]

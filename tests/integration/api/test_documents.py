@@ -244,6 +244,23 @@ def test_a_failed_upload_shows_its_reason(project, served):
     assert document["status"] == "failed" and document["reason"], document
 
 
+def test_a_document_failing_after_load_shows_failed_with_its_stage(project, served):
+    """Loaded (its bytes are text) but dropped by convert (nothing left after conversion), and one
+    that fails in load: both are `failed` in the list, each naming its stage and reason."""
+    scripts = upload(served, "scripts-only.html", b"<html><body><script>var x = 1;</script></body></html>")
+    broken = upload(served, "broken.pdf", b"%PDF-1.4 this is not a pdf")
+    report = ingest(project)
+    assert {(f.stage, f.source_id.rsplit("/", 1)[-1]) for f in report.failures} == \
+        {("convert", "scripts-only.html"), ("load", "broken.pdf")}, report.failures
+    documents = {d["id"]: d for d in listing(served)}
+    converted = documents[scripts.json()["document"]["id"]]
+    assert (converted["status"], converted["stage"]) == ("failed", "convert"), converted
+    assert "no text after conversion" in converted["reason"]
+    loaded = documents[broken.json()["document"]["id"]]
+    assert (loaded["status"], loaded["stage"]) == ("failed", "load") and loaded["reason"], loaded
+    assert documents["docs/configured.md"]["status"] == "indexed"
+
+
 def test_an_upload_cut_mid_body_leaves_nothing(project, served):
     host, port = served.removeprefix("http://").split(":")
     boundary = "cutcutcut"
