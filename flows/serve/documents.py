@@ -178,7 +178,11 @@ class _Catalogue:
             return any(g is not None and (not g or bool(reader.intersection(g))) for g in found or [])
         return [d for d in documents if readable(d)]
 
-    def documents(self, pipeline: str) -> list[DocumentInfo]:
+    def documents(self, pipeline: str, reader: frozenset[str] | None = None) -> list[DocumentInfo]:
+        """The pipeline's documents that a viewer reading ``reader``'s groups may know of (``known_to``)."""
+        return self.known_to(pipeline, self._documents(pipeline), reader)
+
+    def _documents(self, pipeline: str) -> list[DocumentInfo]:
         rows, failures = self._state(pipeline)
         root = self.roots.get(pipeline)
         out: dict[str, DocumentInfo] = {}
@@ -401,7 +405,7 @@ def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[
         found: list[DocumentInfo] = []
         reader = reading_groups(principal_of(request))
         for name in readable(request, runs.project, catalogue.pipelines(pipeline), explicit=pipeline is not None):
-            found += await asyncio.to_thread(lambda: catalogue.known_to(name, catalogue.documents(name), reader))
+            found += await asyncio.to_thread(catalogue.documents, name, reader)
         found.sort(key=lambda d: (d.id, d.pipeline))
         if after is not None:
             found = [d for d in found if (d.id, d.pipeline) > after]
