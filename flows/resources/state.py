@@ -426,6 +426,20 @@ class IndexState(Resource):
         with self._guarded():
             return [(r[0], r[1], r[2] or "", r[3], r[4]) for r in self.reader.execute(sql + " ORDER BY s.source_id", args)]
 
+    def readers(self, origin: str | None = None) -> dict[str, tuple[str, ...] | None]:
+        """Per source (of one pipeline): the groups granted to read it (() everyone; None unknown, as
+        ``acls``). Read-only, for the document API's filter: a state from before access has no column."""
+        sql, args = ("SELECT source_id, acl FROM sources WHERE origin=?", (origin,)) if origin is not None else (
+            "SELECT source_id, acl FROM sources", ())
+        with self._guarded():
+            try:
+                rows = self.reader.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such column" not in str(exc):
+                    raise
+                return {}
+        return {sid: None if acl is None else tuple(json.loads(acl)) for sid, acl in rows}
+
     def counts(self) -> tuple[int, int]:
         with self._guarded():
             return (self.reader.execute("SELECT COUNT(*) FROM sources").fetchone()[0],

@@ -64,6 +64,8 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     if refusal := _query_refusal(compiled, inputs):
         return Failed(message=refusal)
     inputs = _triggered_access(compiled, inputs)
+    if compiled.kind == PipelineKind.QUERY:
+        _record_access(inputs)
     runner = task_runner(compiled.spec.runner)
     driver = drivers.DRIVER.get()
     progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
@@ -163,6 +165,20 @@ def _triggered_access(pipeline: CompiledPipeline, inputs: dict[str, Any] | None)
     return {**(inputs or {}), "query": query}
 
 
+def _record_access(inputs: dict[str, Any] | None) -> None:
+    """A query run's access as a label of its flow run (``ACCESS_LABEL``): its stored result may
+    hold any document that access reads, so ``GET /v1/runs/{id}`` shows it only to readers of all
+    of them. Best effort: a run without the label counts as one that read everything."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    query = (inputs or {}).get("query")
+    access = query.get("access") if isinstance(query, dict) else getattr(query, "access", None)
+    RunProgress(context.flow_run.id)._labels({ACCESS_LABEL: "*" if access is None else ",".join(sorted(access))})
+
+
 def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) -> str | None:
     """A deployment's query run takes the question, its history and filters, checked as the HTTP
     API checks them (length, roles, filter shape); an ingestion or job run takes no inputs."""
@@ -253,6 +269,7 @@ def record_success(pipeline: CompiledPipeline) -> None:
 # ----------------------------------------------------------------------------- progress on the flow run
 PROGRESS_LABEL = "ragline.progress."  # flow-run labels: phase, documents_planned, documents_done, chunks_written
 TRACE_LABEL = "ragline.trace_id"  # the run's OpenTelemetry trace id, when traced
+ACCESS_LABEL = "ragline.access"  # a query run's access: '*' (every document) or its groups, comma-separated
 
 
 class RunProgress:

@@ -55,6 +55,7 @@ from ragline.flows.serve.query_service import ERRORS, ApiError
 from ragline.flows.serve.principals import may_read, principal_of, reading_groups, require
 from ragline.flows.run import engine
 from ragline.flows.serve.runs import _Runs, ingestion_runs
+from ragline.flows.sources.base import SourceError
 from ragline.flows.sources.uploads import (
     ID,
     TooLarge,
@@ -166,7 +167,35 @@ class _Catalogue:
                                 f"{', '.join(names) or 'none'}", param="pipeline", code="pipeline_not_found")
         return [only]
 
-    def documents(self, pipeline: str) -> list[DocumentInfo]:
+    def known_to(self, pipeline: str, documents: list[DocumentInfo], reader: frozenset[str] | None
+                 ) -> list[DocumentInfo]:
+        """The documents a viewer reading ``reader``'s groups (None: every document) may know of: an
+        indexed one by the groups its chunks were granted (any record of a file), an upload not
+        indexed yet by its uploaders' groups, one whose groups are unknown only by the operator."""
+        if reader is None:
+            return documents
+        resource, path = self.runs.state_resource.get(pipeline), self.runs.state_path(pipeline)
+        granted: dict[str, list[tuple[str, ...] | None]] = {}
+        if resource is not None and path is not None and path.exists():
+            for source, groups in self.runs.project.resource(resource).readers(origin=pipeline).items():
+                granted.setdefault(source.partition("#")[0], []).append(groups)
+        root = self.roots.get(pipeline)
+
+        def readable(document: DocumentInfo) -> bool:
+            found = granted.get(document.source)
+            if found is None and document.managed and root is not None:
+                try:
+                    found = [UploadFolder(root.folder).groups(document.id) or ()]
+                except SourceError:  # its access file is unreadable: the operator's until fixed
+                    return False
+            return any(g is not None and (not g or bool(reader.intersection(g))) for g in found or [])
+        return [d for d in documents if readable(d)]
+
+    def documents(self, pipeline: str, reader: frozenset[str] | None = None) -> list[DocumentInfo]:
+        """The pipeline's documents that a viewer reading ``reader``'s groups may know of (``known_to``)."""
+        return self.known_to(pipeline, self._documents(pipeline), reader)
+
+    def _documents(self, pipeline: str) -> list[DocumentInfo]:
         rows, failures = self._state(pipeline)
         root = self.roots.get(pipeline)
         out: dict[str, DocumentInfo] = {}
@@ -443,8 +472,9 @@ def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[
         """Documents by (id, pipeline), a page at a time."""
         after = _decode_cursor(cursor)
         found: list[DocumentInfo] = []
+        reader = reading_groups(principal_of(request))
         for name in readable(request, runs.project, catalogue.pipelines(pipeline), explicit=pipeline is not None):
-            found += await asyncio.to_thread(catalogue.documents, name)
+            found += await asyncio.to_thread(catalogue.documents, name, reader)
         found.sort(key=lambda d: (d.id, d.pipeline))
         if after is not None:
             found = [d for d in found if (d.id, d.pipeline) > after]
@@ -459,6 +489,9 @@ def documents_router(runs: _Runs, uploader_groups: Callable[[Request], Iterable[
             require(request, "query", runs.project.pipeline(pipeline))
         document = await asyncio.to_thread(catalogue.find, document_id, pipeline)
         require(request, "query", runs.project.pipeline(document.pipeline))
+        reader = reading_groups(principal_of(request))
+        if not await asyncio.to_thread(catalogue.known_to, document.pipeline, [document], reader):
+            raise ApiError(404, f"no document '{document_id[:200]}'", param="id", code="document_not_found")
         return document
 
     @router.delete("/documents/{document_id:path}", status_code=202, response_model=DeleteResult,

@@ -14,7 +14,8 @@ runs beside the Prefect runner serving the file's deployments (``flows/serve/ser
 - ``GET /v1/runs/{id}`` reports a run of this file's pipelines (deployment-triggered, scheduled,
   or ``ragline index``): state, times, the persisted JSON result once completed (the IndexReport
   of an ingestion run, also for a run that failed because a root was unreachable; the answer or
-  passages of a query run), the ingestion summary line, per-document failures, the failure
+  passages of a query run; shown only to a credential that reads every document the query could,
+  ``shown_to``), the ingestion summary line, per-document failures, the failure
   message, and for a running ingestion run its progress (see ``progress``). 404 for any other id.
 
 Progress comes from what the run records, read live: its phase (waiting for the lease, listing,
@@ -42,12 +43,12 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.serve.query_service import ERRORS, ApiError
-from ragline.flows.serve.principals import may_read, principal_of, require
+from ragline.flows.serve.principals import may_read, principal_of, reading_groups, require
 from ragline.flows.spec.compile import Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of, deployment_name
 from ragline.flows.serve.redact import Redactor
-from ragline.flows.run.entrypoints import PROGRESS_LABEL, TRACE_LABEL
+from ragline.flows.run.entrypoints import ACCESS_LABEL, PROGRESS_LABEL, TRACE_LABEL
 from ragline.flows.contracts import IndexReport
 from ragline.flows.resources.state import StorageError, StoreDamaged
 
@@ -82,10 +83,13 @@ class RunStatus(BaseModel):
     created: str | None = None
     started: str | None = None
     ended: str | None = None
-    result: Any = Field(None, description="the persisted JSON result: an ingestion run's report, a query's output")
+    result: Any = Field(None, description="the persisted JSON result: an ingestion run's report, a query's output "
+                                          "(withheld from a credential that may not read every document the query "
+                                          "could)")
     summary: str | None = Field(None, description="an ingestion run's summary line")
     failures: list[dict[str, Any]] = Field(default_factory=list, description="documents that could not be indexed")
-    message: str | None = Field(None, description="why a run failed, crashed or was cancelled")
+    message: str | None = Field(None, description="why a run failed, crashed or was cancelled, or its result "
+                                                  "was withheld")
     progress: dict[str, Any] | None = Field(None, description="a running ingestion run's progress")
     trace_id: str | None = Field(None, description="the run's OpenTelemetry trace id (32 hex digits), when traced")
 
@@ -313,7 +317,9 @@ class _Runs:
             return step_id
         return STEP_PHASES.get(stage, step_id)
 
-    async def status(self, client: Any, flow_run: Any) -> RunStatus:
+    async def status(self, client: Any, flow_run: Any, reader: frozenset[str] | None = None) -> RunStatus:
+        """``reader``: the groups the viewer reads (None: every document), which a query run's
+        stored result must not exceed (``shown_to``)."""
 
         pipeline = flow_run.parameters["pipeline"]
         kind = self.project.pipeline(pipeline).kind
@@ -326,6 +332,9 @@ class _Runs:
             return status
         if state.is_completed() or (state.is_failed() and kind == PipelineKind.INGESTION):
             status.result = await self.result(state)
+        if kind == PipelineKind.QUERY and status.result is not None and not shown_to(reader, flow_run.labels):
+            status.result = None
+            status.message = "result withheld: this run could read documents this credential may not read"
         if kind == PipelineKind.INGESTION and isinstance(status.result, dict):
             try:
                 report = IndexReport.model_validate(status.result)
@@ -345,6 +354,17 @@ class _Runs:
             except Exception as exc:  # progress is a courtesy: never fail the status for it
                 status.progress = {"error": self.redact(str(exc))}
         return status
+
+
+def shown_to(reader: frozenset[str] | None, labels: dict[str, Any] | None) -> bool:
+    """Whether a query run's stored result may be shown to a viewer reading ``reader``'s groups:
+    the run's access (its ``ACCESS_LABEL``; none counts as every document) is within them."""
+    if reader is None:
+        return True
+    access = (labels or {}).get(ACCESS_LABEL)
+    if not isinstance(access, str) or access == "*":
+        return False
+    return set(filter(None, access.split(","))) <= reader
 
 
 def _iso(value: datetime.datetime | None) -> str | None:
@@ -407,10 +427,11 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                 if not runs.owns(flow_run):
                     raise ApiError(404, f"no run '{run_id}' of this server's pipelines", code="run_not_found")
                 pipeline = project.pipeline(flow_run.parameters["pipeline"])
-                if not may_read(principal_of(http), pipeline):  # as unknown: its existence is not told
+                principal = principal_of(http)
+                if not may_read(principal, pipeline):  # as unknown: its existence is not told
                     raise ApiError(404, f"no run '{run_id}' of the pipelines this credential may read",
                                    code="run_not_found")
-                return await runs.status(client, flow_run)
+                return await runs.status(client, flow_run, reading_groups(principal))
         except ApiError:
             raise
         except Exception as exc:
