@@ -637,12 +637,12 @@ class Version:
         return self.corpus.term_scores(term)
 
     def hits(self, scores: np.ndarray, k: int) -> list[tuple[str, float, dict[str, Any]]]:
+        top = ranked(scores, k, self.ids)
         offsets = self.corpus.offsets
-        out = []
-        for d in ranked(scores, k, self.ids).tolist():
-            at = int(np.searchsorted(offsets, d, side="right")) - 1
-            out.append((self.ids[d], float(scores[d]), self.segments[at].meta[d - int(offsets[at])]))
-        return out
+        segment = np.searchsorted(offsets, top, side="right") - 1
+        metas = {at: self.segments[at].segment.meta for at in set(segment.tolist())}
+        return [(self.ids[d], s, metas[at][d - int(offsets[at])])
+                for d, s, at in zip(top.tolist(), scores[top].tolist(), segment.tolist())]
 
 
 class LegacyVersion:

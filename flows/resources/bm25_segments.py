@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -95,7 +97,8 @@ class Postings:
             counts = counts[held]
         indptr = np.zeros(len(terms) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
-        return cls(terms, indptr, docs.astype(np.int32), tf.astype(np.int32), lengths.astype(np.int32))
+        # tf as float32, the dtype bm25s scores it in (exact for any count below 2**24)
+        return cls(terms, indptr, docs.astype(np.int32), tf.astype(np.float32), lengths.astype(np.int32))
 
     @classmethod
     def merge(cls, parts: list[tuple[Postings, np.ndarray | None]]) -> Postings:
@@ -111,14 +114,14 @@ class Postings:
             kept = live[postings.docs]
             columns.append(np.repeat(own, np.diff(postings.indptr))[kept])
             docs.append(moved[postings.docs[kept]])
-            tfs.append(np.asarray(postings.tf)[kept])
+            tfs.append(postings.tf[kept])
             lengths.append(np.asarray(postings.lengths)[live])
             offset += int(live.sum())
         columns_all, docs_all = np.concatenate(columns or [np.empty(0, np.int64)]), np.concatenate(
             docs or [np.empty(0, np.int64)])
         order = np.lexsort((docs_all, columns_all))
         return cls._from_pairs(terms, columns_all[order], docs_all[order],
-                               np.concatenate(tfs or [np.empty(0, np.int32)])[order],
+                               np.concatenate(tfs or [np.empty(0, np.float32)])[order],
                                np.concatenate(lengths or [np.empty(0, np.int32)]))
 
     def save(self, folder: Path) -> None:
@@ -129,7 +132,8 @@ class Postings:
 
     @classmethod
     def load(cls, folder: Path) -> Postings:
-        arrays = [np.load(folder / f"{name}.npy", mmap_mode="r") for name in cls.ARRAYS]
+        # mapped, read as plain arrays (numpy's memmap subclass costs microseconds on every slice)
+        arrays = [np.load(folder / f"{name}.npy", mmap_mode="r").view(np.ndarray) for name in cls.ARRAYS]
         terms = json.loads((folder / cls.TERMS).read_text(encoding="utf-8"))
         if len(arrays[0]) != len(terms) + 1 or len(arrays[1]) != len(arrays[2]) or \
                 (len(terms) and arrays[0][-1] != len(arrays[1])):
@@ -150,6 +154,8 @@ class Corpus:
     ``i`` at ``offsets[i]``): their statistics, and scores over every position (a deleted passage
     scores 0), computed as bm25s computes them for an index of the live passages alone."""
 
+    CACHE_POSTINGS = 4_000_000  # scored postings kept per loaded version (~32 MB: positions and scores)
+
     def __init__(self, parts: list[tuple[Postings, np.ndarray | None]], scorer: Scorer):
         self.parts, self.scorer = parts, scorer
         sizes = [p.size for p, _ in parts]
@@ -162,6 +168,9 @@ class Corpus:
                     int(np.asarray(p.lengths, dtype=np.int64)[live].sum()) for p, live in parts)
         self.avgdl = np.float64(total) / self.count if self.count else np.float64(0)
         self._weights: dict[str, tuple[int, np.float32, np.float32]] = {}
+        self._cached: OrderedDict[str, list[tuple[np.ndarray, np.ndarray]]] = OrderedDict()
+        self._cached_size = 0
+        self._cache_lock = threading.Lock()
 
     def df(self, term: str) -> int:
         """How many live passages hold ``term``."""
@@ -184,20 +193,39 @@ class Corpus:
         return [t for t in terms if self._term(t)[0]]
 
     def _add(self, scores: np.ndarray, term: str) -> None:
-        """Add ``term``'s score to every live passage holding it (deleted ones get some too: masked later)."""
+        """Add ``term``'s score to every passage holding it (deleted ones get some too: masked later)."""
+        for positions, values in self._postings(term):
+            scores[positions] += values  # a term holds a passage once: no repeated position
+
+    def _postings(self, term: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``term``'s (positions, float32 scores) per segment, as bm25s stores them in its score matrix:
+        ``idf * tfc`` (less the absence score for BM25L and BM25+). The most recently used terms are
+        kept, up to CACHE_POSTINGS postings, for the life of this version (its statistics never change)."""
+        with self._cache_lock:
+            found = self._cached.get(term)
+            if found is not None:
+                self._cached.move_to_end(term)
+                return found
         _, idf, absent = self._term(term)
-        s = self.scorer
+        s, found = self.scorer, []
         for (postings, _), offset in zip(self.parts, self.offsets.tolist()):
-            found = postings.column(term)
-            if found is None:
+            column = postings.column(term)
+            if column is None:
                 continue
-            docs, tf = found
-            tfc = s.tfc(tf_array=np.asarray(tf).astype(np.float32), l_d=postings.lengths[docs], l_avg=self.avgdl,
-                        k1=s.k1, b=s.b, delta=DELTA)
-            values = idf * tfc
+            docs, tf = column
+            values = idf * s.tfc(tf_array=tf, l_d=postings.lengths[docs], l_avg=self.avgdl, k1=s.k1, b=s.b,
+                                 delta=DELTA)
             if s.nonoccurring:
                 values -= absent
-            scores[offset + docs] += values.astype(np.float32)  # a term holds a passage once: no repeats
+            found.append((docs + offset if offset else docs, values.astype(np.float32)))
+        size = sum(len(values) for _, values in found)
+        with self._cache_lock:
+            if term not in self._cached and size <= self.CACHE_POSTINGS:
+                self._cached[term] = found
+                self._cached_size += size
+                while self._cached_size > self.CACHE_POSTINGS:
+                    self._cached_size -= sum(len(v) for _, v in self._cached.popitem(last=False)[1])
+        return found
 
     def scores(self, terms: list[str]) -> np.ndarray | None:
         """bm25s's ``get_scores`` over the known ``terms``, float32, one per position; None if no term is known."""
