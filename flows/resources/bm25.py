@@ -215,8 +215,8 @@ class BM25Index(Resource):
             if on_rebuild is not None:
                 on_rebuild()
             if force or not self._update(state):
-                log_id = state.chunk_log_id()
                 generation = state.generation  # read before the rows: a later write only makes it look older
+                log_id = state.chunk_log_id()
                 self._build(state.chunk_rows(), generation, self.settings, log_id)
             self._prune_log(state)
         return True
@@ -249,12 +249,17 @@ class BM25Index(Resource):
         """Publish the state's changes since the published version as a new version: False (nothing
         written) when only a full rebuild can say what the state holds."""
         published = self.published_version()
-        if published is None or published.get("format") != self.FORMAT or published["settings"] != self.settings:
+        if published is None or published.get("format") != self.FORMAT or published["settings"] != self.settings \
+                or self._missing(published) is not None:
             return False
         changes = state.chunk_changes(since=published["generation"], log_id=published.get("log"))
         if changes is None:
             return False
-        current = self._current()
+        try:
+            current = self._current()
+        except StoreDamaged as exc:  # a segment unreadable: the rebuild replaces it
+            log.warning("%s; rebuilding it whole", exc)
+            return False
         if not isinstance(current, Version) or current.name != published["version"]:
             return False
         kept = current.without(changes.changed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -328,3 +329,18 @@ def test_the_scoring_module_uses_bm25s_own_formulas():
 
     assert bm25_segments.scorer("lucene", 1.2, 0.75).idf.__module__ == "bm25s.scoring"
     assert bm25_module.BM25Index.sync.__doc__
+
+
+def test_a_deleted_segment_is_reported_and_rebuilt(tmp_path):
+    state, index = open_state(tmp_path), make(tmp_path)
+    put(state, "a", ["penguin bird"])
+    index.sync(state)
+    put(state, "b", ["mitochondria protein"])
+    index.sync(state)
+    older = index._current().segments[0].segment.folder
+    assert older.name != index.published_version()["version"]
+    shutil.rmtree(older)
+    assert f"the published version {older} is missing" in index.problem(state)
+    assert index.lags(state) and index.sync(state)  # rebuilt whole from the state
+    assert len(index._current().segments) == 1
+    assert_same_scores(make(tmp_path), state)
