@@ -1,9 +1,10 @@
 """The index state record: one SQLite file that says what both indexes should contain.
 
 It maps each source to its content hash, the settings fingerprint that produced its chunks,
-and the chunks themselves (text and metadata, from which the BM25 index is rebuilt). Writes
-follow "forget, write, record": a crash at any point leaves the state naming only chunks that
-are fully written, and ``reconcile`` removes whatever the stores hold beyond it.
+and the chunks themselves (text and metadata, from which the BM25 index is built; triggers log
+every changed chunk, so BM25 updates only what changed). Writes follow "forget, write, record": a
+crash at any point leaves the state naming only chunks that are fully written, and ``reconcile``
+removes whatever the stores hold beyond it.
 """
 from __future__ import annotations
 
