@@ -14,6 +14,7 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,14 +77,13 @@ class Postings:
 
     @classmethod
     def build(cls, token_lists: list[list[str]]) -> Postings:
-        vocab: dict[str, int] = {}
-        flat = np.fromiter((vocab.setdefault(t, len(vocab)) for tokens in token_lists for t in tokens), dtype=np.int64)
-        lengths = np.fromiter((len(tokens) for tokens in token_lists), dtype=np.int32, count=len(token_lists))
-        terms = sorted(vocab)
-        rank = np.empty(len(vocab), dtype=np.int64)
-        rank[np.fromiter((vocab[t] for t in terms), dtype=np.int64, count=len(terms))] = np.arange(len(terms))
+        tokens = list(chain.from_iterable(token_lists))
+        terms = sorted(dict.fromkeys(tokens))
+        column = {term: i for i, term in enumerate(terms)}
+        flat = np.fromiter(map(column.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+        lengths = np.fromiter(map(len, token_lists), dtype=np.int32, count=len(token_lists))
         docs = np.repeat(np.arange(len(token_lists), dtype=np.int64), lengths)
-        pairs, tf = np.unique((rank[flat] << 32) | docs, return_counts=True)  # sorted by term, then passage
+        pairs, tf = np.unique((flat << 32) | docs, return_counts=True)  # sorted by term, then passage
         return cls._from_pairs(terms, pairs >> 32, pairs & 0xFFFFFFFF, tf, lengths)
 
     @classmethod
