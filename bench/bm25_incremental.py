@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -90,22 +89,35 @@ def old_sync(index: BM25Index, state: IndexState) -> int:
 
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, str(Path(sys.argv[1]) / "bench"))
 import bm25_incremental as b
 from ragline.flows.resources.bm25 import BM25Index, BM25Spec
+import bm25s, psutil, Stemmer  # imported before the clock starts, as in a running ingestion process
 folder, mode = Path(sys.argv[2]), sys.argv[3]
 state = b.open_state(folder)
 index = BM25Index(BM25Spec(type="bm25", path=f"bm25-{mode}"), base_dir=folder)
-import bm25s, Stemmer  # imported before the clock starts, as in a running ingestion process
-start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 b.change_one(state, sys.argv[4], "penguins lose breeding grounds as glaciers retreat in the southern ocean")
+b.tokenize(["warm the stemmer"])
+me, done, peak = psutil.Process(), threading.Event(), [0]
+rss_before = me.memory_info().rss
+
+def sample():  # the RSS reached during the sync (ru_maxrss would be the imports' peak)
+    while not done.is_set():
+        peak[0] = max(peak[0], me.memory_info().rss)
+        time.sleep(0.002)
+
+sampler = threading.Thread(target=sample)
+sampler.start()
 start = time.perf_counter()
 b.old_sync(index, state) if mode == "old" else index.sync(state)
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "rss_before_mb": start_rss / 1024}))
+done.set()
+sampler.join()
+peak[0] = max(peak[0], me.memory_info().rss)
+print(json.dumps({"seconds": round(seconds, 3), "rss_before_mb": round(rss_before / 2**20, 1),
+                  "peak_rss_mb": round(peak[0] / 2**20, 1), "sync_rss_mb": round((peak[0] - rss_before) / 2**20, 1)}))
 """
 
 
@@ -114,9 +126,7 @@ def child_sync(folder: Path, mode: str, source: str) -> dict:
                           text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=1800)
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    out["sync_rss_mb"] = out["peak_rss_mb"] - out["rss_before_mb"]
-    return out
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def latencies(index: BM25Index, queries: list[str], where: dict | None) -> tuple[list[float], list]:
@@ -150,8 +160,11 @@ def measure(chunks: int, queries: list[str], folder: Path) -> dict:
     new.sync(state)
     full_after = time.perf_counter() - start
     state.close()
-    after = child_sync(folder, "new", changed)  # first: the old rebuild then reads the same final state
-    before = child_sync(folder, "old", changed)
+    after = child_sync(folder, "new", changed)
+    before = child_sync(folder, "old", changed)  # its change replaced the new child's chunk again:
+    state = open_state(folder)
+    new.sync(state)  # so the incremental index takes it too, and both hold the same final chunks
+    state.close()
     old.close()
     new.close()
     report = {"chunks": chunks, "full_build_s": {"before": round(full_before, 2), "after": round(full_after, 2)},
@@ -237,5 +250,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
     main()
