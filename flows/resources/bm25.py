@@ -26,7 +26,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,6 +39,7 @@ from ragline.flows.resources.base import Health, Resource
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
 
 log = logging.getLogger("ragline.bm25")
+T = TypeVar("T")
 
 
 def _bm25s():
@@ -402,18 +403,36 @@ class BM25Index(Resource):
     def scorer(self) -> bm25_segments.Scorer:
         return bm25_segments.scorer(self.spec.method, self.spec.k1, self.spec.b)
 
+    def _answer(self, answer: Callable[[Version | LegacyVersion], T], empty: T) -> T:
+        """``answer`` from the published version (``empty`` when nothing is published, or nothing is
+        live); run again from the next one if a folder it reads lazily (a segment's metadata) was
+        removed meanwhile: its version was superseded while the query ran."""
+        for attempt in range(3):
+            loaded = self._current()
+            if loaded is None or not loaded.live_count:
+                return empty
+            try:
+                return answer(loaded)
+            except FileNotFoundError as exc:
+                if attempt == 2:
+                    raise StoreDamaged(f"{self.location}: a segment of the published version is missing ({exc}); "
+                                       f"{REMEDY} to rebuild BM25 from the index state") from exc
+        return empty
+
     def search(self, texts: list[str], k: int, where: dict[str, Any] | None = None,
                ) -> list[list[tuple[str, float, dict[str, Any]]]]:
         """Top-k (chunk_id, score, metadata with text) per query text; ``where`` filters on metadata."""
-        loaded = self._current()
-        if loaded is None or not loaded.live_count:
-            return [[] for _ in texts]
+        return self._answer(lambda loaded: self._search(loaded, self._tokenize(texts), k, where),
+                            [[] for _ in texts])
+
+    def _search(self, loaded: Version | LegacyVersion, tokens: list[list[str]], k: int,
+                where: dict[str, Any] | None) -> list[list[tuple[str, float, dict[str, Any]]]]:
         mask = loaded.mask(where)
         if where and not mask.any():
-            return [[] for _ in texts]
+            return [[] for _ in tokens]
         weights = None if mask is None else mask.astype(np.float32)
         results = []
-        for query_tokens in self._tokenize(texts):
+        for query_tokens in tokens:
             scores = loaded.scores(query_tokens) if query_tokens else None
             if scores is None:
                 results.append([])
@@ -425,10 +444,7 @@ class BM25Index(Resource):
 
     def count(self, where: dict[str, Any] | None) -> int:
         """How many published chunks satisfy ``where`` (all when None), from the metadata index."""
-        loaded = self._current()
-        if loaded is None:
-            return 0
-        return loaded.live_count if not where else int(loaded.mask(where).sum())
+        return self._answer(lambda loaded: loaded.live_count if not where else int(loaded.mask(where).sum()), 0)
 
     def terms(self, texts: list[str]) -> list[list[str]]:
         """Texts as this index's terms (its stemmer and stop words), as its searches split them."""
@@ -437,18 +453,19 @@ class BM25Index(Resource):
     def document_frequencies(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
         """How many published passages hold each term (terms the index lacks are left out), and the
         passage count: read from the index's own postings, nothing is recomputed."""
-        loaded = self._current()
-        if loaded is None or not loaded.live_count:
-            return {}, 0
-        return {t: loaded.df(t) for t in terms if loaded.has(t)}, loaded.live_count
+        terms = list(terms)
+        return self._answer(lambda loaded: ({t: loaded.df(t) for t in terms if loaded.has(t)}, loaded.live_count),
+                            ({}, 0))
 
     def search_weighted(self, queries: list[dict[str, float]], k: int, where: dict[str, Any] | None = None,
                         ) -> list[list[tuple[str, float, dict[str, Any]]]]:
         """``search`` for weighted term queries (already this index's terms, see ``terms``): a passage
         scores the weighted sum of its BM25 scores for the terms (RM3-expanded queries)."""
-        loaded = self._current()
-        if loaded is None or not loaded.live_count:
-            return [[] for _ in queries]
+        return self._answer(lambda loaded: self._search_weighted(loaded, queries, k, where), [[] for _ in queries])
+
+    @staticmethod
+    def _search_weighted(loaded: Version | LegacyVersion, queries: list[dict[str, float]], k: int,
+                         where: dict[str, Any] | None) -> list[list[tuple[str, float, dict[str, Any]]]]:
         mask = loaded.mask(where)
         if where and not mask.any():
             return [[] for _ in queries]
