@@ -172,11 +172,12 @@ def measure(chunks: int, queries: list[str], folder: Path) -> dict:
                                   "time_ratio": round(before["seconds"] / after["seconds"], 1)},
               "segments_after": [p.docs for p in new._current().segments]}
     for name, where in (("unfiltered", None), ("filtered", FILTER)):
-        t_before, a_before = latencies(old, queries, where)
-        t_after, a_after = latencies(new, queries, where)
-        report[name] = {"before": summary_ms(t_before), "after": summary_ms(t_after),
-                        "ratio_after_over_before": round(np.median(t_after) / np.median(t_before), 2),
-                        **agreement(a_before, a_after)}
+        for rep in ("first pass", "second pass"):  # the segments score a term once per version, then reuse it
+            t_before, a_before = latencies(old, queries, where)
+            t_after, a_after = latencies(new, queries, where)
+            report[f"{name}, {rep}"] = {"before": summary_ms(t_before), "after": summary_ms(t_after),
+                                        "ratio_after_over_before": round(np.median(t_after) / np.median(t_before), 2),
+                                        **agreement(a_before, a_after)}
     return report
 
 

@@ -427,7 +427,7 @@ class BM25Index(Resource):
 
     def _search(self, loaded: Version | LegacyVersion, tokens: list[list[str]], k: int,
                 where: dict[str, Any] | None) -> list[list[tuple[str, float, dict[str, Any]]]]:
-        mask = loaded.mask(where)
+        mask = loaded.mask(where) if where else None
         if where and not mask.any():
             return [[] for _ in tokens]
         weights = None if mask is None else mask.astype(np.float32)
@@ -438,7 +438,9 @@ class BM25Index(Resource):
                 results.append([])
                 continue
             if weights is not None:
-                scores *= weights  # as bm25s's weight_mask: after the absence scores
+                scores *= weights  # as bm25s's weight_mask: after the absence scores (deleted passages masked too)
+            else:
+                loaded.drop_deleted(scores)
             results.append(loaded.hits(scores, k))
         return results
 
@@ -466,7 +468,7 @@ class BM25Index(Resource):
     @staticmethod
     def _search_weighted(loaded: Version | LegacyVersion, queries: list[dict[str, float]], k: int,
                          where: dict[str, Any] | None) -> list[list[tuple[str, float, dict[str, Any]]]]:
-        mask = loaded.mask(where)
+        mask = loaded.mask(where) if where else None
         if where and not mask.any():
             return [[] for _ in queries]
         results = []
@@ -480,6 +482,8 @@ class BM25Index(Resource):
                 scores += weight * loaded.term_scores(term)
             if mask is not None:
                 scores *= mask
+            else:
+                loaded.drop_deleted(scores)
             results.append(loaded.hits(scores, k))
         return results
 
@@ -616,6 +620,7 @@ class Version:
         self.corpus = bm25_segments.Corpus([(p.postings, p.alive) for p in parts], scorer)
         self.ids = [cid for p in parts for cid in p.ids]
         self.size, self.live_count = self.corpus.size, self.corpus.count
+        self.deleted = np.empty(0, dtype=np.int64) if self.corpus.live is None else np.flatnonzero(~self.corpus.live)
 
     def folders(self) -> set[str]:
         """Every folder this version reads."""
@@ -645,6 +650,11 @@ class Version:
         masks = [p.segment.metadata.mask(where) for p in self.segments]
         mask = np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
         return mask if self.corpus.live is None else mask & self.corpus.live
+
+    def drop_deleted(self, scores: np.ndarray) -> None:
+        """Zero the deleted passages' scores (what multiplying by the live mask does, at their cost only)."""
+        if len(self.deleted):
+            scores[self.deleted] = 0
 
     def has(self, term: str) -> bool:
         return self.corpus.df(term) > 0
@@ -687,6 +697,9 @@ class LegacyVersion:
 
     def mask(self, where: dict[str, Any] | None) -> np.ndarray | None:
         return self.metadata.mask(where) if where else None
+
+    def drop_deleted(self, scores: np.ndarray) -> None:
+        """Nothing is deleted in a version of bm25s files."""
 
     def has(self, term: str) -> bool:
         return term in self.retriever.vocab_dict
