@@ -69,7 +69,8 @@ def ranked_before(scores: np.ndarray, k: int, ids: list[str]) -> np.ndarray:
 def search_scan(index: BM25Index, texts: list[str], k: int, where: dict) -> list[list[tuple[str, float, dict]]]:
     """The search before the metadata index, as main had it: ``matches`` on every chunk's metadata
     per query, and every score partitioned."""
-    _, retriever, ids, meta, _ = index._current()
+    loaded = index._current()
+    ids, meta = loaded.ids, [m for part in loaded.segments for m in part.segment.meta]
     mask = np.fromiter((matches(m, where) for m in meta), dtype=bool, count=len(meta))
     if not mask.any():
         return [[] for _ in texts]
@@ -78,7 +79,11 @@ def search_scan(index: BM25Index, texts: list[str], k: int, where: dict) -> list
         if not query_tokens:
             results.append([])
             continue
-        scores = retriever.get_scores(query_tokens, weight_mask=mask.astype(np.float32))
+        scores = loaded.scores(query_tokens)
+        if scores is None:
+            results.append([])
+            continue
+        scores *= mask.astype(np.float32)
         results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked_before(scores, k, ids).tolist()])
     return results
 
@@ -100,9 +105,10 @@ def measure(chunks: int, queries: list[str], folder: Path) -> dict:
     built = time.perf_counter() - start
     del rows
     start = time.perf_counter()
-    loaded = index._current()  # the version's ids, metadata, bm25s arrays (mmap) and saved metadata index
+    loaded = index._current()  # the version's ids and postings (mmap); its one segment's metadata below
+    segment = loaded.segments[0].segment
+    meta, folder = segment.meta, segment.folder
     load = time.perf_counter() - start
-    meta, folder = loaded[3], index.path / loaded[0]
     start = time.perf_counter()
     metadata = MetadataIndex.build(meta)
     index_build = time.perf_counter() - start

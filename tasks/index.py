@@ -4,8 +4,8 @@ Crash safety comes from the order of writes. For each batch: read the old chunk 
 the sources in the state (commit), delete stale vectors, upsert the new ones, record the
 sources with their new chunks (commit). A crash anywhere leaves the state naming only
 complete sources; the next run re-indexes the rest and, because the run was marked dirty,
-``reconcile`` deletes vectors the state does not name. BM25 is rebuilt from the state
-whenever its published generation differs from the state's.
+``reconcile`` deletes vectors the state does not name. BM25 is brought to the state (the
+chunks its change log names since the published generation) whenever the generations differ.
 
 Every run also checks, under its lease, that the stores still agree with the state (counts and
 a sample of ids: ``integrity.compare``) and repairs what a lost or damaged store needs, one

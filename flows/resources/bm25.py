@@ -1,12 +1,14 @@
-"""Sparse BM25 index (bm25s), rebuilt from the index state and swapped in atomically.
+"""Sparse BM25 index, kept in step with the index state incrementally and published atomically.
 
-bm25s indexes are immutable sparse matrices: rebuilding 50k passages takes ~2.5 s, so the
-index is derived from the state record after each ingestion run that changed something,
-written to a fresh folder and published by atomically replacing a pointer file. Builders in
-any process take an exclusive lock file around build, publish and cleanup, and cleanup spares
-the published version and any folder younger than a grace period. A metadata filter is answered
-from an index of chunk positions by value saved with each version (``MetadataIndex``), never by
-reading every chunk's metadata per query.
+A published version is a manifest of immutable segments (raw term frequencies, chunk ids, metadata
+with text) and deletion bitmaps, scored at query time with the live passages' statistics so that
+scores equal a bm25s index built from scratch (``bm25_segments``). An ingestion run's sync writes
+only what the state changed since the published version (a small segment and new bitmaps) into a
+fresh folder and publishes it by atomically replacing a pointer file; a merge policy bounds the
+segments. Builders in any process take an exclusive lock file around build, publish and cleanup,
+and cleanup spares what the published version reads and any folder younger than a grace period. A
+metadata filter is answered from an index of chunk positions by value saved with each segment
+(``MetadataIndex``), never by reading every chunk's metadata per query.
 """
 from __future__ import annotations
 
@@ -22,19 +24,22 @@ import uuid
 import zipfile
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows import failpoints
 from ragline.flows.files import write_atomic
+from ragline.flows.resources import bm25_segments
 from ragline.flows.resources.filters import FilterError, matches
 from ragline.flows.resources.base import Health, Resource
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
 
 log = logging.getLogger("ragline.bm25")
+T = TypeVar("T")
 
 
 def _bm25s():
@@ -59,18 +64,29 @@ class BM25Spec(BaseModel):
 
 
 class BM25Index(Resource):
-    """Loads the published version memory-mapped; reloads when a new version is published."""
+    """Loads the published version (its segments memory-mapped); reloads when a new one is published.
+
+    A version is a manifest listing immutable segments, each with the deletion bitmap current for it.
+    An ingestion run's sync writes the chunks the state changed since the published version as one
+    small segment and marks the chunks they replace or delete in new bitmaps, all in a new version
+    folder, then replaces the pointer: older versions stay readable, so a reader keeps the version it
+    loaded. A version folder also holds the segment it wrote (the folder's name names the segment)."""
 
     Spec = BM25Spec
     located = True
 
     POINTER = "CURRENT"
     LOCK = "BUILD.lock"
-    GRACE_SECONDS = 300.0  # version folders younger than this are never removed
+    MANIFEST = "manifest.json"
+    FORMAT = 2  # segments; a version without a manifest is one folder of bm25s files (before segments)
+    GRACE_SECONDS = 300.0  # version folders younger than this are never removed, nor what their manifests list
+    MAX_SEGMENTS = 8  # more after a sync: the smallest are merged, down to half
+    DELETED_SHARE = 0.3  # a segment with more of its passages deleted is rewritten without them
 
     def __init__(self, spec: BM25Spec, base_dir: Path | None = None):
         super().__init__(spec, base_dir)
-        self._loaded: tuple[str, Any, list[str], list[dict[str, Any]], MetadataIndex] | None = None
+        self._loaded: Version | LegacyVersion | None = None
+        self._segments: dict[str, Segment] = {}  # by folder name: immutable, shared by the versions that list them
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
 
@@ -104,6 +120,7 @@ class BM25Index(Resource):
     def close(self) -> None:
         with self._lock:
             self._loaded = None
+            self._segments = {}
 
     def _tokenize(self, texts: list[str]):
         return tokenize(texts, self.spec.stemmer, self.spec.stopwords)
@@ -123,10 +140,22 @@ class BM25Index(Resource):
             raise StoreDamaged(f"bm25 pointer {pointer} is unreadable ({type(exc).__name__}: {exc}); "
                                f"{REMEDY} to rebuild BM25 from the index state") from exc
 
+    def _missing(self, published: dict[str, Any]) -> Path | None:
+        """A folder the published version reads that is gone (the manifest, then its segments), or None.
+        Cheap: a few stats and the small manifest."""
+        folder = self.path / published["version"]
+        if published.get("format") != self.FORMAT:
+            return None if (folder / "ids.json").is_file() else folder
+        try:
+            manifest = json.loads((folder / self.MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return folder
+        return next((self.path / name for name in _listed(manifest) if not (self.path / name).exists()), None)
+
     def problem(self, state: IndexState | None = None) -> str | None:
         """Why the published version cannot be searched as the state says it should, in one line, or
-        None. Cheap (the pointer, a stat, two counts): run by every ingestion run and query check.
-        Without a state only the pointer and its folder are checked."""
+        None. Cheap (the pointer, its manifest, a few stats, two counts): run by every ingestion run and
+        query check. Without a state only the pointer and its folders are checked."""
         try:
             published = self.published_version()
         except StoreDamaged as exc:
@@ -140,9 +169,9 @@ class BM25Index(Resource):
         if published is None:
             return None if not chunks else (f"{self.location}: nothing is published while the index state "
                                              f"holds {chunks} chunks")
-        folder = self.path / published["version"]
-        if not (folder / "ids.json").is_file():
-            return f"{self.location}: the published version {folder} is missing"
+        missing = self._missing(published)
+        if missing is not None:
+            return f"{self.location}: the published version {missing} is missing"
         if chunks is not None and published.get("count") != chunks and published["generation"] == state.generation:
             return (f"{self.location}: the published version holds {published.get('count')} passages, the index "
                     f"state {chunks} chunks")
@@ -163,17 +192,22 @@ class BM25Index(Resource):
         generation = state.generation
         if published is None:
             return generation != 0
-        if not (self.path / published["version"] / "ids.json").is_file():
-            return True  # the published folder was deleted: rebuild it
+        if self._missing(published) is not None:
+            return True  # a published folder was deleted: rebuild it
         return published["generation"] != generation or published["settings"] != self.settings
 
     def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None, force: bool = False) -> bool:
-        """Rebuild from the state and publish when the published version lags it (or ``force``);
-        True if it did. Only writers call it (ingestion, tune, ``ragline check --repair``): a query
-        never builds or publishes.
+        """Bring the published version to the state's generation when it lags (or rebuild it whole
+        with ``force``); True if it published. Only writers call it (ingestion, tune, ``ragline check
+        --repair``): a query never builds or publishes.
 
-        Checked again under the build lock, so concurrent callers (threads or processes) rebuild
-        once; ``on_rebuild`` runs just before a rebuild (e.g. to log why)."""
+        An update costs what changed: the chunks the state's change log names since the published
+        generation (``IndexState.chunk_changes``), never every chunk row. A full rebuild from every
+        row is the fallback when the log cannot say (nothing or an older format published, other
+        settings, a new or pruned log) or the result would not hold the state's chunk count.
+
+        Checked again under the build lock, so concurrent callers (threads or processes) publish
+        once; ``on_rebuild`` runs just before publishing (e.g. to log why)."""
         if not force and not self.lags(state):
             return False
         with self._exclusive():
@@ -181,12 +215,15 @@ class BM25Index(Resource):
                 return False
             if on_rebuild is not None:
                 on_rebuild()
-            generation = state.generation  # read before the rows: a later write only makes it look older
-            self._build(state.chunk_rows(), generation, self.settings)
+            if force or not self._update(state):
+                generation = state.generation  # read before the rows: a later write only makes it look older
+                log_id = state.chunk_log_id()
+                self._build(state.chunk_rows(), generation, self.settings, log_id)
+            self._prune_log(state)
         return True
 
     def build(self, rows: Iterable[tuple[str, str, dict[str, Any]]], generation: int, settings: str) -> int:
-        """Index (chunk_id, text, metadata) rows and publish them; returns the passage count."""
+        """Index (chunk_id, text, metadata) rows as one segment and publish them; returns the passage count."""
         with self._exclusive():
             return self._build(rows, generation, settings)
 
@@ -203,34 +240,86 @@ class BM25Index(Resource):
             finally:
                 os.close(fd)  # closing the descriptor releases the flock
 
-    def _build(self, rows: Iterable[tuple[str, str, dict[str, Any]]], generation: int, settings: str) -> int:
-        bm25s = _bm25s()
+    def _build(self, rows: Iterable[tuple[str, str, dict[str, Any]]], generation: int, settings: str,
+               log_id: str | None = None) -> int:
         rows = list(rows)
+        fresh = _Pending.of(rows, self._tokenize([r[1] for r in rows])) if rows else None
+        return self._publish(generation, settings, log_id, kept=[], fresh=fresh)
+
+    def _update(self, state: IndexState) -> bool:
+        """Publish the state's changes since the published version as a new version: False (nothing
+        written) when only a full rebuild can say what the state holds."""
+        published = self.published_version()
+        if published is None or published.get("format") != self.FORMAT or published["settings"] != self.settings \
+                or self._missing(published) is not None:
+            return False
+        changes = state.chunk_changes(since=published["generation"], log_id=published.get("log"))
+        if changes is None:
+            return False
+        try:
+            current = self._current()
+        except StoreDamaged as exc:  # a segment unreadable: the rebuild replaces it
+            log.warning("%s; rebuilding it whole", exc)
+            return False
+        if not isinstance(current, Version) or current.name != published["version"]:
+            return False
+        kept = current.without(changes.changed)
+        fresh = _Pending.of(changes.rows, self._tokenize([r[1] for r in changes.rows])) if changes.rows else None
+        live = sum(part.live for part in kept) + (fresh.size if fresh else 0)
+        if live != changes.chunks:
+            log.warning("%s: an update from the change log would hold %d passages, the index state holds %d "
+                        "chunks: rebuilding it whole", self.location, live, changes.chunks)
+            return False
+        self._publish(changes.generation, self.settings, published.get("log"), kept, fresh)
+        return True
+
+    def _publish(self, generation: int, settings: str, log_id: str | None, kept: list[Part],
+                 fresh: _Pending | None) -> int:
+        """Write a version folder (the new segment, merged with what the merge policy picks, new deletion
+        bitmaps, the manifest), then point the pointer at it."""
+        kept = [part for part in kept if part.live]  # a wholly deleted segment is dropped, not merged
+        merging = self._merge_plan(kept, fresh)
+        if merging:
+            fresh = _Pending.merge([kept[i] for i in merging] + ([fresh] if fresh else []))
+            kept = [part for i, part in enumerate(kept) if i not in merging]
         version = f"v-{generation}-{uuid.uuid4().hex[:8]}"
         folder = self.path / version
-        ids = [r[0] for r in rows]
-        retriever = None
-        if rows:
-            retriever = bm25s.BM25(k1=self.spec.k1, b=self.spec.b, method=self.spec.method)
-            retriever.index(self._tokenize([r[1] for r in rows]), show_progress=False)
         try:
             folder.mkdir(parents=True, exist_ok=True)  # only now: the folder's age runs from its first write
-            if retriever is not None:
-                retriever.save(str(folder), show_progress=False)
-            _write_json(folder / "ids.json", ids)
-            meta = [{**r[2], "text": r[1]} for r in rows]
-            _write_json(folder / "meta.json", meta)
-            MetadataIndex.build(meta).save(folder)
+            entries = [part.entry(folder) for part in kept]
+            if fresh is not None and fresh.size:
+                fresh.write(folder)
+                entries.append({"folder": version, "docs": fresh.size, "live": fresh.size, "deleted": None})
+            count = sum(e["live"] for e in entries)
+            _write_json(folder / self.MANIFEST, {"format": self.FORMAT, "generation": generation, "segments": entries})
             failpoints.hit("bm25.before_pointer")
-            _write_json(self.path / self.POINTER, {"version": version, "generation": generation,
-                                                   "settings": settings, "count": len(ids)})
+            _write_json(self.path / self.POINTER, {"version": version, "generation": generation, "settings": settings,
+                                                   "count": count, "format": self.FORMAT, "log": log_id})
         except OSError as exc:
             fault = self._unpublished(exc, folder)
             if fault is None:
                 raise
             raise fault from exc
         self._remove_stale()
-        return len(ids)
+        return count
+
+    def _merge_plan(self, kept: list[Part], fresh: _Pending | None) -> set[int]:
+        """Which kept segments to merge with the new one: those over the deleted share, and, when the
+        version would list more than MAX_SEGMENTS, the smallest until it lists half as many."""
+        chosen = {i for i, part in enumerate(kept) if part.docs - part.live > self.DELETED_SHARE * part.docs}
+        listed = len(kept) + (1 if fresh else 0)
+        if listed - len(chosen) + (1 if chosen else 0) > self.MAX_SEGMENTS:
+            for i in sorted(range(len(kept)), key=lambda i: kept[i].live):
+                if listed - len(chosen) + 1 <= self.MAX_SEGMENTS // 2:
+                    break
+                chosen.add(i)
+        return chosen
+
+    def _prune_log(self, state: IndexState) -> None:
+        """Drop the state's change log up to the published generation (the next update starts there)."""
+        published = self.published_version()
+        if published is not None and published.get("log") is not None:
+            state.prune_chunk_changes(published["generation"])
 
     def _unpublished(self, exc: OSError, folder: Path) -> OSError | None:
         """A version that could not be written whole (a full or read-only disk) is never published:
@@ -243,21 +332,27 @@ class BM25Index(Resource):
         return disk_fault(exc, folder, "bm25 version not published, writing")
 
     def _remove_stale(self) -> None:
-        """Delete versions that are neither published nor younger than the grace period: a young
+        """Delete version folders that neither the published version nor a young one reads (its own
+        folder, its segments' and deletion bitmaps' folders), once past the grace period: a young
         folder may belong to a builder that does not take the lock, or be mid-load by a reader."""
         try:
             published = self.published_version()
         except StoreDamaged:
             return  # a pointer this builder just wrote went bad: remove nothing
-        current = published["version"] if published else None
         cutoff = time.time() - self.GRACE_SECONDS
-        for child in self.path.iterdir():
-            if child.is_dir() and child.name.startswith("v-") and child.name != current \
-                    and _mtime(child) < cutoff:
+        folders = [c for c in self.path.iterdir() if c.is_dir() and c.name.startswith("v-")]
+        readers = [c for c in folders if _mtime(c) >= cutoff]
+        if published:
+            readers.append(self.path / published["version"])
+        keep = {c.name for c in readers}
+        for reader in readers:
+            keep.update(_listed(_manifest_or_none(reader / self.MANIFEST)))
+        for child in folders:
+            if child.name not in keep and _mtime(child) < cutoff:
                 shutil.rmtree(child, ignore_errors=True)
 
-    def _current(self):
-        """The published version, loaded; re-reads the pointer if its folder vanished meanwhile."""
+    def _current(self) -> Version | LegacyVersion | None:
+        """The published version, loaded; re-reads the pointer if a folder it reads vanished meanwhile."""
         for attempt in range(3):
             info = self.published_version()
             if info is None:
@@ -268,57 +363,90 @@ class BM25Index(Resource):
                 if attempt == 2:
                     raise StoreDamaged(f"{self.location}: the published version {self.path / info['version']} "
                                        f"is missing; {REMEDY} to rebuild BM25 from the index state") from exc
-            except ValueError as exc:  # a damaged ids.json or meta.json
+            except (ValueError, KeyError, TypeError) as exc:  # a damaged manifest, ids.json or meta.json
                 raise StoreDamaged(f"{self.location}: the published version {self.path / info['version']} is "
                                    f"unreadable ({type(exc).__name__}: {exc}); {REMEDY} to rebuild it") from exc
         return None
 
     def published_ids(self) -> list[str]:
         """The chunk ids of the published version (``ragline check`` compares them with the state)."""
-        info = self.published_version()
-        if info is None:
-            return []
-        return self._current()[2]
+        loaded = self._current()
+        return [] if loaded is None else loaded.live_ids()
 
-    def _load(self, version: str):
+    def _load(self, version: str) -> Version | LegacyVersion:
         with self._lock:
-            if self._loaded is None or self._loaded[0] != version:
-                bm25s = _bm25s()
+            if self._loaded is None or self._loaded.name != version:
                 folder = self.path / version
-                ids = json.loads((folder / "ids.json").read_text())
-                meta = json.loads((folder / "meta.json").read_text())
-                retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False) if ids else None
-                self._loaded = (version, retriever, ids, meta, MetadataIndex.load(folder, meta))
+                if (folder / self.MANIFEST).is_file():
+                    self._loaded = self._load_segments(folder)
+                else:
+                    self._loaded = LegacyVersion.load(folder)
             return self._loaded
+
+    def _load_segments(self, folder: Path) -> Version:
+        """The manifest's segments, each loaded once and shared with later versions that list it."""
+        manifest = json.loads((folder / self.MANIFEST).read_text(encoding="utf-8"))
+        if manifest.get("format") != self.FORMAT:
+            raise ValueError(f"manifest format {manifest.get('format')}, not {self.FORMAT}")
+        segments, parts = {}, []
+        for entry in manifest["segments"]:
+            name = entry["folder"]
+            segment = self._segments.get(name) or Segment.load(self.path / name)
+            segments[name] = segment
+            deleted = None if entry["deleted"] is None else \
+                bm25_segments.unpack_deleted(self.path / entry["deleted"], segment.size)
+            parts.append(Part(segment, deleted, entry["deleted"]))
+        self._segments = segments
+        return Version(folder.name, parts, self.scorer)
+
+    @property
+    def scorer(self) -> bm25_segments.Scorer:
+        return bm25_segments.scorer(self.spec.method, self.spec.k1, self.spec.b)
+
+    def _answer(self, answer: Callable[[Version | LegacyVersion], T], empty: T) -> T:
+        """``answer`` from the published version (``empty`` when nothing is published, or nothing is
+        live); run again from the next one if a folder it reads lazily (a segment's metadata) was
+        removed meanwhile: its version was superseded while the query ran."""
+        for attempt in range(3):
+            loaded = self._current()
+            if loaded is None or not loaded.live_count:
+                return empty
+            try:
+                return answer(loaded)
+            except FileNotFoundError as exc:
+                if attempt == 2:
+                    raise StoreDamaged(f"{self.location}: a segment of the published version is missing ({exc}); "
+                                       f"{REMEDY} to rebuild BM25 from the index state") from exc
+        return empty
 
     def search(self, texts: list[str], k: int, where: dict[str, Any] | None = None,
                ) -> list[list[tuple[str, float, dict[str, Any]]]]:
         """Top-k (chunk_id, score, metadata with text) per query text; ``where`` filters on metadata."""
-        loaded = self._current()
-        if loaded is None or not loaded[2]:
-            return [[] for _ in texts]
-        _, retriever, ids, meta, metadata = loaded
-        mask = None
-        if where:
-            mask = metadata.mask(where)
-            if not mask.any():
-                return [[] for _ in texts]
-        tokens = self._tokenize(texts)
+        return self._answer(lambda loaded: self._search(loaded, self._tokenize(texts), k, where),
+                            [[] for _ in texts])
+
+    def _search(self, loaded: Version | LegacyVersion, tokens: list[list[str]], k: int,
+                where: dict[str, Any] | None) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        mask = loaded.mask(where) if where else None
+        if where and not mask.any():
+            return [[] for _ in tokens]
+        weights = None if mask is None else mask.astype(np.float32)
         results = []
         for query_tokens in tokens:
-            if not query_tokens:
+            scores = loaded.scores(query_tokens) if query_tokens else None
+            if scores is None:
                 results.append([])
                 continue
-            scores = retriever.get_scores(query_tokens, weight_mask=None if mask is None else mask.astype(np.float32))
-            results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked(scores, k, ids).tolist()])
+            if weights is not None:
+                scores *= weights  # as bm25s's weight_mask: after the absence scores (deleted passages masked too)
+            else:
+                loaded.drop_deleted(scores)
+            results.append(loaded.hits(scores, k))
         return results
 
     def count(self, where: dict[str, Any] | None) -> int:
         """How many published chunks satisfy ``where`` (all when None), from the metadata index."""
-        loaded = self._current()
-        if loaded is None:
-            return 0
-        return len(loaded[2]) if not where else int(loaded[4].mask(where).sum())
+        return self._answer(lambda loaded: loaded.live_count if not where else int(loaded.mask(where).sum()), 0)
 
     def terms(self, texts: list[str]) -> list[list[str]]:
         """Texts as this index's terms (its stemmer and stop words), as its searches split them."""
@@ -327,40 +455,283 @@ class BM25Index(Resource):
     def document_frequencies(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
         """How many published passages hold each term (terms the index lacks are left out), and the
         passage count: read from the index's own postings, nothing is recomputed."""
-        loaded = self._current()
-        if loaded is None or not loaded[2]:
-            return {}, 0
-        _, retriever, ids, _, _ = loaded
-        indptr, vocab = retriever.scores["indptr"], retriever.vocab_dict
-        return {t: int(indptr[vocab[t] + 1] - indptr[vocab[t]]) for t in terms if t in vocab}, len(ids)
+        terms = list(terms)
+        return self._answer(lambda loaded: ({t: loaded.df(t) for t in terms if loaded.has(t)}, loaded.live_count),
+                            ({}, 0))
 
     def search_weighted(self, queries: list[dict[str, float]], k: int, where: dict[str, Any] | None = None,
                         ) -> list[list[tuple[str, float, dict[str, Any]]]]:
         """``search`` for weighted term queries (already this index's terms, see ``terms``): a passage
         scores the weighted sum of its BM25 scores for the terms (RM3-expanded queries)."""
-        loaded = self._current()
-        if loaded is None or not loaded[2]:
+        return self._answer(lambda loaded: self._search_weighted(loaded, queries, k, where), [[] for _ in queries])
+
+    @staticmethod
+    def _search_weighted(loaded: Version | LegacyVersion, queries: list[dict[str, float]], k: int,
+                         where: dict[str, Any] | None) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        mask = loaded.mask(where) if where else None
+        if where and not mask.any():
             return [[] for _ in queries]
-        _, retriever, ids, meta, metadata = loaded
-        mask = None
-        if where:
-            mask = metadata.mask(where)
-            if not mask.any():
-                return [[] for _ in queries]
         results = []
         for weights in queries:
-            known = [(retriever.vocab_dict[t], w) for t, w in sorted(weights.items())
-                     if w > 0 and t in retriever.vocab_dict]
+            known = [(t, w) for t, w in sorted(weights.items()) if w > 0 and loaded.has(t)]
             if not known:
                 results.append([])
                 continue
-            scores = np.zeros(len(ids), dtype=np.float64)
-            for term_id, weight in known:
-                scores += weight * retriever.get_scores_from_ids([term_id])
+            scores = np.zeros(loaded.size, dtype=np.float64)
+            for term, weight in known:
+                scores += weight * loaded.term_scores(term)
             if mask is not None:
                 scores *= mask
-            results.append([(ids[d], float(scores[d]), meta[d]) for d in ranked(scores, k, ids).tolist()])
+            else:
+                loaded.drop_deleted(scores)
+            results.append(loaded.hits(scores, k))
         return results
+
+
+class Segment:
+    """One immutable segment folder: postings (memory-mapped), chunk ids, and, loaded when first
+    needed, the chunks' metadata with text and its MetadataIndex."""
+
+    def __init__(self, folder: Path, postings: bm25_segments.Postings, ids: list[str]):
+        self.folder, self.postings, self.ids = folder, postings, ids
+        self._meta: list[dict[str, Any]] | None = None
+        self._metadata: MetadataIndex | None = None
+        self._positions: dict[str, int] | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, folder: Path) -> Segment:
+        postings = bm25_segments.Postings.load(folder)
+        ids = json.loads((folder / "ids.json").read_text(encoding="utf-8"))
+        if len(ids) != postings.size:
+            raise ValueError(f"segment {folder.name} lists {len(ids)} ids for {postings.size} passages")
+        return cls(folder, postings, ids)
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    @property
+    def meta(self) -> list[dict[str, Any]]:
+        if self._meta is None:
+            with self._lock:
+                if self._meta is None:
+                    meta = json.loads((self.folder / "meta.json").read_text(encoding="utf-8"))
+                    if len(meta) != self.size:
+                        raise ValueError(f"segment {self.folder.name} holds {len(meta)} metadata for {self.size} ids")
+                    self._meta = meta
+        return self._meta
+
+    @property
+    def metadata(self) -> MetadataIndex:
+        if self._metadata is None:
+            meta = self.meta
+            with self._lock:
+                if self._metadata is None:
+                    self._metadata = MetadataIndex.load(self.folder, meta)
+        return self._metadata
+
+    def position(self, chunk_id: str) -> int | None:
+        if self._positions is None:
+            self._positions = {cid: i for i, cid in enumerate(self.ids)}
+        return self._positions.get(chunk_id)
+
+
+@dataclass
+class Part:
+    """A segment as one version lists it: with its deletions (None: none) and the bitmap file holding them."""
+
+    segment: Segment
+    deleted: np.ndarray | None
+    deleted_file: str | None
+
+    @property
+    def docs(self) -> int:
+        return self.segment.size
+
+    @property
+    def live(self) -> int:
+        return self.docs if self.deleted is None else self.docs - int(self.deleted.sum())
+
+    @property
+    def alive(self) -> np.ndarray | None:
+        return None if self.deleted is None else ~self.deleted
+
+    @property
+    def postings(self) -> bm25_segments.Postings:
+        return self.segment.postings
+
+    @property
+    def ids(self) -> list[str]:
+        return self.segment.ids
+
+    @property
+    def meta(self) -> list[dict[str, Any]]:
+        return self.segment.meta
+
+    def entry(self, folder: Path) -> dict[str, Any]:
+        """The manifest entry of a version written in ``folder``; a new bitmap is written there."""
+        if self.deleted is not None and self.deleted_file is None:
+            self.deleted_file = f"{folder.name}/deleted-{self.segment.folder.name}.npy"
+            bm25_segments.pack_deleted(folder.parent / self.deleted_file, self.deleted)
+        return {"folder": self.segment.folder.name, "docs": self.docs, "live": self.live, "deleted": self.deleted_file}
+
+
+@dataclass
+class _Pending:
+    """A segment not yet written: its postings, ids and metadata (with text)."""
+
+    postings: bm25_segments.Postings
+    ids: list[str]
+    meta: list[dict[str, Any]]
+    alive = None
+
+    @classmethod
+    def of(cls, rows: list[tuple[str, str, dict[str, Any]]], tokens: list[list[str]]) -> _Pending:
+        return cls(bm25_segments.Postings.build(tokens), [r[0] for r in rows], [{**r[2], "text": r[1]} for r in rows])
+
+    @classmethod
+    def merge(cls, parts: list[Part | _Pending]) -> _Pending:
+        postings = bm25_segments.Postings.merge([(p.postings, p.alive) for p in parts])
+        ids, meta = [], []
+        for part in parts:
+            alive = part.alive
+            ids += part.ids if alive is None else [cid for cid, a in zip(part.ids, alive.tolist()) if a]
+            meta += part.meta if alive is None else [m for m, a in zip(part.meta, alive.tolist()) if a]
+        return cls(postings, ids, meta)
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def write(self, folder: Path) -> None:
+        self.postings.save(folder)
+        _write_json(folder / "ids.json", self.ids)
+        _write_json(folder / "meta.json", self.meta)
+        MetadataIndex.build(self.meta).save(folder)
+
+
+class Version:
+    """A published version, loaded: its segments laid end to end (positions), scored as one index of
+    the live passages. Read-only once loaded: a reader keeps it while a writer publishes the next."""
+
+    def __init__(self, name: str, parts: list[Part], scorer: bm25_segments.Scorer):
+        self.name, self.segments = name, parts
+        self.corpus = bm25_segments.Corpus([(p.postings, p.alive) for p in parts], scorer)
+        self.ids = [cid for p in parts for cid in p.ids]
+        self.size, self.live_count = self.corpus.size, self.corpus.count
+        self.deleted = np.empty(0, dtype=np.int64) if self.corpus.live is None else np.flatnonzero(~self.corpus.live)
+
+    def folders(self) -> set[str]:
+        """Every folder this version reads."""
+        return {self.name} | {p.segment.folder.name for p in self.segments} | \
+            {p.deleted_file.split("/")[0] for p in self.segments if p.deleted_file}
+
+    def without(self, chunk_ids: set[str]) -> list[Part]:
+        """The segments with ``chunk_ids`` deleted too (a part whose deletions changed has no bitmap file yet)."""
+        parts = []
+        for part in self.segments:
+            hit = [at for at in map(part.segment.position, chunk_ids) if at is not None]
+            if hit and (part.deleted is None or not part.deleted[hit].all()):
+                deleted = np.zeros(part.docs, dtype=bool) if part.deleted is None else part.deleted.copy()
+                deleted[hit] = True
+                part = Part(part.segment, deleted, None)
+            parts.append(part)
+        return parts
+
+    def live_ids(self) -> list[str]:
+        live = self.corpus.live
+        return list(self.ids) if live is None else [cid for cid, a in zip(self.ids, live.tolist()) if a]
+
+    def mask(self, where: dict[str, Any] | None) -> np.ndarray | None:
+        """The live positions satisfying ``where`` (None: every position, nothing deleted or filtered)."""
+        if not where:
+            return self.corpus.live
+        masks = [p.segment.metadata.mask(where) for p in self.segments]
+        mask = np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
+        return mask if self.corpus.live is None else mask & self.corpus.live
+
+    def drop_deleted(self, scores: np.ndarray) -> None:
+        """Zero the deleted passages' scores (what multiplying by the live mask does, at their cost only)."""
+        if len(self.deleted):
+            scores[self.deleted] = 0
+
+    def has(self, term: str) -> bool:
+        return self.corpus.df(term) > 0
+
+    def df(self, term: str) -> int:
+        return self.corpus.df(term)
+
+    def scores(self, tokens: list[str]) -> np.ndarray | None:
+        return self.corpus.scores(tokens)
+
+    def term_scores(self, term: str) -> np.ndarray:
+        return self.corpus.term_scores(term)
+
+    def hits(self, scores: np.ndarray, k: int) -> list[tuple[str, float, dict[str, Any]]]:
+        top = ranked(scores, k, self.ids)
+        offsets = self.corpus.offsets
+        segment = np.searchsorted(offsets, top, side="right") - 1
+        metas = {at: self.segments[at].segment.meta for at in set(segment.tolist())}
+        return [(self.ids[d], s, metas[at][d - int(offsets[at])])
+                for d, s, at in zip(top.tolist(), scores[top].tolist(), segment.tolist())]
+
+
+class LegacyVersion:
+    """A version published before segments (one folder of bm25s files, its scores precomputed): it
+    still answers until the next sync replaces it with a segmented version."""
+
+    def __init__(self, name: str, retriever: Any, ids: list[str], meta: list[dict[str, Any]], metadata: MetadataIndex):
+        self.name, self.retriever, self.ids, self.meta, self.metadata = name, retriever, ids, meta, metadata
+        self.size = self.live_count = len(ids)
+
+    @classmethod
+    def load(cls, folder: Path) -> LegacyVersion:
+        ids = json.loads((folder / "ids.json").read_text())
+        meta = json.loads((folder / "meta.json").read_text())
+        retriever = _bm25s().BM25.load(str(folder), mmap=True, show_progress=False) if ids else None
+        return cls(folder.name, retriever, ids, meta, MetadataIndex.load(folder, meta))
+
+    def live_ids(self) -> list[str]:
+        return list(self.ids)
+
+    def mask(self, where: dict[str, Any] | None) -> np.ndarray | None:
+        return self.metadata.mask(where) if where else None
+
+    def drop_deleted(self, scores: np.ndarray) -> None:
+        """Nothing is deleted in a version of bm25s files."""
+
+    def has(self, term: str) -> bool:
+        return term in self.retriever.vocab_dict
+
+    def df(self, term: str) -> int:
+        indptr, at = self.retriever.scores["indptr"], self.retriever.vocab_dict[term]
+        return int(indptr[at + 1] - indptr[at])
+
+    def scores(self, tokens: list[str]) -> np.ndarray | None:
+        known = self.retriever.get_tokens_ids(tokens)
+        return self.retriever.get_scores_from_ids(known) if known else None
+
+    def term_scores(self, term: str) -> np.ndarray:
+        return self.retriever.get_scores_from_ids([self.retriever.vocab_dict[term]])
+
+    def hits(self, scores: np.ndarray, k: int) -> list[tuple[str, float, dict[str, Any]]]:
+        return [(self.ids[d], float(scores[d]), self.meta[d]) for d in ranked(scores, k, self.ids).tolist()]
+
+
+def _manifest_or_none(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _listed(manifest: dict[str, Any] | None) -> set[str]:
+    """The folders a manifest's segments and deletion bitmaps are in."""
+    if not manifest:
+        return set()
+    return {e["folder"] for e in manifest.get("segments", [])} | \
+        {e["deleted"].split("/")[0] for e in manifest.get("segments", []) if e.get("deleted")}
 
 
 _SCALARS = (str, int, float, bool)  # the values a validated filter compares (filters._check_value)

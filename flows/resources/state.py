@@ -1,9 +1,10 @@
 """The index state record: one SQLite file that says what both indexes should contain.
 
 It maps each source to its content hash, the settings fingerprint that produced its chunks,
-and the chunks themselves (text and metadata, from which the BM25 index is rebuilt). Writes
-follow "forget, write, record": a crash at any point leaves the state naming only chunks that
-are fully written, and ``reconcile`` removes whatever the stores hold beyond it.
+and the chunks themselves (text and metadata, from which the BM25 index is built; triggers log
+every changed chunk, so BM25 updates only what changed). Writes follow "forget, write, record": a
+crash at any point leaves the state naming only chunks that are fully written, and ``reconcile``
+removes whatever the stores hold beyond it.
 """
 from __future__ import annotations
 
@@ -45,7 +46,19 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS lease (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL, host TEXT NOT NULL,
     token TEXT NOT NULL, acquired_at REAL NOT NULL, heartbeat_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS chunk_changes (chunk_id TEXT PRIMARY KEY, generation INTEGER NOT NULL) WITHOUT ROWID;
 """
+# Every write to ``chunks`` logs the chunk id with the generation it was written at (before the bump),
+# whoever writes it: BM25 updates itself from this log instead of every row (IndexState.chunk_changes).
+_LOGGED = ("INSERT OR REPLACE INTO chunk_changes VALUES ({id}, (SELECT COALESCE(MAX(CAST(value AS INTEGER)), 0) "
+           "FROM meta WHERE key='generation'))")
+CHANGE_LOG = f"""
+CREATE TRIGGER IF NOT EXISTS chunks_inserted AFTER INSERT ON chunks BEGIN {_LOGGED.format(id="NEW.chunk_id")}; END;
+CREATE TRIGGER IF NOT EXISTS chunks_deleted AFTER DELETE ON chunks BEGIN {_LOGGED.format(id="OLD.chunk_id")}; END;
+CREATE TRIGGER IF NOT EXISTS chunks_updated AFTER UPDATE ON chunks BEGIN {_LOGGED.format(id="OLD.chunk_id")};
+    {_LOGGED.format(id="NEW.chunk_id")}; END;
+"""
+CHUNK_LOG = "chunk_log"  # meta: {"id": this log's id, "from": the generation from which it is complete}
 
 
 class IndexBusy(RaglineError, RuntimeError):
@@ -189,6 +202,17 @@ class LeaseHolder:
 
 
 
+@dataclass(frozen=True)
+class ChunkChanges:
+    """What changed since a generation: the state's generation now, the current (chunk_id, text,
+    metadata) rows of the changed chunks still present, every changed chunk id, and the chunk count."""
+
+    generation: int
+    rows: list[tuple[str, str, dict[str, Any]]]
+    changed: set[str]
+    chunks: int
+
+
 class StateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -223,6 +247,7 @@ class IndexState(Resource):
                     conn.execute("PRAGMA synchronous=FULL")
                     conn.executescript(SCHEMA)
                     _add_acl_column(conn)
+                    _add_change_log(conn)
                 except BaseException:
                     conn.close()
                     raise
@@ -367,6 +392,51 @@ class IndexState(Resource):
         rows = conn.execute("SELECT chunk_id, text, metadata, source_id, title FROM chunks ORDER BY chunk_id").fetchall()
         return [(cid, text, {**json.loads(meta), "source_id": sid, "title": title or ""})
                 for cid, text, meta, sid, title in rows]
+
+    def chunk_log_id(self) -> str | None:
+        """The id of this state's chunk change log (a new state file has a new one). Writers only."""
+        with self._guarded():
+            row = self.conn.execute("SELECT value FROM meta WHERE key=?", (CHUNK_LOG,)).fetchone()
+        return json.loads(row[0])["id"] if row else None
+
+    def chunk_changes(self, since: int, log_id: str | None) -> ChunkChanges | None:
+        """The chunks written or deleted since generation ``since`` (by the log ``log_id``), with the
+        current rows of those still present, read in one transaction; None when the log cannot say
+        (another log, pruned past ``since``, or a generation this state never reached). Writers only."""
+        with self._guarded():
+            conn = self.conn
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute("SELECT value FROM meta WHERE key=?", (CHUNK_LOG,)).fetchone()
+                generation = conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+                generation = int(generation[0]) if generation else 0
+                record = json.loads(row[0]) if row else None
+                if record is None or record["id"] != log_id or not record["from"] <= since <= generation:
+                    return None
+                changed = {r[0] for r in conn.execute("SELECT chunk_id FROM chunk_changes WHERE generation >= ?",
+                                                      (since,))}
+                rows = []
+                for batch in _batched(sorted(changed), 500):
+                    marks = ",".join("?" * len(batch))
+                    rows += [(cid, text, {**json.loads(meta), "source_id": sid, "title": title or ""})
+                             for cid, text, meta, sid, title in conn.execute(
+                                 f"SELECT chunk_id, text, metadata, source_id, title FROM chunks WHERE chunk_id IN "
+                                 f"({marks})", batch)]
+                chunks = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+            finally:
+                conn.execute("COMMIT")
+        return ChunkChanges(generation, sorted(rows), changed, chunks)
+
+    def prune_chunk_changes(self, generation: int) -> None:
+        """Forget the changes before ``generation`` (published): the log is complete from there on."""
+        with self.transaction() as tx:
+            row = tx.execute("SELECT value FROM meta WHERE key=?", (CHUNK_LOG,)).fetchone()
+            if row is None:
+                return
+            record = json.loads(row[0])
+            if generation > record["from"]:
+                tx.execute("DELETE FROM chunk_changes WHERE generation < ?", (generation,))
+                self.set_meta(CHUNK_LOG, json.dumps({**record, "from": generation}), tx)
 
     def chunks_by_id(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -657,6 +727,16 @@ def _add_acl_column(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(sources)")}
     if "acl" not in columns:
         conn.execute("ALTER TABLE sources ADD COLUMN acl TEXT")
+
+
+def _add_change_log(conn: sqlite3.Connection) -> None:
+    """The triggers that log chunk changes, and the log's record: a new id, complete from the current
+    generation (a state from before the log: what happened earlier is not in it)."""
+    conn.executescript(CHANGE_LOG)
+    if conn.execute("SELECT 1 FROM meta WHERE key=?", (CHUNK_LOG,)).fetchone() is None:
+        row = conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES(?, ?)",
+                     (CHUNK_LOG, json.dumps({"id": uuid.uuid4().hex, "from": int(row[0]) if row else 0})))
 
 
 def _rollback_journal(conn: sqlite3.Connection) -> None:

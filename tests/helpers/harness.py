@@ -49,8 +49,7 @@ def snapshot(project_path: Path) -> dict:
     # keeps it incrementally, while a clean build stamps the current one. Everything else must match.
     metas = [json.dumps({k: v for k, v in m.items() if k != "modified"}, sort_keys=True) for m in got["metadatas"]]
     chroma = sorted(zip(got["ids"], got["documents"], metas))
-    pointer = sparse.published_version()
-    bm25 = json.loads((sparse.path / pointer["version"] / "ids.json").read_text()) if pointer else []
+    bm25 = sparse.published_ids()
     snap = {"chroma": chroma, "bm25": sorted(bm25), "state_chunks": sorted(c[0] for c in state.chunk_rows()),
             "sources": state.sources()}
     clear_cache()
