@@ -617,7 +617,7 @@ class Version:
 
     def __init__(self, name: str, parts: list[Part], scorer: bm25_segments.Scorer):
         self.name, self.segments = name, parts
-        self.corpus = bm25_segments.Corpus([(p.postings, p.alive) for p in parts], scorer)
+        self.corpus = bm25_segments.LiveCorpus([(p.postings, p.alive) for p in parts], scorer)
         self.ids = [cid for p in parts for cid in p.ids]
         self.size, self.live_count = self.corpus.size, self.corpus.count
         self.deleted = np.empty(0, dtype=np.int64) if self.corpus.live is None else np.flatnonzero(~self.corpus.live)

@@ -149,7 +149,7 @@ class Postings:
         return self.docs[start:end], self.tf[start:end]
 
 
-class Corpus:
+class LiveCorpus:
     """The live passages of one published version across its segments, laid end to end (segment
     ``i`` at ``offsets[i]``): their statistics, and scores over every position (a deleted passage
     scores 0), computed as bm25s computes them for an index of the live passages alone."""
