@@ -164,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    _orchestration_flags(p, default=False)
+    _orchestration_flags(p, default=None)  # None: a flow run (its report on the dashboard) when an API is configured
     _start_llm_flag(p)
 
     p = command("tune", _tune, "Tune hybrid retrieval on pseudo-queries made from the index (no labels) and write "
@@ -392,7 +392,7 @@ def _start_llm_flag(p: argparse.ArgumentParser) -> None:
                         "is down (also RAGLINE_START_LLM=0)")
 
 
-def _orchestration_flags(p: argparse.ArgumentParser, default: bool) -> None:
+def _orchestration_flags(p: argparse.ArgumentParser, default: bool | None) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--prefect", dest="orchestrate", action="store_true", help="run as a Prefect flow")
     group.add_argument("--no-prefect", dest="orchestrate", action="store_false", help="run in-process, no flow run")
@@ -717,8 +717,9 @@ def _eval(args) -> int:
     dataset = load_beir(args.dataset, args.split)
     progress = IngestProgress(f"indexing {dataset.name}", enabled=not args.json)
     try:
-        result = evaluate(project, dataset, args.pipeline, args.index_pipeline, orchestrate=args.orchestrate,
-                          progress=progress, limit=args.limit)
+        result = _evaluation(args, "beir", {"dataset": dataset.name, "split": args.split, "pipeline": args.pipeline},
+                             lambda: evaluate(project, dataset, args.pipeline, args.index_pipeline,
+                                              orchestrate=bool(args.orchestrate), progress=progress, limit=args.limit))
     finally:
         progress.close()
     record_run(Path(project.data_dir or project.base_dir).resolve(), result, args.split)
@@ -733,6 +734,16 @@ def _eval(args) -> int:
     print(printable(f"  index: {result['index_summary']} in {result['index_seconds']} s; "
                     f"query: {result['query_ms_mean']} ms mean"))
     return 0
+
+
+def _evaluation(args, kind: str, settings: dict[str, Any], work) -> dict[str, Any]:
+    """``work()``, as a flow run whose report the dashboard shows beside it when Prefect is used:
+    ``--prefect``, or by default when a Prefect API is configured (``--no-prefect``: never)."""
+    from ragline.flows.evaluation import publish
+    from ragline.flows.ops.prefect_server import configured_api_url
+
+    as_flow = args.orchestrate if args.orchestrate is not None else configured_api_url() is not None
+    return publish.run(work, kind=kind, settings=settings, as_flow=as_flow, required=args.orchestrate is True)
 
 
 def _is_testset(path: str) -> bool:
@@ -780,7 +791,9 @@ def _eval_testset(args, project) -> int:
                          "labelled data goes to --dataset without --judge)")
     pipeline = args.pipeline or "search"
     with _packaged_llms(project, args.start_llm, [args.answer_pipeline] if args.judge else [pipeline]):
-        result = evaluate_testset(project, path, pipeline, args.answer_pipeline, judge=args.judge, limit=args.limit)
+        result = _evaluation(args, "generated", {"dataset": path.stem, "split": "generated", "pipeline": pipeline},
+                             lambda: evaluate_testset(project, path, pipeline, args.answer_pipeline, judge=args.judge,
+                                                      limit=args.limit))
     record_run(Path(project.data_dir or project.base_dir).resolve(),
                {k: v for k, v in result.items() if k != "items"}, "generated")
     if args.json:
@@ -802,8 +815,9 @@ def _eval_answers(args, project) -> int:
     from ragline.flows.evaluation.answers import evaluate_answers
 
     with _packaged_llms(project, args.start_llm, [args.pipeline or "ask"]):
-        result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
-                                  orchestrate=args.orchestrate)
+        result = _evaluation(args, "answers", {"dataset": Path(args.dataset).name, "pipeline": args.pipeline or "ask"},
+                             lambda: evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
+                                                      orchestrate=bool(args.orchestrate)))
     if args.json:
         print(json.dumps(result))
         return 0

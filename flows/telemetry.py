@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -192,27 +192,68 @@ def carrier() -> str:
 
 
 def parent_context(traceparent: str) -> Any:
-    """An OTel context whose current span is the one ``traceparent`` names (None: the current context)."""
+    """An OTel context whose current span is the one ``traceparent`` names (None: the current context).
+    Parsed here, once per run's parent (a query's steps share it), not by the W3C propagator per step."""
     if not traceparent:
         return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    try:
+        return _PARENTS[traceparent]
+    except KeyError:
+        pass
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    try:
+        version, trace_hex, span_hex, flags = traceparent.split("-")
+        parsed = SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True,
+                             trace_flags=TraceFlags(int(flags, 16)))
+    except ValueError:
+        version, parsed = "", None
+    if parsed is None or version != "00" or not parsed.is_valid:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        return TraceContextTextMapPropagator().extract({"traceparent": traceparent})  # what the W3C rules make of it
+    if len(_PARENTS) >= 256:  # about one per query in flight: a bound, never a leak
+        _PARENTS.clear()
+    _PARENTS[traceparent] = found = trace.set_span_in_context(NonRecordingSpan(parsed))
+    return found
+
+
+_PARENTS: dict[str, Any] = {}
+_KINDS: dict[str, Any] = {}
 
 
 @contextlib.contextmanager
-def span(name: str, attributes: dict[str, Any] | None = None, *, parent: str = "", kind: str = "INTERNAL"
-         ) -> Iterator[Any]:
-    """A span made current for the block (None when tracing is off); an exception marks it failed."""
+def span(name: str, attributes: dict[str, Any] | Callable[[], dict[str, Any] | None] | None = None, *,
+         parent: str = "", kind: str = "INTERNAL") -> Iterator[Any]:
+    """A span made current for the block (None when tracing is off); an exception marks it failed.
+    ``attributes`` may be a function: called only when the span records (a sampler may drop it).
+    What ``start_as_current_span`` does, without its layers of wrappers."""
     tracer_ = tracer()
     if tracer_ is None:
         yield None
         return
-    from opentelemetry.trace import SpanKind
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
 
-    with tracer_.start_as_current_span(name, context=parent_context(parent), kind=getattr(SpanKind, kind),
-                                       attributes=clean(attributes or {})) as current:
+    kind_ = _KINDS.get(kind) or _KINDS.setdefault(kind, getattr(SpanKind, kind))
+    current = tracer_.start_span(name, context=parent_context(parent), kind=kind_)
+    if current.is_recording():
+        values = attributes() if callable(attributes) else attributes
+        if values:
+            current.set_attributes(clean(values))
+    token = otel_context.attach(trace.set_span_in_context(current))
+    try:
         yield current
+    except Exception as exc:  # as use_span: recorded and marked failed, then raised
+        if current.is_recording():
+            current.record_exception(exc)
+            current.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        otel_context.detach(token)
+        current.end()
 
 
 def trace_id(span_: Any) -> str | None:
@@ -282,10 +323,10 @@ def describe_value(prefix: str, value: Any, listed: bool = True) -> dict[str, An
 
 def _passages(value: Any) -> list[Any] | None:
     """The passages a value holds: a list of them, of rankings, or an inserted context's documents."""
-    if isinstance(value, (list, tuple)):
-        if value and all(hasattr(v, "chunk_id") for v in value):
+    if isinstance(value, (list, tuple)):  # lists are of one type: the first element says which
+        if value and hasattr(value[0], "chunk_id"):
             return list(value)
-        if value and all(hasattr(v, "passages") for v in value):
+        if value and hasattr(value[0], "passages"):
             return [p for ranking in value for p in ranking.passages]
         return None
     documents = getattr(value, "documents", None)

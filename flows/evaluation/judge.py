@@ -327,7 +327,7 @@ def evaluate_testset(project: Project, path: str | Path, pipeline: str = "search
         "dataset": Path(path).stem, "kind": "generated", "pipeline": pipeline, "queries": len(rows),
         f"hit@{k}": _round(mean(float(r is not None and r <= k) for r in ranks)),
         "mrr@10": _round(mean(1.0 / r if r is not None and r <= 10 else 0.0 for r in ranks)),
-        "query_ms_mean": round(1000 * searched / max(1, len(rows)), 2)}
+        "query_ms_mean": round(1000 * searched / max(1, len(rows)), 2), "per_query": {"rank": ranks}}
     if not judge:
         return result
     llm = judge_llm(project, answer_pipeline)

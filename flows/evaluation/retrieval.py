@@ -91,6 +91,15 @@ def score(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) ->
     return {m: round(result[m], 5) for m in METRICS}
 
 
+def ndcg_per_query(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> list[float]:
+    """nDCG@10 of each judged query, in ``qrels`` order (0 for one that retrieved nothing): the
+    spread the dashboard plots."""
+    import pytrec_eval
+
+    scored = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+    return [round(scored.get(q, {}).get("ndcg_cut_10", 0.0), 4) for q in qrels]
+
+
 def eval_workspace(project: Project, dataset: BeirDataset, index_pipeline: str) -> Path:
     """A private index per dataset and per setting that shapes the stored chunks and vectors
     (loading, chunking, embedding, the store), so evaluation never touches the user's index and two
@@ -165,7 +174,8 @@ def _run_and_score(project: Project, dataset: BeirDataset, pipeline: str, limit:
     return {"dataset": dataset.name, "pipeline": pipeline, "queries": len(queries), **score(run, qrels),
             "overlay": str(overlay.path) if overlay is not None else None,
             "overlay_changes": list(overlay.changes) if overlay is not None else [],
-            "query_ms_mean": round(1000 * searched / max(1, len(queries)), 2)}
+            "query_ms_mean": round(1000 * searched / max(1, len(queries)), 2),
+            "per_query": {"ndcg@10": ndcg_per_query(run, qrels)}}
 
 
 def record_run(data_dir: Path, result: dict[str, Any], split: str) -> Path:
@@ -173,6 +183,6 @@ def record_run(data_dir: Path, result: dict[str, Any], split: str) -> Path:
     ``EVAL_RUNS``, so `ragline report` can show retrieval quality run after run."""
     moment = datetime.now(timezone.utc)
     record = {"time": moment.isoformat(timespec="seconds").replace("+00:00", "Z"), "split": split,
-              **{k: v for k, v in result.items() if k != "workspace"}}
+              **{k: v for k, v in result.items() if k not in ("workspace", "per_query")}}
     name = f"{moment.strftime('%Y%m%dT%H%M%S%fZ')}-{result.get('dataset', 'dataset')}.json"
     return write_atomic(Path(data_dir) / EVAL_RUNS / name.replace("/", "_"), json.dumps(record, indent=1))

@@ -18,12 +18,12 @@ def execute_pipeline(pipeline: CompiledPipeline, inputs: dict[str, Any], executo
                      hooks: DriverHooks | None = None) -> Any:
     """Run a pipeline on an executor (inside a flow run for the Prefect one)."""
     hooks = hooks or DriverHooks()
-    with telemetry.span(f"{pipeline.kind.value} {pipeline.name}", _run_attributes(pipeline, inputs)) as span:
+    with telemetry.span(f"{pipeline.kind.value} {pipeline.name}", lambda: _run_attributes(pipeline, inputs)) as span:
         if span is not None and hasattr(hooks.progress, "trace"):  # a flow run: /v1/runs shows the trace id
             hooks.progress.trace(telemetry.trace_id(span))
         output = _execute(pipeline, inputs, executor, hooks)
-        if span is not None:
-            span.set_attributes(telemetry.clean(telemetry.describe_value("ragline.output", output)))
+        if span is not None and span.is_recording():  # sizes: the output step's span lists the ids and scores
+            span.set_attributes(telemetry.clean(telemetry.describe_value("ragline.output", output, listed=False)))
         return output
 
 
@@ -34,10 +34,8 @@ def _execute(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, 
     return jobs.publish(pipeline, output) if pipeline.kind == PipelineKind.JOB else output
 
 
-def _run_attributes(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any] | None:
-    """The run span's attributes (None untraced): the question's text only with ``trace_content``."""
-    if telemetry.tracer() is None:
-        return None
+def _run_attributes(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The run span's attributes: the question's text only with ``trace_content``."""
     attributes: dict[str, Any] = {"ragline.pipeline": pipeline.name, "ragline.kind": pipeline.kind.value}
     query = inputs.get("query")
     text = query.get("text") if isinstance(query, dict) else getattr(query, "text", query)

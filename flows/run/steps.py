@@ -187,7 +187,7 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
     values = {port: _join([r.value for r in results]) for port, results in inputs.items()}
     hook = getattr(step.stage, call.hook) if call.hook else None
     with telemetry.span(f"step {step.id}" + (f".{call.hook}" if call.hook else ""), parent=call.parent,
-                        attributes=_step_attributes(pipeline, step, call, values)) as span:
+                        attributes=lambda: _step_attributes(pipeline, step, call, values)) as span:
         value = invoke(pipeline, step, values, ctx, hook=hook)
         if span is not None and span.is_recording():  # not when a sampler left this trace out
             done = {"ragline.seconds": ctx.seconds, "ragline.failures": len(ctx.failures)}
@@ -196,14 +196,10 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
 
 
 def _step_attributes(pipeline: CompiledPipeline, step: CompiledStep, call: StepCall,
-                     values: dict[str, Any]) -> dict[str, Any] | None:
+                     values: dict[str, Any]) -> dict[str, Any]:
     """What a step's span says before it runs: stage, parameters, the size of each input (a
-    query's text only with ``trace_content``). None when untraced: nothing is computed then."""
-    if not call.parent and telemetry.tracer() is None:
-        return None
-    attributes: dict[str, Any] = {"ragline.pipeline": pipeline.name, "ragline.step": step.id,
-                                  "ragline.stage": step.stage.name, "ragline.hook": call.hook,
-                                  "ragline.params": json.dumps(step.params.model_dump(mode="json"), default=str)}
+    query's text only with ``trace_content``). Asked only of a span that records."""
+    attributes = {**_constant_attributes(pipeline, step), "ragline.hook": call.hook}
     for port, value in values.items():
         if isinstance(value, Query):
             attributes[f"ragline.input.{port}.chars"] = len(value.text)
@@ -211,6 +207,23 @@ def _step_attributes(pipeline: CompiledPipeline, step: CompiledStep, call: StepC
                 attributes[f"ragline.input.{port}.text"] = value.text
         else:
             attributes.update(telemetry.describe_value(f"ragline.input.{port}", value, listed=False))
+    return attributes
+
+
+_CONSTANT: dict[int, tuple[CompiledStep, dict[str, Any]]] = {}  # id(step) -> (step, its spans' fixed attributes)
+
+
+def _constant_attributes(pipeline: CompiledPipeline, step: CompiledStep) -> dict[str, Any]:
+    """Pipeline, step, stage and parameters (as JSON): the same on every span of one compiled step,
+    so made once per step, not per run."""
+    known = _CONSTANT.get(id(step))
+    if known is not None and known[0] is step:
+        return known[1]
+    attributes = {"ragline.pipeline": pipeline.name, "ragline.step": step.id, "ragline.stage": step.stage.name,
+                  "ragline.params": json.dumps(step.params.model_dump(mode="json"), default=str)}
+    if len(_CONSTANT) >= 1024:  # compiled pipelines are cached; a bound all the same
+        _CONSTANT.clear()
+    _CONSTANT[id(step)] = (step, attributes)
     return attributes
 
 

@@ -66,3 +66,52 @@ def test_metrics_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("RAGLINE_METRICS", "1")
     telemetry.query_done("p-off", "answered", 0.1, [("s", 0.05)])
     assert telemetry.QUERIES.labels("p-off", "answered")._value.get() == before + 1
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """ragline's span() on a provider whose spans are kept in memory (what an exporter would get)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracers = {"on": provider.get_tracer("t"), "off": TracerProvider(sampler=ParentBased(ALWAYS_OFF)).get_tracer("t")}
+    chosen = {"tracer": tracers["on"]}
+    monkeypatch.setattr(telemetry, "tracer", lambda: chosen["tracer"])
+    return exporter, lambda name: chosen.update(tracer=tracers[name])
+
+
+def test_a_step_span_is_the_child_of_the_parent_it_is_handed_as_plain_text(recorded):
+    exporter, _ = recorded
+    with telemetry.span("run", {"a": 1}, kind="SERVER") as run:
+        parent = telemetry.traceparent(run)
+    with telemetry.span("step", {"b": [1, 2], "none": None}, parent=parent):  # another thread, or process
+        pass
+    with telemetry.span("step", parent=parent):  # the parsed parent is reused: same parent again
+        pass
+    run_span, *steps = sorted(exporter.get_finished_spans(), key=lambda s: s.name)
+    assert all(s.parent.span_id == run_span.context.span_id and s.context.trace_id == run_span.context.trace_id
+               for s in steps) and len(steps) == 2
+    assert run_span.kind.name == "SERVER" and dict(steps[0].attributes) == {"b": (1, 2)}
+    with telemetry.span("orphan", parent="00-zz-bad-01"):  # unreadable: a new trace, as the W3C rules say
+        pass
+    assert exporter.get_finished_spans()[-1].parent is None
+
+
+def test_attributes_are_made_only_for_a_span_that_records_and_a_failure_marks_it(recorded):
+    exporter, use = recorded
+    asked = []
+    use("off")
+    with telemetry.span("dropped", lambda: asked.append(1) or {"x": 1}) as span:
+        assert not span.is_recording()
+    assert asked == [] and exporter.get_finished_spans() == ()
+    use("on")
+    with pytest.raises(ValueError), telemetry.span("failing", lambda: asked.append(1) or {"x": 1}):
+        raise ValueError("boom")
+    (failed,) = exporter.get_finished_spans()
+    assert asked == [1] and failed.attributes["x"] == 1 and failed.status.status_code.name == "ERROR"
+    assert failed.status.description == "ValueError: boom" and failed.events[0].name == "exception"

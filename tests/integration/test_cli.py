@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+from datetime import datetime, timezone
 
 import pytest
 
@@ -80,3 +81,43 @@ def test_eval_json_on_a_small_beir_dataset(make_project, mini_beir, capsys):
     assert result["ndcg@10"] > 0.5 and result["recall@100"] == 1.0  # the gold abstracts are in a 30-doc corpus
 
 
+
+
+def _eval_runs_and_artifacts(since):
+    """The eval flow runs created after ``since`` (other tests of the session make some too), with
+    their artifacts."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowFilter,
+                                                FlowFilterName)
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["ragline-eval"])))
+            return [(run, await client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))) for run in runs if run.created > since]
+
+    return asyncio.run(read())
+
+
+def test_an_eval_run_is_a_flow_run_with_its_report_beside_it(prefect_server, make_project, mini_beir, capsys):
+    """Issue 20.5: with a Prefect API configured, `ragline eval` is one flow run whose markdown
+    artifact has the metrics, the dataset and split, the counts and a plot; --no-prefect makes none."""
+    from tests.helpers.data import index_and_search_yaml
+
+    project = make_project(index_and_search_yaml())
+    started = datetime.now(timezone.utc)
+    assert main(["eval", "--dataset", str(mini_beir), "-f", str(project), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ((run, artifacts),) = _eval_runs_and_artifacts(started)
+    assert run.name == "eval mini test search" and run.state_type.value == "COMPLETED"
+    assert [a.key for a in artifacts] == ["ragline-eval-mini-search"] and artifacts[0].type == "markdown"
+    markdown = artifacts[0].data
+    assert markdown.startswith("# Evaluation mini \\(test\\): pipeline search") and "5 queries" in markdown
+    for metric in ("ndcg@10", "recall@100", "mrr@10"):
+        assert f"| {metric} | {result[metric]:.4f} |".replace(".", "\\.") in markdown
+    assert "![queries by nDCG@10 \\(5 queries\\)](data:image/svg+xml;base64," in markdown
+    before = datetime.now(timezone.utc)
+    assert main(["eval", "--dataset", str(mini_beir), "-f", str(project), "--json", "--no-prefect"]) == 0
+    assert _eval_runs_and_artifacts(before) == []

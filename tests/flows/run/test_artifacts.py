@@ -1,7 +1,9 @@
 """A run's report as dashboard markdown: counts, failures, tuning choices; data never becomes markup."""
 from __future__ import annotations
 
+import base64
 import re
+import xml.etree.ElementTree as ElementTree
 
 from ragline.flows.contracts import AdaptReport, Failure, IndexReport, TuneReport
 from ragline.flows.run import artifacts
@@ -37,7 +39,7 @@ def test_long_failure_lists_and_values_are_cut():
     failures = [Failure(source_id=f"doc{i}" + "x" * 500, stage="chunk", reason="no text") for i in range(80)]
     markdown = artifacts.ingestion_markdown("index", IndexReport(failed=80, failures=failures))
     assert len(re.findall(r"^\| doc\d", markdown, re.M)) == artifacts.MAX_ROWS and "30 more not shown" in markdown
-    assert max(len(line) for line in markdown.splitlines()) < 400
+    assert max(len(line) for line in markdown.splitlines() if not line.startswith("![")) < 400  # but the plot
 
 
 def test_tuning_and_adaptation_reports_render():
@@ -57,3 +59,26 @@ def test_keys_are_what_prefect_accepts():
 def test_nothing_is_published_outside_a_flow_run_or_for_a_query():
     assert artifacts.publish("index", IndexReport(added=1)) is None
     assert artifacts.markdown_for("search", [{"text": "a passage"}]) is None
+
+
+def test_tuning_shows_each_candidates_setting_and_score_and_plots_them():
+    from ragline.flows.contracts import Candidate
+
+    chosen = Candidate(name="rrf", setting={"fusion": "rrf", "bm25": {"k1": 1.2}}, scores={"ndcg@10": 0.61})
+    other = Candidate(name=HOSTILE, setting={"fusion": "dbsf"}, scores={"ndcg@10": 0.4})
+    markdown = artifacts.tuning_markdown("tune", TuneReport(metric="ndcg@10", pairs=4, chosen=chosen,
+                                                            candidates=[chosen, other]))
+    assert "| chosen | rrf: bm25\\.k1=1\\.2, fusion=rrf | 0\\.6100 |" in markdown
+    assert "| 2 | \\[click\\]" in markdown and "fusion=dbsf | 0\\.4000 |" in markdown
+    (plot,) = re.findall(r"^!\[[^\n]*\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)$", markdown, re.M)
+    svg = ElementTree.fromstring(base64.b64decode(plot))
+    assert len([r for r in svg.iter("{http://www.w3.org/2000/svg}rect")]) == 1 + 2  # background and two bars
+
+
+def test_an_ingestion_plots_its_documents_by_outcome_before_its_failures():
+    report = IndexReport(added=3, unchanged=5, failed=1, failures=[Failure(source_id="a", stage="load", reason="x")])
+    markdown = artifacts.ingestion_markdown("index", report)
+    assert markdown.index("![documents by outcome](data:image/svg+xml;base64,") < markdown.index("## Failed")
+    labels = [t.text for t in ElementTree.fromstring(artifacts.bar_chart_svg(
+        ["<script>alert(1)</script>", "b"], [1, 2], "t & <u>")).iter("{http://www.w3.org/2000/svg}text")]
+    assert "t & <u>" in labels and "<script>alert(1)</" in labels  # text nodes, cut to 18 characters
