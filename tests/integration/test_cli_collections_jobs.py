@@ -1,0 +1,88 @@
+"""Jobs and eval over named collections (issue 19 item 1): once pipelines.yaml declares collections the
+template's own index is empty (nothing writes it), so `ragline tune` reads one collection's index
+(--collection, or the only one; several and none named is a usage error naming them) and tunes that
+collection's BM25; `ragline eval`'s default index pipeline is a collection's ingestion, not the
+template that no longer exists."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragline.flows import cli
+from ragline.flows.errors import EX_USAGE
+from ragline.flows.resources import clear_cache
+from ragline.flows.run import engine
+from ragline.flows.spec.compile import load_project
+from tests.helpers.data import SCIFACT, index_and_search_yaml, scifact_records, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+YAML = index_and_search_yaml().replace("paths: [docs]", "paths: [unused]").replace("\npipelines:\n", """
+collections:
+  alpha: {paths: [alpha/corpus.jsonl]}
+  beta:  {paths: [beta/corpus.jsonl]}
+pipelines:
+""", 1) + """  tune:
+    kind: job
+    steps:
+      - {id: pairs, task: pseudo_queries, with: {n: 20}}
+      - {id: tune,  task: tune_retrieval, with: {depths: [10], rrf_k: [60], dense_weights: [0, 0.5, 1],
+                                                 bm25_k1: [1.2, 1.5], bm25_b: [0.75], bm25_stemmer: [english]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    if not SCIFACT.exists():
+        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    root = tmp_path_factory.mktemp("jobs")
+    write_jsonl(root / "alpha" / "corpus.jsonl", scifact_records(20))
+    write_jsonl(root / "beta" / "corpus.jsonl", scifact_records(10, offset=20))
+    (root / "pipelines.yaml").write_text(YAML)
+    (root / "prompts").symlink_to(REPO / "prompts")
+    loaded = load_project(root / "pipelines.yaml", tuned=False)
+    for name in ("index@alpha", "index@beta"):
+        engine.run(loaded.pipeline(name), orchestrate=False)
+    yield root
+    clear_cache()
+
+
+def test_tune_reads_the_chosen_collections_index_and_tunes_its_bm25(project, capsys, monkeypatch):
+    monkeypatch.setenv("RAGLINE_TUNED", "1")
+    path = str(project / "pipelines.yaml")
+    assert cli.main(["tune", "-f", path, "--no-prefect", "--dry-run"]) == EX_USAGE
+    assert "alpha, beta" in capsys.readouterr().err
+    assert cli.main(["tune", "-f", path, "--no-prefect", "--collection", "gamma"]) == EX_USAGE
+    assert "'gamma'" in capsys.readouterr().err
+
+    overlay = project / "pipelines.tuned.yaml"
+    try:
+        assert cli.main(["tune", "-f", path, "--no-prefect", "--json", "--collection", "alpha"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["pairs"] == 20 and report["chunks"] >= 20  # alpha's 20 documents, not beta's 10
+        assert set(report["overrides"]["resources"]) == {"sparse@alpha"}
+        tuned = load_project(project / "pipelines.yaml")
+        assert tuned.spec.resources["sparse@alpha"].model_dump(include={"k1", "b", "stemmer"}) == \
+            report["overrides"]["resources"]["sparse@alpha"]
+    finally:
+        overlay.unlink(missing_ok=True)
+
+
+def test_eval_indexes_the_corpus_into_a_collection_by_default(project, capsys, tmp_path):
+    dataset = tmp_path / "dataset"
+    records = scifact_records(10)
+    write_jsonl(dataset / "corpus.jsonl", records)
+    write_jsonl(dataset / "queries.jsonl", [{"_id": str(i), "text": r["title"]} for i, r in enumerate(records)])
+    (dataset / "qrels").mkdir()
+    (dataset / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{i}\t{r['_id']}\t1\n" for i, r in enumerate(records)))
+    args = ["eval", "--dataset", str(dataset), "-f", str(project / "pipelines.yaml"), "--no-tuned", "--json"]
+    assert cli.main(args) == EX_USAGE
+    assert "--collection" in capsys.readouterr().err
+    assert cli.main(args + ["--collection", "beta"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["queries"] == 10 and result["ndcg@10"] > 0.5
+    assert "added 10" in result["index_summary"] or "10" in result["index_summary"]
