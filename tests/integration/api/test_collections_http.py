@@ -158,3 +158,19 @@ def test_openai_sources_say_which_collection_they_came_from(served, keys):
     assert reply.status_code == 200, reply.text
     sources = reply.json()["sources"]
     assert sources and {s["collection"] for s in sources} == {"handbook"}
+
+
+def test_the_collections_a_key_may_query_are_listed_with_their_counts(served, keys, project):
+    listed = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {keys['all']}"})
+    assert listed.status_code == 200, listed.text
+    rows = {row["name"]: row for row in listed.json()["collections"]}
+    assert list(rows) == ["handbook", "papers"]
+    assert rows["handbook"]["documents"] == 2 and rows["handbook"]["chunks"] >= 2
+    assert rows["papers"]["description"]
+
+    mine = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {keys['handbook']}"})
+    assert [row["name"] for row in mine.json()["collections"]] == ["handbook"]
+    ingest_only = KeyStore(keys_file(project.parent)).create("ingest-only", ["ingest"], ["*"])[1]
+    refused = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {ingest_only}"})
+    assert refused.status_code == 403 and "scope 'query'" in refused.json()["error"]["message"]
+    assert httpx.get(f"{served}/v1/collections").status_code == 401
