@@ -174,3 +174,34 @@ def test_the_collections_a_key_may_query_are_listed_with_their_counts(served, ke
     refused = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {ingest_only}"})
     assert refused.status_code == 403 and "scope 'query'" in refused.json()["error"]["message"]
     assert httpx.get(f"{served}/v1/collections").status_code == 401
+
+
+def test_the_chat_page_picks_a_collection_and_says_where_each_citation_came_from(served, keys):
+    """Headless Chromium: the picker lists what the key may query (from /v1/collections); a question
+    asked of one collection cites only its sources, each labelled with its collection."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
+
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        pytest.fail(f"no Chromium at {CHROMIUM}: run `bash deploy/bootstrap.sh` (it installs Debian's chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            for key, offered in (("handbook", ["", "handbook"]), ("all", ["", "handbook", "papers"])):
+                page = browser.new_page()
+                page.add_init_script(f"sessionStorage.setItem('ragline.token', {keys[key]!r})")
+                page.goto(served + "/")
+                page.wait_for_selector(f"#collection option[value={offered[-1]}]", state="attached")
+                assert page.eval_on_selector_all("#collection option", "os => os.map(o => o.value)") == offered
+            assert "papers" in page.locator("#collection option[value=papers]").inner_text()  # with its counts
+            page.select_option("#collection", "papers")
+            card = ask(page, QUESTION, pipeline="search")
+            labels = card.locator("ol.sources li .source-collection").all_inner_texts()
+            assert labels and set(labels) == {"papers"}
+            page.select_option("#collection", "")
+            card = ask(page, QUESTION, pipeline="ask")
+            assert set(card.locator("ol.sources li .source-collection").all_inner_texts()) <= {"handbook", "papers"}
+            assert card.locator("ol.sources li .source-collection").count() >= 1
+        finally:
+            browser.close()
