@@ -19,6 +19,7 @@ from ragline.flows.contracts import Passage, Query
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.state import IndexState, StoreMissing
 from ragline.flows.spec.registry import stage
+from ragline.tasks.collection_index import COLLECTION_KEY, in_collection
 
 MIN_OVERLAP_CHARS = 4  # a shorter shared edge ("a", "the") may be a coincidence, not the chunker's overlap
 
@@ -42,7 +43,7 @@ def expand_context(query: Query, passages: list[Passage], params: Params, ctx: S
     around: dict[str, list[tuple[str, int, str]]] = {}
     for collection, chunk_ids in by_collection(head).items():
         try:
-            around.update(state_of(ctx, state, collection).neighbourhoods(chunk_ids, params.neighbours, query.access))
+            around.update(in_collection(ctx, "state", state, collection).neighbourhoods(chunk_ids, params.neighbours, query.access))
         except StoreMissing as exc:
             ctx.logger.warning("context not expanded: %s", exc)
     texts = {cid: text for rows in around.values() for cid, _, text in rows}
@@ -67,19 +68,8 @@ def by_collection(head: list[Passage]) -> dict[str | None, list[str]]:
     """The hits' chunk ids by the collection each came from (None: the file declares none)."""
     grouped: dict[str | None, list[str]] = {}
     for passage in head:
-        grouped.setdefault(passage.metadata.get("collection"), []).append(passage.chunk_id)
+        grouped.setdefault(passage.metadata.get(COLLECTION_KEY), []).append(passage.chunk_id)
     return grouped
-
-
-def state_of(ctx: StepContext, state: IndexState, collection: str | None) -> IndexState:
-    """The index state a hit of ``collection`` came from: with collections declared the step's own
-    (the template's) is empty, each collection has its own."""
-    project = ctx.project
-    found = project.collections.get(collection) if project is not None and collection else None
-    if found is None:
-        return state
-    own = project.pipeline(ctx.pipeline).step(ctx.step_id).resources["state"]
-    return project.resource(found.resources.get(own, own))
 
 
 def token_counts(embedder: Embedder, texts: list[str]) -> list[int]:
