@@ -1,19 +1,24 @@
 """Query stages that read the index but are not spread across collections (issue 19 item 1): with
 collections declared the template's BM25 index is never written, so `self_query`'s match count and
-`expand_prf`'s document frequencies read the collections the query searches (before: an empty index,
-so every self-query filter was dropped as matching nothing, and max_df kept every term)."""
+`expand_prf`'s document frequencies and FLARE's re-retrieval read the collections the query searches
+(before: an empty index, so every self-query filter was dropped as matching nothing, max_df kept every
+term and FLARE's searches found nothing)."""
 from __future__ import annotations
 
 import pytest
 
+import json
+
 from ragline.flows.resources import clear_cache
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
-from tests.helpers.data import BASE_RESOURCES
+from tests.helpers.data import BASE_RESOURCES, REPO
+from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration  # real ingestion, Chroma and BM25
 
-PIPELINES = BASE_RESOURCES + """
+PIPELINES = BASE_RESOURCES.replace("resources:\n", "resources:\n  llm: {type: openai_compatible, base_url: LLM_URL, "
+                                                   "max_retries: 0}\n", 1) + """
 collections:
   notes: {paths: [notes]}
   memos: {paths: [memos]}
@@ -37,6 +42,13 @@ pipelines:
       - {id: sparse, task: retrieve_sparse, with: {k: 10}}
       - {id: fuse,   task: fuse, with: {top_k: 10}}
       - {id: prf,    task: expand_prf, with: {docs: 4, terms: 20, max_df: 0.5, dense: false}}
+  flare:
+    kind: query
+    steps:
+      - {id: sparse, task: retrieve_sparse, with: {k: 1}}
+      - {id: fuse,   task: fuse, with: {top_k: 1}}
+      - {id: insert, task: insert, with: {max_documents: 1}}
+      - {id: answer, task: generate_flare, with: {mode: instruct, k: 2, max_retrievals: 1}}
 """
 DOCS = {  # "harbour" is in every document: max_df 0.5 leaves it out of the feedback terms
     "notes/ferry.md": "# Ferry\n\nThe harbour ferry leaves at dawn; tickets are sold at the pier kiosk.\n",
@@ -52,13 +64,20 @@ def project(tmp_path_factory):
     for name, text in DOCS.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
-    (root / "prompts").mkdir()
-    (root / "pipelines.yaml").write_text(PIPELINES)
-    compiled = load_project(root / "pipelines.yaml", tuned=False)
-    for name in ("index@notes", "index@memos"):
-        assert engine.run(compiled.pipeline(name), orchestrate=False).added == 2
-    yield compiled
+    (root / "prompts").symlink_to(REPO / "prompts")
+    with ScriptedLLM(flare_reply) as llm:
+        (root / "pipelines.yaml").write_text(PIPELINES.replace("LLM_URL", json.dumps(llm.base_url)))
+        compiled = load_project(root / "pipelines.yaml", tuned=False)
+        for name in ("index@notes", "index@memos"):
+            assert engine.run(compiled.pipeline(name), orchestrate=False).added == 2
+        yield compiled
     clear_cache()
+
+
+def flare_reply(prompt: str) -> str:
+    """Asks for the cranes until a document about them is in the prompt, then cites it."""
+    documents = prompt.split("Question:")[0]
+    return "Crane operators work in shifts [2]." if "cranes unload" in documents else "[Search(harbour cranes)]"
 
 
 def test_self_query_counts_matches_in_the_collections_the_query_searches(project):
@@ -73,3 +92,12 @@ def test_expand_prf_reads_document_frequencies_of_the_collections(project):
     query = engine.run(project.pipeline("expanded"), {"query": "ferry crane containers"}, orchestrate=False)
     terms = query.feedback.terms
     assert terms and "harbour" not in terms  # in every document of both collections
+
+
+def test_flares_search_finds_passages_in_the_collections(project):
+    answer = engine.run(project.pipeline("flare"), {"query": "ferry tickets at the pier kiosk"}, orchestrate=False)
+    assert answer.retrievals == 1
+    assert "shifts" in answer.text and [s.collection for s in answer.sources] == ["memos"]
+    only_notes = engine.run(project.pipeline("flare"), {"query": {"text": "ferry tickets at the pier kiosk",
+                                                                  "collections": ["notes"]}}, orchestrate=False)
+    assert not any(s.collection == "memos" for s in only_notes.sources)  # FLARE searches what the query may

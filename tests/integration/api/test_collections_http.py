@@ -45,6 +45,13 @@ pipelines:
       - {id: dense,  task: retrieve_dense, with: {k: 20}}
       - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+  flare:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 10}}
+      - {id: fuse,   task: fuse, with: {top_k: 4}}
+      - {id: insert, task: insert}
+      - {id: answer, task: generate_flare, with: {mode: instruct}}
   ask:
     kind: query
     steps:
@@ -131,7 +138,7 @@ def test_a_key_scoped_to_one_collection_searches_only_it_and_is_refused_the_othe
     refused = query(served, keys["handbook"], collections=["papers"])
     assert refused.status_code == 403 and "'papers'" in refused.json()["error"]["message"]
     models = httpx.get(f"{served}/v1/models", headers={"Authorization": f"Bearer {keys['handbook']}"}).json()
-    assert {m["id"] for m in models["data"]} == {"search", "ask"}  # it may query one of their collections
+    assert {m["id"] for m in models["data"]} == {"search", "flare", "ask"}  # it may query one of their collections
 
 
 def logged(project: Path, answer_id: str) -> dict:
@@ -205,3 +212,12 @@ def test_the_chat_page_picks_a_collection_and_says_where_each_citation_came_from
             assert card.locator("ol.sources li .source-collection").count() >= 1
         finally:
             browser.close()
+
+
+
+def test_a_key_scoped_to_one_collection_may_ask_a_flare_pipeline(served, keys):
+    """FLARE's store is the template's, which nothing writes once collections exist: its searches go
+    to the collections the query searches, so a key needs only those, not the template's."""
+    reply = query(served, keys["handbook"], pipeline="flare")
+    assert reply.status_code == 200, reply.text
+    assert {s["collection"] for s in reply.json()["answer"]["sources"]} <= {"handbook"}
