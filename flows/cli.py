@@ -160,10 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-pipeline", default="ask", help="the pipeline whose answers --judge scores")
     p.add_argument("--seed", type=int, default=0, help="--generate-testset: the same seed makes the same set")
     p.add_argument("-p", "--pipeline", help="default: search (BEIR, test set), ask (RGB)")
-    p.add_argument("--index-pipeline", default="index")
+    p.add_argument("--index-pipeline", default="index", help="the ingestion pipeline that indexes the dataset's "
+                                                             "corpus (BEIR, RGB) into a private copy")
     p.add_argument("-c", "--collection", metavar="NAME",
-                   help="index the BEIR corpus into this collection's pipeline (default: the only collection of "
-                        "--index-pipeline, when pipelines.yaml declares collections)")
+                   help="index the dataset's corpus with this collection's pipeline (default: the only collection "
+                        "of --index-pipeline, when pipelines.yaml declares collections)")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -812,10 +813,12 @@ def _eval_testset(args, project) -> int:
 
 def _eval_answers(args, project) -> int:
     from ragline.flows.evaluation.answers import evaluate_answers
+    from ragline.flows.spec.collections import for_collection
 
+    index_pipeline = for_collection(project, args.index_pipeline, args.collection)
     with _packaged_llms(project, args.start_llm, [args.pipeline or "ask"]):
         result = evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
-                                  orchestrate=args.orchestrate)
+                                  orchestrate=args.orchestrate, index_pipeline=index_pipeline)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -86,3 +86,32 @@ def test_eval_indexes_the_corpus_into_a_collection_by_default(project, capsys, t
     result = json.loads(capsys.readouterr().out)
     assert result["queries"] == 10 and result["ndcg@10"] > 0.5
     assert "added 10" in result["index_summary"] or "10" in result["index_summary"]
+
+
+def test_answer_eval_indexes_each_corpus_into_a_collection(tmp_path, capsys):
+    """`ragline eval --dataset rgb.json` indexed into the template `index`, which is no pipeline once
+    collections exist; it takes --collection (or the only one) like the BEIR evaluation."""
+    from tests.scripted_llm import ScriptedLLM
+
+    rgb = tmp_path / "rgb.json"
+    rgb.write_text(json.dumps({"id": 0, "query": "Where is the ferry pier?", "answer": ["north quay"],
+                               "positive": ["The ferry pier is on the north quay."],
+                               "negative": ["Cranes unload containers."]}) + "\n")
+    with ScriptedLLM(lambda prompt: "The pier is on the north quay [1].") as llm:
+        (tmp_path / "pipelines.yaml").write_text(YAML.replace("resources:\n", "resources:\n  llm: {type: "
+                                                 f"openai_compatible, base_url: {json.dumps(llm.base_url)}, "
+                                                 "max_retries: 0}\n", 1) + """  ask:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 5}}
+      - {id: fuse,   task: fuse, with: {top_k: 5}}
+      - {id: insert, task: insert}
+      - {id: answer, task: generate}
+""")
+        (tmp_path / "prompts").symlink_to(REPO / "prompts")
+        args = ["eval", "--dataset", str(rgb), "-f", str(tmp_path / "pipelines.yaml"), "--no-start-llm", "--json"]
+        assert cli.main(args) == EX_USAGE
+        assert "alpha, beta" in capsys.readouterr().err
+        assert cli.main(args + ["--collection", "alpha"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["questions"] == 1 and result["positive"]
