@@ -115,3 +115,15 @@ def test_answer_eval_indexes_each_corpus_into_a_collection(tmp_path, capsys):
         assert cli.main(args + ["--collection", "alpha"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["questions"] == 1 and result["positive"]
+
+
+def test_a_generated_test_set_samples_every_collection_in_proportion(project):
+    """`ragline eval --generate-testset N` read the template's state (empty once collections exist); it
+    samples each collection's index in proportion to its documents (alpha 20, beta 10)."""
+    from ragline.flows.evaluation.judge import generate_testset
+
+    rows, stats = generate_testset(load_project(project / "pipelines.yaml", tuned=False), 6,
+                                   strategies=["inverse_cloze"])
+    folders = [row.source_id.split("/")[0] for row in rows]
+    assert (folders.count("alpha"), folders.count("beta")) == (4, 2) and stats["documents"] == 30
+    assert len({row.id for row in rows}) == 6
