@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ragline.flows import cli
 from ragline.flows.errors import EX_USAGE
@@ -67,6 +68,17 @@ def test_tune_reads_the_chosen_collections_index_and_tunes_its_bm25(project, cap
         tuned = load_project(project / "pipelines.yaml")
         assert tuned.spec.resources["sparse@alpha"].model_dump(include={"k1", "b", "stemmer"}) == \
             report["overrides"]["resources"]["sparse@alpha"]
+
+        # tuning beta next keeps alpha's BM25 settings (its published index was rebuilt with them)
+        assert cli.main(["tune", "-f", path, "--no-prefect", "--json", "--collection", "beta"]) == 0
+        later = json.loads(capsys.readouterr().out)
+        assert set(later["overrides"]["resources"]) == {"sparse@beta"}
+        assert set(yaml.safe_load(overlay.read_text())["resources"]) == {"sparse@alpha", "sparse@beta"}
+        both = load_project(project / "pipelines.yaml")
+        assert both.spec.resources["sparse@alpha"].model_dump(include={"k1", "b", "stemmer"}) == \
+            report["overrides"]["resources"]["sparse@alpha"]
+        assert both.spec.resources["sparse@beta"].model_dump(include={"k1", "b", "stemmer"}) == \
+            later["overrides"]["resources"]["sparse@beta"]
     finally:
         overlay.unlink(missing_ok=True)
 
