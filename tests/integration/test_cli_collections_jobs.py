@@ -83,7 +83,8 @@ def test_tune_reads_the_chosen_collections_index_and_tunes_its_bm25(project, cap
         overlay.unlink(missing_ok=True)
 
 
-def test_eval_indexes_the_corpus_into_a_collection_by_default(project, capsys, tmp_path):
+def test_eval_indexes_the_corpus_into_a_collection_by_default(project, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGLINE_TUNED", "1")  # --no-tuned exports RAGLINE_TUNED=0: restored after the test
     dataset = tmp_path / "dataset"
     records = scifact_records(10)
     write_jsonl(dataset / "corpus.jsonl", records)
