@@ -160,7 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-pipeline", default="ask", help="the pipeline whose answers --judge scores")
     p.add_argument("--seed", type=int, default=0, help="--generate-testset: the same seed makes the same set")
     p.add_argument("-p", "--pipeline", help="default: search (BEIR, test set), ask (RGB)")
-    p.add_argument("--index-pipeline", default="index")
+    p.add_argument("--index-pipeline", default="index", help="the ingestion pipeline that indexes the dataset's "
+                                                             "corpus (BEIR, RGB) into a private copy")
+    p.add_argument("-c", "--collection", metavar="NAME",
+                   help="index the dataset's corpus with this collection's pipeline (default: the only collection "
+                        "of --index-pipeline, when pipelines.yaml declares collections)")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, help="evaluate the first N judged queries only")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -173,6 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON",
                    help="override a step parameter, e.g. pairs.n=500 or tune.min_gain=0.01")
     p.add_argument("--dry-run", action="store_true", help="report the candidates, write nothing")
+    _job_collection_flag(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     _orchestration_flags(p, default=True)
 
@@ -180,6 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("pipeline")
     p.add_argument("--input", type=_json_value, default={}, help='e.g. \'{"query": {"text": "..."}}\'')
     p.add_argument("--set", action="append", default=[], metavar="STEP.PARAM=JSON", help="override a step parameter")
+    _job_collection_flag(p)
     _orchestration_flags(p, default=True)
 
     p = command("api", _api, "Serve the HTTP API: queries, OpenAI-compatible chat, documents (uploads ingested in this "
@@ -518,6 +524,12 @@ def _collection_flag(p) -> None:
                    help="search this collection of pipelines.yaml (repeatable; default: all of them)")
 
 
+def _job_collection_flag(p) -> None:
+    p.add_argument("-c", "--collection", metavar="NAME",
+                   help="a job that reads the index (tune, adapt) reads this collection's (default: the only one, "
+                        "when pipelines.yaml declares collections)")
+
+
 def _search(args) -> int:
     from ragline.flows.run import engine
 
@@ -703,6 +715,7 @@ def _print_stream(response) -> int:
 def _eval(args) -> int:
     from ragline.flows.evaluation.retrieval import METRICS, evaluate, load_beir, record_run
     from ragline.flows.run.progress import IngestProgress
+    from ragline.flows.spec.collections import for_collection
 
     project = _project(args)
     if args.generate_testset is not None:
@@ -716,9 +729,10 @@ def _eval(args) -> int:
     args.pipeline = args.pipeline or "search"
     dataset = load_beir(args.dataset, args.split)
     progress = IngestProgress(f"indexing {dataset.name}", enabled=not args.json)
+    index_pipeline = for_collection(project, args.index_pipeline, args.collection)
     try:
         result = _evaluation(args, "beir", {"dataset": dataset.name, "split": args.split, "pipeline": args.pipeline},
-                             lambda: evaluate(project, dataset, args.pipeline, args.index_pipeline,
+                             lambda: evaluate(project, dataset, args.pipeline, index_pipeline,
                                               orchestrate=bool(args.orchestrate), progress=progress, limit=args.limit))
     finally:
         progress.close()
@@ -813,11 +827,13 @@ def _eval_testset(args, project) -> int:
 
 def _eval_answers(args, project) -> int:
     from ragline.flows.evaluation.answers import evaluate_answers
+    from ragline.flows.spec.collections import for_collection
 
+    index_pipeline = for_collection(project, args.index_pipeline, args.collection)
     with _packaged_llms(project, args.start_llm, [args.pipeline or "ask"]):
         result = _evaluation(args, "answers", {"dataset": Path(args.dataset).name, "pipeline": args.pipeline or "ask"},
                              lambda: evaluate_answers(project, args.dataset, args.pipeline or "ask", limit=args.limit,
-                                                      orchestrate=bool(args.orchestrate)))
+                                                      orchestrate=bool(args.orchestrate), index_pipeline=index_pipeline))
     if args.json:
         print(json.dumps(result))
         return 0
@@ -849,11 +865,13 @@ def _tune(args) -> int:
     from ragline.flows.run import engine
     from ragline.flows.contracts import TuneReport
     from ragline.flows.evaluation.retrieval import require_kinds
+    from ragline.flows.spec.collections import for_collection
     from ragline.tasks.tune_retrieval import summary
 
     project = _project(args)
-    require_kinds(project, job=args.pipeline)
-    pipeline = project.pipeline(args.pipeline)
+    name = for_collection(project, args.pipeline, args.collection)
+    require_kinds(project, job=name)
+    pipeline = project.pipeline(name)
     overrides = _set_overrides(args.set)
     if args.dry_run:
         for step in pipeline.steps:
@@ -868,9 +886,11 @@ def _tune(args) -> int:
 
 def _run(args) -> int:
     from ragline.flows.run import engine
+    from ragline.flows.spec.collections import for_collection
 
     project = _project(args)
-    pipeline = project.pipeline(args.pipeline).with_overrides(_set_overrides(args.set))
+    name = for_collection(project, args.pipeline, args.collection)
+    pipeline = project.pipeline(name).with_overrides(_set_overrides(args.set))
     print(printable(_describe(pipeline)), file=sys.stderr)
     result = engine.run(pipeline, args.input, orchestrate=args.orchestrate)
     from ragline.flows.contracts import to_json

@@ -7,7 +7,8 @@ within ``neighbours``; a large value reaches the whole document), read-only. A w
 chunk at a time on alternate sides while it fits ``max_tokens`` (the embedder's tokens, the unit
 chunks are cut in) and stops at a chunk an earlier hit already shows: no text is given twice,
 and a hit that an earlier window holds is dropped. The chunks' repeated overlap and title lines
-are stitched out.
+are stitched out. Over named collections each hit grows in the index of the collection it came
+from (its ``metadata.collection``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ragline.flows.contracts import Passage, Query
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.state import IndexState, StoreMissing
 from ragline.flows.spec.registry import stage
+from ragline.tasks.collection_index import COLLECTION_KEY, in_collection
 
 MIN_OVERLAP_CHARS = 4  # a shorter shared edge ("a", "the") may be a coincidence, not the chunker's overlap
 
@@ -38,11 +40,12 @@ def expand_context(query: Query, passages: list[Passage], params: Params, ctx: S
     """Grow the top hits into their neighbouring chunks within a token budget, without repeats; only
     into chunks the query may read (``Query.access``)."""
     head = passages[: params.top_k]
-    try:
-        around = state.neighbourhoods([p.chunk_id for p in head], params.neighbours, query.access) if head else {}
-    except StoreMissing as exc:
-        ctx.logger.warning("context not expanded: %s", exc)
-        return passages
+    around: dict[str, list[tuple[str, int, str]]] = {}
+    for collection, chunk_ids in by_collection(head).items():
+        try:
+            around.update(in_collection(ctx, "state", state, collection).neighbourhoods(chunk_ids, params.neighbours, query.access))
+        except StoreMissing as exc:
+            ctx.logger.warning("context not expanded: %s", exc)
     texts = {cid: text for rows in around.values() for cid, _, text in rows}
     tokens = dict(zip(texts, token_counts(embedder, list(texts.values()))))
     shown: set[str] = set()
@@ -59,6 +62,14 @@ def expand_context(query: Query, passages: list[Passage], params: Params, ctx: S
         shown.update(rows[i][0] for i in window)
         out.append(expanded(passage, [rows[i] for i in window]))
     return out
+
+
+def by_collection(head: list[Passage]) -> dict[str | None, list[str]]:
+    """The hits' chunk ids by the collection each came from (None: the file declares none)."""
+    grouped: dict[str | None, list[str]] = {}
+    for passage in head:
+        grouped.setdefault(passage.metadata.get(COLLECTION_KEY), []).append(passage.chunk_id)
+    return grouped
 
 
 def token_counts(embedder: Embedder, texts: list[str]) -> list[int]:

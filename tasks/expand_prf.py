@@ -14,9 +14,11 @@ from collections import Counter, defaultdict
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.context import StepContext
 from ragline.flows.contracts import Feedback, Passage, Query
 from ragline.flows.resources.bm25 import BM25Index, tokenize
 from ragline.flows.spec.registry import stage
+from ragline.tasks.collection_index import by_collection
 
 
 class Params(BaseModel):
@@ -32,14 +34,15 @@ class Params(BaseModel):
 
 
 @stage("expand_prf", params=Params, produces="query", kind="query", uses={"sparse": ("bm25",)})
-def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: BM25Index) -> Query:
+def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: BM25Index,
+               ctx: StepContext | None = None) -> Query:
     """Expand the query with the top passages' terms (RM3) for a second retrieval."""
     feedback = passages[: params.docs]
     if not feedback:
         return query
     weights = relevance_model(sparse.terms([p.text for p in feedback]), passage_weights(feedback))
     if params.max_df < 1:
-        frequencies, total = sparse.document_frequencies(weights)
+        frequencies, total = document_frequencies(weights, sparse, ctx, query.collections)
         weights = {t: w for t, w in weights.items() if frequencies.get(t, 0) <= params.max_df * total}
     top = sorted(weights.items(), key=lambda item: (-item[1], item[0]))[: params.terms]
     mass = sum(w for _, w in top)
@@ -51,6 +54,21 @@ def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: BM
         written = surface_forms([p.text for p in feedback], sparse)
         text = " ".join([query.text, *(written.get(t, t) for t in terms)])
     return query.model_copy(update={"feedback": Feedback(terms=terms, query_weight=params.query_weight, text=text)})
+
+
+def document_frequencies(terms: dict[str, float], sparse: BM25Index, ctx: StepContext | None,
+                         collections: list[str] | None) -> tuple[dict[str, int], int]:
+    """Each term's passage count and the passage count, summed over the collections the query
+    searches (the step's own index without collections)."""
+    indexes = by_collection(ctx, "sparse", sparse, collections).values() if ctx is not None else [sparse]
+    frequencies: dict[str, int] = {}
+    total = 0
+    for index in indexes:
+        found, count = index.document_frequencies(terms)
+        total += count
+        for term, n in found.items():
+            frequencies[term] = frequencies.get(term, 0) + n
+    return frequencies, total
 
 
 def passage_weights(passages: list[Passage]) -> list[float]:

@@ -24,6 +24,7 @@ from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import Completion, LLMClient
 from ragline.tasks.generate import REFUSAL, SystemPrompt, answer_from, refusal, system_message, system_templates, \
     with_system
+from ragline.tasks.collection_index import COLLECTION_KEY, by_collection
 from ragline.tasks.retrieve_dense import combined_filter
 
 _SENTENCE = re.compile(r"^(.+?[.!?])(\s|$)", re.S)
@@ -67,7 +68,7 @@ def generate_flare(query: Query, context: Context, params: Params, ctx: StepCont
         if not sentence:
             break
         if not confident and retrievals < params.max_retrievals:
-            added = _retrieve(query, _masked(step, sentence, params.threshold), documents, params, store, embedder)
+            added = _retrieve(query, _masked(step, sentence, params.threshold), documents, params, ctx, store, embedder)
             retrievals += 1
             if added:
                 step = _look_ahead(query, documents, draft, params, ctx, llm, system)
@@ -96,7 +97,7 @@ def _instruct(query: Query, context: Context, params: Params, ctx: StepContext, 
         wanted = search.group(1).strip() if search else ""
         if search and wanted and retrievals < params.max_retrievals:
             draft = _joined(draft, _without_tokens(step.text[: search.start()]))
-            _retrieve(query, wanted, documents, params, store, embedder)
+            _retrieve(query, wanted, documents, params, ctx, store, embedder)
             retrievals += 1
             ctx.logger.info("the model searched for %r (retrieval %d)", wanted, retrievals)
             continue
@@ -152,12 +153,19 @@ def _masked(step: Completion, sentence: str, threshold: float) -> str:
     return "".join(kept).strip() or sentence
 
 
-def _retrieve(query, text, documents, params, store, embedder) -> bool:
+def _retrieve(query, text, documents, params, ctx, store, embedder) -> bool:
+    """Search for ``text`` in the step's store or, over named collections, in each one the query
+    searches (the nearest ``k`` of them all: one embedder, comparable similarities)."""
     known = {d.passage.chunk_id for d in documents}
-    store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
     vector = embedder.encode_queries([f"{query.text} {text}"])
     where = combined_filter(None, query.filters, query.access)  # re-retrieval reads only what the query may
-    found = store.query(vector, params.k, where=where, retriever="flare")[0]
+    found = []
+    for collection, searched in by_collection(ctx, "store", store, query.collections).items():
+        searched.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
+        passages = searched.query(vector, params.k, where=where, retriever="flare")[0]
+        found += passages if collection is None else [
+            p.model_copy(update={"metadata": {**p.metadata, COLLECTION_KEY: collection}}) for p in passages]
+    found = sorted(found, key=lambda p: -p.score)[: params.k]
     new = [p for p in found if p.chunk_id not in known][: max(0, params.max_documents - len(documents))]
     for passage in new:
         documents.append(ContextDocument(number=len(documents) + 1, passage=passage))

@@ -25,6 +25,7 @@ from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, parse_json
 from ragline.flows.spec.registry import stage
+from ragline.tasks.collection_index import by_collection
 
 OPERATORS = ("$eq", "$in", "$gte", "$lte", "$gt", "$lt")
 EQUALITY = ("$eq", "$in")
@@ -109,7 +110,8 @@ def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | 
     if where is None:
         return query
     combined = narrowed(query.filters, where)
-    if params.fallback == "unfiltered" and not _matches_any(combined, query, sparse):
+    searched = list(by_collection(ctx, "sparse", sparse, query.collections).values()) if sparse is not None else []
+    if params.fallback == "unfiltered" and not _matches_any(combined, query, searched):
         ctx.logger.warning("self-query filter %s matches no document this query may read; searching without it",
                            where)
         return query
@@ -126,12 +128,14 @@ def narrowed(client: dict[str, Any] | None, where: dict[str, Any]) -> dict[str, 
     return {"$and": [client, where]} if client else where
 
 
-def _matches_any(where: dict[str, Any], query: Query, sparse: BM25Index) -> bool:
-    """Whether a chunk within the query's access satisfies ``where`` (a client filter that is
-    itself invalid counts as matching: the retrievers refuse it with their own error)."""
+def _matches_any(where: dict[str, Any], query: Query, indexes: list[BM25Index]) -> bool:
+    """Whether a chunk within the query's access satisfies ``where`` in one of ``indexes`` (the
+    collections the query searches; a client filter that is itself invalid counts as matching:
+    the retrievers refuse it with their own error)."""
     try:
         filters.validate(query.filters)
-        return sparse.count(filters.normalize(restrict(where, query.access))) > 0
+        normalized = filters.normalize(restrict(where, query.access))
+        return any(index.count(normalized) > 0 for index in indexes)
     except filters.FilterError:
         return True
 

@@ -243,14 +243,14 @@ def find_targets(project: Any, names: list[str], resources: dict[str, str]) -> l
             bm25 = [s for s in feeders if s.stage.name == "retrieve_sparse"]
             if len(feeders) != 2 or len(dense) != 1 or len(bm25) != 1:
                 continue
-            same = (dense[0].resources.get("store") == resources.get("store")
-                    and dense[0].resources.get("embedder") == resources.get("embedder")
-                    and bm25[0].resources.get("sparse") == resources.get("sparse"))
+            same = (any(b.get("store") == resources.get("store") and b.get("embedder") == resources.get("embedder")
+                        for b in bindings(dense[0]))
+                    and any(b.get("sparse") == resources.get("sparse") for b in bindings(bm25[0])))
             if not same:
                 problems.append(f"'{name}' searches other resources than the tuner's")
                 continue
             gate = next((s.id for s in pipeline.steps if s.stage.name == "answerable"), None)
-            targets.append(Target(name, step.id, dense[0].id, bm25[0].id, bm25[0].resources["sparse"], gate))
+            targets.append(Target(name, step.id, dense[0].id, bm25[0].id, resources["sparse"], gate))
             break
         else:
             if names:
@@ -260,6 +260,13 @@ def find_targets(project: Any, names: list[str], resources: dict[str, str]) -> l
     if not targets:
         raise ValueError("no query pipeline fuses one dense and one BM25 retriever over this index: nothing to tune")
     return targets
+
+
+def bindings(step: Any) -> list[dict[str, str]]:
+    """A retriever's resources: its own and, over named collections, each collection's (a tuner bound
+    to one collection's index tunes the retrievers that search it; its BM25 parameters go to that
+    collection's BM25 resource, the fusion and depths to the pipeline, shared by every collection)."""
+    return [step.resources, *step.collections.values()]
 
 
 def current_setting(project: Any, target: Target, bm25: Any) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def contains(prediction: str, golds: list[str]) -> float:
 
 
 # ----------------------------------------------------------------------------- running
-def _index_corpus(project: Project, items: list[RgbItem], corpus: str, workdir: Path, orchestrate: bool) -> Project:
+def _index_corpus(project: Project, items: list[RgbItem], corpus: str, workdir: Path, orchestrate: bool,
+                  index_pipeline: str = "index") -> Project:
     """The project relocated to this corpus' private index, with the corpus indexed there."""
     records = [{"_id": f"{item.id}-{j}", "title": "", "text": passage, "metadata": {"rgb_id": item.id}}
                for item in items for j, passage in enumerate(item.passages[corpus])]
@@ -88,7 +89,7 @@ def _index_corpus(project: Project, items: list[RgbItem], corpus: str, workdir: 
     path = workdir / f"{corpus}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     project = project.relocated(workdir / corpus)
-    indexer = project.pipeline("index")
+    indexer = project.pipeline(index_pipeline)
     load_step = next(s.id for s in indexer.steps if s.stage.name == "load")
     engine.run(indexer.with_overrides({load_step: {"paths": [str(path)]}}), orchestrate=orchestrate)
     return project
@@ -151,14 +152,14 @@ def fact_check_claims(project: Project, pipeline: str, items: list[RgbItem]) -> 
 
 
 def evaluate_answers(project: Project, path: str | Path, pipeline: str = "ask", limit: int | None = None,
-                     orchestrate: bool = False) -> dict[str, Any]:
+                     orchestrate: bool = False, index_pipeline: str = "index") -> dict[str, Any]:
     items = load_rgb(path)[:limit]
     workdir = project.base_dir / ".ragline" / "eval" / f"rgb-{Path(path).stem}"
-    require_kinds(project, query=pipeline, ingestion="index")
+    require_kinds(project, query=pipeline, ingestion=index_pipeline)
     result: dict[str, Any] = {"dataset": Path(path).name, "pipeline": pipeline, "questions": len(items),
                               "model": project.spec.resources.get("llm").model if "llm" in project.spec.resources else None}
     for corpus in CORPORA:
-        indexed = _index_corpus(project, items, corpus, workdir, orchestrate)
+        indexed = _index_corpus(project, items, corpus, workdir, orchestrate, index_pipeline)
         started = time.perf_counter()
         answers = [_ask(indexed, pipeline, item, orchestrate) for item in items]
         seconds = time.perf_counter() - started

@@ -261,15 +261,21 @@ def generate_testset(project: Project, n: int, seed: int = 0, strategies: list[s
     """Questions from the index through the pseudo-query stage (LLM doc2query by default), each with
     its source passage; returns them and how long it took out of how many documents tried."""
     params = pseudo.Params(n=n, seed=seed, strategies=strategies or ["llm"], mask=False, max_seconds=max_seconds)
-    state = project.resource(_resource_of(project, "index_state"))
     llm = judge_llm(project, pipeline) if "llm" in params.strategies else None
     ctx = StepContext(pipeline="eval", step_id="testset", base_dir=str(project.base_dir),
                       prompt_name="pseudo_query", render_prompt=project.prompts.render)
-    documents = pseudo.corpus_documents(state)
+    corpora = [(state, pseudo.corpus_documents(state)) for state in _index_states(project)]
+    documents = {sid: chunks for _, found in corpora for sid, chunks in found.items()}
     if not documents:
         raise ValueError(f"the index of {project.path.name} is empty: run `ragline index` before making a test set")
     started = time.perf_counter()
-    pairs = pseudo.pseudo_queries.fn(params, ctx, state, llm)
+    pairs = []
+    for (state, found), share in zip(corpora, _shares(n, [len(found) for _, found in corpora])):
+        left = None if max_seconds is None else max_seconds - (time.perf_counter() - started)
+        if left is not None and left <= 0:
+            break  # the time budget is the whole test set's
+        if share:
+            pairs += pseudo.pseudo_queries.fn(params.model_copy(update={"n": share, "max_seconds": left}), ctx, state, llm)
     seconds = time.perf_counter() - started
     chunks = {cid: (text, title) for chunks in documents.values() for cid, text, title in chunks}
     rows = [TestQuestion(id=f"g{i}", question=p.text, source_id=p.source_id, chunk_id=p.chunk_id,
@@ -277,6 +283,27 @@ def generate_testset(project: Project, n: int, seed: int = 0, strategies: list[s
             for i, p in enumerate(pairs, start=1)]
     return rows, {"questions": len(rows), "documents": len(documents), "seconds": round(seconds, 2),
                   "strategies": params.strategies, "seed": seed}
+
+
+def _index_states(project: Project) -> list[Any]:
+    """The index states a test set is drawn from: each named collection's (the template's own is never
+    written once pipelines.yaml declares collections), else the file's."""
+    named = [own for c in project.collections.values() for own in c.resources.values()
+             if project.spec.resources[own].type == "index_state"]
+    return [project.resource(name) for name in named or [_resource_of(project, "index_state")]]
+
+
+def _shares(n: int, sizes: list[int]) -> list[int]:
+    """``n`` split in proportion to ``sizes`` (largest remainders), so each collection is sampled as
+    much as it weighs in the whole."""
+    total = sum(sizes)
+    if not total:
+        return [0] * len(sizes)
+    exact = [n * size / total for size in sizes]
+    shares = [int(x) for x in exact]
+    for i in sorted(range(len(sizes)), key=lambda i: -(exact[i] - shares[i]))[: n - sum(shares)]:
+        shares[i] += 1
+    return shares
 
 
 def save_testset(path: Path, rows: list[TestQuestion]) -> Path:

@@ -63,6 +63,7 @@ from ragline.flows.serve.oidc import OidcConfig
 from ragline.flows.serve.principals import Authenticator, query_collections, reading_groups
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.openai_api import openai_router
+from ragline.flows.serve.catalog import catalog_router
 from ragline.flows.serve.feedback import FEEDBACK_BODY_BYTES, feedback_router
 from ragline.flows.serve.query_service import (
     ANSWER_ID_HEADER,
@@ -530,6 +531,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     app.include_router(query_router(service), dependencies=secured)
     app.include_router(openai_router(service), dependencies=secured)
     app.include_router(feedback_router(service), dependencies=secured)
+    app.include_router(catalog_router(service), dependencies=secured)
     for router in routers:
         app.include_router(router, dependencies=secured)
     app.include_router(health_router(service, require_prefect))

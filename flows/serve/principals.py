@@ -91,9 +91,13 @@ def collections_of(pipeline: Any, fanned_out: bool = True) -> frozenset[str]:
         for member in (index.sparse, index.state):
             if member:
                 tied.setdefault(member, set()).add(index.store)
+    # a template's index is never written once collections exist: a stage bound to it (FLARE's store)
+    # reads the collections the query searches instead (tasks.collection_index), checked as those
+    templated = {resource for c in project.collections.values() for resource in c.resources}
     found = set()
     for step in pipeline.steps if fanned_out else [s for s in pipeline.steps if not s.collections]:
-        for name in {n for bound in (step.collections.values() or [step.resources]) for n in bound.values()}:
+        for name in {n for bound in (step.collections.values() or [step.resources]) for n in bound.values()} \
+                - templated:
             for resource in {name, *tied.get(name, ())}:
                 spec = specs.get(resource)
                 if spec is not None and spec.type == "chroma":

@@ -13,6 +13,14 @@ file's only ingestion pipeline, or the one it names):
   resources searches each of the template's collections (``CompiledStep.collections``); a query
   selects which (``Query.collections``) and its passages say which one they came from.
 
+A job bound to a template's index (``tune``, ``adapt``) is compiled per collection too, as
+``<job>@<collection>`` over that collection's index, and run for one collection at a time
+(``for_collection``: the one named, or the only one): its pseudo-queries, the rankings it scores
+them on and the BM25 parameters it tunes belong to one corpus (pairs from several would be ranked
+against one store). The fusion and depths it tunes are the query pipeline's, shared by every
+collection: the last collection tuned sets them. ``ragline eval`` indexes its corpus into one
+collection (the same helper, for the ingestion template) for the same reason.
+
 Why copies of compiled steps rather than more YAML: the template is checked once, with its own
 lines, and a collection's mistakes are located at its own fields. A collection's fingerprint depends
 only on its template and its own settings, so adding one re-indexes nothing else.
@@ -26,6 +34,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ragline.flows.contracts import PipelineKind
+from ragline.flows.errors import InputError
 from ragline.flows.resources import ResourceSpec
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.spec.parse import CollectionSpec, pydantic_message, suggest
@@ -86,6 +95,8 @@ def expand(checker: Any, project: Project) -> None:
             for compiled_pipe in templates.get(pipe_name, [pipeline]):
                 project.pipelines[compiled_pipe.name] = compiled_pipe
     _fan_out(project)
+    if project.collections:
+        _jobs(project)
 
 
 def _template(checker: Any, loc: tuple, collection: CollectionSpec, project: Project) -> str | None:
@@ -204,3 +215,46 @@ def _fan_out(project: Project) -> None:
             step.collections = {
                 name: {role: collection.resources.get(resource, resource) for role, resource in step.resources.items()}
                 for name, collection in project.collections.items() if bound & set(collection.resources)}
+
+
+
+def _jobs(project: Project) -> None:
+    """Each job bound to a template's index (``tune``, ``adapt``) becomes one job per collection,
+    ``<job>@<collection>``, over that collection's index: the template's is empty once collections
+    exist. Compiled rather than bound at run time so that every process (a Prefect worker, a stage
+    that looks its own step up by name) finds the same pipeline under its name."""
+    pipelines = dict(project.pipelines)
+    project.pipelines.clear()
+    for name, pipeline in pipelines.items():
+        bound = {resource for step in pipeline.steps for resource in step.resources.values()}
+        reading = [c for c in project.collections.values() if bound & set(c.resources)]
+        if pipeline.kind != PipelineKind.JOB or not reading:
+            project.pipelines[name] = pipeline
+            continue
+        for collection in reading:
+            own = pipeline_name(name, collection.name)
+            steps = [CompiledStep(s.spec, s.stage, s.params, {role: collection.resources.get(r, r)
+                                                              for role, r in s.resources.items()},
+                                  s.upstream, s.wiring, s.prompt, s.collections) for s in pipeline.steps]
+            spec = pipeline.spec.model_copy(update={"description": f"{pipeline.spec.description} (collection "
+                                                                   f"'{collection.name}')".lstrip()})
+            project.pipelines[own] = CompiledPipeline(own, spec, steps, project, pipeline.output)
+
+
+def for_collection(project: Project, pipeline: str, collection: str | None) -> str:
+    """The pipeline to run for ``pipeline`` (a template or a job compiled per collection, or any other
+    pipeline of the file) over one collection: ``<pipeline>@<collection>``, or the only collection's."""
+    own = {c: pipeline_name(pipeline, c) for c in project.collections
+           if pipeline_name(pipeline, c) in project.pipelines}
+    if not own or pipeline in project.pipelines:
+        if collection is not None:
+            raise InputError(f"pipeline '{pipeline}' is not compiled per collection (collections of "
+                             f"{project.path.name}: {', '.join(project.collections) or 'none'})", field="collection")
+        return pipeline
+    if collection is None and len(own) > 1:
+        raise InputError(f"pipeline '{pipeline}' runs over one collection's index: name it with --collection "
+                         f"({', '.join(own)})", field="collection")
+    if collection is not None and collection not in own:
+        raise InputError(f"no collection '{collection}' of pipeline '{pipeline}'{suggest(collection, list(own))}; "
+                         f"its collections: {', '.join(own)}", field="collection")
+    return own[collection] if collection is not None else next(iter(own.values()))

@@ -244,9 +244,24 @@ def write_overlay(project: "Project", path: Path, report: "TuneReport", state_ge
         "candidates": [{"name": c.name, **c.scores} for c in report.candidates],
     }
     previous = _previous(path)
+    if previous is not None:
+        _keep_other_collections(plain, document, previous)
     if previous is not None and previous.adapted:
         _keep_adaptation(plain, document, previous)
     return _write(path, plain, document)
+
+
+def _keep_other_collections(plain: "Project", document: dict[str, Any], previous: OverlayFile) -> None:
+    """Carry the BM25 settings tuned for other named collections (``tune@<collection>`` tunes one:
+    the others' indexes were rebuilt with theirs) into a document the tuner wrote."""
+    own = {r for c in plain.collections.values() for r in c.resources.values()}
+    document["resources"] = dict(document["resources"])  # the report's own overrides stay as tuned
+    for name, fields in previous.resources.items():
+        if name in own and name not in document["resources"]:
+            document["resources"][name] = fields
+            replaced = previous.replaces.get("resources", {}).get(name)
+            if replaced is not None:
+                document["replaces"].setdefault("resources", {})[name] = replaced
 
 
 def write_adaptation(project: "Project", path: Path, report: "AdaptReport") -> Path:

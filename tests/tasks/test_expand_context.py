@@ -143,3 +143,26 @@ def test_invalid_neighbours_are_located(make_project):
     [error] = validate_file(path)
     assert (error.pipeline, error.step, error.field) == ("search_context", "context", "with.neighbours")
     assert error.line and "greater than or equal to 0" in error.message
+
+
+def test_over_collections_each_hit_grows_in_its_own_collections_index(tmp_path):
+    """With collections declared the template's index is empty: a hit grows from the index state of
+    the collection it came from (its ``metadata.collection``)."""
+    (tmp_path / "prompts").mkdir()
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(PIPELINES.replace("NEIGHBOURS", "1").replace("\npipelines:\n", """
+collections:
+  first:  {paths: [first]}
+  second: {paths: [second]}
+pipelines:
+""", 1))
+    records = scifact_records(4)
+    write_jsonl(tmp_path / "first" / "a.jsonl", records[:2])
+    write_jsonl(tmp_path / "second" / "b.jsonl", records[2:])
+    project = load_project(path)
+    for name in ("index@first", "index@second"):
+        engine.run(project.pipeline(name), orchestrate=False)
+    for record in (records[0], records[3]):
+        passages = engine.run(project.pipeline("search_context"), {"query": record["title"]}, orchestrate=False)
+        assert passages[0].source_id.endswith(record["_id"])
+        assert "context_chunks" in passages[0].metadata, passages[0].metadata["collection"]

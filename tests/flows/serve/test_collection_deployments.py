@@ -26,3 +26,25 @@ collections:
     assert options["index@papers"]["concurrency_limit"].limit == 1
     assert "collection 'papers'" in options["index@papers"]["description"]
     assert [d.name for d in build_deployments(path)] == ["index@handbook", "index@papers", "search"]
+
+
+def test_a_job_over_the_templates_index_is_deployed_per_collection_with_its_schedule(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(textwrap.dedent(RESOURCES + """
+collections:
+  handbook: {paths: [handbook]}
+  papers:   {paths: [papers]}
+""" + PIPELINES + """
+  tune:
+    kind: job
+    schedule: {cron: "0 3 * * 0"}
+    steps:
+      - {id: pairs, task: pseudo_queries}
+      - {id: tune,  task: tune_retrieval}
+"""))
+    options = deployment_options(load_project(path, tuned=False))
+
+    assert [name for name in options if name.startswith("tune")] == ["tune@handbook", "tune@papers"]
+    assert [s.cron for s in options["tune@papers"]["schedules"]] == ["0 3 * * 0"]
+    assert options["tune@papers"]["parameters"]["pipeline"] == "tune@papers"
+    assert "collection 'papers'" in options["tune@papers"]["description"]

@@ -23,7 +23,25 @@ FLARE = """
       - {id: insert, task: insert}
       - {id: answer, task: generate_flare}
 """
-
+ARCHIVED = RESOURCES + LLM + """  archive: {type: chroma, path: idx/chroma, collection: archive}
+collections:
+  handbook: {paths: [handbook]}
+pipelines:
+  index:
+    kind: ingestion
+    steps:
+      - {id: load,  task: load, with: {paths: [docs]}}
+      - {id: chunk, task: chunk}
+      - {id: embed, task: embed}
+      - {id: write, task: index, uses: [store, sparse, state]}
+  archived:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, uses: [store, embedder]}
+      - {id: fuse,   task: fuse}
+      - {id: insert, task: insert}
+      - {id: answer, task: generate_flare, uses: [llm, archive, embedder]}
+"""
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
@@ -57,11 +75,19 @@ def test_a_request_searches_what_it_names_within_what_it_may_query(project):
     assert none.value.status == 403
 
 
-def test_a_step_over_one_fixed_index_needs_the_scope_on_it(project):
-    active = project.pipeline("active")  # FLARE re-retrieves from the template's store ('test')
-    assert active.collections == ["handbook", "papers"]
+def test_a_step_over_one_fixed_index_needs_the_scope_on_it(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(textwrap.dedent(ARCHIVED))
+    archived = load_project(path, tuned=False).pipeline("archived")  # FLARE re-retrieves from 'archive'
+    assert archived.collections == ["handbook"]
     with pytest.raises(ApiError) as refused:
-        query_collections(request_of({"handbook"}), active, ["handbook"])
-    assert refused.value.status == 403 and "'test'" in refused.value.message
-    assert not may_query(request_of({"handbook"}).state.principal, active)
-    assert query_collections(request_of({"handbook", "test"}), active, None)[1] == ["handbook"]
+        query_collections(request_of({"handbook"}), archived, ["handbook"])
+    assert refused.value.status == 403 and "'archive'" in refused.value.message
+    assert not may_query(request_of({"handbook"}).state.principal, archived)
+    assert query_collections(request_of({"handbook", "archive"}), archived, None)[1] == ["handbook"]
+
+
+def test_a_step_over_the_templates_index_needs_only_the_collections_searched(project):
+    active = project.pipeline("active")  # FLARE's store is the template's: it searches the query's collections
+    assert query_collections(request_of({"handbook"}), active, None)[1] == ["handbook"]
+    assert may_query(request_of({"handbook"}).state.principal, active)

@@ -9,6 +9,7 @@ import pytest
 
 from ragline.flows.errors import InputError
 from ragline.flows.run.query_runner import coerce_inputs
+from ragline.flows.spec.collections import for_collection
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.parse import SpecValidationError
 
@@ -167,3 +168,41 @@ def test_every_collection_mistake_is_located_at_its_own_line_and_field(tmp_path)
     assert "(got -1)" in found[(line_of("chunk: {overlap: -1}"), "collections.bad-step.steps.chunk.overlap")]
     assert "unknown field 'schedul'" in found[(line_of("schedul:"), "collections.bad-field.schedul")]
     assert len(found) == 8, found
+
+
+TUNE_JOB = """
+  tune:
+    kind: job
+    steps:
+      - {id: pairs, task: pseudo_queries}
+      - {id: tune,  task: tune_retrieval}
+"""
+
+
+def test_a_job_reading_the_template_index_is_compiled_per_collection_and_run_for_one(tmp_path):
+    path = write(tmp_path, HANDBOOK + PAPERS)
+    path.write_text(path.read_text() + TUNE_JOB)
+    project = load_project(path, tuned=False)
+
+    assert list(project.pipelines) == ["index@handbook", "index@papers", "search", "tune@handbook", "tune@papers"]
+    assert project.pipeline("tune@papers").step("tune").resources["sparse"] == "sparse@papers"
+    assert project.pipeline("tune@papers").step("pairs").resources == {"state": "state@papers"}
+    with pytest.raises(InputError, match=r"name it with --collection \(handbook, papers\)"):
+        for_collection(project, "tune", None)
+    with pytest.raises(InputError, match="no collection 'paper' .*did you mean 'papers'"):
+        for_collection(project, "tune", "paper")
+    assert for_collection(project, "tune", "papers") == "tune@papers"
+    assert for_collection(project, "index", "handbook") == "index@handbook"
+    assert for_collection(project, "search", None) == "search"
+
+    path.write_text(path.read_text().replace(HANDBOOK, ""))
+    assert for_collection(load_project(path, tuned=False), "tune", None) == "tune@papers"  # the only one
+
+
+def test_without_collections_a_job_keeps_its_name(tmp_path):
+    path = write(tmp_path, None)
+    path.write_text(path.read_text() + TUNE_JOB)
+    project = load_project(path, tuned=False)
+    assert for_collection(project, "tune", None) == "tune" and "tune" in project.pipelines
+    with pytest.raises(InputError, match="not compiled per collection"):
+        for_collection(project, "tune", "papers")

@@ -45,6 +45,13 @@ pipelines:
       - {id: dense,  task: retrieve_dense, with: {k: 20}}
       - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+  flare:
+    kind: query
+    steps:
+      - {id: dense,  task: retrieve_dense, with: {k: 10}}
+      - {id: fuse,   task: fuse, with: {top_k: 4}}
+      - {id: insert, task: insert}
+      - {id: answer, task: generate_flare, with: {mode: instruct}}
   ask:
     kind: query
     steps:
@@ -131,7 +138,7 @@ def test_a_key_scoped_to_one_collection_searches_only_it_and_is_refused_the_othe
     refused = query(served, keys["handbook"], collections=["papers"])
     assert refused.status_code == 403 and "'papers'" in refused.json()["error"]["message"]
     models = httpx.get(f"{served}/v1/models", headers={"Authorization": f"Bearer {keys['handbook']}"}).json()
-    assert {m["id"] for m in models["data"]} == {"search", "ask"}  # it may query one of their collections
+    assert {m["id"] for m in models["data"]} == {"search", "flare", "ask"}  # it may query one of their collections
 
 
 def logged(project: Path, answer_id: str) -> dict:
@@ -158,3 +165,59 @@ def test_openai_sources_say_which_collection_they_came_from(served, keys):
     assert reply.status_code == 200, reply.text
     sources = reply.json()["sources"]
     assert sources and {s["collection"] for s in sources} == {"handbook"}
+
+
+def test_the_collections_a_key_may_query_are_listed_with_their_counts(served, keys, project):
+    listed = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {keys['all']}"})
+    assert listed.status_code == 200, listed.text
+    rows = {row["name"]: row for row in listed.json()["collections"]}
+    assert list(rows) == ["handbook", "papers"]
+    assert rows["handbook"]["documents"] == 2 and rows["handbook"]["chunks"] >= 2
+    assert rows["papers"]["description"]
+
+    mine = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {keys['handbook']}"})
+    assert [row["name"] for row in mine.json()["collections"]] == ["handbook"]
+    ingest_only = KeyStore(keys_file(project.parent)).create("ingest-only", ["ingest"], ["*"])[1]
+    refused = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {ingest_only}"})
+    assert refused.status_code == 403 and "scope 'query'" in refused.json()["error"]["message"]
+    assert httpx.get(f"{served}/v1/collections").status_code == 401
+
+
+def test_the_chat_page_picks_a_collection_and_says_where_each_citation_came_from(served, keys):
+    """Headless Chromium: the picker lists what the key may query (from /v1/collections); a question
+    asked of one collection cites only its sources, each labelled with its collection."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
+
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        pytest.fail(f"no Chromium at {CHROMIUM}: run `bash deploy/bootstrap.sh` (it installs Debian's chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            for key, offered in (("handbook", ["", "handbook"]), ("all", ["", "handbook", "papers"])):
+                page = browser.new_page()
+                page.add_init_script(f"sessionStorage.setItem('ragline.token', {keys[key]!r})")
+                page.goto(served + "/")
+                page.wait_for_selector(f"#collection option[value={offered[-1]}]", state="attached")
+                assert page.eval_on_selector_all("#collection option", "os => os.map(o => o.value)") == offered
+            assert "papers" in page.locator("#collection option[value=papers]").inner_text()  # with its counts
+            page.select_option("#collection", "papers")
+            card = ask(page, QUESTION, pipeline="search")
+            labels = card.locator("ol.sources li .source-collection").all_inner_texts()
+            assert labels and set(labels) == {"papers"}
+            page.select_option("#collection", "")
+            card = ask(page, QUESTION, pipeline="ask")
+            assert set(card.locator("ol.sources li .source-collection").all_inner_texts()) <= {"handbook", "papers"}
+            assert card.locator("ol.sources li .source-collection").count() >= 1
+        finally:
+            browser.close()
+
+
+
+def test_a_key_scoped_to_one_collection_may_ask_a_flare_pipeline(served, keys):
+    """FLARE's store is the template's, which nothing writes once collections exist: its searches go
+    to the collections the query searches, so a key needs only those, not the template's."""
+    reply = query(served, keys["handbook"], pipeline="flare")
+    assert reply.status_code == 200, reply.text
+    assert {s["collection"] for s in reply.json()["answer"]["sources"]} <= {"handbook"}
