@@ -44,7 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.serve.query_service import ERRORS, ApiError
 from ragline.flows.serve.principals import may_read, principal_of, reading_groups, require
+from ragline.flows.spec.collections import for_collection
 from ragline.flows.spec.compile import Project, load_project
+from ragline.flows.errors import InputError
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of, deployment_name
 from ragline.flows.serve.redact import Redactor
@@ -64,6 +66,9 @@ class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pipeline: str = Field("index", min_length=1, description="an ingestion pipeline of the served file")
+    collection: str | None = Field(None, min_length=1, description="with collections declared: the collection "
+                                   "whose ingestion runs (``<pipeline>@<collection>``); may be left out when "
+                                   "there is one")
 
 
 class IngestAccepted(BaseModel):
@@ -397,7 +402,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                             503: {**ERRORS[503], "description": "not deployed, or the Prefect API is unreachable"}})
     async def ingest(request: IngestRequest, http: Request) -> IngestAccepted:
         """Start a run of an ingestion pipeline's deployment; poll ``GET /v1/runs/{run_id}``."""
-        name = request.pipeline
+        name = _collection_pipeline(project, request)
         if name in project.pipelines:  # an unknown one: 404 from start
             require(http, "ingest", project.pipeline(name))
         flow_run = await runs.start(name)
@@ -443,3 +448,12 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
 def _prefect_down(exc: BaseException) -> ApiError:
     return ApiError(503, f"the Prefect API did not answer: {type(exc).__name__}", "service_unavailable_error",
                     code="prefect_unavailable")
+
+
+def _collection_pipeline(project: Project, request: IngestRequest) -> str:
+    """The pipeline an ingest request starts: with collections declared, ``index`` names the template,
+    so the run is its collection's (``index@NAME``); a 400 names the field when that is ambiguous."""
+    try:
+        return for_collection(project, request.pipeline, request.collection)
+    except InputError as exc:
+        raise ApiError(400, f"field 'collection': {exc}", param="collection") from None

@@ -48,3 +48,26 @@ collections:
     assert [s.cron for s in options["tune@papers"]["schedules"]] == ["0 3 * * 0"]
     assert options["tune@papers"]["parameters"]["pipeline"] == "tune@papers"
     assert "collection 'papers'" in options["tune@papers"]["description"]
+
+
+def test_an_ingest_request_starts_its_collections_run_and_names_the_field_when_ambiguous(tmp_path):
+    import pytest
+
+    from ragline.flows.serve.query_service import ApiError
+    from ragline.flows.serve.runs import IngestRequest, _collection_pipeline
+
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(textwrap.dedent(RESOURCES + """
+collections:
+  handbook: {paths: [handbook]}
+  papers:   {paths: [papers]}
+""" + PIPELINES))
+    project = load_project(path, tuned=False)
+
+    assert _collection_pipeline(project, IngestRequest(collection="papers")) == "index@papers"
+    assert _collection_pipeline(project, IngestRequest(pipeline="index@handbook")) == "index@handbook"
+    for request, said in ((IngestRequest(), "--collection"), (IngestRequest(collection="hr"), "no collection 'hr'")):
+        with pytest.raises(ApiError) as refused:
+            _collection_pipeline(project, request)
+        assert refused.value.status == 400 and refused.value.param == "collection"
+        assert refused.value.message.startswith("field 'collection'") and said in refused.value.message
