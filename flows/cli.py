@@ -232,6 +232,8 @@ def _parser() -> argparse.ArgumentParser:
                                            "a question with citations.")
     p.add_argument("folder", nargs="?", help="folder to index (default: the pipeline's own paths)")
     p.add_argument("question", nargs="?", default=SAMPLE_QUESTION)
+    p.add_argument("-c", "--collection", metavar="NAME",
+                   help="with collections declared in pipelines.yaml: the one to index (default: the only one)")
     _start_llm_flag(p)
     return parser
 
@@ -1069,7 +1071,10 @@ def _api_llms(project, enabled: bool, stack: contextlib.ExitStack) -> None:
 
 
 def _quickstart(args) -> int:
-    project, report = index_paths(args, [args.folder] if args.folder else [], "index", orchestrate=True)
+    from ragline.flows.spec.collections import for_collection
+
+    index = for_collection(_project(args), "index", args.collection)  # with collections: index@NAME
+    project, report = index_paths(args, [args.folder] if args.folder else [], index, orchestrate=True)
     if report.incomplete:
         return 1
     with _packaged_llms(project, args.start_llm, required=False) as servers:

@@ -61,5 +61,8 @@ def test_index_every_collection_then_search_one(tmp_path, capsys):
 
         assert main(["search", "vacation", "-f", str(project), "-k", "1"]) == 0
         assert "handbook/vacation.md (handbook)" in capsys.readouterr().out
+
+        assert main(["quickstart", "-f", str(project), "--no-start-llm"]) == EX_USAGE  # which one to index?
+        assert "--collection (handbook, papers)" in capsys.readouterr().err
     finally:
         clear_cache()
