@@ -71,6 +71,8 @@ class Chunk(BaseModel):
     title: str = ""
     metadata: Metadata = Field(default_factory=dict)
     embedding: list[float] | None = None
+    context: str = Field("", description="document-level context the embedder sees before `text` (contextual "
+                                         "retrieval, the `enrich` stage); neither stored nor shown")
     embedder_key: str = Field("", description="what made `embedding` (EmbedderSpec.vectors_key): the store "
                                               "records it, so retrieval can refuse another embedder's queries")
     embedder_model: str = Field("", description="that embedder's model, for messages")

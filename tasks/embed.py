@@ -10,11 +10,12 @@ from ragline.flows.resources.embedder import Embedder
 
 @stage("embed", produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion")
 def embed(chunks: list[Chunk], ctx: StepContext, embedder: Embedder) -> list[Chunk]:
-    """Attach a vector to every chunk; one batched encode call per batch of documents."""
+    """Attach a vector to every chunk (of its text after any document context `enrich` set); one
+    batched encode call per batch of documents."""
     if not chunks:  # a batch whose documents all failed upstream: no reason to load the model
         ctx.progress("embedded", 0)
         return []
-    vectors = embedder.encode_documents([c.text for c in chunks])
+    vectors = embedder.encode_documents([f"{c.context}\n{c.text}" if c.context else c.text for c in chunks])
     failpoints.hit("embed.after_batch")
     ctx.progress("embedded", len(chunks))
     made_by = {"embedder_key": embedder.spec.vectors_key(), "embedder_model": embedder.spec.model}

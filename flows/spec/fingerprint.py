@@ -37,8 +37,9 @@ def pipeline_fingerprint(pipeline: CompiledPipeline, steps: list[CompiledStep]) 
 
 def _content(pipeline: CompiledPipeline, step: CompiledStep) -> list[Any]:
     """The id-free part of one step's fingerprint."""
+    shaping = step.stage.shaping_roles(step.params) if step.stage.shaping_roles else set(step.resources)
     resources = {role: _resource_fingerprint(pipeline.project.spec.resources[name])
-                 for role, name in sorted(step.resources.items())}
+                 for role, name in sorted(step.resources.items()) if role in shaping}
     names = [step.prompt] if step.prompt else []
     names += sorted(step.stage.extra_prompts(step.params))
     library = pipeline.project.prompts

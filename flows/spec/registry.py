@@ -56,6 +56,9 @@ class Stage:
     # (params, wiring) -> the upstream step ids this step would ignore as configured (fuse: those it
     # weighs 0); a step whose output every consumer ignores is not run
     ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None
+    # params -> the resource roles that shape the output as configured (None: every bound one); the
+    # others stay out of the index fingerprint (enrich: an LLM bound but unused re-indexes nothing)
+    shaping_roles: Callable[[Any], set[str]] | None = None
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -120,7 +123,8 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           prompt_variables: Variables | Callable[[Any], Variables] | None = None,
           other_prompts: Mapping[str, Variables] | Callable[[Any], Mapping[str, Variables]] | None = None,
           version: int = 1,
-          ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None
+          ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None,
+          shaping_roles: Callable[[Any], set[str]] | None = None,
           ) -> Callable[[Callable[..., Any]], Stage]:
     """Declare a function as a stage under ``name``. A stage that renders prompts declares the
     variables it passes (``prompt_variables``, ``other_prompts``) so templates are checked up front."""
@@ -129,7 +133,7 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
         doc = inspect.getdoc(fn) or ""
         entry = Stage(name=name, fn=fn, params=params, produces=produces, uses=dict(uses or {}),
                       kind=kind, prompt=prompt, prompt_variables=prompt_variables,
-                      other_prompts=other_prompts or {}, version=version, ignores=ignores,
+                      other_prompts=other_prompts or {}, version=version, ignores=ignores, shaping_roles=shaping_roles,
                       description=doc.splitlines()[0] if doc else "")
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"stage {name!r} is already registered by {_REGISTRY[name].fn.__module__}")
