@@ -2,7 +2,8 @@
 (KeyBERT-style, with the embedder) and a short document-level context (contextual retrieval).
 
 - ``keywords``: candidate 1-2-word phrases of the document (English stopwords left out), ranked by the
-  cosine similarity of their embedding to the document's, chosen with maximal marginal relevance so
+  cosine similarity of their embedding to the document's (the vector of its opening, as much as the
+  model's max sequence length holds, as KeyBERT does), chosen with maximal marginal relevance so
   they are not all variants of one phrase. Every chunk of the document carries them as scalar
   metadata (Chroma stores no lists, filters compare scalars): ``keywords`` ("a, b, c") and ``topic``
   (the best one), so a ``where`` such as ``{"topic": "penguins"}`` selects a document's chunks.
@@ -97,12 +98,17 @@ def _shaping_roles(params: Params) -> set[str]:
 
 
 def _documents(chunks: list[Chunk], max_chars: int) -> dict[str, str]:
-    """Each document's text, rebuilt from its chunks in order (overlaps repeat a little: harmless here)."""
+    """Each document's text, rebuilt from its chunks in order: the title once (``chunk`` opens every
+    piece with it), then the pieces (overlaps repeat a little: harmless here)."""
     parts: dict[str, list[Chunk]] = {}
     for c in chunks:
         parts.setdefault(c.source_id, []).append(c)
-    return {sid: "\n".join(c.text for c in sorted(cs, key=lambda c: c.ordinal))[:max_chars]
-            for sid, cs in parts.items()}
+    texts = {}
+    for sid, cs in parts.items():
+        title = cs[0].title
+        pieces = [c.text.removeprefix(f"{title}\n") if title else c.text for c in sorted(cs, key=lambda c: c.ordinal)]
+        texts[sid] = "\n".join([title, *pieces] if title else pieces)[:max_chars]
+    return texts
 
 
 def keywords_of(texts: list[str], embedder: Embedder, params: Params) -> list[list[str]]:

@@ -44,10 +44,11 @@ def test_keywords_are_phrases_of_the_document_ranked_by_similarity_to_it(minilm)
     items = chunks_of("p", "Penguins", PENGUINS) + chunks_of("v", "Volcanoes", VOLCANOES)
     out = run(items, minilm, keywords=4, diversity=0.0)
     by_source = {c.source_id: c.metadata["keywords"].split(", ") for c in out}
-    for source, text in (("p", PENGUINS), ("v", VOLCANOES)):
+    for source, title, text in (("p", "Penguins", PENGUINS), ("v", "Volcanoes", VOLCANOES)):
         found = by_source[source]
         assert len(found) == 4 and all(k in text.lower() for k in found)  # phrases of the document itself
-        sims = minilm.encode_documents(found) @ minilm.encode_documents([text.lower()])[0]
+        document = "\n".join([title, *(c.text for c in items if c.source_id == source)])  # as the stage sees it
+        sims = minilm.encode_documents(found) @ minilm.encode_documents([document])[0]
         assert list(sims) == sorted(sims, reverse=True)  # no diversity: ranked by similarity to the document
         assert all(c.metadata["topic"] == found[0] for c in out if c.source_id == source)
     assert "penguin" in by_source["p"][0] and "volcan" in " ".join(by_source["v"][:2])
