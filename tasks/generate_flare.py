@@ -77,11 +77,7 @@ def generate_flare(query: Query, context: Context, params: Params, ctx: StepCont
         tokens.extend(step.tokens)
         if sentence.strip() == step.text.strip() and step.finish_reason == "stop":
             break
-    if not draft:
-        return refusal(query, params.refusal, "no answer was generated")
-    final = Context(documents=documents, tokens=context.tokens, dropped=context.dropped)
-    answer = answer_from(query, Completion(text=draft, tokens=tokens), final, params.refusal)
-    return answer.model_copy(update={"retrievals": retrievals})
+    return _finished(query, draft, tokens, documents, context, params, retrievals)
 
 
 def _instruct(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
@@ -105,6 +101,12 @@ def _instruct(query: Query, context: Context, params: Params, ctx: StepContext, 
         tokens.extend(step.tokens)
         if step.finish_reason != "length":
             break
+    return _finished(query, draft, tokens, documents, context, params, retrievals)
+
+
+def _finished(query: Query, draft: str, tokens: list, documents: list, context: Context, params: Params,
+              retrievals: int) -> Answer:
+    """The answer of either mode: its draft over every document it retrieved, or a refusal if it wrote nothing."""
     if not draft:
         return refusal(query, params.refusal, "no answer was generated")
     final = Context(documents=documents, tokens=context.tokens, dropped=context.dropped)
