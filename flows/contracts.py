@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 Metadata = dict[str, str | int | float | bool]
 
 
+COLLECTION_KEY = "collection"  # the passage metadata key naming the named collection it came from
 DEFAULT_MAX_QUESTION_CHARS = 10_000  # the longest question a query takes unless the API is told otherwise
 
 

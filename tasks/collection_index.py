@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ragline.flows.context import StepContext
+from ragline.flows.contracts import COLLECTION_KEY  # noqa: F401  (re-exported to the stages)
 
-COLLECTION_KEY = "collection"  # the passage metadata key flows.spec.collections sets (stages may not import it)
 
 
 def by_collection(ctx: StepContext, role: str, own: Any, names: list[str] | None = None) -> dict[str | None, Any]:

@@ -26,7 +26,7 @@ from ragline.flows.files import write_atomic
 from ragline.flows.spec.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query, Ranking, StepResult
-from ragline.flows.spec.collections import COLLECTION_KEY
+from ragline.flows.contracts import COLLECTION_KEY
 from ragline.flows.errors import RaglineError
 
 

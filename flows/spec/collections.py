@@ -40,7 +40,6 @@ from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.spec.parse import CollectionSpec, pydantic_message, suggest
 
 INDEX_TYPES = ("chroma", "bm25", "index_state")
-COLLECTION_KEY = "collection"  # the passage metadata key naming the collection it came from
 
 
 @dataclass(frozen=True)
