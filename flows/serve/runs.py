@@ -15,7 +15,8 @@ runs beside the Prefect runner serving the file's deployments (``flows/serve/ser
   or ``ragline index``): state, times, the persisted JSON result once completed (the IndexReport
   of an ingestion run, also for a run that failed because a root was unreachable; the answer or
   passages of a query run; shown only to a credential that reads every document the query could,
-  ``shown_to``), the ingestion summary line, per-document failures, the failure
+  ``shown_to``), the ingestion summary line, per-document failures (to a credential with the
+  ingest scope only: they name documents and paths, ``without_failure_details``), the failure
   message, and for a running ingestion run its progress (see ``progress``). 404 for any other id.
 
 Progress comes from what the run records, read live: its phase (waiting for the lease, listing,
@@ -43,7 +44,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.serve.query_service import ERRORS, ApiError
-from ragline.flows.serve.principals import may_read, principal_of, reading_groups, require
+from ragline.flows.serve.principals import collections_of, may_read, principal_of, reading_groups, require
 from ragline.flows.spec.collections import for_collection
 from ragline.flows.spec.compile import Project, load_project
 from ragline.flows.errors import InputError
@@ -361,6 +362,18 @@ class _Runs:
         return status
 
 
+def without_failure_details(status: RunStatus) -> RunStatus:
+    """An ingestion run's status for a viewer without the ingest scope: the counts stay, the failed
+    documents' ids and reasons go (they name documents the viewer may not read, and paths)."""
+    if not status.failures:
+        return status
+    result = dict(status.result, failures=[]) if isinstance(status.result, dict) else status.result
+    note = (f"{len(status.failures)} failure detail{'s' if len(status.failures) > 1 else ''} withheld: "
+            f"they need the ingest scope")
+    return status.model_copy(update={"failures": [], "result": result,
+                                     "message": f"{status.message}; {note}" if status.message else note})
+
+
 def shown_to(reader: frozenset[str] | None, labels: dict[str, Any] | None) -> bool:
     """Whether a query run's stored result may be shown to a viewer reading ``reader``'s groups:
     the run's access (its ``ACCESS_LABEL``; none counts as every document) is within them."""
@@ -436,7 +449,10 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                 if not may_read(principal, pipeline):  # as unknown: its existence is not told
                     raise ApiError(404, f"no run '{run_id}' of the pipelines this credential may read",
                                    code="run_not_found")
-                return await runs.status(client, flow_run, reading_groups(principal))
+                status = await runs.status(client, flow_run, reading_groups(principal))
+                if not principal.may("ingest", collections_of(pipeline)):
+                    status = without_failure_details(status)
+                return status
         except ApiError:
             raise
         except Exception as exc:
