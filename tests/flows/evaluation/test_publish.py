@@ -94,3 +94,32 @@ def test_ndcg_per_query_matches_the_mean_and_counts_empty_runs_as_zero():
 
 def test_nothing_is_published_outside_a_flow_run():
     assert publish.publish(BEIR, "beir", "test") is None
+
+
+@pytest.fixture
+def unreachable_prefect(monkeypatch):
+    """A configured Prefect API on a loopback port nothing listens on, and no retries of it."""
+    import socket
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api", PREFECT_CLIENT_MAX_RETRIES: 0}):
+        yield
+
+
+def test_an_unreachable_configured_api_leaves_the_evaluation_in_process_with_a_warning(unreachable_prefect, caplog):
+    calls: list[int] = []
+    result = publish.run(lambda: calls.append(1) or {"ndcg@10": 0.5}, kind="beir",
+                         settings={"dataset": "d", "pipeline": "search"}, as_flow=True, required=False)
+    assert result == {"ndcg@10": 0.5} and calls == [1]  # the evaluation ran once, without a flow run
+    assert "evaluation runs without a flow run" in caplog.text
+
+
+def test_an_unreachable_api_the_user_asked_for_is_an_error(unreachable_prefect):
+    calls: list[int] = []
+    with pytest.raises(Exception):
+        publish.run(lambda: calls.append(1) or {}, kind="beir", settings={}, as_flow=True, required=True)
+    assert calls == []
