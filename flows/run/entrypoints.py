@@ -34,7 +34,7 @@ from ragline.flows.resources.filters import validate
 FLOW_NAME = "ragline"  # deployments are "ragline/<name>"
 
 
-@flow(name="ragline", flow_run_name="{pipeline}", validate_parameters=False, persist_result=False, log_prints=False)
+@flow(name=FLOW_NAME, flow_run_name="{pipeline}", validate_parameters=False, persist_result=False, log_prints=False)
 def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str = "pipelines.yaml",
                  overrides: dict[str, dict[str, Any]] | None = None,
                  resources: dict[str, dict[str, Any]] | None = None, data_dir: str | None = None,

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.serve.query_service import ERRORS, ApiError
@@ -51,7 +51,7 @@ from ragline.flows.errors import InputError
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of, deployment_name
 from ragline.flows.serve.redact import Redactor
-from ragline.flows.run.entrypoints import ACCESS_LABEL, PROGRESS_LABEL, TRACE_LABEL
+from ragline.flows.run.entrypoints import ACCESS_LABEL, FLOW_NAME, PROGRESS_LABEL, TRACE_LABEL
 from ragline.flows.contracts import IndexReport
 from ragline.flows.resources.state import StorageError, StoreDamaged
 
@@ -60,6 +60,10 @@ DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
 LEASE_STALE_SECONDS = 30.0  # as IndexState.lease: a holder silent this long has lost the lease
 PROGRESS_WAIT = 10.0  # seconds a status poll spends on the progress courtesy at most
 STATUS_READ_WAIT = 2.0  # seconds a status poll waits on a committing writer before it goes without the count
+MAX_LISTED_RUNS = 100  # the most runs one GET /v1/runs lists
+LIST_PAGE, LIST_PAGES = 100, 5  # runs read per Prefect call, calls at most (other files' runs are skipped)
+STATE_TYPES = ("SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING", "COMPLETED", "FAILED", "CRASHED",
+               "CANCELLED")
 STEP_PHASES = {"convert": "converting", "chunk": "chunking", "embed": "embedding"}  # by stage, in pipeline order
 
 
@@ -98,6 +102,24 @@ class RunStatus(BaseModel):
                                                   "was withheld")
     progress: dict[str, Any] | None = Field(None, description="a running ingestion run's progress")
     trace_id: str | None = Field(None, description="the run's OpenTelemetry trace id (32 hex digits), when traced")
+
+
+class RunSummary(BaseModel):
+    """One run in ``GET /v1/runs``: what it is and where it stands, without its result."""
+
+    id: str
+    pipeline: str
+    kind: str
+    state: str
+    state_name: str
+    created: str | None = None
+    started: str | None = None
+    ended: str | None = None
+    trace_id: str | None = None
+
+
+class RunList(BaseModel):
+    runs: list[RunSummary] = Field(description="newest first")
 
 
 # ----------------------------------------------------------------------------- the router
@@ -235,6 +257,56 @@ class _Runs:
             except Exception as exc:
                 raise _prefect_down(exc) from None
 
+    async def recent(self, client: Any, pipelines: list[str], states: list[str] | None, limit: int) -> list[Any]:
+        """Up to ``limit`` of this file's runs of ``pipelines``, newest first: its deployments' runs
+        (by deployment id: a run cancelled or scheduled before it started has no pipeline name yet),
+        and runs without a deployment (``ragline index``) by flow and run name, of which ``owns``
+        keeps this file's (another file may name its pipelines alike)."""
+        from prefect.client.schemas.filters import (
+            FlowFilter,
+            FlowFilterName,
+            FlowRunFilter,
+            FlowRunFilterDeploymentId,
+            FlowRunFilterExpectedStartTime,
+            FlowRunFilterName,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        state = FlowRunFilterState(type=FlowRunFilterStateType(any_=states)) if states is not None else None
+        due = None  # runs scheduled for later (a schedule keeps many) only when SCHEDULED is asked for
+        if states is None or "SCHEDULED" not in states:
+            due = FlowRunFilterExpectedStartTime(before_=datetime.datetime.now(datetime.UTC))
+        newest = FlowRunSort.EXPECTED_START_TIME_DESC
+        deployments = [d for name in pipelines if (d := self.deployment_ids.get(name)) is not None]
+        found = []
+        if deployments:
+            found += await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=deployments), state=state, expected_start_time=due),
+                sort=newest, limit=limit)
+        undeployed = FlowRunFilter(name=FlowRunFilterName(any_=pipelines),
+                                   deployment_id=FlowRunFilterDeploymentId(is_null_=True), state=state,
+                                   expected_start_time=due)
+        owned: list[Any] = []
+        for page in range(LIST_PAGES):
+            batch = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])),
+                                                flow_run_filter=undeployed, sort=newest, limit=LIST_PAGE,
+                                                offset=page * LIST_PAGE)
+            owned += [run for run in batch if self.owns(run)]
+            if len(owned) >= limit or len(batch) < LIST_PAGE:
+                break
+        found += owned
+        return sorted(found, key=_newest_first)[:limit]
+
+    def summary(self, flow_run: Any) -> RunSummary:
+        state = flow_run.state
+        pipeline = flow_run.parameters["pipeline"]
+        return RunSummary(id=str(flow_run.id), pipeline=pipeline, kind=self.project.pipeline(pipeline).kind,
+                          state=state.type.value if state else "UNKNOWN", state_name=state.name if state else "Unknown",
+                          created=_iso(flow_run.created), started=_iso(flow_run.start_time),
+                          ended=_iso(flow_run.end_time), trace_id=(flow_run.labels or {}).get(TRACE_LABEL))
+
     def owns(self, flow_run: Any) -> bool:
         parameters = flow_run.parameters or {}
         if parameters.get("pipeline") not in self.project.pipelines:
@@ -362,6 +434,36 @@ class _Runs:
         return status
 
 
+def _listed_pipelines(project: Project, pipeline: str | None, principal: Any) -> list[str]:
+    """The pipelines ``GET /v1/runs`` lists: the one named (400 unknown, 404 unreadable, as unknown
+    is to ``GET /v1/runs/{id}``), else every one the principal may read."""
+    if pipeline is not None:
+        if pipeline not in project.pipelines:
+            raise ApiError(400, f"field 'pipeline': no pipeline '{pipeline}'; pipelines: "
+                                f"{', '.join(project.pipelines)}", param="pipeline", code="pipeline_not_found")
+        if not may_read(principal, project.pipeline(pipeline)):
+            raise ApiError(403, f"forbidden: this credential may not read pipeline '{pipeline}'s runs",
+                           "permission_error", code="forbidden")
+        return [pipeline]
+    return [name for name, p in project.pipelines.items() if may_read(principal, p)]
+
+
+def _newest_first(flow_run: Any) -> float:
+    when = flow_run.expected_start_time or flow_run.created
+    return -when.timestamp() if when is not None else 0.0
+
+
+def _listed_states(state: str | None) -> list[str] | None:
+    if state is None:
+        return None
+    wanted = [s.strip().upper() for s in state.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in STATE_TYPES]
+    if unknown or not wanted:
+        raise ApiError(400, f"field 'state': unknown state type {', '.join(unknown) or repr(state)}; one or more "
+                            f"of {', '.join(STATE_TYPES)}", param="state")
+    return wanted
+
+
 def without_failure_details(status: RunStatus) -> RunStatus:
     """An ingestion run's status for a viewer without the ingest scope: the counts stay, the failed
     documents' ids and reasons go (they name documents the viewer may not read, and paths)."""
@@ -422,6 +524,30 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
         return IngestAccepted(run_id=str(flow_run.id), pipeline=name,
                               state=flow_run.state.type.value if flow_run.state else "SCHEDULED",
                               state_name=flow_run.state.name if flow_run.state else "Scheduled")
+
+    @router.get("/runs", response_model=RunList,
+                responses={**ERRORS, 400: {**ERRORS[400], "description": "an unknown pipeline or state"}})
+    async def list_runs(http: Request, pipeline: str | None = None, state: str | None = None,
+                        limit: int = Query(20, ge=1, le=MAX_LISTED_RUNS)) -> RunList:
+        """This file's runs (deployment-triggered, scheduled or ``ragline index``), newest first, of
+        the pipelines the credential may read; ``state``: Prefect state types, comma-separated (runs
+        scheduled for later are listed only when it names SCHEDULED).
+        Results are not listed: ``GET /v1/runs/{id}`` shows one run's."""
+        from prefect.client.orchestration import get_client
+
+        principal = principal_of(http)
+        names = _listed_pipelines(project, pipeline, principal)
+        states = _listed_states(state)
+        try:
+            async with get_client() as client:
+                for name in project.pipelines:  # learn this file's deployment ids (cached)
+                    await runs.deployment_id(client, name)
+                found = await runs.recent(client, names, states, limit)
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise _prefect_down(exc) from None
+        return RunList(runs=[runs.summary(flow_run) for flow_run in found])
 
     @router.get("/runs/{run_id}", response_model=RunStatus,
                 responses={**ERRORS, 404: {**ERRORS[404], "description": "no such run (code run_not_found)"}})

@@ -159,6 +159,25 @@ def test_ingest_over_the_api_is_a_job_with_a_409_while_it_runs(served, prefect_a
     assert status["state"] == "COMPLETED" and status["summary"].startswith("added 0, updated 0, deleted 0, unchanged 1")
     assert httpx.get(f"{served}/v1/runs/{'0' * 32}", headers=AUTH, timeout=30).status_code == 404
 
+    # GET /v1/runs lists them newest first, filtered by pipeline and state, without results.
+    listed = httpx.get(f"{served}/v1/runs", params={"pipeline": "notes", "state": "completed", "limit": 2},
+                       headers=AUTH, timeout=30)
+    assert listed.status_code == 200, listed.text
+    runs = listed.json()["runs"]
+    assert [r["id"] for r in runs] == [run_id, waiting] and all(r["pipeline"] == "notes" for r in runs)
+    assert runs[0]["state"] == "COMPLETED" and "result" not in runs[0]
+    everything = httpx.get(f"{served}/v1/runs", params={"pipeline": "notes"}, headers=AUTH, timeout=30).json()["runs"]
+    assert [r["id"] for r in everything][:3] == [run_id, extra["id"], waiting]  # none scheduled for later
+    later = httpx.get(f"{served}/v1/runs", params={"pipeline": "notes", "state": "scheduled"}, headers=AUTH,
+                      timeout=30).json()["runs"]
+    assert later and all(r["state"] == "SCHEDULED" for r in later)  # the schedule's next runs
+    cancelled = httpx.get(f"{served}/v1/runs", params={"pipeline": "notes", "state": "cancelled"}, headers=AUTH,
+                          timeout=30).json()["runs"]
+    assert [r["id"] for r in cancelled] == [extra["id"]]
+    assert httpx.get(f"{served}/v1/runs", params={"state": "DONE"}, headers=AUTH, timeout=30).status_code == 400
+    assert httpx.get(f"{served}/v1/runs", params={"pipeline": "nope"}, headers=AUTH, timeout=30).status_code == 400
+    assert httpx.get(f"{served}/v1/runs", timeout=30).status_code == 401
+
 
 PROBE = """
 resources:
