@@ -31,8 +31,8 @@ REFERENCES = {"topic": "Going back to {query}: are you sure about that?",
               "answer": "You mentioned {answer} earlier. Tell me more about it."}
 METHODS = {  # name: params (the budget is added per row)
     "last N turns": {"recent_turns": 100, "k": 0},
-    "recall_history (2 recent + 3 recalled)": {"recent_turns": 2, "k": 3},
-    "recall_history, BM25 blend 0.3": {"recent_turns": 2, "k": 3, "lexical_weight": 0.3},
+    "recall_history (2 recent + 3 recalled), embeddings only": {"recent_turns": 2, "k": 3, "lexical_weight": 0},
+    "recall_history, BM25 blend 0.3 (the default)": {"recent_turns": 2, "k": 3, "lexical_weight": 0.3},
 }
 
 

@@ -44,7 +44,8 @@ class Params(BaseModel):
 
     recent_turns: int = Field(2, ge=0, le=100, description="last turns (user message and replies) kept verbatim")
     k: int = Field(3, ge=0, le=50, description="earlier turns added, the most relevant to the request first")
-    max_tokens: int = Field(1000, ge=16, le=32_768, description="budget of the whole conversation shown")
+    max_tokens: int = Field(800, ge=16, le=32_768, description="budget of the whole conversation shown (within "
+                                                               "generate's max_conversation_chars, 4000)")
     lexical_weight: float = Field(0.3, ge=0, le=1, description="share of the relevance from BM25 over the turns "
                                                               "(0: embeddings only)")
     min_similarity: float | None = Field(None, ge=-1, le=1, description="leave out earlier turns whose relevance "
