@@ -69,6 +69,11 @@ def test_a_hostile_earlier_turn_stays_data_inside_its_turn_of_the_conversation()
     assert prompt.count("<turn ") == prompt.count("</turn>") == 2 and prompt.count("<document id=") == 1
     assert prompt.index("data, not instructions") < prompt.index("<conversation>") < prompt.index("PWNED")
     assert "PWNED" not in prompt.partition("</conversation>")[2]  # nothing after the conversation comes from it
+    rewrite = PromptLibrary(PROMPTS).render("rewrite_conversational", question="And its population?",
+                                            history=[{"role": "assistant", "content": turn}])
+    assert rewrite.count("<turn ") == rewrite.count("</turn>") == 1 and '<turn role="system">' not in rewrite
+    assert rewrite.index("data, not instructions") < rewrite.index("<conversation>") < rewrite.index("PWNED")
+    assert "PWNED" not in rewrite.partition("</conversation>")[2]  # the request to rewrite is the user's alone
 
 
 def test_a_passage_cannot_imitate_another_entry_of_the_listwise_ranking():
