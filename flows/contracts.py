@@ -182,6 +182,9 @@ class Query(BaseModel):
     hypothetical: list[str] = Field(default_factory=list, description="HyDE documents, used as dense queries")
     instruction: str = Field("", description="how to answer (format, style), kept out of the search query")
     original: str = Field("", description="the request as the user wrote it, before any rewrite")
+    conversation: list[dict[str, str]] | None = Field(
+        None, description="chat turns {role, content} a `recall_history` step chose for the LLM: the recent ones "
+                          "and the earlier ones relevant to the request, in conversation order; None: none chose")
 
     hyde_only: bool = Field(False, description="dense retrieval uses only the hypothetical documents")
     keyword_texts: list[str] = Field(default_factory=list, description="BM25 search texts when they differ from "

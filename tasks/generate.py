@@ -73,11 +73,15 @@ class Params(SystemPrompt):
                                                              "contain to be cited for it")
     stop: list[str] = Field(["\nQuestion:", "\n\n\n"], description="end the answer where small models start "
                                                                   "inventing the next question")
+    history_turns: int = Field(0, ge=0, le=100, description="without a recall_history step: the last messages "
+                                                            "of the history shown before the question (0: none)")
+    max_conversation_chars: int = Field(4000, ge=100, description="bound of the conversation shown: its oldest "
+                                                                   "messages are left out beyond it")
 
 
 @stage("generate", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
        prompt="answer_with_citations",
-       prompt_variables=("question", "instruction", "documents", "refusal", "examples"),
+       prompt_variables=("question", "instruction", "documents", "refusal", "examples", "conversation"),
        other_prompts=system_templates)
 def generate(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
              examples: list[Example] | None = None) -> Answer:
@@ -86,10 +90,29 @@ def generate(query: Query, context: Context, params: Params, ctx: StepContext, l
     if not context.documents:
         return refusal(query, params.refusal, context.withheld or "no relevant documents were found")
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
-                        documents=context.documents, refusal=params.refusal, examples=examples or [])
+                        documents=context.documents, refusal=params.refusal, examples=examples or [],
+                        conversation=conversation(query, params))
     completion = complete(with_system(prompt, system_message(params, ctx)), params, ctx, llm)
     return answer_from(query, completion, context, params.refusal,
                        min_overlap=params.min_overlap if params.attribute else None)
+
+
+def conversation(query: Query, params: Params) -> list[dict[str, str]]:
+    """The chat turns shown before the question: those recall_history chose, else the last
+    ``history_turns`` messages; the newest that fit ``max_conversation_chars``, each clipped."""
+    turns = query.conversation if query.conversation is not None else \
+        query.history[-params.history_turns:] if params.history_turns else []
+    shown: list[dict[str, str]] = []
+    left = params.max_conversation_chars
+    for turn in reversed(turns):
+        content = clip(str(turn.get("content", "")), params.max_request_chars)
+        if turn.get("role") not in ("user", "assistant") or not content.strip():
+            continue
+        if len(content) > left:
+            break
+        shown.append({"role": turn["role"], "content": content})
+        left -= len(content)
+    return shown[::-1]
 
 
 def complete(messages: str | list[dict[str, str]], params: Params, ctx: StepContext, llm: LLMClient) -> Completion:

@@ -17,7 +17,8 @@ from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, strip_markup
 from ragline.flows.spec.registry import stage
 from ragline.tasks.generate import Params as GenerateParams
-from ragline.tasks.generate import answer_from, complete, refusal, system_message, system_templates, with_system
+from ragline.tasks.generate import answer_from, complete, conversation, refusal, system_message, system_templates, \
+    with_system
 from ragline.tasks.refine_notes import ask_each_passage
 
 _NOTHING_REPLY = re.compile(r"^\W*nothing relevant\b", re.IGNORECASE)  # what map_passage asks for
@@ -37,7 +38,7 @@ def _prompts(params: Params) -> dict[str, tuple[str, ...]]:
 
 
 @stage("generate_map_reduce", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
-       prompt="reduce_notes", prompt_variables=("question", "instruction", "documents", "refusal"),
+       prompt="reduce_notes", prompt_variables=("question", "instruction", "documents", "refusal", "conversation"),
        other_prompts=_prompts)
 def generate_map_reduce(query: Query, context: Context, params: Params, ctx: StepContext,
                         llm: LLMClient) -> Answer:
@@ -53,7 +54,7 @@ def generate_map_reduce(query: Query, context: Context, params: Params, ctx: Ste
     if not notes:
         return refusal(query, params.refusal, "no document says anything about the question")
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
-                        documents=notes, refusal=params.refusal)
+                        documents=notes, refusal=params.refusal, conversation=conversation(query, params))
     completion = complete(with_system(prompt, system_message(params, ctx)), params, ctx, llm)
     noted = {d.number for d in notes}  # a number the reduce call never saw is no valid citation
     sources = Context(documents=[d for d in read if d.number in noted], tokens=context.tokens,

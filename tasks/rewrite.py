@@ -25,7 +25,8 @@ class Params(BaseModel):
     include_original: bool = Field(True, description="also search with the request itself")
     max_tokens: int = Field(128, ge=8, le=2048, description="length of the LLM's reply")
     max_request_chars: int = Field(2000, ge=100, description="longer requests are clipped inside the prompt")
-    history_turns: int = Field(6, ge=1, description="conversational: turns of history shown to the LLM")
+    history_turns: int = Field(6, ge=1, description="conversational: turns of history shown to the LLM (after "
+                                                    "recall_history: the turns it chose instead)")
     keyword: bool = Field(False, description="hyde: also append the pseudo-document to the BM25 query (query2doc)")
     query_repeats: int = Field(5, ge=1, le=20, description="hyde with keyword: times the request opens the BM25 "
                                                           "query, so its own terms outweigh the pseudo-document's")
@@ -67,11 +68,13 @@ def query2doc(text: str, document: str, repeats: int) -> str:
 
 
 def _conversational(query: Query, question: str, params: Params, ctx: StepContext, llm: LLMClient) -> Query:
-    """'How about the School of Economics?' after a question on another school becomes a full request."""
-    if not query.history:
+    """'How about the School of Economics?' after a question on another school becomes a full request.
+    The conversation a recall_history step chose, when one ran; else the last ``history_turns`` messages."""
+    turns = query.conversation if query.conversation is not None else query.history[-params.history_turns:]
+    if not turns:
         return query
     history = [{"role": t.get("role", "user"), "content": clip(t.get("content", ""), params.max_request_chars)}
-               for t in query.history[-params.history_turns:]]
+               for t in turns]
     reply = llm.chat(ctx.prompt(question=question, history=history), max_tokens=params.max_tokens).text
     rewritten = next(iter(parse_lines(reply, 1)), "")
     if not rewritten:

@@ -162,8 +162,8 @@ def _relative(path: Path, folder: Path) -> str:
 # What a model could read as one of the prompts' delimiters: an angle bracket or a look-alike,
 # blanks or invisible characters, an optional slash, the name in any case (``< / Document\t>``).
 _INVISIBLE = "\\s\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff"
-DELIMITER = re.compile(f"[<\uff1c\ufe64][{_INVISIBLE}]*[/\uff0f]?[{_INVISIBLE}]*(?:document|references|examples?)"
-                       f"(?![a-z])",
+DELIMITER = re.compile(f"[<\uff1c\ufe64][{_INVISIBLE}]*[/\uff0f]?[{_INVISIBLE}]*"
+                       f"(?:document|references|examples?|conversation|turn)(?![a-z])",
                        re.IGNORECASE)
 _ATTRIBUTE_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
