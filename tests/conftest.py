@@ -13,6 +13,7 @@ import ragline.flows  # noqa: F401 - offline defaults before any heavy import
 
 from tests.helpers.data import (BASE_RESOURCES, DATA, INDEX_AND_SEARCH, REPO, SCIFACT,  # noqa: F401 - for old imports
                                 index_and_search_yaml, scifact_records, write_jsonl)
+from tests.helpers.postgres import postgres  # noqa: F401 - the session's PostgreSQL (index state tests)
 
 # A command whose local LLM endpoint is down starts the packaged vLLM (issue 24.3): never in a test
 # unless it asks for it (tests/fake_vllm.py, RAGLINE_VLLM_DEPLOY, RAGLINE_START_LLM unset for its child).
