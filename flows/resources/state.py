@@ -219,7 +219,7 @@ class StateSpec(BaseModel):
 
     type: Literal["index_state"]
     path: str = Field(".ragline/state.sqlite", description="SQLite file beside the indexes")
-    url: str | None = Field(None, description="a database instead of the file: postgresql://user:password@host:5432/db "
+    url: str | None = Field(None, repr=False, description="a database instead of the file: postgresql://user:password@host:5432/db "
                                               "(the `postgres` extra; several writers and readers on several machines)")
     schema_name: str = Field("ragline", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
                              description="the database schema holding this index's tables (one per index)")
@@ -254,6 +254,14 @@ class IndexState(Resource):
     def fingerprint_fields(cls, spec: StateSpec) -> Any:
         """Where the state lives, never its credentials: a rotated password must not re-index."""
         return spec.model_dump(mode="json", include={"type", "path"})
+
+    @classmethod
+    def relocated(cls, spec: StateSpec, name: str) -> StateSpec:
+        """A database state becomes a file under the other data folder, as a Chroma server becomes
+        an embedded store: evaluation and ``--data-dir`` never write the configured database."""
+        if spec.url:
+            return spec.model_copy(update={"url": None, "path": name})
+        return super().relocated(spec, name)
 
     def __init__(self, spec: StateSpec, base_dir: Path | None = None):
         super().__init__(spec, base_dir)

@@ -49,6 +49,7 @@ try:
 except ImportError:  # the `postgres` extra is not installed: said when a state with a url is opened
     psycopg = None  # type: ignore[assignment]
 
+from ragline.flows.resources.base import Health
 from ragline.flows.resources.state import (
     CHUNK_LOG, SCHEMA, IndexState, LeaseHolder, StateSpec, StorageError, StoreDamaged, StoreMissing)
 
@@ -232,11 +233,16 @@ class PostgresIndexState(IndexState):
             return self._conn
 
     def _create(self, raw: Any) -> None:
-        """The schema, its tables, the change log's trigger and record, in one transaction that
-        waits for any other process doing the same (two first writers at once)."""
+        """The schema, its tables, the change log's trigger and record, when any is missing: in one
+        transaction after any other process doing the same and after every write in flight (DDL
+        locks tables exclusively; taken in a writer's order it cannot deadlock with one). A
+        current schema is only read: a new writer's session never blocks readers or writers."""
+        if self._current(raw):
+            return
         schema = pgsql.Identifier(self.spec.schema_name)
         with raw.transaction():
             raw.execute("SELECT pg_advisory_xact_lock(%s::integer, hashtext(%s))", (LOCK_SPACE, self._key("schema")))
+            raw.execute("SELECT pg_advisory_xact_lock(%s::integer, hashtext(%s))", (LOCK_SPACE, self._key("write")))
             raw.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
             for statement in schema_ddl():
                 raw.execute(statement)
@@ -246,6 +252,20 @@ class PostgresIndexState(IndexState):
             record = {"id": uuid.uuid4().hex, "from": int(generation[0]) if generation else 0}
             raw.execute("INSERT INTO meta(key, value) VALUES(%s, %s) ON CONFLICT DO NOTHING",
                         (CHUNK_LOG, json.dumps(record)))
+
+    def _current(self, raw: Any) -> bool:
+        """Whether every table, column and index of state.py's schema, the change log's trigger and
+        its record are there (read from the catalogs, no lock taken)."""
+        present = set(raw.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                  "WHERE table_schema = %s", (self.spec.schema_name,)).fetchall())
+        wanted = {(table, column) for table, (defs, _) in tables().items() for column, _ in defs}
+        if not wanted <= present:
+            return False
+        indexes = re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", SCHEMA)
+        found = raw.execute("SELECT " + ", ".join(["to_regclass(%s) IS NOT NULL"] * len(indexes) + [
+            "EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'chunks_logged' AND tgrelid = to_regclass('chunks'))",
+            "EXISTS (SELECT 1 FROM meta WHERE key = %s)"]), (*indexes, CHUNK_LOG)).fetchone()
+        return all(found)
 
     @property
     def reader(self) -> PgConnection:  # type: ignore[override]
@@ -288,7 +308,7 @@ class PostgresIndexState(IndexState):
             return fault
         if state in ("42P01", "3F000"):  # a table or the schema dropped under a state that had them
             return self.damaged(reason)
-        if isinstance(exc, psycopg.OperationalError) or state.startswith(("08", "57P", "28")):
+        if (isinstance(exc, psycopg.OperationalError) and not state) or state.startswith(("08", "57P", "28")):
             return StateUnreachable(f"{self.location} is unreachable ({type(exc).__name__}: {reason}); check that "
                                     f"the database is up and the url's host, port and credentials")
         return None
@@ -426,6 +446,12 @@ class PostgresIndexState(IndexState):
                     log.error("%s: the writer lease's session was lost (%s): another writer may take the lease",
                               self.location, self._redact(str(exc)))
                     told = True
+
+    def health(self, index_state: Any = None) -> Health:
+        try:
+            return super().health(index_state)
+        except StateUnreachable as exc:
+            return Health.down(str(exc), server=self.server, schema=self.spec.schema_name)
 
     def close(self) -> None:
         with self._lock:
