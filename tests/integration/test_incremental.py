@@ -33,6 +33,7 @@ def test_first_run_then_unchanged_rerun(corpus):
     assert snapshot(project) == snap
 
 
+@pytest.mark.parametrize("state_backend", ["sqlite", "postgres"], indirect=True)
 def test_changed_source_is_the_only_one_reembedded(corpus):
     project, records, docs = corpus
     run_index(project)
@@ -53,6 +54,7 @@ def test_changed_source_is_the_only_one_reembedded(corpus):
     assert top.source_id == changed and "marmalade" in top.text
 
 
+@pytest.mark.parametrize("state_backend", ["sqlite", "postgres"], indirect=True)
 def test_deleted_sources_disappear_from_every_index(corpus):
     project, records, docs = corpus
     run_index(project)
