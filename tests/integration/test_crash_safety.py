@@ -102,7 +102,7 @@ def changed_project_on_postgres(changed_project, postgres):
     return changed_project
 
 
-@pytest.mark.parametrize("failpoint", ["index.after_forget:2", "index.after_record:2", "bm25.before_pointer"])
+@pytest.mark.parametrize("failpoint", ["index.after_forget:2", "bm25.before_pointer"])
 def test_killed_run_on_a_postgres_state_converges_to_clean_index(failpoint, changed_project_on_postgres, clean):
     project = changed_project_on_postgres
     crashed = run_child(project, failpoints=failpoint)

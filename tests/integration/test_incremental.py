@@ -54,7 +54,6 @@ def test_changed_source_is_the_only_one_reembedded(corpus):
     assert top.source_id == changed and "marmalade" in top.text
 
 
-@pytest.mark.parametrize("state_backend", ["sqlite", "postgres"], indirect=True)
 def test_deleted_sources_disappear_from_every_index(corpus):
     project, records, docs = corpus
     run_index(project)
