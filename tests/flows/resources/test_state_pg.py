@@ -3,6 +3,7 @@ what only a shared database must do. The methods' semantics run on both backends
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,3 +223,15 @@ def test_a_killed_writers_lease_is_freed_and_a_frozen_ones_taken_over(spec, tmp_
         frozen.kill()
         frozen.wait()
     state.close()
+
+
+def test_each_collection_gets_a_schema_of_its_own():
+    """A collection's state must never share its template's tables (its `path` move does not move a database)."""
+    from ragline.flows.spec.collections import _derived_fields
+
+    template = {"type": "index_state", "path": "idx/state.sqlite", "url": "postgresql://u:p@h/db", "schema_name": "kb"}
+    papers, other = _derived_fields(template, "papers"), _derived_fields(template, "Papers-2")
+    assert papers["schema_name"] == "kb__papers" and papers["url"] == template["url"]
+    assert re.fullmatch(r"kb__papers_2_[0-9a-f]{8}", other["schema_name"])
+    assert StateSpec(**papers) and StateSpec(**other)  # valid schema names
+    assert "schema_name" not in _derived_fields({"type": "index_state", "path": "s.sqlite"}, "papers")
