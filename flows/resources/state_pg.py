@@ -346,7 +346,7 @@ class PostgresIndexState(IndexState):
             try:
                 raw.execute("SELECT set_config('statement_timeout', %s, false)", (f"{max(1, int(wait * 1000))}ms",))
                 if raw.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
-                    return None
+                    raise StoreMissing(f"{self.location} holds no index: nothing is indexed yet")
                 return PgConnection(raw).execute(sql, params).fetchone()
             finally:
                 raw.close()
@@ -369,8 +369,12 @@ class PostgresIndexState(IndexState):
                "(SELECT oid FROM pg_database WHERE datname = current_database()))")
 
     def lease_holder(self, name: str = "writer", *, wait: float | None = None) -> LeaseHolder | None:
-        """Who holds the lease ``name`` now: a row whose holder's session still holds the lock."""
-        row = self._row(self._HOLDER, (name, LOCK_SPACE, self._key(f"lease.{name}")), wait)
+        """Who holds the lease ``name`` now: a row whose holder's session still holds the lock (none
+        while the schema does not exist)."""
+        try:
+            row = self._row(self._HOLDER, (name, LOCK_SPACE, self._key(f"lease.{name}")), wait)
+        except StoreMissing:
+            return None
         return LeaseHolder(*row) if row else None
 
     @contextmanager
@@ -394,7 +398,7 @@ class PostgresIndexState(IndexState):
                 got = session.execute("SELECT pg_try_advisory_lock(%s::integer, hashtext(%s))",
                                       (LOCK_SPACE, self._key(f"lease.{name}"))).fetchone()[0]
                 if not got:
-                    current = self._holder_or_none(name)
+                    current = self.lease_holder(name)
                     if current is not None and current.stale(time.time(), stale_after) and self._end_holder(name):
                         got = session.execute("SELECT pg_try_advisory_lock(%s::integer, hashtext(%s))",
                                               (LOCK_SPACE, self._key(f"lease.{name}"))).fetchone()[0]
@@ -410,12 +414,6 @@ class PostgresIndexState(IndexState):
                 raise
             self._leases[name] = session
         return None
-
-    def _holder_or_none(self, name: str) -> LeaseHolder | None:
-        try:
-            return self.lease_holder(name)
-        except StoreMissing:  # the holder has the lock and is creating the schema
-            return None
 
     def _end_holder(self, name: str) -> bool:
         """End the session of a lease holder that stopped beating: its lock goes with it."""
