@@ -263,3 +263,29 @@ def test_a_status_read_gives_up_on_a_committing_writer_and_holds_no_lock(state, 
     finally:
         writer.close()
         reader.close()
+
+
+def test_the_document_access_and_neighbourhood_methods(state):
+    """The rest of the public methods, on both backends: documents, access (acls, readers, forget_access,
+    regrant), renames, neighbourhoods, samples, snapshots and the integrity check."""
+    a = doc("a").model_copy(update={"groups": ["staff"]})
+    state.record("docs", "fp", [a, doc("b")], chunks_of("a", 3) + chunks_of("b", 1))
+    assert [d[:3] + d[4:] for d in state.documents("docs")] == [("a", "docs", "", 3), ("b", "docs", "", 1)]
+    assert state.documents("other") == [] and state.newest_indexed_at() > 0
+    assert state.acls(["a", "b"]) == {"a": ("staff",), "b": ()} == state.readers("docs")
+    state.forget_access(["a"])
+    assert state.acls(["a"]) == {"a": None}
+    state.regrant({"a": ("all",)})
+    assert state.acls(["a"]) == {"a": ("all",)}
+    assert state.chunks_by_id(["a#0"])["a#0"]["metadata"] == {"chunk": 0, "lang": "en", "ragline_acl.all": True}
+    assert state.known(["a", "zzz"]) == {"a"} and set(state.sample_chunk_ids(10)) == state.chunk_ids()
+    around = state.neighbourhoods(["a#1"], 1)
+    assert [(cid, ordinal) for cid, ordinal, _ in around["a#1"]] == [("a#0", 0), ("a#1", 1), ("a#2", 2)]
+    assert [r[0] for r in state.source_chunks(["b"])] == ["b#0"]
+    renamed = doc("c")
+    moved = [c.model_copy(update={"source_id": "c"}) for c in chunks_of("b", 1)]
+    state.rename_sources({"b": renamed}, moved)
+    assert set(state.sources()) == {"a", "c"} and state.chunks_by_id(["b#0"])["b#0"]["source_id"] == "c"
+    generation, rows = state.snapshot()
+    assert generation == state.generation and [r[0] for r in rows] == sorted(state.chunk_ids())
+    assert state.quick_check() is None
