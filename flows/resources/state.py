@@ -233,7 +233,8 @@ def state_backend(url: str) -> type[IndexState]:
     scheme = url.split("://", 1)[0] if "://" in url else ""
     found = {e.name: e for e in entry_points(group=BACKENDS)}
     if scheme not in found:
-        raise ValueError(f"index state url: unknown scheme '{scheme}://'; known: {', '.join(sorted(found))}")
+        known = ", ".join(f"{name}://" for name in sorted(found)) or "none (reinstall ragline: pip install -e .)"
+        raise ValueError(f"index state url: unknown scheme '{scheme}://'; known: {known}")
     return found[scheme].load()
 
 

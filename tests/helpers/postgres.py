@@ -42,8 +42,8 @@ def skip_reason() -> str | None:
 class PostgresServer:
     """One cluster of our own; as root it runs as the `postgres` user (postgres refuses root)."""
 
-    def __init__(self) -> None:
-        self.bin = postgres_bin()
+    def __init__(self, fsync: bool = False) -> None:
+        self.bin, self.fsync = postgres_bin(), fsync  # tests: off (nothing to keep); the bench: on
         self.folder = Path(tempfile.mkdtemp(prefix="ragline-pg-"))  # not tmp_path: its parents are 0700
         self.folder.chmod(0o755)
         self.data, self.port = self.folder / "data", free_port()
@@ -64,7 +64,7 @@ class PostgresServer:
         subprocess.run(self._as_owner(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.folder / "log"),
                                       "-w", "-t", "60", "start", "-o",
                                       f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories="
-                                      f"{self.folder} -c fsync=off -c max_connections=200"),
+                                      f"{self.folder} -c fsync={'on' if self.fsync else 'off'} -c max_connections=200"),
                        check=True, capture_output=True, timeout=120)
         return self
 
