@@ -10,8 +10,9 @@ import sys
 import threading
 import time
 
-import psycopg
 import pytest
+
+psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[dev]')")
 
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.resources.state import IndexBusy, IndexState, StateSpec, StoreMissing
@@ -51,6 +52,11 @@ def test_a_url_selects_the_postgres_backend_and_leaves_no_file(state, tmp_path):
     assert isinstance(state, PostgresIndexState)
     state.record("o", "fp", [doc("a")], chunks_of("a"))
     assert state.counts() == (1, 2) and not state.path.exists() and not list(tmp_path.iterdir())
+
+
+def test_an_unknown_url_scheme_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown scheme 'mysql://'; known: postgres://, postgresql://"):
+        IndexState(StateSpec(type="index_state", url="mysql://u:p@h/db"))
 
 
 def test_sql_translation():
