@@ -3,6 +3,7 @@ loopback port with a password, once per test session; each test gets a schema of
 from __future__ import annotations
 
 import os
+import pwd
 import secrets
 import shutil
 import subprocess
@@ -50,12 +51,15 @@ class PostgresServer:
         self.url = f"postgresql://ragline:{PASSWORD}@127.0.0.1:{self.port}/postgres"
 
     def _as_owner(self, *command: str) -> list[str]:
-        return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else list(command)
+        if os.geteuid() != 0:
+            return list(command)
+        return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", "postgres", "--", *command]
 
     def start(self) -> "PostgresServer":
         pwfile = self.folder / "pwfile"
         pwfile.write_text(PASSWORD + "\n")
         if os.geteuid() == 0:
+            _ensure_postgres_user()
             shutil.chown(self.folder, "postgres")
             shutil.chown(pwfile, "postgres")
         subprocess.run(self._as_owner(str(self.bin / "initdb"), "-D", str(self.data), "-U", "ragline",
@@ -72,6 +76,15 @@ class PostgresServer:
         subprocess.run(self._as_owner(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
                                       "stop"), capture_output=True, timeout=60)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _ensure_postgres_user() -> None:
+    """As root: the system user the cluster runs as (deploy/local/up.sh does the same)."""
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--home-dir", "/var/lib/postgresql", "--shell", "/bin/false",
+                        "postgres"], check=True, capture_output=True, timeout=60)
 
 
 def new_schema() -> str:
