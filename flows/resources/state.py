@@ -219,8 +219,9 @@ class StateSpec(BaseModel):
 
     type: Literal["index_state"]
     path: str = Field(".ragline/state.sqlite", description="SQLite file beside the indexes")
-    url: str | None = Field(None, repr=False, description="a database instead of the file: postgresql://user:password@host:5432/db "
-                                              "(the `postgres` extra; several writers and readers on several machines)")
+    url: str | None = Field(None, repr=False, description=(
+        "a database instead of the file: postgresql://user:password@host:5432/db (the `postgres` extra; "
+        "several writers and readers on several machines)"))
     schema_name: str = Field("ragline", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
                              description="the database schema holding this index's tables (one per index)")
 
