@@ -3,6 +3,7 @@ per session (data and templates: tests/helpers/data.py)."""
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import ragline.flows  # noqa: F401 - offline defaults before any heavy import
 
 from tests.helpers.data import (BASE_RESOURCES, DATA, INDEX_AND_SEARCH, REPO, SCIFACT,  # noqa: F401 - for old imports
                                 index_and_search_yaml, scifact_records, write_jsonl)
+from tests.helpers.postgres import new_schema, postgres  # noqa: F401 - the session's PostgreSQL (index state tests)
 
 # A command whose local LLM endpoint is down starts the packaged vLLM (issue 24.3): never in a test
 # unless it asks for it (tests/fake_vllm.py, RAGLINE_VLLM_DEPLOY, RAGLINE_START_LLM unset for its child).
@@ -69,7 +71,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def make_project(tmp_path):
+def state_backend(request):
+    """Where a test project's index state lives: the SQLite file (the default), or, for a test that
+    parametrizes this fixture with "postgres" (``indirect=True``), a schema of its own on the session's
+    PostgreSQL. Returns the pipelines.yaml text with its state line changed accordingly."""
+    backend = getattr(request, "param", "sqlite")
+    if backend == "sqlite":
+        return lambda text: text
+    url, schema = request.getfixturevalue("postgres").url, new_schema()
+    return lambda text: re.sub(r"(state:\s*\{type: index_state[^}]*)\}", rf"\1, url: '{url}', schema_name: {schema}}}",
+                               text)
+
+
+@pytest.fixture
+def make_project(tmp_path, state_backend):
     """Write a pipelines.yaml (and optional prompts) into tmp_path; returns its path."""
 
     def make(yaml_text: str, prompts: dict[str, str] | None = None, name: str = "pipelines.yaml") -> Path:
@@ -77,7 +92,7 @@ def make_project(tmp_path):
         for prompt, body in (prompts or {}).items():
             (tmp_path / "prompts" / f"{prompt}.j2").write_text(body)
         path = tmp_path / name
-        path.write_text(textwrap.dedent(yaml_text))
+        path.write_text(state_backend(textwrap.dedent(yaml_text)))
         return path
 
     return make

@@ -20,6 +20,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
 
@@ -218,6 +219,24 @@ class StateSpec(BaseModel):
 
     type: Literal["index_state"]
     path: str = Field(".ragline/state.sqlite", description="SQLite file beside the indexes")
+    url: str | None = Field(None, repr=False, description=(
+        "a database instead of the file: postgresql://user:password@host:5432/db (the `postgres` extra; "
+        "several writers and readers on several machines)"))
+    schema_name: str = Field("ragline", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+                             description="the database schema holding this index's tables (one per index)")
+
+
+BACKENDS = "ragline.state_backends"  # entry-point group: a `url:` scheme -> its IndexState subclass
+
+
+def state_backend(url: str) -> type[IndexState]:
+    """The IndexState subclass for a database ``url``, by its scheme (postgresql://...)."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    found = {e.name: e for e in entry_points(group=BACKENDS)}
+    if scheme not in found:
+        known = ", ".join(f"{name}://" for name in sorted(found)) or "none (reinstall ragline: pip install -e .)"
+        raise ValueError(f"index state url: unknown scheme '{scheme}://'; known: {known}")
+    return found[scheme].load()
 
 
 class IndexState(Resource):
@@ -225,6 +244,26 @@ class IndexState(Resource):
 
     Spec = StateSpec
     located = True
+
+    def __new__(cls, spec: StateSpec | None = None, base_dir: Path | None = None):
+        """A ``url:`` selects a database backend (pathlib's Path -> PosixPath pattern): the same
+        resource type and methods, so stages and pipelines.yaml's other lines do not change."""
+        if cls is IndexState and spec is not None and spec.url:
+            cls = state_backend(spec.url)
+        return super().__new__(cls)
+
+    @classmethod
+    def fingerprint_fields(cls, spec: StateSpec) -> Any:
+        """Where the state lives, never its credentials: a rotated password must not re-index."""
+        return spec.model_dump(mode="json", include={"type", "path"})
+
+    @classmethod
+    def relocated(cls, spec: StateSpec, name: str) -> StateSpec:
+        """A database state becomes a file under the other data folder, as a Chroma server becomes
+        an embedded store: evaluation and ``--data-dir`` never write the configured database."""
+        if spec.url:
+            return spec.model_copy(update={"url": None, "path": name})
+        return super().relocated(spec, name)
 
     def __init__(self, spec: StateSpec, base_dir: Path | None = None):
         super().__init__(spec, base_dir)
@@ -662,7 +701,7 @@ class IndexState(Resource):
             if current is None:
                 return
             if not wait or (timeout is not None and time.monotonic() - started > timeout):
-                raise IndexBusy(f"the index at {self.path.parent} is being written by {current.describe()}; "
+                raise IndexBusy(f"the index at {self.index_location} is being written by {current.describe()}; "
                                 f"try again when that run ends")
             if on_wait is not None and not told:
                 on_wait(current)
@@ -694,6 +733,11 @@ class IndexState(Resource):
     @property
     def location(self) -> str:
         return f"index state {self.path}"
+
+    @property
+    def index_location(self) -> str:
+        """The index this state belongs to, in a busy writer's message."""
+        return str(self.path.parent)
 
     def warm_up(self) -> None:
         """Open the read connection, when there is a state to read (none is created)."""

@@ -154,9 +154,18 @@ class _Runs:
             return [pipeline]
         return [name for name in self.state_resource if self.state_path(name) == path]
 
+    def has_state(self, pipeline: str) -> bool:
+        """Whether a status read of the pipeline's state can find one: a database state always (its
+        reads create nothing), a state file once it exists."""
+        resource = self.state_resource.get(pipeline)
+        if resource is None:
+            return False
+        path = self.state_path(pipeline)
+        return bool(getattr(self.project.spec.resources[resource], "url", None)) or (path is not None and path.exists())
+
     def lease_holder(self, pipeline: str):
         resource = self.state_resource.get(pipeline)
-        if resource is None or not (path := self.state_path(pipeline)) or not path.exists():
+        if not self.has_state(pipeline):
             return None
         holder = self.project.resource(resource).lease_holder(wait=STATUS_READ_WAIT)  # busy: sqlite3.Error
         if holder is None or holder.stale(time.time(), LEASE_STALE_SECONDS):
@@ -165,7 +174,7 @@ class _Runs:
 
     def documents_written_since(self, pipeline: str, since: datetime.datetime) -> int | None:
         resource = self.state_resource.get(pipeline)
-        if resource is None or not (path := self.state_path(pipeline)) or not path.exists():
+        if not self.has_state(pipeline):
             return None
         try:
             return self.project.resource(resource).sources_indexed_since(since.timestamp(), wait=STATUS_READ_WAIT)

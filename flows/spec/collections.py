@@ -27,6 +27,8 @@ only on its template and its own settings, so adding one re-indexes nothing else
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,10 +159,22 @@ def _derived_fields(fields: dict[str, Any], name: str) -> dict[str, Any]:
     files in ``collections/<name>/`` beside the template's."""
     if fields.get("type") == "chroma":
         return {**fields, "collection": name}
+    if fields.get("type") == "index_state" and fields.get("url"):  # a database state: a schema of its own
+        return {**fields, "schema_name": _schema_of(fields.get("schema_name") or "ragline", name)}
     if isinstance(fields.get("path"), str):
         path = Path(fields["path"])
         return {**fields, "path": str(path.parent / "collections" / name / path.name)}
     return fields
+
+
+def _schema_of(template: str, name: str) -> str:
+    """A collection's PostgreSQL schema: the template's and the name (made a plain identifier, with
+    a hash of the name when that changed it, so two names never share one)."""
+    plain = re.sub(r"[^a-z0-9_]", "_", name.lower())
+    schema = f"{template}__{plain}"
+    if plain != name or len(schema) > 63:
+        schema = f"{schema[:54]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return schema
 
 
 def _steps(checker: Any, loc: tuple, collection: CollectionSpec, template: CompiledPipeline,

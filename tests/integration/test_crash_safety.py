@@ -4,13 +4,16 @@ from __future__ import annotations
 import random
 import shutil
 import signal
+import sqlite3
 import textwrap
 import time
 
 import pytest
 
 from ragline.flows.resources import clear_cache
+from ragline.flows.spec.compile import load_project
 from tests.helpers.data import index_and_search_yaml
+from tests.helpers.postgres import new_schema
 from tests.helpers.harness import default_corpus, forked_children, run_child, run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration
@@ -74,6 +77,40 @@ def test_killed_run_converges_to_clean_index(failpoint, changed_project, clean):
     after_recovery = snapshot(changed_project)
     assert [c[0] for c in after_recovery["chroma"]] == after_recovery["bm25"] == after_recovery["state_chunks"]
     assert after_recovery == clean
+
+
+@pytest.fixture
+def changed_project_on_postgres(changed_project, postgres):
+    """``changed_project`` with its state moved into a PostgreSQL schema of its own, row for row
+    (the generation and the chunk log included, so BM25's published version stays in step)."""
+    schema = new_schema()
+    text = changed_project.read_text()
+    changed_project.write_text(text.replace("path: idx/state.sqlite}",
+                                            f"path: idx/state.sqlite, url: '{postgres.url}', schema_name: {schema}}}"))
+    file = changed_project.parent / "idx" / "state.sqlite"
+    state = load_project(changed_project).resource("state")
+    source = sqlite3.connect(file)
+    with state.transaction() as tx:
+        for table in ("meta", "sources", "chunks", "chunk_changes"):
+            rows = source.execute(f"SELECT * FROM {table}").fetchall()
+            tx.execute(f"DELETE FROM {table}")
+            if rows:
+                tx.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    source.close()
+    file.unlink()
+    clear_cache()
+    return changed_project
+
+
+@pytest.mark.parametrize("failpoint", ["index.after_forget:2", "bm25.before_pointer"])
+def test_killed_run_on_a_postgres_state_converges_to_clean_index(failpoint, changed_project_on_postgres, clean):
+    project = changed_project_on_postgres
+    crashed = run_child(project, failpoints=failpoint)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    recovered = run_child(project)
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    assert snapshot(project) == clean
+    assert not (project.parent / "idx" / "state.sqlite").exists()
 
 
 def test_random_kills_converge(changed_project, clean):

@@ -138,6 +138,7 @@ def lease_held_elsewhere(project: Path, holder: str = "a scheduled run") -> Iter
         thread.join()
 
 
+@pytest.mark.parametrize("state_backend", ["sqlite", "postgres"], indirect=True)
 def test_a_second_run_fails_clearly_with_no_wait(project, capsys):
     with lease_held_elsewhere(project):
         assert index(project, "--no-wait") == 75

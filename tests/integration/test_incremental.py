@@ -33,6 +33,7 @@ def test_first_run_then_unchanged_rerun(corpus):
     assert snapshot(project) == snap
 
 
+@pytest.mark.parametrize("state_backend", ["sqlite", "postgres"], indirect=True)
 def test_changed_source_is_the_only_one_reembedded(corpus):
     project, records, docs = corpus
     run_index(project)
