@@ -265,7 +265,7 @@ def parse_label(reply: str, labels: list[str]) -> str | None:
     if isinstance(parsed, dict) and isinstance(parsed.get("label"), str):
         reply = parsed["label"]
     said = _words(reply)
-    exact = [name for name in labels if _words(name) == said]
+    exact = [name for name in labels if _words(name).replace(" ", "") == said.replace(" ", "")]
     if exact:
         return exact[0]
     found = [(m.start(), name) for name in labels
