@@ -33,6 +33,8 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
         except filters.FilterError as exc:
             raise InputError(f"pipeline '{pipeline.name}': invalid query (filters: {exc})", field="question") from None
         _check_collections(pipeline, query.collections)
+        if query.labels:  # the decisions of this run's classify steps, never a client's
+            query = query.model_copy(update={"labels": {}})
         inputs = dict(inputs, query=query)
     return inputs
 

@@ -187,6 +187,7 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
     ctx = StepContext(pipeline=pipeline.name, step_id=step.id, fingerprint=call.fingerprint,
                       base_dir=str(pipeline.project.base_dir), prompt_name=step.prompt,
                       render_prompt=pipeline.project.prompts.render, on_token=on_token, project=pipeline.project)
+    inputs = dict(inputs)  # a retried attempt gets the same mapping: left as it came
     decider = inputs.pop(WHEN_INPUT, None) if call.hook is None else None
     values = {port: _join([r.value for r in results if not isinstance(r.value, Skipped)])
               for port, results in inputs.items()}

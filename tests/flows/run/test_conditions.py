@@ -74,6 +74,18 @@ def _check(answer: Answer, context: Context, ctx) -> Answer:
     return answer.model_copy(update={"verdict": "supported"})
 
 
+ATTEMPTS: dict[str, int] = {}
+
+
+@stage("test_cond_flaky_reply", params=NoParams, produces="answer", kind="query")
+def _flaky_reply(query: Query, ctx) -> Answer:
+    """Fails on its first attempt (a dropped LLM connection), answers on the second."""
+    ATTEMPTS[ctx.step_id] = ATTEMPTS.get(ctx.step_id, 0) + 1
+    if ATTEMPTS[ctx.step_id] == 1:
+        raise ConnectionError("dropped")
+    return Answer(question=query.text, text="hello on a retry")
+
+
 ROUTED = """
 pipelines:
   routed:
@@ -87,6 +99,18 @@ pipelines:
       - {id: answer,  task: test_cond_answer, when: {step: route, label: retrieve}}
       - {id: reply,   task: test_cond_reply, after: [rewrite], when: {step: route, label: chitchat}}
       - {id: check,   task: test_cond_check, after: [answer, reply]}
+  flaky:
+    kind: query
+    steps:
+      - {id: route,   task: test_route_word}
+      - {id: reply,   task: test_cond_flaky_reply, retries: 1, retry_delay_seconds: 0,
+         when: {step: route, label: chitchat}}
+  nested:
+    kind: query
+    steps:
+      - {id: first,   task: test_route_word}
+      - {id: route,   task: test_route_word, when: {step: first, label: retrieve}}
+      - {id: reply,   task: test_cond_reply, when: {step: route, label: chitchat}}
   dead_end:
     kind: query
     steps:
@@ -140,6 +164,23 @@ def test_no_label_means_no_branch_and_an_error_naming_the_output_step(make_proje
     with pytest.raises(ConfigError, match=r"pipeline 'dead_end' produced no output: step 'answer' was skipped "
                                           r"\(route.label in \[chitchat\] is false \(label: none\)\)"):
         engine.run(pipeline, {"query": "nolabel"}, orchestrate=False)
+
+
+def test_a_retried_attempt_of_a_conditioned_step_is_decided_again_not_skipped(make_project):
+    ATTEMPTS.clear()
+    pipeline = load_project(make_project(ROUTED)).pipeline("flaky")
+    answer = engine.run(pipeline, {"query": "hi"}, orchestrate=False)
+    assert answer.text == "hello on a retry" and ATTEMPTS["reply"] == 2 and not answer.skipped
+
+
+def test_a_label_sent_by_the_client_is_not_read_by_a_condition(make_project):
+    """Labels are this run's decisions: a client's are dropped, even where the classifier it names
+    was itself skipped and passed the query on."""
+    pipeline = load_project(make_project(ROUTED)).pipeline("nested")
+    spoofed = {"text": "hi", "labels": {"route": {"label": "chitchat"}}}
+    with pytest.raises(ConfigError, match=r"step 'reply' was skipped \(route.label in \[chitchat\] is false "
+                                          r"\(label: none\)\)"):
+        engine.run(pipeline, {"query": spoofed}, orchestrate=False)
 
 
 @pytest.mark.parametrize("step, given, expected", [
