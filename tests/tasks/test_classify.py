@@ -191,3 +191,23 @@ def test_ask_routed_answers_chit_chat_directly_and_questions_from_the_documents(
     assert len(chat_calls) == 1 and "<document" not in chat_calls[0]  # one call, no references: no retrieval
     assert answer.sources and not answer.refused and "27 days" in answer.text
     assert set(answer.skipped) == {"reply"}
+
+
+def test_answer_direct_replies_with_its_text_or_the_llms_without_references():
+    from ragline.flows.resources.llm import LLMClient, LLMSpec
+    from ragline.tasks.answer_direct import Params as DirectParams, answer_direct
+
+    ctx = StepContext(pipeline="p", step_id="reply", prompt_name="answer_direct",
+                      render_prompt=PromptLibrary(REPO_PROMPTS).render)
+    fixed = answer_direct.fn(query=Query(text="hello"), params=DirectParams(reply="Hi! Ask me about the docs."),
+                             ctx=ctx, llm=None)
+    assert (fixed.text, fixed.sources, fixed.refused) == ("Hi! Ask me about the docs.", [], False)
+    history = [{"role": "user", "content": "I am Ada"}, {"role": "assistant", "content": "Hello Ada"}]
+    with ScriptedLLM(lambda prompt: "Thanks, Ada!") as server:
+        llm = LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, model="m", max_retries=0))
+        said = answer_direct.fn(query=Query(text="thank you", history=history),
+                                params=DirectParams(system="Be terse."), ctx=ctx, llm=llm)
+        [messages] = [r["messages"] for r in server.requests if "messages" in r]
+    assert said.text == "Thanks, Ada!" and not said.sources
+    assert messages[0] == {"role": "system", "content": "Be terse."}
+    assert "user: I am Ada" in messages[1]["content"] and messages[1]["content"].rstrip().endswith("User: thank you\nReply:")
