@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
+import typing
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,9 +27,6 @@ from ragline.flows import telemetry
 from ragline.flows.files import write_atomic
 from ragline.flows.spec.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
-import logging
-import typing
-
 from ragline.flows.contracts import Query, Ranking, Skipped, StepResult
 from ragline.flows.contracts import COLLECTION_KEY
 from ragline.flows.errors import RaglineError
@@ -189,8 +188,7 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
                       render_prompt=pipeline.project.prompts.render, on_token=on_token, project=pipeline.project)
     inputs = dict(inputs)  # a retried attempt gets the same mapping: left as it came
     decider = inputs.pop(WHEN_INPUT, None) if call.hook is None else None
-    values = {port: _join([r.value for r in results if not isinstance(r.value, Skipped)])
-              for port, results in inputs.items()}
+    values = {port: _value_of(results) for port, results in inputs.items()}
     skipped = skip_reason(step, decider, values) if call.hook is None else ""
     if skipped:
         _LOG.info("pipeline '%s': step '%s' skipped: %s", pipeline.name, step.id, skipped)
@@ -285,9 +283,14 @@ class _Nothing:
 _NOTHING = _Nothing()
 
 
+def _value_of(results: list[StepResult]) -> Any:
+    """A port's value: its producers' outputs joined, leaving out skipped ones; ``_NOTHING`` when
+    every producer was skipped."""
+    kept = [r.value for r in results if not isinstance(r.value, Skipped)]
+    return _NOTHING if results and not kept else _join(kept)
+
+
 def _join(values: list[Any]) -> Any:
-    if not values:
-        return _NOTHING
     if len(values) == 1:
         return values[0]
     if not all(isinstance(v, list) for v in values):  # alternatives (checked exclusive): the one that ran
