@@ -92,7 +92,8 @@ def declared_labels(params: Params) -> list[str]:
 @stage("classify", params=Params, produces="query", kind="query",
        uses={"embedder": ("sentence_transformer",), "llm": ("openai_compatible",)},
        prompt=lambda p: "classify" if p is not None and p.mode == "llm" else None,
-       prompt_variables=("question", "labels", "default"), labels=declared_labels)
+       prompt_variables=("question", "labels", "default"), labels=declared_labels,
+       routes=lambda p: {name: spec.collections for name, spec in p.labels.items() if spec.collections})
 def classify(query: Query, params: Params, ctx: StepContext, embedder: Embedder | None = None,
              llm: LLMClient | None = None) -> Query:
     """Label the request (``Query.labels[step id]``) and, when its label routes to collections, narrow

@@ -77,6 +77,7 @@ class Checker:
             if stage is None:
                 continue
             params = self._params(loc, step, stage) if "with" not in step._invalid else None
+            self._routes(loc, stage, params)
             resources = self._resources(loc, step, stage) if "uses" not in step._invalid else None
             prompt = self._prompt(loc, step, stage, params) if "prompt" not in step._invalid else None
             if params is not None and resources is not None:
@@ -122,6 +123,18 @@ class Checker:
                     if err["type"] == "extra_forbidden" and len(err["loc"]) == 1 else ""
                 self.error(loc + ("with",) + _untagged(err["loc"]), pydantic_message(err) + nearest)
             return None
+
+    def _routes(self, loc, stage: Stage, params: BaseModel | None) -> None:
+        """The collections a classifier routes to are declared in the file."""
+        if stage.routes is None or params is None:
+            return
+        declared = list(self.spec.collections)
+        for label, names in stage.routes(params).items():
+            for j, name in enumerate(names):
+                if name not in declared:
+                    known = f"the file declares {', '.join(declared)}" if declared else "the file declares none"
+                    self.error(loc + ("with", "labels", label, "collections", j),
+                               f"unknown collection '{name}'{suggest(name, declared)}; {known}")
 
     def _resources(self, loc, step: StepSpec, stage: Stage) -> dict[str, str] | None:
         declared = self.spec.resources

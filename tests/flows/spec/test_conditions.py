@@ -109,3 +109,12 @@ def test_alternatives_that_can_both_run_cannot_feed_one_answer(make_project):
     [error] = errors(make_project, text)
     assert (error.step, error.field) == ("check", "after")
     assert "input 'answer' has several producers (answer, reply)" in error.message
+
+
+def test_a_label_routed_to_an_undeclared_collection_is_located(make_project):
+    text = changed('retrieve: {examples: ["what is x?"]}',
+                   'retrieve: {examples: ["what is x?"], collections: [handbok]}') + "collections: {handbook: {}}\n"
+    found = errors(make_project, text)
+    assert any(e.step == "route" and e.field == "with.labels.retrieve.collections.0"
+               and "unknown collection 'handbok' (did you mean 'handbook'?); the file declares handbook" in e.message
+               and e.line == line_of(text, "handbok") for e in found), found
