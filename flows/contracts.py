@@ -170,6 +170,16 @@ class Feedback(BaseModel):
         return mixed
 
 
+class Label(BaseModel):
+    """What a ``classify`` step decided about a request (its step id is the key in ``Query.labels``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    score: float | None = Field(None, description="embedding: cosine similarity to the chosen label; llm: none")
+    mode: str = Field("", description="embedding or llm; 'default' when the classifier fell back to the default")
+
+
 class Query(BaseModel):
     """A search request as it moves through a query pipeline."""
 
@@ -195,6 +205,8 @@ class Query(BaseModel):
                                                             "ones; None: every document (an operator, the CLI)")
     collections: list[str] | None = Field(None, description="the named collections to search (pipelines.yaml "
                                                             "`collections`); None: all of them")
+    labels: dict[str, Label] = Field(default_factory=dict, description="classify steps' decisions, by step id "
+                                                                       "(a step's `when` reads them)")
 
     @field_validator("text")
     @classmethod
@@ -439,6 +451,8 @@ class Answer(BaseModel):
     reason: str = Field("", description="why the answer was replaced by the refusal text")
     draft: str = Field("", description="the generated text before a refusal replaced it")
     retrievals: int = Field(0, description="extra retrievals made during generation (FLARE)")
+    skipped: dict[str, str] = Field(default_factory=dict, description="steps whose `when` left them out (or whose "
+                                                                      "inputs came only from such steps): step -> why")
 
 
 def to_json(value: Any) -> Any:
@@ -472,23 +486,41 @@ class StepResult:
     pydantic models found in task parameters, and a batch holds thousands of them.
     """
 
-    __slots__ = ("value", "failures", "covered", "seconds")
+    __slots__ = ("value", "failures", "covered", "seconds", "skipped")
 
     def __init__(self, value: Any, failures: list[Failure] | None = None, covered: list[Coverage] | None = None,
-                 seconds: float = 0.0):
+                 seconds: float = 0.0, skipped: str = ""):
         self.value = value
         self.failures = failures or []
         self.covered = covered or []
         self.seconds = seconds
+        self.skipped = skipped  # why the step did not run (its `when`); "" when it ran
 
     def __getstate__(self) -> tuple:
-        return self.value, self.failures, self.covered, self.seconds
+        return self.value, self.failures, self.covered, self.seconds, self.skipped
 
     def __setstate__(self, state: tuple) -> None:
-        self.value, self.failures, self.covered, self.seconds = state
+        self.value, self.failures, self.covered, self.seconds, self.skipped = state
 
     def __repr__(self) -> str:
         return f"StepResult({type(self.value).__name__}, {len(self.failures)} failures, {self.seconds:.3f} s)"
+
+
+class Skipped:
+    """The output of a skipped step that has none to give (not a list, no input of its own type to
+    pass on): a consumer drops it from a fan-in, and a step left with no value for a required input
+    is skipped too. A class, not a singleton: it crosses processes by pickle."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Skipped)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "Skipped()"
 
 
 class AdaptReport(BaseModel):

@@ -19,7 +19,7 @@ import tenacity
 from ragline.flows import telemetry
 from ragline.flows.contracts import StepResult
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep
-from ragline.flows.run.steps import PipelineRef, StepCall, StepTimedOut, execute
+from ragline.flows.run.steps import WHEN_INPUT, PipelineRef, StepCall, StepTimedOut, execute
 from ragline.flows.threads import call_with_timeout
 
 _POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="ragline-step")
@@ -155,6 +155,8 @@ def _inputs(step: CompiledStep, sources: dict[str, Any]) -> dict[str, list[Any]]
             inputs[port] = [sources[p] for p in producers]
         elif port in sources:
             inputs[port] = [sources[port]]
+    if step.when is not None and step.when.step in sources:  # the classify step its condition reads
+        inputs[WHEN_INPUT] = [sources[step.when.step]]
     return inputs
 
 

@@ -5,8 +5,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from ragline.flows.contracts import PipelineKind, Query, StepResult
-from ragline.flows.errors import InputError
+from ragline.flows.contracts import Answer, PipelineKind, Query, Skipped, StepResult
+from ragline.flows.errors import ConfigError, InputError
 from ragline.flows.run.executors import Run, settle
 from ragline.flows.spec.model import CompiledPipeline
 from ragline.flows.resources import filters
@@ -33,6 +33,8 @@ def coerce_inputs(pipeline: CompiledPipeline, inputs: dict[str, Any]) -> dict[st
         except filters.FilterError as exc:
             raise InputError(f"pipeline '{pipeline.name}': invalid query (filters: {exc})", field="question") from None
         _check_collections(pipeline, query.collections)
+        if query.labels:  # the decisions of this run's classify steps, never a client's
+            query = query.model_copy(update={"labels": {}})
         inputs = dict(inputs, query=query)
     return inputs
 
@@ -58,12 +60,24 @@ def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any,
     for step in pipeline.steps:
         sources[step.id] = StepResult([]) if step.id in idle else run.submit(step, sources)
     results = settle(run, steps, sources)
-    if trace is not None:
-        trace.extend((step.id, result.seconds) for step, result in zip(steps, results))
+    if trace is not None:  # the steps that ran; those skipped are listed on the answer
+        trace.extend((step.id, result.seconds) for step, result in zip(steps, results) if not result.skipped)
     outputs = STEP_OUTPUTS.get()
     if outputs is not None:
-        outputs.update((step.id, result.value) for step, result in zip(steps, results))
-    return run.result(sources[pipeline.output]).value
+        outputs.update((step.id, result.value) for step, result in zip(steps, results) if not result.skipped)
+    skipped = {step.id: result.skipped for step, result in zip(steps, results) if result.skipped}
+    return with_skipped(pipeline, run.result(sources[pipeline.output]).value, skipped)
+
+
+def with_skipped(pipeline: CompiledPipeline, value: Any, skipped: dict[str, str]) -> Any:
+    """The output, with the steps a condition left out listed on an answer; a run whose output
+    step had nothing to give (every branch feeding it skipped) is an error naming them."""
+    if isinstance(value, Skipped):
+        raise ConfigError(f"pipeline '{pipeline.name}' produced no output: step '{pipeline.output}' was skipped "
+                         f"({skipped.get(pipeline.output, 'no branch ran')})")
+    if skipped and isinstance(value, Answer):
+        return value.model_copy(update={"skipped": {**value.skipped, **skipped}})
+    return value
 
 
 def idle_steps(pipeline: CompiledPipeline) -> set[str]:

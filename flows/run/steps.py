@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
+import typing
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from ragline.flows import telemetry
 from ragline.flows.files import write_atomic
 from ragline.flows.spec.compile import CompiledPipeline, CompiledStep, load_project
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Query, Ranking, StepResult
+from ragline.flows.contracts import Query, Ranking, Skipped, StepResult
 from ragline.flows.contracts import COLLECTION_KEY
 from ragline.flows.errors import RaglineError
 
@@ -184,7 +186,16 @@ def execute(call: StepCall, inputs: dict[str, list[StepResult]],
     ctx = StepContext(pipeline=pipeline.name, step_id=step.id, fingerprint=call.fingerprint,
                       base_dir=str(pipeline.project.base_dir), prompt_name=step.prompt,
                       render_prompt=pipeline.project.prompts.render, on_token=on_token, project=pipeline.project)
-    values = {port: _join([r.value for r in results]) for port, results in inputs.items()}
+    inputs = dict(inputs)  # a retried attempt gets the same mapping: left as it came
+    decider = inputs.pop(WHEN_INPUT, None) if call.hook is None else None
+    values = {port: _value_of(results) for port, results in inputs.items()}
+    skipped = skip_reason(step, decider, values) if call.hook is None else ""
+    if skipped:
+        _LOG.info("pipeline '%s': step '%s' skipped: %s", pipeline.name, step.id, skipped)
+        with telemetry.span(f"step {step.id}", parent=call.parent, attributes=lambda: {
+                **_constant_attributes(pipeline, step), "ragline.skipped": skipped}):
+            return StepResult(skipped_value(step, values), skipped=skipped)
+    values = {port: value for port, value in values.items() if value is not _NOTHING}  # optional, unfed
     hook = getattr(step.stage, call.hook) if call.hook else None
     with telemetry.span(f"step {step.id}" + (f".{call.hook}" if call.hook else ""), parent=call.parent,
                         attributes=lambda: _step_attributes(pipeline, step, call, values)) as span:
@@ -227,8 +238,62 @@ def _constant_attributes(pipeline: CompiledPipeline, step: CompiledStep) -> dict
     return attributes
 
 
+WHEN_INPUT = "_when"  # the input port carrying the output of the step a condition reads
+_LOG = logging.getLogger("ragline.run")
+
+
+def skip_reason(step: CompiledStep, decider: list[StepResult] | None, values: dict[str, Any]) -> str:
+    """Why the step does not run ("" when it runs): its ``when`` does not hold, or a required input
+    came only from skipped steps (the branch it belongs to was not taken)."""
+    when = step.when
+    if when is not None:
+        label = _label_of(decider[0].value if decider else None, when.step)
+        if not when.holds(label):
+            return f"{when.describe()} is false (label: {label or 'none'})"
+    optional = step.stage.optional_inputs
+    for port, value in values.items():
+        if value is _NOTHING and port not in optional:
+            return f"input '{port}' came only from skipped steps ({', '.join(step.wiring.get(port, []))})"
+    return ""
+
+
+def _label_of(value: Any, step_id: str) -> str | None:
+    """The label a classify step put on the query (None: that step gave none, e.g. it was skipped)."""
+    label = value.labels.get(step_id) if isinstance(value, Query) else None
+    return label.label if label is not None else None
+
+
+def skipped_value(step: CompiledStep, values: dict[str, Any]) -> Any:
+    """What a skipped step gives its consumers: its input of the kind it produces, passed on
+    unchanged (a Query->Query rewrite, a Passages->Passages rerank, an Answer->Answer check); else
+    an empty list for a list output (a skipped retriever finds no passages); else ``Skipped``,
+    which consumers drop (a fan-in of alternatives takes the branch that ran)."""
+    own = values.get(step.stage.produces, _NOTHING)
+    if own is not _NOTHING and step.stage.produces in step.stage.inputs:
+        return own
+    if typing.get_origin(step.stage.output_type) is list:
+        return []
+    return Skipped()
+
+
+class _Nothing:
+    """A port whose producers were all skipped."""
+
+
+_NOTHING = _Nothing()
+
+
+def _value_of(results: list[StepResult]) -> Any:
+    """A port's value: its producers' outputs joined, leaving out skipped ones; ``_NOTHING`` when
+    every producer was skipped."""
+    kept = [r.value for r in results if not isinstance(r.value, Skipped)]
+    return _NOTHING if results and not kept else _join(kept)
+
+
 def _join(values: list[Any]) -> Any:
     if len(values) == 1:
+        return values[0]
+    if not all(isinstance(v, list) for v in values):  # alternatives (checked exclusive): the one that ran
         return values[0]
     return [item for value in values for item in value]
 

@@ -77,10 +77,12 @@ class Checker:
             if stage is None:
                 continue
             params = self._params(loc, step, stage) if "with" not in step._invalid else None
+            self._routes(loc, stage, params)
             resources = self._resources(loc, step, stage) if "uses" not in step._invalid else None
             prompt = self._prompt(loc, step, stage, params) if "prompt" not in step._invalid else None
             if params is not None and resources is not None:
                 compiled[step.id] = CompiledStep(step, stage, params, resources, upstream, {}, prompt)
+        self._conditions(base, pipe, compiled)
         if pipe._invalid or len(compiled) != len(pipe.steps) or any(e.pipeline == name for e in self.errors):
             return None
         order = self._topological(base, pipe, compiled)
@@ -121,6 +123,18 @@ class Checker:
                     if err["type"] == "extra_forbidden" and len(err["loc"]) == 1 else ""
                 self.error(loc + ("with",) + _untagged(err["loc"]), pydantic_message(err) + nearest)
             return None
+
+    def _routes(self, loc, stage: Stage, params: BaseModel | None) -> None:
+        """The collections a classifier routes to are declared in the file."""
+        if stage.routes is None or params is None:
+            return
+        declared = list(self.spec.collections)
+        for label, names in stage.routes(params).items():
+            for j, name in enumerate(names):
+                if name not in declared:
+                    known = f"the file declares {', '.join(declared)}" if declared else "the file declares none"
+                    self.error(loc + ("with", "labels", label, "collections", j),
+                               f"unknown collection '{name}'{suggest(name, declared)}; {known}")
 
     def _resources(self, loc, step: StepSpec, stage: Stage) -> dict[str, str] | None:
         declared = self.spec.resources
@@ -184,12 +198,44 @@ class Checker:
                 self.error(loc + ("after", j), f"unknown step '{dep}'{suggest(dep, ids)}")
         return list(dict.fromkeys(step.after))
 
+    def _conditions(self, base, pipe: PipelineSpec, compiled: dict[str, CompiledStep]) -> None:
+        """Each ``when`` names a classify step that runs before this one, and labels it can give."""
+        ids = [s.id for s in pipe.steps]
+        for i, spec in enumerate(pipe.steps):
+            when = spec.when
+            if when is None or "when" in spec._invalid:
+                continue
+            loc = base + ("steps", i, "when")
+            if when.step == spec.id:
+                self.error(loc + ("step",), f"step '{spec.id}' cannot be conditioned on itself")
+                continue
+            if when.step not in ids:
+                self.error(loc + ("step",), f"unknown step '{when.step}'{suggest(when.step, ids)}")
+                continue
+            decider = compiled.get(when.step)
+            if decider is None:
+                continue  # its own errors are reported
+            if spec.id in _ancestors(compiled, when.step):
+                self.error(loc + ("step",), f"step '{when.step}' runs after step '{spec.id}' (it depends on it): "
+                                            f"a condition can only read a step that runs before")
+                continue
+            if decider.stage.labels is None:
+                self.error(loc + ("step",), f"step '{when.step}' (task '{decider.stage.name}') gives no label: a "
+                                            f"condition reads a classify step")
+                continue
+            labels = list(decider.stage.labels(decider.params))
+            field = "label" if when.label is not None else "not_label"
+            for j, value in enumerate(when.label if when.label is not None else when.not_label or []):
+                if value not in labels:
+                    self.error(loc + (field, j), f"'{value}' is not a label of step '{when.step}'"
+                                                 f"{suggest(value, labels)}; its labels: {', '.join(labels)}")
+
     def _topological(self, base, pipe: PipelineSpec, compiled: dict[str, CompiledStep]) -> list[str] | None:
-        indegree = {sid: len(s.upstream) for sid, s in compiled.items()}
+        indegree = {sid: len(_depends_on(s, compiled)) for sid, s in compiled.items()}
         order = [sid for sid in compiled if indegree[sid] == 0]
         for sid in order:
             for other in compiled.values():
-                if sid in other.upstream:
+                if sid in _depends_on(other, compiled):
                     indegree[other.id] -= 1
                     if indegree[other.id] == 0:
                         order.append(other.id)
@@ -212,10 +258,11 @@ class Checker:
             index = next(i for i, s in enumerate(pipe.steps) if s.id == sid)
             for port, annotation in step.stage.inputs.items():
                 producers = _nearest_producers(compiled, sid, port)
-                if len(producers) > 1 and typing.get_origin(annotation) is not list:
+                if len(producers) > 1 and typing.get_origin(annotation) is not list \
+                        and not _exclusive(compiled, producers):
                     self.error(base + ("steps", index, "after"),
                                f"input '{port}' has several producers ({', '.join(producers)}); "
-                               f"only list inputs can fan in")
+                               f"only list inputs can fan in, or alternatives whose `when` exclude each other")
                 if not producers and port not in pipeline_inputs and port not in step.stage.optional_inputs:
                     self.error(base + ("steps", index, "task"),
                                f"input '{port}' of task '{step.stage.name}' has no upstream step producing it "
@@ -230,6 +277,40 @@ class Checker:
             self.error(base + ("steps",), f"an ingestion pipeline has one index sink; found {', '.join(s.id for s in sinks)}")
         if not any(not s.stage.inputs and s.stage.produces == "documents" for s in compiled.values()):
             self.error(base + ("steps",), "an ingestion pipeline needs a source step (e.g. task 'load')")
+
+
+def _depends_on(step: CompiledStep, compiled: dict[str, CompiledStep]) -> list[str]:
+    """What a step waits for: its upstream steps and the step its condition reads."""
+    when = step.when
+    extra = [when.step] if when is not None and when.step in compiled and when.step not in step.upstream else []
+    return step.upstream + extra
+
+
+def _ancestors(compiled: dict[str, CompiledStep], sid: str) -> set[str]:
+    """Every step ``sid`` waits for, directly or not."""
+    seen: set[str] = set()
+    frontier = [sid]
+    while frontier:
+        current = compiled.get(frontier.pop())
+        for dep in _depends_on(current, compiled) if current is not None else []:
+            if dep not in seen:
+                seen.add(dep)
+                frontier.append(dep)
+    return seen
+
+
+def _exclusive(compiled: dict[str, CompiledStep], producers: list[str]) -> bool:
+    """Whether at most one of the producers can run: each has a `when` on the same classify step,
+    and the labels under which they run do not overlap (so one non-list input takes the one that ran)."""
+    whens = [compiled[p].when for p in producers]
+    if any(w is None for w in whens) or len({w.step for w in whens}) != 1:
+        return False
+    decider = compiled.get(whens[0].step)
+    if decider is None or decider.stage.labels is None:
+        return False
+    labels = list(decider.stage.labels(decider.params))
+    allowed = [w.allowed(labels) for w in whens]
+    return all(not (a & b) for i, a in enumerate(allowed) for b in allowed[i + 1:])
 
 
 def _nearest_producers(compiled: dict[str, CompiledStep], sid: str, port: str) -> list[str]:

@@ -15,6 +15,7 @@ from ragline.flows.spec.parse import (
     SpecError,
     SpecValidationError,
     StepSpec,
+    WhenSpec,
     pydantic_message,
     suggest,
 )
@@ -35,6 +36,11 @@ class CompiledStep:
     # A retriever over named collections (flows.spec.collections): collection -> its role -> resource
     # bindings; the step runs once per collection a query selects. Empty: it runs once, over ``resources``.
     collections: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def when(self) -> WhenSpec | None:
+        """The step's condition (pipelines.yaml `when`): skipped unless it holds."""
+        return self.spec.when
 
     @property
     def id(self) -> str:

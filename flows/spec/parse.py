@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import ConfigError
@@ -128,6 +129,43 @@ def _timezones() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones())
 
 
+class WhenSpec(BaseModel):
+    """A step's condition: it runs when an earlier ``classify`` step's label is (``label``) or is not
+    (``not_label``) one of the values given; otherwise it is skipped (``flows.run.steps``). Declarative
+    on purpose, never an expression: the checker knows every label a step can give, so it reports a
+    misspelt label, proves alternative branches exclusive, and nothing in a YAML file is evaluated."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: str = Field(min_length=1, description="the classify step whose label decides (it runs before this one)")
+    label: list[str] | None = Field(None, min_length=1, description="run when the label is one of these")
+    not_label: list[str] | None = Field(None, min_length=1, description="run when the label is none of these")
+
+    @field_validator("label", "not_label", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_test(self) -> "WhenSpec":
+        if (self.label is None) == (self.not_label is None):
+            raise ValueError("give one of 'label' or 'not_label', e.g. {step: route, label: [retrieve]}")
+        return self
+
+    def allowed(self, labels: list[str]) -> set[str]:
+        """The labels, out of all ``labels`` the step can give, under which the condition holds."""
+        return set(self.label) if self.label is not None else set(labels) - set(self.not_label or [])
+
+    def holds(self, label: str | None) -> bool:
+        if label is None:
+            return False
+        return label in self.label if self.label is not None else label not in (self.not_label or [])
+
+    def describe(self) -> str:
+        values = self.label if self.label is not None else self.not_label
+        return f"{self.step}.label {'in' if self.label is not None else 'not in'} [{', '.join(values or [])}]"
+
+
 class StepSpec(BaseModel):
     """One step: a registered task with its parameters, resources, prompt and dependencies."""
 
@@ -143,6 +181,8 @@ class StepSpec(BaseModel):
     retries: int = Field(0, ge=0, le=20)
     retry_delay_seconds: float = Field(1.0, ge=0)
     timeout_seconds: float | None = Field(None, gt=0)
+    when: WhenSpec | None = Field(None, description="run only when an earlier classify step's label fits; "
+                                                     "otherwise skipped")
     _invalid: set[str] = PrivateAttr(default_factory=set)  # fields left out for errors reported already
 
     @field_validator("after", mode="before")

@@ -59,6 +59,11 @@ class Stage:
     # params -> the resource roles that shape the output as configured (None: every bound one); the
     # others stay out of the index fingerprint (enrich: an LLM bound but unused re-indexes nothing)
     shaping_roles: Callable[[Any], set[str]] | None = None
+    # params -> every label the step can give (a classifier, ``classify``): a later step's ``when``
+    # may name it, and the checker holds that ``when`` to these labels
+    labels: Callable[[Any], list[str]] | None = None
+    # params -> the named collections it routes requests to, by label: checked against the file's `collections`
+    routes: Callable[[Any], dict[str, list[str]]] | None = None
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -125,6 +130,8 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           version: int = 1,
           ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None,
           shaping_roles: Callable[[Any], set[str]] | None = None,
+          labels: Callable[[Any], list[str]] | None = None,
+          routes: Callable[[Any], dict[str, list[str]]] | None = None,
           ) -> Callable[[Callable[..., Any]], Stage]:
     """Declare a function as a stage under ``name``. A stage that renders prompts declares the
     variables it passes (``prompt_variables``, ``other_prompts``) so templates are checked up front."""
@@ -134,6 +141,7 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
         entry = Stage(name=name, fn=fn, params=params, produces=produces, uses=dict(uses or {}),
                       kind=kind, prompt=prompt, prompt_variables=prompt_variables,
                       other_prompts=other_prompts or {}, version=version, ignores=ignores, shaping_roles=shaping_roles,
+                      labels=labels, routes=routes,
                       description=doc.splitlines()[0] if doc else "")
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"stage {name!r} is already registered by {_REGISTRY[name].fn.__module__}")
