@@ -310,7 +310,7 @@ def test_a_template_using_an_undefined_variable_is_located(make_project):
     error = the_error(make_project, changed("task: generate}", "task: generate, prompt: mine}"), "prompt: mine",
                       prompts={"mine": "{{ question }}\n{{ context }}\n"})
     assert error.message == ("prompt template 'mine.j2' uses undefined variable 'context' on line 2 "
-                             "(the stage provides: documents, examples, instruction, question, refusal)")
+                             "(the stage provides: conversation, documents, examples, instruction, question, refusal)")
 
 
 # ----------------------------------------------------------------------------- nothing runs

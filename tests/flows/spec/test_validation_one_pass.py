@@ -54,7 +54,7 @@ def test_every_mistake_in_one_pipeline_is_reported_at_once(make_project):
     assert "'ten'" in str(found[("dense", "with.k")][0])
     prompts = " | ".join(e.message for e in found[("answer", "prompt")])
     assert ("prompt template 'mine.j2' uses undefined variable 'foo' on line 3 "
-            "(the stage provides: documents, examples, instruction, question, refusal)") in prompts
+            "(the stage provides: conversation, documents, examples, instruction, question, refusal)") in prompts
     assert "prompt template '_documents.j2' (included from 'mine.j2') uses undefined variable 'bar'" in prompts
     assert len(errors) == 6, report
 
