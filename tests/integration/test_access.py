@@ -93,15 +93,28 @@ def write_project(root, hr_groups: list[str]):
     return root / "pipelines.yaml"
 
 
-@pytest.fixture
-def project(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The hr/ and public/ files indexed once, for the tests that only query them."""
+    root = tmp_path_factory.mktemp("access-site")
     for path, text in {**HR_FILES, **PUBLIC_FILES}.items():
-        (tmp_path / "docs" / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "docs" / path).write_text(text)
-    path = write_project(tmp_path, ["hr"])
+        (root / "docs" / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "docs" / path).write_text(text)
+    path = write_project(root, ["hr"])
     report = run_index(path)
     assert report.added == 4 and not report.failures
+    clear_cache()
     yield path
+    clear_cache()
+
+
+@pytest.fixture
+def project(site, tmp_path):
+    """A copy of the indexed site (files with their times, indexes, state: no re-embedding), for a
+    test that changes its rules or its index."""
+    clear_cache()  # nothing holds the site's stores open while they are copied
+    shutil.copytree(site.parent, tmp_path / "site")
+    yield tmp_path / "site" / "pipelines.yaml"
     clear_cache()
 
 
@@ -115,24 +128,24 @@ def hr(passages: list[Passage]) -> list[str]:
 
 
 @pytest.mark.parametrize("pipeline", ["dense", "sparse", "hybrid", "context"])
-def test_a_query_with_groups_eng_never_gets_an_hr_chunk(project, pipeline):
+def test_a_query_with_groups_eng_never_gets_an_hr_chunk(site, pipeline):
     for question in QUESTIONS:
-        everything = ask(project, pipeline, question, None)  # no principal: today's behaviour
+        everything = ask(site, pipeline, question, None)  # no principal: today's behaviour
         assert everything and (hr(everything) or "merge" in question), (pipeline, question)
-        restricted = ask(project, pipeline, question, ENG)
+        restricted = ask(site, pipeline, question, ENG)
         assert restricted and not hr(restricted), (pipeline, question, hr(restricted))
-        assert ask(project, pipeline, question, frozenset({"hr"})) or pipeline == "sparse"
+        assert ask(site, pipeline, question, frozenset({"hr"})) or pipeline == "sparse"
     # the client's own filter narrows within the access, never widens it
     widened = {"$or": [{"root": "kb"}, {"format": "markdown"}]}
-    passages = engine.run(load_project(project).pipeline(pipeline),
+    passages = engine.run(load_project(site).pipeline(pipeline),
                           {"query": {"text": QUESTIONS[0], "filters": widened, "access": ENG}}, orchestrate=False)
     assert passages and not hr(passages)
 
 
-def test_context_expansion_never_grows_into_a_chunk_the_query_may_not_read(project):
+def test_context_expansion_never_grows_into_a_chunk_the_query_may_not_read(site):
     """Even handed an hr hit (as if an upstream step leaked one), expansion adds none of its
     neighbours for {eng}; with every right it does."""
-    resources = load_project(project)
+    resources = load_project(site)
     state, embedder = resources.resource("state"), resources.resource("embedder")
     rows = [r for r in state.source_chunks(["kb/hr/salaries.md"]) if r[2] == 2]
     hit = Passage(chunk_id=rows[0][0], source_id="kb/hr/salaries.md", text=rows[0][3])
@@ -148,8 +161,8 @@ def test_context_expansion_never_grows_into_a_chunk_the_query_may_not_read(proje
     assert expand(ENG) == hit.text
 
 
-def test_flare_re_retrieval_reads_only_what_the_query_may(project):
-    resources = load_project(project)
+def test_flare_re_retrieval_reads_only_what_the_query_may(site):
+    resources = load_project(site)
     store, embedder = resources.resource("store"), resources.resource("embedder")
     public = Passage(chunk_id="x", source_id="kb/public/holidays.md", text=PUBLIC_FILES["public/holidays.md"])
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 from ragline.flows.resources import clear_cache
-from ragline.flows.run import engine
 from ragline.flows.serve.keys import KeyStore, keys_file
 from ragline.flows.serve.service import api_app, served_flow
 from ragline.flows.spec.compile import load_project
 
-from tests.helpers.api_harness import Script, running
+from tests.helpers import access_site
+from tests.helpers.access_site import bearer, citing_llm, index_site, site_yaml, write_notes
+from tests.helpers.api_harness import running
 from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
-from tests.helpers.data import BASE_RESOURCES, REPO
 from tests.helpers.harness import run_child
 from tests.scripted_llm import ScriptedLLM
 
@@ -28,24 +28,7 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "operator-token"  # the legacy token: the operator, reads every document
 DOCS = {"hr": (["hr"], "okapi"), "eng": (["eng"], "narwhal"), "public": ([], "otter")}  # folder -> (groups, word)
-HR_RULE = '{prefix: "hr/", groups: HR_GROUPS}'
-PIPELINES = BASE_RESOURCES.replace("resources:\n", "resources:\n  llm: {type: openai_compatible, base_url: LLM_URL, "
-                                                   "max_retries: 0, timeout_seconds: 10}\n", 1) + """
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - id: load
-        task: load
-        with:
-          paths:
-            - path: docs
-              name: kb
-              access: [HR_RULE, {prefix: "eng/", groups: [eng]}]
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 48, overlap: 0}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
+PIPELINES = site_yaml('[{prefix: "hr/", groups: HR_GROUPS}, {prefix: "eng/", groups: [eng]}]', """
   dense:
     kind: query
     steps:
@@ -70,14 +53,17 @@ pipelines:
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 4}}
       - {id: insert, task: insert, with: {max_tokens: 1500}}
       - {id: answer, task: generate}
-""".replace("HR_RULE", HR_RULE)
+""")
 QUESTION = "okapi narwhal otter salary review build"  # every folder's word: unrestricted, it finds all three
 
 
 def write_pipelines(folder: Path, llm_url: str, hr_groups: list[str]) -> Path:
-    path = folder / "pipelines.yaml"
-    path.write_text(PIPELINES.replace("LLM_URL", json.dumps(llm_url)).replace("HR_GROUPS", json.dumps(hr_groups)))
-    return path
+    return access_site.write_pipelines(folder, PIPELINES.replace("HR_GROUPS", json.dumps(hr_groups)), llm_url)
+
+
+def note(name: str, number: int, word: str) -> str:
+    return f"# {name.title()} note {number}\n\n" + " ".join(
+        f"Item {i}: the {word} {name} record {number} covers salary, review and build rules." for i in range(3))
 
 
 def folders_in(text: str) -> set[str]:
@@ -88,25 +74,15 @@ def folders_in(text: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[ScriptedLLM]:
-    script = Script()
-    script.answer = "It is in the notes [1] and [2]."
-    with ScriptedLLM(script, chunk_delay=0.001) as server:
+    with citing_llm() as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, llm) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("access-paths")
-    for name, (_, word) in DOCS.items():
-        for number in range(2):
-            path = folder / "docs" / name / f"note{number}.md"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"# {name.title()} note {number}\n\n" + " ".join(
-                f"Item {i}: the {word} {name} record {number} covers salary, review and build rules." for i in range(3)))
-    shutil.copytree(REPO / "prompts", folder / "prompts")
-    path = write_pipelines(folder, llm.base_url, ["hr"])
-    assert engine.run(load_project(path).pipeline("index"), orchestrate=False).added == 6
-    yield path
+    write_notes(folder, {name: word for name, (_, word) in DOCS.items()}, 2, note)
+    yield index_site(write_pipelines(folder, llm.base_url, ["hr"]), 6)
     clear_cache()
 
 
@@ -120,10 +96,6 @@ def keys(project) -> dict[str, str]:
 def served(project, keys) -> Iterator[str]:
     with running(api_app(project, token=TOKEN)) as url:
         yield url
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {secret}"}
 
 
 def shown(served: str, secret: str) -> dict[str, set[str]]:

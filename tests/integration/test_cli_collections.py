@@ -11,37 +11,23 @@ import pytest
 from ragline.flows.cli import main
 from ragline.flows.errors import EX_USAGE
 from ragline.flows.resources import clear_cache
-from tests.helpers.data import BASE_RESOURCES
+from tests.helpers.collections import collections_yaml, write_files
 
 pytestmark = pytest.mark.integration
 
-PIPELINES = BASE_RESOURCES + """
-collections:
-  handbook: {paths: [handbook]}
-  papers:   {paths: [papers]}
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [unused]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 48, overlap: 0}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
+PIPELINES = collections_yaml("  handbook: {paths: [handbook]}\n  papers:   {paths: [papers]}\n", """
   search:
     kind: query
     steps:
       - {id: dense,  task: retrieve_dense, with: {k: 10}}
       - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 10}}
-"""
+""")
 
 
 def test_index_every_collection_then_search_one(tmp_path, capsys):
-    (tmp_path / "handbook").mkdir()
-    (tmp_path / "handbook" / "vacation.md").write_text("# Vacation\n\nThe vacation policy grants 25 days.\n")
-    (tmp_path / "papers").mkdir()
-    (tmp_path / "papers" / "results.md").write_text("# Results\n\nThe experiment shows a 12 percent gain.\n")
+    write_files(tmp_path, {"handbook/vacation.md": "# Vacation\n\nThe vacation policy grants 25 days.\n",
+                           "papers/results.md": "# Results\n\nThe experiment shows a 12 percent gain.\n"})
     project = tmp_path / "pipelines.yaml"
     project.write_text(PIPELINES)
     try:

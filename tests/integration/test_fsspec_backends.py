@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -30,6 +29,8 @@ import pytest
 from ragline.flows.context import StepContext
 from ragline.tasks.index import gone_sources
 from ragline.tasks.load import Params, load
+from tests.helpers.net import free_port
+from tests.helpers.store_proxy import Proxy, http_refusal
 
 pytestmark = pytest.mark.integration
 # gcsfs reads this when imported: its default class asks Google's gRPC control API for each bucket's type,
@@ -43,76 +44,6 @@ AZ_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPT
 GCS_TOKEN = "ya29.test-Token-That-Must-Never-Show"
 SFTP_USER, SFTP_PASSWORD = "reader", "sftp-Passw0rd-That-Must-Never-Show"
 SECRETS = {"gcs": GCS_TOKEN, "azure": AZ_KEY, "sftp": SFTP_PASSWORD}
-
-
-class Proxy:
-    """Forwards loopback TCP to a server; records each request's line and headers; answers a request
-    that `refuse` matches with `refusal` instead of forwarding it; calls `before_download` once with
-    the request line of the first download it sees."""
-
-    def __init__(self, target: tuple[str, int], is_download):
-        self.target, self.is_download = target, is_download
-        self.requests: list[str] = []
-        self.refuse = None  # a predicate on the request head
-        self.refusal = b""
-        self.before_download = None
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def downloads(self) -> list[str]:
-        return [r.split("\r\n", 1)[0] for r in self.requests if self.is_download(r.split("\r\n", 1)[0])]
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if upstream and data[:4] in (b"GET ", b"PUT ", b"HEAD", b"POST", b"DELE"):
-                    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
-                    self.requests.append(head)
-                    if self.refuse is not None and self.refuse(head):
-                        src.sendall(self.refusal)
-                        continue
-                    line = head.split("\r\n", 1)[0]
-                    if self.is_download(line) and self.before_download is not None:
-                        hook, self.before_download = self.before_download, None
-                        hook(line)
-                dst.sendall(data)
-        except OSError:
-            pass
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def close(self) -> None:
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-
-
-def http_refusal(status: str, body: str, content_type: str) -> bytes:
-    data = body.encode()
-    return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---- GCS: fake-gcs-server --------------------------------------------------------------------------

@@ -4,9 +4,8 @@ changes an object between its listing and its download."""
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from ragline.tasks.index import gone_sources
 from ragline.tasks.load import Params, load
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.harness import run_index, snapshot
+from tests.helpers.store_proxy import Proxy
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
@@ -26,80 +26,37 @@ pytestmark = pytest.mark.integration
 KEY_ID, SECRET = "AKIATESTSOURCEKEY01", "s3cr3t-Value-That-Must-Never-Show"
 
 
-class Proxy:
-    """Forwards loopback TCP to the S3 server; sees each request's first bytes."""
-
-    def __init__(self, target: tuple[str, int]):
-        self.target = target
-        self.requests: list[str] = []
-        self.cut_continued_listings = False
-        self.before_download = None  # called once with the request line of the first object GET
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def downloads(self) -> list[str]:
-        return [r for r in self.requests if r.startswith("GET ") and "list-type" not in r and "?" not in r]
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if upstream and data[:4] in (b"GET ", b"PUT ", b"HEAD", b"POST", b"DELE"):
-                    line = data.split(b"\r\n", 1)[0].decode("latin-1")
-                    self.requests.append(line)
-                    if self.cut_continued_listings and "continuation-token" in line:
-                        break  # the second page of a listing never arrives
-                    if line in self.downloads() and self.before_download is not None:
-                        hook, self.before_download = self.before_download, None
-                        hook(line)
-                dst.sendall(data)
-        except OSError:
-            pass
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def close(self) -> None:
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
-        except OSError:
-            pass
-        self._listener.close()
+def s3_download(line: str) -> bool:
+    """An object GET (not a listing)."""
+    return line.startswith("GET ") and "list-type" not in line and "?" not in line
 
 
-@pytest.fixture
-def s3(monkeypatch):
+@pytest.fixture(scope="module")
+def s3_server():
+    """One moto S3 server for the module (host, port); each test resets it."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    yield server.get_host_and_port()
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TEST_S3_KEY_ID", KEY_ID)
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
-    host, port = server.get_host_and_port()
+    host, port = s3_server
     # moto keeps its buckets per process: start each test from an empty store
     urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
     direct = boto3.client("s3", endpoint_url=f"http://{host}:{port}", aws_access_key_id=KEY_ID,
                           aws_secret_access_key=SECRET, region_name="us-east-1")
     direct.create_bucket(Bucket="docs")
-    proxy = Proxy((host, port))
+    proxy = Proxy((host, port), s3_download)
     yield direct, proxy
     proxy.close()
-    server.stop()
 
 
 def root_yaml(proxy: Proxy, url: str = "s3://docs/handbook/") -> str:
@@ -115,6 +72,12 @@ def root_spec(proxy: Proxy, url: str = "s3://docs/handbook/") -> dict:
 
 def put(client, key: str, text: str) -> None:
     client.put_object(Bucket="docs", Key=key, Body=text.encode())
+
+
+def put_many(client, objects: dict[str, str]) -> None:
+    """Many PUTs at once (the server is threaded): a thousand one by one take half a minute."""
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda item: put(client, *item), objects.items()))
 
 
 HANDBOOK = {
@@ -201,15 +164,15 @@ def _only_for(name: str, action, proxy: Proxy):
 
 def test_a_listing_that_fails_halfway_deletes_nothing(s3, tmp_path):
     client, proxy = s3
-    for n in range(1002):  # S3 lists 1000 keys a page: the second page is cut
-        put(client, f"bulk/{n:04d}.txt", f"note {n}\n")
+    put_many(client, {f"bulk/{n:04d}.txt": f"note {n}\n" for n in range(1002)})  # S3 lists 1000 keys a page:
     params = Params(paths=[root_spec(proxy, "s3://docs/bulk/")])
     complete = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
     documents = load.fn(params=params, ctx=complete)
     assert len(documents) == 1002 and [c.path for c in complete.covered] == ["s3://docs/bulk"]
 
     client.delete_object(Bucket="docs", Key="bulk/0000.txt")
-    proxy.cut_continued_listings = True
+    # the second page is cut: its request is dropped, its answer never arrives
+    proxy.refuse, proxy.refusal = (lambda head: "continuation-token" in head.split("\r\n", 1)[0]), None
     cut = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
     assert load.fn(params=params, ctx=cut) == []
     assert cut.covered == [] and [f.source_id for f in cut.failures if f.root] == ["s3://docs/bulk"]
@@ -217,7 +180,7 @@ def test_a_listing_that_fails_halfway_deletes_nothing(s3, tmp_path):
     indexed = [d.source_id for d in documents]
     assert gone_sources(indexed, set(), cut.failures, cut.covered) == []  # nothing is deleted
 
-    proxy.cut_continued_listings = False
+    proxy.refuse = None
     whole = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
     again = load.fn(params=params, ctx=whole)
     assert len(again) == 1001

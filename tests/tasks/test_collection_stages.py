@@ -7,30 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-import json
-
 from ragline.flows.resources import clear_cache
 from ragline.flows.run import engine
-from ragline.flows.spec.compile import load_project
-from tests.helpers.data import BASE_RESOURCES, REPO
+from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
+from tests.helpers.data import REPO
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration  # real ingestion, Chroma and BM25
 
-PIPELINES = BASE_RESOURCES.replace("resources:\n", "resources:\n  llm: {type: openai_compatible, base_url: LLM_URL, "
-                                                   "max_retries: 0}\n", 1) + """
-collections:
-  notes: {paths: [notes]}
-  memos: {paths: [memos]}
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [unused]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 64, overlap: 0}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
+COLLECTIONS = "  notes: {paths: [notes]}\n  memos: {paths: [memos]}\n"
+QUERIES = """
   filtered:
     kind: query
     steps:
@@ -61,16 +47,12 @@ DOCS = {  # "harbour" is in every document: max_df 0.5 leaves it out of the feed
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("collection-stages")
-    for name, text in DOCS.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    write_files(root, DOCS)
     (root / "prompts").symlink_to(REPO / "prompts")
     with ScriptedLLM(flare_reply) as llm:
-        (root / "pipelines.yaml").write_text(PIPELINES.replace("LLM_URL", json.dumps(llm.base_url)))
-        compiled = load_project(root / "pipelines.yaml", tuned=False)
-        for name in ("index@notes", "index@memos"):
-            assert engine.run(compiled.pipeline(name), orchestrate=False).added == 2
-        yield compiled
+        (root / "pipelines.yaml").write_text(collections_yaml(COLLECTIONS, QUERIES, chunk_size=64,
+                                                              llm=scripted_llm(llm.base_url)))
+        yield index_collections(root / "pipelines.yaml", {"notes": 2, "memos": 2}, tuned=False)
     clear_cache()
 
 

@@ -5,7 +5,6 @@ citation or stream frame carries a document its groups may not read; the query l
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import httpx
@@ -14,37 +13,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragline.flows.resources import clear_cache
-from ragline.flows.run import engine
 from ragline.flows.serve.keys import KeyStore, keys_file
 from ragline.flows.serve.service import api_app
-from ragline.flows.spec.compile import load_project
-from tests.helpers.api_harness import Script, running
-from tests.helpers.data import BASE_RESOURCES, REPO
-from tests.scripted_llm import ScriptedLLM
+from tests.helpers.access_site import citing_llm, index_site, site_yaml, write_notes, write_pipelines
+from tests.helpers.api_harness import running
 
 pytestmark = pytest.mark.integration
 
 GROUPS = ("hr", "eng", "legal")
 DOCS = {  # folder -> (groups that may read it, a word only its documents say)
     "hr": (["hr"], "okapi"), "eng": (["eng"], "narwhal"), "legal": (["legal", "hr"], "quokka"), "public": ([], "otter")}
-PIPELINES = BASE_RESOURCES.replace("resources:\n", "resources:\n  llm: {type: openai_compatible, base_url: LLM_URL, "
-                                                   "max_retries: 0, timeout_seconds: 10}\n", 1) + """
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - id: load
-        task: load
-        with:
-          paths:
-            - path: docs
-              name: kb
-              access: [{prefix: "hr/", groups: [hr]}, {prefix: "eng/", groups: [eng]},
-                       {prefix: "legal/", groups: [legal, hr]}]
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 48, overlap: 0}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
+PIPELINES = site_yaml('[{prefix: "hr/", groups: [hr]}, {prefix: "eng/", groups: [eng]}, '
+                      '{prefix: "legal/", groups: [legal, hr]}]', """
   search:
     kind: query
     steps:
@@ -59,7 +39,7 @@ pipelines:
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 4}}
       - {id: insert, task: insert, with: {max_tokens: 1500}}
       - {id: answer, task: generate}
-"""
+""")
 WORDS = [word for _, word in DOCS.values()] + ["salary", "review", "contract", "build", "holiday"]
 
 
@@ -71,25 +51,15 @@ def _document(folder: str, number: int, word: str) -> str:
 
 @pytest.fixture(scope="module")
 def llm():
-    script = Script()
-    script.answer = "It is in the notes [1] and [2]."
-    with ScriptedLLM(script, chunk_delay=0.001) as server:
+    with citing_llm() as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, llm) -> Path:
     folder = tmp_path_factory.mktemp("access-http")
-    for name, (_, word) in DOCS.items():
-        for number in range(3):
-            path = folder / "docs" / name / f"note{number}.md"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(_document(name, number, word))
-    shutil.copytree(REPO / "prompts", folder / "prompts")
-    path = folder / "pipelines.yaml"
-    path.write_text(PIPELINES.replace("LLM_URL", json.dumps(llm.base_url)))
-    assert engine.run(load_project(path).pipeline("index"), orchestrate=False).added == 12
-    yield path
+    write_notes(folder, {name: word for name, (_, word) in DOCS.items()}, 3, _document)
+    yield index_site(write_pipelines(folder, PIPELINES, llm.base_url), 12)
     clear_cache()
 
 

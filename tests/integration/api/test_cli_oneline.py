@@ -33,11 +33,12 @@ def ragline(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
                           env={**os.environ, **(env or {})})
 
 
-@pytest.fixture
-def broken_llm(tmp_path):
-    """A fake vLLM that answers /health and /v1/models but fails every completion (HTTP 500)."""
+@pytest.fixture(scope="module")
+def broken_llm(tmp_path_factory):
+    """A fake vLLM that answers /health and /v1/models but fails every completion (HTTP 500); it
+    keeps no state, so one serves the module."""
     port = free_port()
-    log = open(tmp_path / "fake-vllm.log", "wb")
+    log = open(tmp_path_factory.mktemp("broken-llm") / "fake-vllm.log", "wb")
     server = subprocess.Popen([sys.executable, "-m", "tests.fake_vllm", str(port), "smollm2"], cwd=REPO,
                               env={**os.environ, "FAKE_VLLM_BROKEN": "1", "PYTHONPATH": str(REPO)},
                               stdout=log, stderr=subprocess.STDOUT)
@@ -190,80 +191,7 @@ def test_the_cli_constants_match_their_modules():
     assert cli.API_PORT == serve.DEFAULT_PORT and cli.DEFAULT_FILE == compile.DEFAULT_FILE
 
 
-# ----------------------------------------------------------------------------- item 5: a running API answers
-API_TOKEN = "cli-service-token"
-MODULES = ("import json, sys\nfrom ragline.flows.cli import main\ncode = main(sys.argv[1:])\n"
-           f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]), file=sys.stderr)")
-
-
-@pytest.fixture
-def running_api(api_project, tmp_path):
-    """`ragline api` on the session's indexed project (a real process, real uvicorn, a token)."""
-    port = free_port()
-    log = open(tmp_path / "api.log", "wb")
-    api = subprocess.Popen([SCRIPT, "api", "-f", str(api_project), "--port", str(port)], stdout=log,
-                           stderr=subprocess.STDOUT, env={**os.environ, "RAGLINE_API_TOKEN": API_TOKEN})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=2).close()
-            break
-        except OSError:
-            assert api.poll() is None, (tmp_path / "api.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "ragline api did not start"
-            time.sleep(0.2)
-    try:
-        yield url, api.pid
-    finally:
-        api.terminate()
-        api.wait(30)
-        log.close()
-    assert not (api_project.parent / ".ragline" / "api.server.json").exists()  # withdrawn when it stops
-
-
-@pytest.mark.integration
-def test_search_and_ask_use_a_running_api_of_the_same_project_and_say_so(api_project, running_api):
-    url, pid = running_api
-    discovery = api_project.parent / ".ragline" / "api.server.json"
-    assert json.loads(discovery.read_text())["port"] == int(url.rsplit(":", 1)[1])
-    token = {"RAGLINE_API_TOKEN": API_TOKEN}
-    searched = subprocess.run([sys.executable, "-c", MODULES, "search", QUESTION, "-f", str(api_project), "--json",
-                               "-k", "2"], capture_output=True, text=True, env={**os.environ, **token}, timeout=120)
-    said, (code, heavy) = searched.stderr.splitlines()[:-1], json.loads(searched.stderr.splitlines()[-1])
-    assert code == 0 and said == [f"(answered by the running ragline API at {url}, pid {pid})"], searched.stderr
-    assert heavy == []  # no torch, no model, no Chroma, no Prefect in the CLI's process
-    served = json.loads(searched.stdout)
-    assert len(served) == 2 and served[0]["title"] and served[0]["score"] > 0
-    asked = ragline("ask", QUESTION, "-f", str(api_project), env=token)
-    assert asked.returncode == 0 and asked.stderr == f"(answered by the running ragline API at {url}, pid {pid})\n"
-    assert asked.stdout.startswith("Diffusion tensor imaging measures it [1].\n[1] ")
-    streamed = ragline("ask", QUESTION, "-f", str(api_project), "--stream", env=token)  # its server-sent events
-    assert streamed.returncode == 0 and streamed.stderr == asked.stderr, streamed.stderr
-    assert streamed.stdout.startswith("Diffusion tensor imaging measures it [1].\n\n[1] "), streamed.stdout
-    # without the token the API was given, the CLI answers in-process (and says why)
-    alone = ragline("search", QUESTION, "-f", str(api_project), "--json", "-k", "2",
-                    env={"RAGLINE_API_TOKEN": ""})
-    assert alone.returncode == 0 and alone.stderr.startswith(f"(the ragline API at {url} needs a token: set "
-                                                             f"RAGLINE_API_TOKEN to use it; running in-process)\n")
-    assert [p["chunk_id"] for p in json.loads(alone.stdout)] == [p["chunk_id"] for p in served]
-
-
-@pytest.mark.integration
-def test_an_edited_pipelines_file_is_not_answered_by_the_api_that_serves_the_old_one(api_project, running_api):
-    url, pid = running_api
-    edited = api_project.read_text()
-    try:
-        api_project.write_text(edited + "\n# edited\n")
-        result = ragline("search", QUESTION, "-f", str(api_project), "-k", "1",
-                         env={"RAGLINE_API_TOKEN": API_TOKEN})
-    finally:
-        api_project.write_text(edited)
-    assert result.returncode == 0 and result.stdout.startswith("1. [")
-    assert result.stderr.startswith(f"(the ragline API at {url} (pid {pid}) serves another version of "
-                                    f"{api_project.name}: running in-process)\n"), result.stderr
-
-
+# ----------------------------------------------------------------------------- item 5: the API's LLM and discovery
 @pytest.mark.integration
 def test_api_starts_the_packaged_llm_in_the_background_and_stops_it(api_project, tmp_path):
     """`ragline api` as `serve`: the API answers at once, /readyz reports the LLM until it is up."""
@@ -336,3 +264,80 @@ def test_the_discovery_file_names_only_a_live_api_of_this_project_on_this_host(t
                                                           "not a loopback address: the token is not sent there")
         target.write_text(json.dumps(info))
     assert not target.exists()
+
+
+# ----------------------------------------------------------------------------- item 5: a running API answers
+# Last in the module: one `ragline api` serves these tests, and no other API may run in its folder meanwhile.
+API_TOKEN = "cli-service-token"
+MODULES = ("import json, sys\nfrom ragline.flows.cli import main\ncode = main(sys.argv[1:])\n"
+           f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]), file=sys.stderr)")
+
+
+@pytest.fixture(scope="module")
+def running_api(api_project, tmp_path_factory):
+    """`ragline api` on the session's indexed project (a real process, real uvicorn, a token), one
+    for the module's last tests: no other API runs beside it in that folder until it stops."""
+    port = free_port()
+    logs = tmp_path_factory.mktemp("running-api")
+    log = open(logs / "api.log", "wb")
+    api = subprocess.Popen([SCRIPT, "api", "-f", str(api_project), "--port", str(port)], stdout=log,
+                           stderr=subprocess.STDOUT, env={**os.environ, "RAGLINE_API_TOKEN": API_TOKEN})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=2).close()
+            break
+        except OSError:
+            assert api.poll() is None, (logs / "api.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "ragline api did not start"
+            time.sleep(0.2)
+    try:
+        yield url, api.pid
+    finally:
+        api.terminate()
+        api.wait(30)
+        log.close()
+    assert not (api_project.parent / ".ragline" / "api.server.json").exists()  # withdrawn when it stops
+
+
+@pytest.mark.integration
+def test_search_and_ask_use_a_running_api_of_the_same_project_and_say_so(api_project, running_api):
+    url, pid = running_api
+    discovery = api_project.parent / ".ragline" / "api.server.json"
+    assert json.loads(discovery.read_text())["port"] == int(url.rsplit(":", 1)[1])
+    token = {"RAGLINE_API_TOKEN": API_TOKEN}
+    searched = subprocess.run([sys.executable, "-c", MODULES, "search", QUESTION, "-f", str(api_project), "--json",
+                               "-k", "2"], capture_output=True, text=True, env={**os.environ, **token}, timeout=120)
+    said, (code, heavy) = searched.stderr.splitlines()[:-1], json.loads(searched.stderr.splitlines()[-1])
+    assert code == 0 and said == [f"(answered by the running ragline API at {url}, pid {pid})"], searched.stderr
+    assert heavy == []  # no torch, no model, no Chroma, no Prefect in the CLI's process
+    served = json.loads(searched.stdout)
+    assert len(served) == 2 and served[0]["title"] and served[0]["score"] > 0
+    asked = ragline("ask", QUESTION, "-f", str(api_project), env=token)
+    assert asked.returncode == 0 and asked.stderr == f"(answered by the running ragline API at {url}, pid {pid})\n"
+    assert asked.stdout.startswith("Diffusion tensor imaging measures it [1].\n[1] ")
+    streamed = ragline("ask", QUESTION, "-f", str(api_project), "--stream", env=token)  # its server-sent events
+    assert streamed.returncode == 0 and streamed.stderr == asked.stderr, streamed.stderr
+    assert streamed.stdout.startswith("Diffusion tensor imaging measures it [1].\n\n[1] "), streamed.stdout
+    # without the token the API was given, the CLI answers in-process (and says why)
+    alone = ragline("search", QUESTION, "-f", str(api_project), "--json", "-k", "2",
+                    env={"RAGLINE_API_TOKEN": ""})
+    assert alone.returncode == 0 and alone.stderr.startswith(f"(the ragline API at {url} needs a token: set "
+                                                             f"RAGLINE_API_TOKEN to use it; running in-process)\n")
+    assert [p["chunk_id"] for p in json.loads(alone.stdout)] == [p["chunk_id"] for p in served]
+
+
+@pytest.mark.integration
+def test_an_edited_pipelines_file_is_not_answered_by_the_api_that_serves_the_old_one(api_project, running_api):
+    url, pid = running_api
+    edited = api_project.read_text()
+    try:
+        api_project.write_text(edited + "\n# edited\n")
+        result = ragline("search", QUESTION, "-f", str(api_project), "-k", "1",
+                         env={"RAGLINE_API_TOKEN": API_TOKEN})
+    finally:
+        api_project.write_text(edited)
+    assert result.returncode == 0 and result.stdout.startswith("1. [")
+    assert result.stderr.startswith(f"(the ragline API at {url} (pid {pid}) serves another version of "
+                                    f"{api_project.name}: running in-process)\n"), result.stderr

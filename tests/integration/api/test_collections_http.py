@@ -15,30 +15,17 @@ import httpx
 import pytest
 
 from ragline.flows.resources import clear_cache
-from ragline.flows.run import engine
 from ragline.flows.serve.keys import KeyStore, keys_file
 from ragline.flows.serve.service import api_app
-from ragline.flows.spec.compile import load_project
 from tests.helpers.api_harness import Script, running
-from tests.helpers.data import BASE_RESOURCES, REPO
+from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
+from tests.helpers.data import REPO
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration
 
-PIPELINES = BASE_RESOURCES.replace("resources:\n", "resources:\n  llm: {type: openai_compatible, base_url: LLM_URL, "
-                                                   "max_retries: 0, timeout_seconds: 10}\n", 1) + """
-collections:
-  handbook: {paths: [handbook]}
-  papers:   {paths: [papers], steps: {chunk: {size: 40}}}
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [unused]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 48, overlap: 0}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
+COLLECTIONS = "  handbook: {paths: [handbook]}\n  papers:   {paths: [papers], steps: {chunk: {size: 40}}}\n"
+QUERIES = """
   search:
     kind: query
     steps:
@@ -75,18 +62,14 @@ FILES = {
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("collections-http")
-    for name, text in FILES.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
+    write_files(folder, FILES)
     shutil.copytree(REPO / "prompts", folder / "prompts")
     script = Script()
     script.answer = "See [1]."
     with ScriptedLLM(script) as llm:
         path = folder / "pipelines.yaml"
-        path.write_text(PIPELINES.replace("LLM_URL", json.dumps(llm.base_url)))
-        compiled = load_project(path)
-        for collection in ("handbook", "papers"):
-            assert engine.run(compiled.pipeline(f"index@{collection}"), orchestrate=False).added == 2
+        path.write_text(collections_yaml(COLLECTIONS, QUERIES, llm=scripted_llm(llm.base_url, timeout_seconds=10)))
+        index_collections(path, {"handbook": 2, "papers": 2})
         yield path
     clear_cache()
 
