@@ -36,10 +36,11 @@ from pydantic import TypeAdapter, ValidationError
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import InputError
 from ragline.flows.resources import ResourceSpec
+from ragline.flows.resources.milvus import collection_name
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.spec.parse import CollectionSpec, pydantic_message, suggest
 
-INDEX_TYPES = ("chroma", "bm25", "index_state")
+INDEX_TYPES = ("chroma", "milvus", "bm25", "index_state")
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,8 @@ def _derived_fields(fields: dict[str, Any], name: str) -> dict[str, Any]:
     files in ``collections/<name>/`` beside the template's."""
     if fields.get("type") == "chroma":
         return {**fields, "collection": name}
+    if fields.get("type") == "milvus":
+        return {**fields, "collection": collection_name(name)}
     if isinstance(fields.get("path"), str):
         path = Path(fields["path"])
         return {**fields, "path": str(path.parent / "collections" / name / path.name)}
