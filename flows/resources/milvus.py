@@ -28,6 +28,7 @@ import math
 import os
 import re
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, TypeVar
 
@@ -160,7 +161,9 @@ class MilvusStore(Resource):
                                         f"{_first_line(exc)}); is it running?") from exc
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            return MilvusClient(uri=str(self.path), timeout=self.spec.timeout_seconds)
+            with warnings.catch_warnings():  # milvus-lite 2.5 imports pkg_resources, deprecated: not the user's to fix
+                warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+                return MilvusClient(uri=str(self.path), timeout=self.spec.timeout_seconds)
         except Exception as exc:
             raise MilvusUnavailable(
                 f"{self.location}: milvus-lite could not open the file ({_first_line(exc)}); it serves one process "
@@ -312,12 +315,13 @@ class MilvusStore(Resource):
             self._ready.clear()
 
     def count(self) -> int:
-        rows = self._connect().query(self._collection(), filter="", output_fields=["count(*)"])
+        name = self._collection()  # first: StoreMissing before any connection (a read creates no file)
+        rows = self._connect().query(name, filter="", output_fields=["count(*)"])
         return int(rows[0]["count(*)"])
 
     def present(self, ids: list[str]) -> set[str]:
         """Which of these chunk ids the collection holds."""
-        return set(self._rows(ids, ["chunk_id"]))
+        return set(self.rows(ids, ["chunk_id"]))
 
     def all_ids(self) -> set[str]:
         try:
@@ -334,10 +338,10 @@ class MilvusStore(Resource):
         return ids
 
     def vectors(self, ids: list[str]) -> dict[str, np.ndarray]:
-        return {cid: np.asarray(row["dense"], dtype=np.float32) for cid, row in self._rows(ids, ["dense"]).items()}
+        return {cid: np.asarray(row["dense"], dtype=np.float32) for cid, row in self.rows(ids, ["dense"]).items()}
 
     def metadatas(self, ids: list[str]) -> dict[str, dict[str, Any]]:
-        return {cid: row["metadata"] or {} for cid, row in self._rows(ids, ["metadata"]).items()}
+        return {cid: row["metadata"] or {} for cid, row in self.rows(ids, ["metadata"]).items()}
 
     def score(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
         """The score ``query`` gives ``vectors`` as a query's passages carry it (as Chroma's)."""
@@ -360,14 +364,15 @@ class MilvusStore(Resource):
     def update_metadata(self, metadatas: dict[str, dict[str, Any]]) -> None:
         """Change stored chunks' metadata, vectors and text kept: the keys given are merged in, a key
         given as None is removed (as Chroma's ``update``). Milvus 2.5 rewrites whole rows: read, merge, upsert."""
-        rows = self._rows(sorted(metadatas), ["chunk_id", "text", "metadata", "dense"])
+        rows = self.rows(sorted(metadatas), ["chunk_id", "text", "metadata", "dense"])
         merged = []
         for cid, row in rows.items():
             meta = {**(row["metadata"] or {}), **metadatas[cid]}
             merged.append({"key": chunk_key(cid), "chunk_id": cid, "text": row["text"], "dense": row["dense"],
                            "metadata": {k: v for k, v in meta.items() if v is not None}})
+        name = self._collection()
         for start in range(0, len(merged), self.spec.write_batch_size):
-            self._connect().upsert(self._collection(), merged[start:start + self.spec.write_batch_size])
+            self._connect().upsert(name, merged[start:start + self.spec.write_batch_size])
 
     def delete(self, ids: Iterable[str]) -> None:
         keys = [chunk_key(cid) for cid in ids]
@@ -383,7 +388,8 @@ class MilvusStore(Resource):
         vectors = np.asarray(embeddings, dtype=np.float32)
         if len(vectors) == 0:
             return []
-        hits = self._connect().search(self._collection(), data=vectors.tolist(), anns_field="dense", limit=k,
+        name = self._collection()
+        hits = self._connect().search(name, data=vectors.tolist(), anns_field="dense", limit=k,
                                       filter=expression(where), search_params=self._search_params(),
                                       output_fields=["chunk_id", "text", "metadata"])
         return [sorted((_passage(hit, self._score(hit["distance"]), retriever) for hit in row),
@@ -392,7 +398,7 @@ class MilvusStore(Resource):
     def _score(self, distance: float) -> float:
         return -float(distance) if self.spec.space == "l2" else float(distance)  # COSINE/IP: a similarity
 
-    def _rows(self, ids: list[str], fields: list[str]) -> dict[str, dict[str, Any]]:
+    def rows(self, ids: list[str], fields: list[str]) -> dict[str, dict[str, Any]]:
         """The rows of these chunk ids (those present), by chunk id."""
         if not ids:
             return {}
