@@ -61,8 +61,9 @@ class MilvusSpec(BaseModel):
                                   description="environment variable holding the server's token ('user:password' or "
                                               "an API key; the token stays out of the config)")
     database: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$", description="server database")
-    collection: str = Field("ragline", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,200}$",
-                            description="letters, digits and underscores (Milvus's rule)")
+    collection: str = Field("ragline", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,200}$",
+                            description="letters, digits, '_' and '-' (a name Milvus refuses, e.g. with '-', is "
+                                        "stored under a valid one derived from it)")
     space: Literal["cosine", "l2", "ip"] = Field("cosine", description="distance; fixed at creation")
     index: Literal["HNSW", "AUTOINDEX", "IVF_FLAT", "FLAT"] = Field(
         "HNSW", description="dense index on a server (milvus-lite always searches exactly: FLAT); fixed at creation")
@@ -140,8 +141,13 @@ class MilvusStore(Resource):
         return f"milvus {self.server or self.path} collection {self.spec.collection}"
 
     @property
+    def name(self) -> str:
+        """The Milvus collection (``collection_name`` of the configured one)."""
+        return collection_name(self.spec.collection)
+
+    @property
     def meta_collection(self) -> str:
-        return self.spec.collection + META_SUFFIX
+        return self.name + META_SUFFIX
 
     # ------------------------------------------------------------------ connection
     def _new_client(self):
@@ -176,12 +182,12 @@ class MilvusStore(Resource):
         """Whether the collection exists; never creates the embedded file (a read creates nothing)."""
         if not self.server and not self.path.is_file():
             return False
-        return self._connect().has_collection(self.spec.collection)
+        return self._connect().has_collection(self.name)
 
     def _collection(self, create_dim: int | None = None) -> str:
         """The loaded collection's name; created with ``create_dim`` dimensions if absent and given,
         else StoreMissing naming it."""
-        name = self.spec.collection
+        name = self.name
         with self._lock:
             if name in self._ready:
                 return name
@@ -214,7 +220,7 @@ class MilvusStore(Resource):
             index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
                             params={"bm25_k1": self.spec.k1, "bm25_b": self.spec.b})
         # Strong: a read sees every write acknowledged before it (a server's default, Bounded, may not).
-        client.create_collection(self.spec.collection, schema=schema, index_params=index, consistency_level="Strong")
+        client.create_collection(self.name, schema=schema, index_params=index, consistency_level="Strong")
         self._put_meta({"settings": self.settings})
         log.info("%s: created (%d dimensions)", self.location, dim)
 
@@ -309,7 +315,7 @@ class MilvusStore(Resource):
         """Drop the collection (the embedding model, hence the dimension, changed)."""
         with self._lock:
             if self._exists():
-                self._connect().drop_collection(self.spec.collection)
+                self._connect().drop_collection(self.name)
             if self._meta_ready(create=False):
                 self._connect().drop_collection(self.meta_collection)
             self._ready.clear()

@@ -36,7 +36,6 @@ from pydantic import TypeAdapter, ValidationError
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import InputError
 from ragline.flows.resources import ResourceSpec
-from ragline.flows.resources.milvus import collection_name
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.spec.parse import CollectionSpec, pydantic_message, suggest
 
@@ -156,10 +155,8 @@ def _resources(checker: Any, loc: tuple, name: str, collection: CollectionSpec, 
 def _derived_fields(fields: dict[str, Any], name: str) -> dict[str, Any]:
     """A template index resource's fields for collection ``name``: its Chroma collection, or its
     files in ``collections/<name>/`` beside the template's."""
-    if fields.get("type") == "chroma":
+    if fields.get("type") in ("chroma", "milvus"):
         return {**fields, "collection": name}
-    if fields.get("type") == "milvus":
-        return {**fields, "collection": collection_name(name)}
     if isinstance(fields.get("path"), str):
         path = Path(fields["path"])
         return {**fields, "path": str(path.parent / "collections" / name / path.name)}

@@ -83,12 +83,14 @@ def test_spec_rejects_an_unknown_uri_and_collection_name():
     with pytest.raises(ValueError, match="neither a milvus-lite file"):
         MilvusSpec(type="milvus", uri="/data/milvus")
     with pytest.raises(ValueError, match="collection"):
-        MilvusSpec(type="milvus", collection="my-docs")
+        MilvusSpec(type="milvus", collection="my docs")
     assert MilvusSpec(type="milvus", uri="http://milvus:19530").host == "http://milvus:19530"
     assert MilvusSpec(type="milvus").host is None
 
 
 def test_collection_names_are_valid_and_distinct():
+    """A ragline collection name (letters, digits, '_', '-') is kept in the spec (access grants name it) and
+    stored under a name Milvus takes."""
     assert collection_name("papers") == "papers"
     assert collection_name("a-b") != collection_name("a_b")
     assert collection_name("2024-docs").startswith("c_2024_docs_")
