@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
+from ragline.flows.cli import main  # noqa: E402
 from ragline.flows.contracts import Chunk  # noqa: E402
 from ragline.flows.resources import clear_cache  # noqa: E402
 from ragline.flows.resources.filters import matches  # noqa: E402
@@ -101,9 +102,10 @@ def changed_project(site):
     return project
 
 
-def test_incremental_runs_hybrid_search_and_a_lost_store(site, changed_project):
+def test_incremental_runs_hybrid_search_and_a_lost_store(site, changed_project, capsys):
     """An incremental run writes what changed and equals a clean build; an unchanged one writes nothing;
-    hybrid search (dense + the engine's BM25) filters; a store deleted behind ragline's back is re-embedded."""
+    hybrid search (dense + the engine's BM25) filters; `ragline check` finds a store deleted behind ragline's
+    back and `--repair` re-embeds it."""
     _, _, first, clean = site
     assert [c[0] for c in first["chunks"]] == first["state_chunks"] and first["in_step"] and first["bm25_matches"]
     report = run_index(changed_project)
@@ -118,11 +120,21 @@ def test_incremental_runs_hybrid_search_and_a_lost_store(site, changed_project):
     crispr = engine.run(search, {"query": "CRISPR screens"}, orchestrate=False)
     assert crispr[0].source_id == "docs/gamma.md" and "CRISPR" in crispr[0].text
 
-    clear_cache()
+    assert check(changed_project, capsys) == (0, "ok: every store agrees with the index state\n")
     (changed_project.parent / "idx" / "milvus.db").unlink()
-    repaired = run_index(changed_project)
-    assert repaired.failed == 0 and repaired.chunks_written == len(clean["chunks"])
+    code, out = check(changed_project, capsys)
+    assert code == 1 and out.startswith("milvus: milvus ") and "there is no store" in out, out
+    code, out = check(changed_project, capsys, "--repair")
+    assert code == 0 and "re-indexing with pipeline 'index'" in out, out
     assert snapshot(changed_project) == clean
+
+
+def check(project, capsys, *extra: str) -> tuple[int, str]:
+    """`ragline check` (the full comparison of the stores with the state), as a user runs it."""
+    clear_cache()
+    capsys.readouterr()
+    code = main(["check", "-f", str(project), *extra])
+    return code, capsys.readouterr().out
 
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
