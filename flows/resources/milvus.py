@@ -76,6 +76,8 @@ class MilvusSpec(BaseModel):
     k1: float = Field(1.2, gt=0, le=3, description="BM25 k1 (as the bm25 index); fixed at creation")
     b: float = Field(0.75, ge=0, le=1, description="BM25 b; fixed at creation")
     write_batch_size: int = Field(1000, ge=1, le=10_000, description="chunks per upsert call")
+    retries: int = Field(6, ge=0, le=100, description="retries of a server call that failed to connect")
+    retry_max_seconds: float = Field(30.0, gt=0, le=3600, description="give up retrying one call after this long")
     timeout_seconds: float = Field(60.0, gt=0, le=3600, description="per call to the server")
 
     @property
@@ -102,6 +104,32 @@ class MilvusUnavailable(DependencyUnavailable):
     dependency = "milvus"
 
 
+def is_transient(exc: BaseException | None) -> bool:
+    """A failure to reach the server (worth retrying), not a request it refused."""
+    import grpc
+    from pymilvus.exceptions import MilvusException, MilvusUnavailableException
+
+    if isinstance(exc, MilvusUnavailableException):
+        return True
+    if isinstance(exc, MilvusException):
+        return "Fail connecting to server" in str(exc.message)
+    return isinstance(exc, grpc.RpcError) and exc.code() in (grpc.StatusCode.UNAVAILABLE,
+                                                             grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class _Retrying:
+    """A MilvusClient whose calls go through ``MilvusStore._retrying`` (server mode)."""
+
+    def __init__(self, client: Any, store: MilvusStore):
+        self._client, self._store = client, store
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._store._retrying(name, lambda: attr(*args, **kwargs))
+
+
 class MilvusStore(Resource):
     """One collection, both roles: the dense store and (``full_text``) the engine's own BM25 index."""
 
@@ -125,7 +153,7 @@ class MilvusStore(Resource):
     def fingerprint_fields(cls, spec: MilvusSpec) -> dict[str, Any]:
         """What changes indexed content: not where it lives, nor search-time or write-batch settings."""
         return spec.model_dump(exclude={"type", "uri", "token_env", "database", "collection", "ef_search",
-                                        "write_batch_size", "timeout_seconds"})
+                                        "write_batch_size", "timeout_seconds", "retries", "retry_max_seconds"})
 
     @property
     def server(self) -> str | None:
@@ -176,7 +204,31 @@ class MilvusStore(Resource):
                 f"at a time: is another ragline process using it? (run a Milvus server for several)") from exc
 
     def _connect(self):
-        return self._client.get()
+        """The client; against a server, each call retries connection failures (``_retrying``)."""
+        client = self._client.get()
+        return _Retrying(client, self) if self.server else client
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """Run ``call``, retrying connection failures with backoff until ``retries`` or
+        ``retry_max_seconds`` runs out, then MilvusUnavailable naming the server. Every call is
+        idempotent (upsert and delete by key, reads), so a retry is safe."""
+        import tenacity
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_transient),
+            stop=tenacity.stop_after_attempt(self.spec.retries + 1) | tenacity.stop_before_delay(self.spec.retry_max_seconds),
+            wait=tenacity.wait_exponential_jitter(initial=0.25, max=5.0, jitter=0.05),
+            before_sleep=lambda state: log.warning("Milvus server %s: %s failed (%s); retry %d/%d", self.server,
+                                                   what, _first_line(state.outcome.exception()),
+                                                   state.attempt_number, self.spec.retries))
+        try:
+            return retrying(call)
+        except tenacity.RetryError as err:
+            cause = err.last_attempt.exception()
+            raise MilvusUnavailable(
+                f"Milvus server {self.server} unreachable: {what} failed {err.last_attempt.attempt_number} times "
+                f"({_first_line(cause)}); is it running? (retries={self.spec.retries}, "
+                f"retry_max_seconds={self.spec.retry_max_seconds})") from cause
 
     def _exists(self) -> bool:
         """Whether the collection exists; never creates the embedded file (a read creates nothing)."""

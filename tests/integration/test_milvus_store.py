@@ -190,3 +190,46 @@ def test_engine_filters_like_python(filter_store, where):
     assert {p.chunk_id for p in dense} == expected
     sparse = filter_store.search(["text"], 100, where=where)[0]
     assert {h[0] for h in sparse} == expected
+
+
+# ------------------------------------------------------------------------------------------------ server mode
+@pytest.fixture
+def milvus_server(tmp_path):
+    """The engine served over TCP (milvus-lite's own server binary, the gRPC API a Milvus server speaks)."""
+    from milvus_lite.server import Server
+
+    from tests.helpers.net import free_port
+
+    port = free_port()
+    servers = []
+
+    def start():
+        server = Server(str(tmp_path / "served.db"), f"127.0.0.1:{port}")
+        assert server.start()
+        servers.append(server)
+
+    def stop():
+        servers[-1]._p.terminate()
+        servers[-1]._p.wait()
+
+    start()
+    yield f"http://127.0.0.1:{port}", start, stop
+    stop()
+
+
+def test_server_mode_survives_a_restart_and_names_a_server_that_is_down(milvus_server, tmp_path):
+    from ragline.flows.resources.milvus import MilvusUnavailable
+
+    uri, start, stop = milvus_server
+    store = MilvusStore(MilvusSpec(type="milvus", uri=uri, index="FLAT", collection="served", retries=2,
+                                   retry_max_seconds=2), tmp_path)
+    store.upsert([Chunk(chunk_id=f"c{i}", source_id="s", ordinal=i, text=f"served text {i}", metadata={"i": i},
+                        embedding=[1.0, float(i)]) for i in range(3)])
+    assert store.count() == 3 and {h[0] for h in store.search(["served"], 10, where={"i": {"$gte": 1}})[0]} == {"c1", "c2"}
+    stop()
+    with pytest.raises(MilvusUnavailable, match=f"Milvus server {uri} unreachable: .* failed 3 times"):
+        store.count()
+    start()
+    assert store.count() == 3  # the same handle reconnects; what was written is there
+    store.close()
+    assert not (tmp_path / ".ragline").exists()  # a server store writes nothing under the data folder
