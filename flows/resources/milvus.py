@@ -213,6 +213,7 @@ class MilvusStore(Resource):
         ``retry_max_seconds`` runs out, then MilvusUnavailable naming the server. Every call is
         idempotent (upsert and delete by key, reads), so a retry is safe."""
         import tenacity
+        from pymilvus.exceptions import ErrorCode, MilvusException
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(is_transient),
@@ -223,6 +224,12 @@ class MilvusStore(Resource):
                                                    state.attempt_number, self.spec.retries))
         try:
             return retrying(call)
+        except MilvusException as exc:
+            if exc.code != ErrorCode.COLLECTION_NOT_FOUND:
+                raise
+            with self._lock:  # dropped by another process (a new embedding model): look it up again next time
+                self._ready.clear()
+            raise StoreMissing(f"{self.location}: the collection does not exist ({_first_line(exc)}); {REMEDY}") from exc
         except tenacity.RetryError as err:
             cause = err.last_attempt.exception()
             raise MilvusUnavailable(

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -207,6 +209,14 @@ def milvus_server(tmp_path):
         server = Server(str(tmp_path / "served.db"), f"127.0.0.1:{port}")
         assert server.start()
         servers.append(server)
+        deadline = time.monotonic() + 60
+        while True:  # ready when it accepts connections (a deployment's health check)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline and server._p.poll() is None, "milvus-lite server did not start"
+                time.sleep(0.05)
 
     def stop():
         servers[-1]._p.terminate()
@@ -233,3 +243,21 @@ def test_server_mode_survives_a_restart_and_names_a_server_that_is_down(milvus_s
     assert store.count() == 3  # the same handle reconnects; what was written is there
     store.close()
     assert not (tmp_path / ".ragline").exists()  # a server store writes nothing under the data folder
+
+
+def test_a_collection_dropped_by_another_process_is_missing_not_an_engine_error(milvus_server, tmp_path):
+    from pymilvus import MilvusClient
+
+    from ragline.flows.resources.state import StoreMissing
+
+    uri, _, _ = milvus_server
+    spec = MilvusSpec(type="milvus", uri=uri, index="FLAT", collection="dropped")
+    reader = MilvusStore(spec, tmp_path)
+    reader.upsert([Chunk(chunk_id="c", source_id="s", ordinal=0, text="t", embedding=[1.0, 0.0])])
+    assert reader.count() == 1
+    MilvusClient(uri=uri).drop_collection(reader.name)  # e.g. an indexer on another machine resetting it
+    with pytest.raises(StoreMissing, match="the collection does not exist"):
+        reader.count()
+    reader.upsert([Chunk(chunk_id="c", source_id="s", ordinal=0, text="t", embedding=[1.0, 0.0])])
+    assert reader.count() == 1
+    reader.close()
