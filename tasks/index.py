@@ -28,6 +28,7 @@ from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources import integrity
 from ragline.flows.resources.chroma import ChromaStore
+from ragline.flows.resources.milvus import check_roles
 from ragline.flows.resources.integrity import reconcile
 from ragline.flows.resources.state import IndexState, LeaseHolder
 from ragline.flows.resources.source_ids import Moves, find_moves, move_chunks
@@ -52,7 +53,7 @@ class Params(BaseModel):
                                                                  "index changed (min_similarity: auto); 0: none")
 
 
-USES = {"store": ("chroma",), "sparse": ("bm25",), "state": ("index_state",)}
+USES = {"store": ("chroma", "milvus"), "sparse": ("bm25", "milvus"), "state": ("index_state",)}
 
 
 @stage("index", params=Params, produces="report", uses=USES, kind="ingestion")
@@ -105,6 +106,7 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
          ctx: StepContext, store: ChromaStore, sparse: BM25Index, state: IndexState) -> IngestPlan:
     """Decide what changed since the last run, after repairing an interrupted one and any store
     that no longer agrees with the state."""
+    check_roles(store, sparse)
     if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
         reconcile(store, state, ctx.logger.warning)
     integrity.repair(integrity.compare(store, sparse, state), store, sparse, state, ctx.logger.warning)

@@ -43,7 +43,7 @@ def combined_filter(fixed: dict[str, Any] | None, requested: dict[str, Any] | No
 
 
 @stage("retrieve_dense", params=Params, produces="rankings", kind="query",
-       uses={"store": ("chroma",), "embedder": ("sentence_transformer",)})
+       uses={"store": ("chroma", "milvus"), "embedder": ("sentence_transformer",)})
 def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: ChromaStore,
                    embedder: Embedder) -> list[Ranking]:
     """Nearest chunks by embedding, per search text, honouring metadata filters."""

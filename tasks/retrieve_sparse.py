@@ -26,7 +26,7 @@ RESET = ("BM25 settings changed since the index was built (pipelines.yaml or its
 
 
 @stage("retrieve_sparse", params=Params, produces="rankings", kind="query",
-       uses={"sparse": ("bm25",), "state": ("index_state",)})
+       uses={"sparse": ("bm25", "milvus"), "state": ("index_state",)})
 def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,
                     state: IndexState) -> list[Ranking]:
     """Best BM25 matches per search text (query2doc's and PRF's expansions when upstream steps made

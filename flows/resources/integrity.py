@@ -34,7 +34,7 @@ Repair = Literal["reconcile", "reembed_all", "rebuild_bm25"]
 class Finding:
     """One disagreement between a store and the state, and how it is repaired (None: by hand)."""
 
-    store: Literal["state", "chroma", "bm25"]
+    store: Literal["state", "chroma", "milvus", "bm25"]
     message: str  # one line naming the store and its path
     repair: Repair | None
 
@@ -65,39 +65,40 @@ def compare(store: ChromaStore, sparse: BM25Index | None, state: IndexState, *, 
 
 def _chroma(store: ChromaStore, state: IndexState, chunks: int, full: bool,
             embedder_key: str | None) -> list[Finding]:
+    kind = store.type_name()  # chroma or milvus: the store the finding names
     try:
         count = store.count()
     except StoreMissing as exc:
-        return [Finding("chroma", f"{exc} while the index state holds {chunks} chunks".replace(f"; {REMEDY}", ""),
+        return [Finding(kind, f"{exc} while the index state holds {chunks} chunks".replace(f"; {REMEDY}", ""),
                         "reconcile")] if chunks else []
     except (ChromaUnavailable, StorageError):
         raise  # a server that is down or a full disk is not damage: the run fails saying so
     except Exception as exc:  # noqa: BLE001 - e.g. "database disk image is malformed" from Chroma's own SQLite
         if store.spec.host:
             raise
-        return [Finding("chroma", f"{store.location} is unreadable ({type(exc).__name__}: {exc}): move it aside "
+        return [Finding(kind, f"{store.location} is unreadable ({type(exc).__name__}: {exc}): move it aside "
                                   f"(mv {store.path} {store.path}.damaged) and run `ragline index` to re-embed "
                                   f"every source", None)]
     if count != chunks:
-        return [Finding("chroma", f"{store.location} holds {count} vectors, the index state names {chunks} chunks",
+        return [Finding(kind, f"{store.location} holds {count} vectors, the index state names {chunks} chunks",
                         "reconcile")]
     findings = []
     if full:
         stored, expected = store.all_ids(), _state_ids(state)
         if stored != expected:
-            findings.append(Finding("chroma", f"{store.location} lacks {len(expected - stored)} of the state's "
+            findings.append(Finding(kind, f"{store.location} lacks {len(expected - stored)} of the state's "
                                               f"chunks and holds {len(stored - expected)} it does not name",
                                     "reconcile"))
     elif chunks:
         sample = state.sample_chunk_ids(SAMPLE)
         absent = set(sample) - store.present(sample)
         if absent:
-            findings.append(Finding("chroma", f"{store.location} lacks {len(absent)} of {len(sample)} sampled chunks "
+            findings.append(Finding(kind, f"{store.location} lacks {len(absent)} of {len(sample)} sampled chunks "
                                               f"the index state names", "reconcile"))
     if full and embedder_key and count:
         stored_key = store.stored_embedder()
         if stored_key not in (None, embedder_key):
-            findings.append(Finding("chroma", f"{store.location} holds vectors of embedder settings {stored_key}, the "
+            findings.append(Finding(kind, f"{store.location} holds vectors of embedder settings {stored_key}, the "
                                               f"ingestion pipeline embeds with {embedder_key}", "reembed_all"))
     return findings
 

@@ -100,7 +100,7 @@ def collections_of(pipeline: Any, fanned_out: bool = True) -> frozenset[str]:
                 - templated:
             for resource in {name, *tied.get(name, ())}:
                 spec = specs.get(resource)
-                if spec is not None and spec.type == "chroma":
+                if spec is not None and spec.type in ("chroma", "milvus"):
                     found.add(spec.collection)
     return frozenset(found)
 

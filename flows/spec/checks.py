@@ -163,7 +163,9 @@ class Checker:
             if role in bound:
                 continue
             candidates = [n for n, r in declared.items() if r.type in types]
-            if len(candidates) == 1:
+            if len(candidates) > 1 and role in candidates:
+                bound[role] = role  # several fit: the one named after the role (store: &m {...}, sparse: *m)
+            elif len(candidates) == 1:
                 bound[role] = candidates[0]
             elif not candidates and role in stage.optional_roles:
                 continue  # the stage works without it (e.g. an LLM only some of its modes need)

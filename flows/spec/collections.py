@@ -41,7 +41,7 @@ from ragline.flows.resources import ResourceSpec
 from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
 from ragline.flows.spec.parse import CollectionSpec, pydantic_message, suggest
 
-INDEX_TYPES = ("chroma", "bm25", "index_state")
+INDEX_TYPES = ("chroma", "milvus", "bm25", "index_state")
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _resources(checker: Any, loc: tuple, name: str, collection: CollectionSpec, 
 def _derived_fields(fields: dict[str, Any], name: str) -> dict[str, Any]:
     """A template index resource's fields for collection ``name``: its Chroma collection, or its
     files in ``collections/<name>/`` beside the template's."""
-    if fields.get("type") == "chroma":
+    if fields.get("type") in ("chroma", "milvus"):
         return {**fields, "collection": name}
     if fields.get("type") == "index_state" and fields.get("url"):  # a database state: a schema of its own
         return {**fields, "schema_name": _schema_of(fields.get("schema_name") or "ragline", name)}

@@ -1,0 +1,679 @@
+"""Milvus: dense vectors, BM25 full-text search and metadata filters in one engine that scales out.
+
+``uri`` is a local ``.db`` file (milvus-lite: the Milvus engine embedded, one process at a time) or a
+server (``http://host:19530``: Milvus standalone or a cluster, with its own sharding and replication).
+The same resource serves both index roles: ``store`` (the embedder's vectors, as Chroma) and
+``sparse`` (BM25 computed by the engine from the chunk text at write time, as the ``bm25`` index):
+name it for both in a pipeline and one engine answers hybrid queries. The incremental protocol is
+unchanged: the index state (SQLite) is the truth, ingestion writes the store batch by batch and
+``sync`` records the state's generation once the run's writes are in.
+
+Why a hashed primary key: pymilvus's ``get``/``delete`` by id quote ids without escaping them, and a
+Milvus string literal cannot hold a line break, so a chunk id (a path) could break or change the
+expression. The key is the SHA-256 of the chunk id (hex); the id itself is a field. Every expression
+is built here, every value escaped (``expression``); no caller's text reaches Milvus unescaped.
+
+What milvus-lite (2.5) lacks, and what is done instead: no graph index (embedded mode searches
+exactly, FLAT; a server builds ``index``), no collection properties (the embedder and the published
+generation live in a small side collection ``<collection>_ragline``), no ``not`` (``$ne``/``$nin``
+translate to ``!=``/``not in``, which Milvus already lets through for chunks without the key, as
+``filters.matches`` does).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ragline.flows.contracts import Chunk, Passage
+from ragline.flows.errors import ConfigError, DependencyUnavailable, InputError
+from ragline.flows.resources import filters
+from ragline.flows.resources.base import Health, Lazy, Resource
+from ragline.flows.resources.chroma import EmbedderMismatch, chroma_metadata
+from ragline.flows.resources.state import REMEDY, IndexState, StoreMissing, expected_chunks
+
+log = logging.getLogger("ragline.milvus")
+T = TypeVar("T")
+
+TEXT_BYTES = 65_535  # Milvus VARCHAR limit (bytes)
+ID_PAGE = 1_000  # keys per `key in [...]` expression
+META_SUFFIX = "_ragline"  # side collection: embedder key, published generation, BM25 settings
+_METRIC = {"cosine": "COSINE", "ip": "IP", "l2": "L2"}
+
+
+class MilvusSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["milvus"]
+    uri: str = Field(".ragline/milvus.db", description="a local .db file (milvus-lite, relative to the data folder) "
+                                                       "or a server, http(s)://host:19530")
+    token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                  description="environment variable holding the server's token ('user:password' or "
+                                              "an API key; the token stays out of the config)")
+    database: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$", description="server database")
+    collection: str = Field("ragline", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,200}$",
+                            description="letters, digits, '_' and '-' (a name Milvus refuses, e.g. with '-', is "
+                                        "stored under a valid one derived from it)")
+    space: Literal["cosine", "l2", "ip"] = Field("cosine", description="distance; fixed at creation")
+    index: Literal["HNSW", "AUTOINDEX", "IVF_FLAT", "FLAT"] = Field(
+        "HNSW", description="dense index on a server (milvus-lite always searches exactly: FLAT); fixed at creation")
+    max_neighbors: int = Field(32, ge=4, le=128, description="HNSW M; fixed at creation")
+    ef_construction: int = Field(200, ge=10, description="HNSW build breadth; fixed at creation")
+    ef_search: int = Field(200, ge=10, description="HNSW search breadth (recall vs latency)")
+    full_text: bool = Field(True, description="BM25 computed by Milvus from the chunk text (the `sparse` role)")
+    analyzer: Literal["english", "standard"] = Field(
+        "english", description="BM25 tokenizer: english stems and drops stop words, as the bm25 index; fixed at creation")
+    k1: float = Field(1.2, gt=0, le=3, description="BM25 k1 (as the bm25 index); fixed at creation")
+    b: float = Field(0.75, ge=0, le=1, description="BM25 b; fixed at creation")
+    write_batch_size: int = Field(1000, ge=1, le=10_000, description="chunks per upsert call")
+    retries: int = Field(6, ge=0, le=100, description="retries of a server call that failed to connect")
+    retry_max_seconds: float = Field(30.0, gt=0, le=3600, description="give up retrying one call after this long")
+    timeout_seconds: float = Field(60.0, gt=0, le=3600, description="per call to the server")
+
+    @property
+    def host(self) -> str | None:
+        """The server (None: embedded), read like ``ChromaSpec.host`` by integrity checks and messages."""
+        return self.uri if is_server(self.uri) else None
+
+    @field_validator("uri")
+    @classmethod
+    def _known_uri(cls, value: str) -> str:
+        if is_server(value) or value.endswith(".db"):
+            return value
+        raise ValueError(f"{value!r} is neither a milvus-lite file (a path ending in .db) nor a server "
+                         f"(http://host:19530, https://..., tcp://...)")
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://", "tcp://", "grpc://"))
+
+
+class MilvusUnavailable(DependencyUnavailable):
+    """The Milvus server (or the embedded engine's file) could not be reached; the message names it."""
+
+    dependency = "milvus"
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """A failure to reach the server (worth retrying), not a request it refused."""
+    import grpc
+    from pymilvus.exceptions import MilvusException, MilvusUnavailableException
+
+    if isinstance(exc, MilvusUnavailableException):
+        return True
+    if isinstance(exc, MilvusException):
+        return "Fail connecting to server" in str(exc.message)
+    return isinstance(exc, grpc.RpcError) and exc.code() in (grpc.StatusCode.UNAVAILABLE,
+                                                             grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class _Retrying:
+    """A MilvusClient whose calls go through ``MilvusStore._retrying`` (server mode)."""
+
+    def __init__(self, client: Any, store: MilvusStore):
+        self._client, self._store = client, store
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._store._retrying(name, lambda: attr(*args, **kwargs))
+
+
+class MilvusStore(Resource):
+    """One collection, both roles: the dense store and (``full_text``) the engine's own BM25 index."""
+
+    Spec = MilvusSpec
+    located = True
+
+    def __init__(self, spec: MilvusSpec, base_dir: Path | None = None):
+        super().__init__(spec, base_dir)
+        self._lock = threading.RLock()
+        self._client = Lazy(self._new_client, self._lock)
+        self._ready: set[str] = set()  # collections known to exist and loaded in this process
+
+    @classmethod
+    def relocated(cls, spec: MilvusSpec, name: str) -> MilvusSpec:
+        """A relative file moves with the data folder; an absolute one or a server becomes ``<name>.db`` in it."""
+        if is_server(spec.uri) or Path(spec.uri).is_absolute():
+            return spec.model_copy(update={"uri": f"{name}.db"})
+        return spec
+
+    @classmethod
+    def fingerprint_fields(cls, spec: MilvusSpec) -> dict[str, Any]:
+        """What changes indexed content: not where it lives, nor search-time or write-batch settings."""
+        return spec.model_dump(exclude={"type", "uri", "token_env", "database", "collection", "ef_search",
+                                        "write_batch_size", "timeout_seconds", "retries", "retry_max_seconds"})
+
+    @property
+    def server(self) -> str | None:
+        return self.spec.uri if is_server(self.spec.uri) else None
+
+    @property
+    def path(self) -> Path:
+        """The milvus-lite file (embedded mode)."""
+        return (self.base_dir / self.spec.uri).resolve()
+
+    @property
+    def location(self) -> str:
+        return f"milvus {self.server or self.path} collection {self.spec.collection}"
+
+    @property
+    def name(self) -> str:
+        """The Milvus collection (``collection_name`` of the configured one)."""
+        return collection_name(self.spec.collection)
+
+    @property
+    def meta_collection(self) -> str:
+        return self.name + META_SUFFIX
+
+    # ------------------------------------------------------------------ connection
+    def _new_client(self):
+        from pymilvus import MilvusClient
+
+        if self.server:
+            token = ""
+            if self.spec.token_env:
+                token = os.environ.get(self.spec.token_env, "")
+                if not token:
+                    raise ValueError(f"{self.location}: environment variable {self.spec.token_env} (the token) is not set")
+            try:
+                return MilvusClient(uri=self.server, token=token, db_name=self.spec.database or "",
+                                    timeout=self.spec.timeout_seconds)
+            except Exception as exc:
+                raise MilvusUnavailable(f"Milvus server {self.server} unreachable ({type(exc).__name__}: "
+                                        f"{_first_line(exc)}); is it running?") from exc
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with warnings.catch_warnings():  # milvus-lite 2.5 imports pkg_resources, deprecated: not the user's to fix
+                warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+                return MilvusClient(uri=str(self.path), timeout=self.spec.timeout_seconds)
+        except Exception as exc:
+            raise MilvusUnavailable(
+                f"{self.location}: milvus-lite could not open the file ({_first_line(exc)}); it serves one process "
+                f"at a time: is another ragline process using it? (run a Milvus server for several)") from exc
+
+    def _connect(self):
+        """The client; against a server, each call retries connection failures (``_retrying``)."""
+        client = self._client.get()
+        return _Retrying(client, self) if self.server else client
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """Run ``call``, retrying connection failures with backoff until ``retries`` or
+        ``retry_max_seconds`` runs out, then MilvusUnavailable naming the server. Every call is
+        idempotent (upsert and delete by key, reads), so a retry is safe."""
+        import tenacity
+        from pymilvus.exceptions import ErrorCode, MilvusException
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_transient),
+            stop=tenacity.stop_after_attempt(self.spec.retries + 1) | tenacity.stop_before_delay(self.spec.retry_max_seconds),
+            wait=tenacity.wait_exponential_jitter(initial=0.25, max=5.0, jitter=0.05),
+            before_sleep=lambda state: log.warning("Milvus server %s: %s failed (%s); retry %d/%d", self.server,
+                                                   what, _first_line(state.outcome.exception()),
+                                                   state.attempt_number, self.spec.retries))
+        try:
+            return retrying(call)
+        except MilvusException as exc:
+            if exc.code != ErrorCode.COLLECTION_NOT_FOUND:
+                raise
+            with self._lock:  # dropped by another process (a new embedding model): look it up again next time
+                self._ready.clear()
+            raise StoreMissing(f"{self.location}: the collection does not exist ({_first_line(exc)}); {REMEDY}") from exc
+        except tenacity.RetryError as err:
+            cause = err.last_attempt.exception()
+            raise MilvusUnavailable(
+                f"Milvus server {self.server} unreachable: {what} failed {err.last_attempt.attempt_number} times "
+                f"({_first_line(cause)}); is it running? (retries={self.spec.retries}, "
+                f"retry_max_seconds={self.spec.retry_max_seconds})") from cause
+
+    def _exists(self) -> bool:
+        """Whether the collection exists; never creates the embedded file (a read creates nothing)."""
+        if not self.server and not self.path.is_file():
+            return False
+        return self._connect().has_collection(self.name)
+
+    def _collection(self, create_dim: int | None = None) -> str:
+        """The loaded collection's name; created with ``create_dim`` dimensions if absent and given,
+        else StoreMissing naming it."""
+        name = self.name
+        with self._lock:
+            if name in self._ready:
+                return name
+            client = self._connect() if (self.server or self.path.is_file() or create_dim) else None
+            if client is None or not client.has_collection(name):
+                if create_dim is None:
+                    where = "the collection does not exist" if client else f"there is no store at {self.path}"
+                    raise StoreMissing(f"{self.location}: {where}; {REMEDY}")
+                self._create(client, create_dim)
+            client.load_collection(name)
+            self._ready.add(name)
+            return name
+
+    def _create(self, client: Any, dim: int) -> None:
+        from pymilvus import DataType, Function, FunctionType
+
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=64)
+        schema.add_field("chunk_id", DataType.VARCHAR, max_length=TEXT_BYTES)
+        schema.add_field("text", DataType.VARCHAR, max_length=TEXT_BYTES, enable_analyzer=self.spec.full_text,
+                         **({"analyzer_params": {"type": self.spec.analyzer}} if self.spec.full_text else {}))
+        schema.add_field("metadata", DataType.JSON)
+        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
+        index = client.prepare_index_params()
+        index.add_index("dense", metric_type=_METRIC[self.spec.space], **self._dense_index())
+        if self.spec.full_text:
+            schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+            schema.add_function(Function(name="bm25", function_type=FunctionType.BM25,
+                                         input_field_names=["text"], output_field_names=["sparse"]))
+            index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
+                            params={"bm25_k1": self.spec.k1, "bm25_b": self.spec.b})
+        # Strong: a read sees every write acknowledged before it (a server's default, Bounded, may not).
+        client.create_collection(self.name, schema=schema, index_params=index, consistency_level="Strong")
+        self._put_meta({"settings": self.settings})
+        log.info("%s: created (%d dimensions)", self.location, dim)
+
+    def _dense_index(self) -> dict[str, Any]:
+        if not self.server or self.spec.index == "FLAT":  # milvus-lite builds FLAT, IVF_FLAT or AUTOINDEX only
+            return {"index_type": "FLAT"}
+        if self.spec.index == "HNSW":
+            return {"index_type": "HNSW", "params": {"M": self.spec.max_neighbors,
+                                                     "efConstruction": self.spec.ef_construction}}
+        return {"index_type": self.spec.index}
+
+    def _search_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"metric_type": _METRIC[self.spec.space]}
+        if self.server and self.spec.index == "HNSW":
+            params["params"] = {"ef": self.spec.ef_search}
+        return params
+
+    # ------------------------------------------------------------------ side collection
+    def _meta_ready(self, create: bool) -> bool:
+        from pymilvus import DataType
+
+        name = self.meta_collection
+        with self._lock:
+            if name in self._ready:
+                return True
+            if not self.server and not self.path.is_file() and not create:
+                return False
+            client = self._connect()
+            if not client.has_collection(name):
+                if not create:
+                    return False
+                schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+                schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=128)
+                schema.add_field("value", DataType.VARCHAR, max_length=TEXT_BYTES)
+                schema.add_field("unused", DataType.FLOAT_VECTOR, dim=2)  # Milvus requires a vector field
+                index = client.prepare_index_params()
+                index.add_index("unused", index_type="FLAT", metric_type="L2")
+                client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
+            client.load_collection(name)
+            self._ready.add(name)
+            return True
+
+    def _get_meta(self) -> dict[str, str]:
+        if not self._meta_ready(create=False):
+            return {}
+        rows = self._connect().query(self.meta_collection, filter='key != ""', output_fields=["key", "value"])
+        return {row["key"]: row["value"] for row in rows}
+
+    def _put_meta(self, values: dict[str, str]) -> None:
+        self._meta_ready(create=True)
+        self._connect().upsert(self.meta_collection, [{"key": k, "value": v, "unused": [0.0, 0.0]}
+                                                      for k, v in values.items()])
+
+    # ------------------------------------------------------------------ lifecycle
+    def warm_up(self) -> None:
+        """Connect and load the collection (a store never written is left alone: nothing is created)."""
+        try:
+            if self._exists():
+                self._collection()
+        except StoreMissing:
+            return
+
+    def health(self, index_state: Any = None) -> Health:
+        """Reachable, and holding as many chunks as ``index_state`` names (when given). Read-only."""
+        expected = expected_chunks(index_state)
+        detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
+        try:
+            detail["chunks"] = self.count()
+        except StoreMissing as exc:
+            detail["chunks"] = 0
+            if expected:
+                return Health.down(f"{exc} while the index state holds {expected} chunks", **detail)
+            return Health.degraded(f"{exc}", **detail) if expected is None else Health.up(**detail)
+        except Exception as exc:  # noqa: BLE001 - a probe reports, never raises
+            return Health.down(f"{self.location}: {type(exc).__name__}: {_first_line(exc)}", **detail)
+        if expected is not None and detail["chunks"] != expected:
+            return Health.down(f"{self.location} holds {detail['chunks']} chunks, the index state names "
+                               f"{expected}; {REMEDY}", **detail)
+        return Health.up(**detail)
+
+    def close(self) -> None:
+        with self._lock:
+            self._ready.clear()
+            client = self._client.reset()
+        if client is not None:
+            client.close()
+            if not self.server:  # milvus-lite's engine for the file stops once released (its lock file)
+                _release_lite(str(self.path))
+
+    # ------------------------------------------------------------------ the store role
+    def reset(self) -> None:
+        """Drop the collection (the embedding model, hence the dimension, changed)."""
+        with self._lock:
+            if self._exists():
+                self._connect().drop_collection(self.name)
+            if self._meta_ready(create=False):
+                self._connect().drop_collection(self.meta_collection)
+            self._ready.clear()
+
+    def count(self) -> int:
+        name = self._collection()  # first: StoreMissing before any connection (a read creates no file)
+        rows = self._connect().query(name, filter="", output_fields=["count(*)"])
+        return int(rows[0]["count(*)"])
+
+    def present(self, ids: list[str]) -> set[str]:
+        """Which of these chunk ids the collection holds."""
+        return set(self.rows(ids, ["chunk_id"]))
+
+    def all_ids(self) -> set[str]:
+        try:
+            name = self._collection()
+        except StoreMissing:
+            return set()
+        iterator = self._connect().query_iterator(name, batch_size=5_000, filter="", output_fields=["chunk_id"])
+        ids: set[str] = set()
+        try:
+            while batch := iterator.next():
+                ids.update(row["chunk_id"] for row in batch)
+        finally:
+            iterator.close()
+        return ids
+
+    def vectors(self, ids: list[str]) -> dict[str, np.ndarray]:
+        return {cid: np.asarray(row["dense"], dtype=np.float32) for cid, row in self.rows(ids, ["dense"]).items()}
+
+    def metadatas(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {cid: row["metadata"] or {} for cid, row in self.rows(ids, ["metadata"]).items()}
+
+    def score(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """The score ``query`` gives ``vectors`` as a query's passages carry it (as Chroma's)."""
+        query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
+        if self.spec.space == "l2":
+            return -((vectors - query) ** 2).sum(axis=-1)
+        if self.spec.space == "ip":
+            return vectors @ query
+        norms = np.linalg.norm(vectors, axis=-1) * max(float(np.linalg.norm(query)), 1e-12)
+        return (vectors @ query) / np.maximum(norms, 1e-12)
+
+    def upsert(self, chunks: list[Chunk]) -> None:
+        if not chunks:
+            return
+        name = self._collection(create_dim=len(chunks[0].embedding))
+        for start in range(0, len(chunks), self.spec.write_batch_size):
+            batch = chunks[start:start + self.spec.write_batch_size]
+            self._connect().upsert(name, [_row(c) for c in batch])
+
+    def update_metadata(self, metadatas: dict[str, dict[str, Any]]) -> None:
+        """Change stored chunks' metadata, vectors and text kept: the keys given are merged in, a key
+        given as None is removed (as Chroma's ``update``). Milvus 2.5 rewrites whole rows: read, merge, upsert."""
+        rows = self.rows(sorted(metadatas), ["chunk_id", "text", "metadata", "dense"])
+        merged = []
+        for cid, row in rows.items():
+            meta = {**(row["metadata"] or {}), **metadatas[cid]}
+            merged.append({"key": chunk_key(cid), "chunk_id": cid, "text": row["text"], "dense": row["dense"],
+                           "metadata": {k: v for k, v in meta.items() if v is not None}})
+        name = self._collection()
+        for start in range(0, len(merged), self.spec.write_batch_size):
+            self._connect().upsert(name, merged[start:start + self.spec.write_batch_size])
+
+    def delete(self, ids: Iterable[str]) -> None:
+        keys = [chunk_key(cid) for cid in ids]
+        if not keys or not self._exists():
+            return
+        name = self._collection()
+        for start in range(0, len(keys), ID_PAGE):
+            self._connect().delete(name, filter=_keys_expression(keys[start:start + ID_PAGE]))
+
+    def query(self, embeddings: np.ndarray, k: int, where: dict[str, Any] | None = None,
+              retriever: str = "dense") -> list[list[Passage]]:
+        """Top ``k`` per vector, filtered by ``where`` (the Chroma-style filter, translated)."""
+        vectors = np.asarray(embeddings, dtype=np.float32)
+        if len(vectors) == 0:
+            return []
+        name = self._collection()
+        hits = self._connect().search(name, data=vectors.tolist(), anns_field="dense", limit=k,
+                                      filter=expression(where), search_params=self._search_params(),
+                                      output_fields=["chunk_id", "text", "metadata"])
+        return [sorted((_passage(hit, self._score(hit["distance"]), retriever) for hit in row),
+                       key=lambda p: (-p.score, p.chunk_id)) for row in hits]
+
+    def _score(self, distance: float) -> float:
+        return -float(distance) if self.spec.space == "l2" else float(distance)  # COSINE/IP: a similarity
+
+    def rows(self, ids: list[str], fields: list[str]) -> dict[str, dict[str, Any]]:
+        """The rows of these chunk ids (those present), by chunk id."""
+        if not ids:
+            return {}
+        name = self._collection()
+        out: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(ids), ID_PAGE):
+            keys = [chunk_key(cid) for cid in ids[start:start + ID_PAGE]]
+            for row in self._connect().query(name, filter=_keys_expression(keys),
+                                             output_fields=sorted({"chunk_id", *fields})):
+                out[row["chunk_id"]] = row
+        return out
+
+    # ------------------------------------------------------------------ embedder record
+    def stored_embedder(self) -> str | None:
+        self._collection()  # StoreMissing when there is nothing
+        return self._get_meta().get("embedder")
+
+    def record_embedder(self, key: str, model: str) -> None:
+        if self._get_meta().get("embedder") != key:
+            self._put_meta({"embedder": key, "embedder_model": model})
+
+    def check_embedder(self, key: str, model: str) -> None:
+        """Refuse to compare ``model``'s vectors with vectors another embedder made (as Chroma's check)."""
+        meta = self._get_meta()
+        if meta.get("embedder") in (None, key):
+            return
+        raise EmbedderMismatch(
+            f"{self.location} holds vectors of embedder {meta.get('embedder_model')!r} (settings {meta['embedder']}), "
+            f"not of this pipeline's {model!r} (settings {key}): run the ingestion pipeline (e.g. `ragline run "
+            f"index`) to re-embed, or point the embedder back at the model the index was built with")
+
+    # ------------------------------------------------------------------ the sparse role
+    @property
+    def settings(self) -> str:
+        """The BM25 settings the collection's full-text index was created with (fixed at creation)."""
+        return json.dumps({"analyzer": self.spec.analyzer, "k1": self.spec.k1, "b": self.spec.b}, sort_keys=True)
+
+    def published_version(self) -> dict[str, Any] | None:
+        """The generation of the index state whose writes the collection holds (``sync`` records it
+        at the end of each ingestion run); None before the first. Milvus updates BM25 with each write:
+        there are no versions to publish, and readers see an ingestion run's batches as they land."""
+        meta = self._get_meta()
+        if "generation" not in meta:
+            return None
+        return {"generation": int(meta["generation"]), "settings": meta.get("settings", ""), "count": self.count()}
+
+    def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None, force: bool = False) -> bool:
+        """Record the state's generation: the engine indexed the text as it was written. True if it moved."""
+        generation = state.generation
+        published = self.published_version() if self._exists() else None
+        if not force and published is not None and published["generation"] == generation:
+            return False
+        self._put_meta({"generation": str(generation)})
+        return True
+
+    def problem(self, state: IndexState | None = None) -> str | None:
+        """Why the full-text role cannot serve as configured (None: it can)."""
+        if not self.spec.full_text:
+            return f"{self.location}: full_text is off, so it cannot be the pipeline's sparse index"
+        recorded = self._get_meta().get("settings")
+        if recorded is not None and recorded != self.settings:
+            return (f"{self.location}: the collection's BM25 was created with {recorded}, pipelines.yaml sets "
+                    f"{self.settings} (fixed at creation): use a new collection name, or drop it and re-index")
+        return None
+
+    def published_ids(self) -> list[str]:
+        return sorted(self.all_ids())
+
+    def search(self, texts: list[str], k: int, where: dict[str, Any] | None = None,
+               **_: Any) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        """BM25 hits per text: (chunk id, score, metadata with text, source_id and title), best first."""
+        if problem := self.problem():
+            raise InputError(problem)
+        if not texts:
+            return []
+        try:
+            name = self._collection()
+        except StoreMissing:
+            return [[] for _ in texts]
+        hits = self._connect().search(name, data=list(texts), anns_field="sparse", limit=k, filter=expression(where),
+                                      search_params={"metric_type": "BM25"},
+                                      output_fields=["chunk_id", "text", "metadata"])
+        out = []
+        for row in hits:
+            found = [(hit["entity"]["chunk_id"], float(hit["distance"]),
+                      {**_shown(hit["entity"]["metadata"]), "text": hit["entity"]["text"]}) for hit in row]
+            out.append(sorted(found, key=lambda h: (-h[1], h[0])))
+        return out
+
+    def terms(self, texts: list[str]) -> list[list[str]]:
+        raise InputError(f"{self.location}: query expansion (expand_prf) weighs terms, which Milvus's BM25 "
+                         f"function does not take; use the bm25 index as `sparse` for it")
+
+
+# ---------------------------------------------------------------------------------------------- rows
+def collection_name(name: str) -> str:
+    """A ragline collection's Milvus collection: its name when Milvus allows it, else made of allowed
+    characters with a hash of the name, so two names never share one (``a-b`` and ``a_b``)."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,200}", name):
+        return name
+    return "c_" + re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+
+
+def check_roles(store: Any, sparse: Any) -> None:
+    """The milvus sparse index is its store's own full-text index: both roles must be one resource."""
+    if isinstance(sparse, MilvusStore) and sparse is not store:
+        raise ConfigError(f"{sparse.location}: a milvus `sparse` index is the BM25 of the chunks its own `store` "
+                          f"holds: name the same milvus resource for both (store: x, sparse: x)")
+
+
+def chunk_key(chunk_id: str) -> str:
+    """The primary key of a chunk: hex, so every id expression is safe whatever the id holds."""
+    return hashlib.sha256(chunk_id.encode("utf-8")).hexdigest()
+
+
+def _row(chunk: Chunk) -> dict[str, Any]:
+    if len(chunk.text.encode("utf-8")) > TEXT_BYTES:
+        raise InputError(f"chunk {chunk.chunk_id!r}: {len(chunk.text.encode('utf-8')):,} bytes of text, over "
+                         f"Milvus's {TEXT_BYTES:,} per chunk; chunk smaller (the chunk step's size)")
+    return {"key": chunk_key(chunk.chunk_id), "chunk_id": chunk.chunk_id, "text": chunk.text,
+            "metadata": chroma_metadata(chunk), "dense": [float(x) for x in chunk.embedding]}
+
+
+def _shown(meta: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (meta or {}).items() if k != "ordinal"}
+
+
+def _passage(hit: dict[str, Any], score: float, retriever: str) -> Passage:
+    entity = hit["entity"]
+    meta = _shown(entity.get("metadata"))
+    return Passage(chunk_id=entity["chunk_id"], source_id=str(meta.pop("source_id", "")),
+                   title=str(meta.pop("title", "")), text=entity.get("text") or "", score=score,
+                   retriever=retriever, metadata=meta)
+
+
+def _keys_expression(keys: list[str]) -> str:
+    return f"key in [{', '.join(literal(k) for k in keys)}]"
+
+
+def _release_lite(path: str) -> None:
+    """Stop milvus-lite's engine for the file (the client's close leaves it running for the process)."""
+    try:
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(path)
+    except Exception as exc:  # noqa: BLE001 - best effort; the process's exit stops it too
+        log.debug("milvus-lite %s not released: %s", path, exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:300]
+
+
+# ---------------------------------------------------------------------------------------------- filters
+_OPERATORS = {"$eq": "==", "$ne": "!=", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+_NOTHING, _EVERYTHING = 'key == ""', 'key != ""'  # no chunk has an empty key
+
+
+def expression(where: dict[str, Any] | None) -> str:
+    """A Chroma-style filter (``flows/resources/filters.py``: ``$and``/``$or``, ``$eq``..``$nin``,
+    already validated, access clauses ANDed in) as a Milvus boolean expression over the JSON
+    ``metadata`` field; "" matches everything. Keys and values are escaped literals, so nothing in
+    them can change the expression."""
+    where = filters.normalize(where)
+    return "" if where is None else _clause(where)
+
+
+def _clause(where: dict[str, Any]) -> str:
+    parts = []
+    for key, cond in where.items():
+        if key in ("$and", "$or"):
+            inner = [_clause(c) for c in cond]
+            if not inner:
+                parts.append(_EVERYTHING if key == "$and" else _NOTHING)
+            else:
+                parts.append(f" {key[1:]} ".join(f"({c})" for c in inner))
+        elif key.startswith("$"):
+            raise filters.FilterError(f"unknown filter operator {key!r}")
+        elif isinstance(cond, dict):
+            parts.extend(_compare(key, op, value) for op, value in cond.items())
+        else:
+            parts.append(_compare(key, "$eq", cond))
+    return " and ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
+
+
+def _compare(key: str, op: str, value: Any) -> str:
+    field = f"metadata[{literal(key)}]"
+    if op in ("$in", "$nin"):
+        if not value:  # Milvus cannot parse `in []`
+            return _NOTHING if op == "$in" else _EVERYTHING
+        values = ", ".join(literal(v) for v in value)
+        return f"{field} {'in' if op == '$in' else 'not in'} [{values}]"
+    if op not in _OPERATORS:
+        raise filters.FilterError(f"unknown filter operator {op!r} on field {key!r}")
+    return f"{field} {_OPERATORS[op]} {literal(value)}"
+
+
+def literal(value: Any) -> str:
+    """A value as a Milvus literal. Strings: double-quoted, backslash and quote escaped (Milvus's
+    grammar decodes no other escape); a line break has no literal form, so it is refused."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise filters.FilterError(f"{value} is not a number a filter can compare")
+        return repr(value)
+    if isinstance(value, str):
+        if "\n" in value or "\r" in value:
+            raise filters.FilterError(f"the milvus store cannot filter on a value with a line break: {value[:40]!r}")
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise filters.FilterError(f"a filter value must be a string, number or boolean, got {value!r}")

@@ -1,0 +1,263 @@
+"""The milvus index engine (type: milvus, embedded milvus-lite: Milvus's own engine) behind the same
+pipelines as Chroma + BM25, with only the resource lines changed: incremental runs, kill -9 at write
+boundaries, a lost store repaired, queries that create nothing, and the filter translation checked
+against ``filters.matches`` on the real engine (a quote in a value must not widen the match)."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pymilvus")
+pytest.importorskip("milvus_lite")
+
+from ragline.flows.cli import main  # noqa: E402
+from ragline.flows.contracts import Chunk  # noqa: E402
+from ragline.flows.resources import clear_cache  # noqa: E402
+from ragline.flows.resources.filters import matches  # noqa: E402
+from ragline.flows.resources.milvus import MilvusSpec, MilvusStore  # noqa: E402
+from ragline.flows.run import engine  # noqa: E402
+from ragline.flows.spec.compile import load_project  # noqa: E402
+from tests.helpers.data import index_and_search_yaml  # noqa: E402
+from tests.helpers.harness import default_corpus, run_child, run_index, write_corpus  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+# The default backend's resource lines, and the milvus one that replaces them: one resource, both roles
+# (the only milvus resource, it is bound to `store` and to `sparse`).
+CHROMA_LINES = """  store:    {type: chroma, path: idx/chroma, collection: test}
+  sparse:   {type: bm25, path: idx/bm25}
+"""
+MILVUS_LINES = """  store:    {type: milvus, uri: idx/milvus.db, collection: test}
+"""
+FAILPOINTS = ["index.after_upsert:2", "finalize.after_delete"]
+
+
+def milvus_yaml(batch_size: int = 3) -> str:
+    text = textwrap.dedent(index_and_search_yaml(batch_size=batch_size))
+    assert CHROMA_LINES in text
+    return text.replace(CHROMA_LINES, MILVUS_LINES)
+
+
+def snapshot(project) -> dict:
+    """What the engine and the state hold (fresh process view): chunks with text and metadata, the
+    state's chunks and sources, the recorded generation, and the chunks a BM25 query matches."""
+    clear_cache()
+    loaded = load_project(project)
+    store = sparse = loaded.resource("store")
+    state = loaded.resource("state")
+    ids = sorted(store.all_ids())
+    rows = store.rows(ids, ["text", "metadata"])
+    chunks = [(cid, rows[cid]["text"], json.dumps({k: v for k, v in rows[cid]["metadata"].items() if k != "modified"},
+                                                  sort_keys=True)) for cid in ids]
+    published = sparse.published_version()
+    snap = {"chunks": chunks, "state_chunks": sorted(c[0] for c in state.chunk_rows()), "sources": state.sources(),
+            "in_step": published is not None and published["generation"] == state.generation,
+            "bm25_matches": sorted(h[0] for h in sparse.search(["stem cells telomerase"], 1000)[0])}
+    clear_cache()
+    return snap
+
+
+def change_corpus(docs, records):
+    """An edit, a deletion and an addition in each kind of source (JSONL records, markdown files)."""
+    records = records[1:]
+    records[1] = dict(records[1], text=records[1]["text"] + " An added closing sentence.")
+    write_corpus(docs, records, {"beta": (docs / "beta.md").read_text(),  # alpha.md deleted
+                                 "gamma": "# Gamma\n\nNew notes on CRISPR screens.\n"})
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """One project indexed once on milvus, copied aside (``before``) with its corpus changed since,
+    the snapshot of that first index, and the snapshot of a clean build of the changed corpus."""
+    root = tmp_path_factory.mktemp("milvus")
+    site = root / "site"
+    (site / "prompts").mkdir(parents=True)
+    project = site / "pipelines.yaml"
+    project.write_text(milvus_yaml(batch_size=1))  # two batches of work: a kill can follow a commit
+    records = default_corpus(site / "docs", n=4)
+    first = run_index(project)
+    assert (first.added, first.failed) == (6, 0)
+    first_snap = snapshot(project)
+    change_corpus(site / "docs", records)
+    shutil.copytree(site, root / "before")
+    shutil.rmtree(site / "idx")
+    run_index(project)
+    clean = snapshot(project)
+    yield project, root / "before", first_snap, clean
+    clear_cache()
+
+
+@pytest.fixture
+def changed_project(site):
+    """The project as first indexed, its corpus changed since (a fresh copy for each test)."""
+    project, before, _, _ = site
+    clear_cache()
+    shutil.rmtree(project.parent)
+    shutil.copytree(before, project.parent)
+    return project
+
+
+def test_incremental_runs_hybrid_search_and_a_lost_store(site, changed_project, capsys):
+    """An incremental run writes what changed and equals a clean build; an unchanged one writes nothing;
+    hybrid search (dense + the engine's BM25) filters; `ragline check` finds a store deleted behind ragline's
+    back and `--repair` re-embeds it."""
+    _, _, first, clean = site
+    assert [c[0] for c in first["chunks"]] == first["state_chunks"] and first["in_step"] and first["bm25_matches"]
+    report = run_index(changed_project)
+    assert (report.added, report.updated, report.deleted, report.failed) == (1, 1, 2, 0)
+    assert snapshot(changed_project) == clean
+    again = run_index(changed_project)
+    assert (again.added, again.updated, again.deleted, again.chunks_written) == (0, 0, 0, 0)
+
+    search = load_project(changed_project).pipeline("search")
+    passages = engine.run(search, {"query": {"text": "notes", "filters": {"format": "markdown"}}}, orchestrate=False)
+    assert passages and {p.metadata["format"] for p in passages} == {"markdown"}
+    crispr = engine.run(search, {"query": "CRISPR screens"}, orchestrate=False)
+    assert crispr[0].source_id == "docs/gamma.md" and "CRISPR" in crispr[0].text
+
+    assert check(changed_project, capsys) == (0, "ok: every store agrees with the index state\n")
+    (changed_project.parent / "idx" / "milvus.db").unlink()
+    code, out = check(changed_project, capsys)
+    assert code == 1 and out.startswith("milvus: milvus ") and "there is no store" in out, out
+    code, out = check(changed_project, capsys, "--repair")
+    assert code == 0 and "re-indexing with pipeline 'index'" in out, out
+    assert snapshot(changed_project) == clean
+
+
+def check(project, capsys, *extra: str) -> tuple[int, str]:
+    """`ragline check` (the full comparison of the stores with the state), as a user runs it."""
+    clear_cache()
+    capsys.readouterr()
+    code = main(["check", "-f", str(project), *extra])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failpoint", FAILPOINTS)
+def test_killed_run_converges_to_clean_index(failpoint, changed_project, site):
+    crashed = run_child(changed_project, failpoints=failpoint)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    recovered = run_child(changed_project)
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    assert snapshot(changed_project) == site[3]
+
+
+def test_a_query_creates_no_store(make_project, tmp_path):
+    (tmp_path / "docs").mkdir()
+    project = make_project(milvus_yaml())
+    assert engine.run(load_project(project).pipeline("search"), {"query": "anything"}, orchestrate=False) == []
+    assert not (tmp_path / "idx" / "milvus.db").exists()
+
+
+# ------------------------------------------------------------------------------------------------ filters
+ROWS = [
+    {"lang": "en", "year": 2020, "score": 0.5, "ragline_acl_public": True},
+    {"lang": "de", "year": 2021, "ragline_acl.staff": True},
+    {"lang": 'x" or metadata["lang"] != "', "year": 1999, "ragline_acl.g:x-1": True},
+    {"lang": "it's", "tag": "a\\b", "ragline_acl_public": True},
+    {"lang": "日本 😀", "year": 2022, "draft": False, "ragline_acl.staff": True},
+    {"year": 2020, "draft": True},
+]
+WHERES = [
+    {"lang": "en"}, {"lang": {"$ne": "en"}}, {"year": {"$gte": 2020}}, {"year": {"$lt": 2021}},
+    {"score": {"$gt": 0.25}}, {"draft": False}, {"lang": {"$in": ["en", "de"]}}, {"lang": {"$nin": ["en", "de"]}},
+    {"lang": {"$in": []}}, {"lang": 'x" or metadata["lang"] != "'}, {"lang": '" or true or "'}, {"lang": "it's"},
+    {"tag": "a\\b"}, {"lang": "日本 😀"}, {'lang"] != "zz" or metadata["lang': "en"},
+    {"$or": [{"lang": "de"}, {"$and": [{"year": 2020}, {"draft": True}]}]},
+    {"$and": [{"year": {"$gt": 1990}}, {"$or": [{"ragline_acl_public": True}, {"ragline_acl.staff": True}]}]},
+]
+
+
+@pytest.fixture(scope="module")
+def filter_store(tmp_path_factory):
+    store = MilvusStore(MilvusSpec(type="milvus", uri="filters.db", collection="filters"),
+                        tmp_path_factory.mktemp("milvus-filters"))
+    store.upsert([Chunk(chunk_id=f"c{i}", source_id=f"s{i}", ordinal=0, text=f"text {i}", metadata=meta,
+                        embedding=[1.0, float(i), 0.5, 0.25]) for i, meta in enumerate(ROWS)])
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize("where", WHERES, ids=[json.dumps(w, ensure_ascii=False) for w in WHERES])
+def test_engine_filters_like_python(filter_store, where):
+    """Dense and BM25 searches on the engine match exactly the rows ``filters.matches`` accepts."""
+    expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
+    dense = filter_store.query(np.array([[1.0, 1.0, 0.5, 0.25]]), 100, where=where)[0]
+    assert {p.chunk_id for p in dense} == expected
+    sparse = filter_store.search(["text"], 100, where=where)[0]
+    assert {h[0] for h in sparse} == expected
+
+
+# ------------------------------------------------------------------------------------------------ server mode
+@pytest.fixture
+def milvus_server(tmp_path):
+    """The engine served over TCP (milvus-lite's own server binary, the gRPC API a Milvus server speaks)."""
+    from milvus_lite.server import Server
+
+    from tests.helpers.net import free_port
+
+    port = free_port()
+    servers = []
+
+    def start():
+        server = Server(str(tmp_path / "served.db"), f"127.0.0.1:{port}")
+        assert server.start()
+        servers.append(server)
+        deadline = time.monotonic() + 60
+        while True:  # ready when it accepts connections (a deployment's health check)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline and server._p.poll() is None, "milvus-lite server did not start"
+                time.sleep(0.05)
+
+    def stop():
+        servers[-1]._p.terminate()
+        servers[-1]._p.wait()
+
+    start()
+    yield f"http://127.0.0.1:{port}", start, stop
+    stop()
+
+
+def test_server_mode_survives_a_restart_and_names_a_server_that_is_down(milvus_server, tmp_path):
+    from ragline.flows.resources.milvus import MilvusUnavailable
+
+    uri, start, stop = milvus_server
+    store = MilvusStore(MilvusSpec(type="milvus", uri=uri, index="FLAT", collection="served", retries=2,
+                                   retry_max_seconds=2), tmp_path)
+    store.upsert([Chunk(chunk_id=f"c{i}", source_id="s", ordinal=i, text=f"served text {i}", metadata={"i": i},
+                        embedding=[1.0, float(i)]) for i in range(3)])
+    assert store.count() == 3 and {h[0] for h in store.search(["served"], 10, where={"i": {"$gte": 1}})[0]} == {"c1", "c2"}
+    stop()
+    with pytest.raises(MilvusUnavailable, match=f"Milvus server {uri} unreachable: .* failed 3 times"):
+        store.count()
+    start()
+    assert store.count() == 3  # the same handle reconnects; what was written is there
+    store.close()
+    assert not (tmp_path / ".ragline").exists()  # a server store writes nothing under the data folder
+
+
+def test_a_collection_dropped_by_another_process_is_missing_not_an_engine_error(milvus_server, tmp_path):
+    from pymilvus import MilvusClient
+
+    from ragline.flows.resources.state import StoreMissing
+
+    uri, _, _ = milvus_server
+    spec = MilvusSpec(type="milvus", uri=uri, index="FLAT", collection="dropped")
+    reader = MilvusStore(spec, tmp_path)
+    reader.upsert([Chunk(chunk_id="c", source_id="s", ordinal=0, text="t", embedding=[1.0, 0.0])])
+    assert reader.count() == 1
+    MilvusClient(uri=uri).drop_collection(reader.name)  # e.g. an indexer on another machine resetting it
+    with pytest.raises(StoreMissing, match="the collection does not exist"):
+        reader.count()
+    reader.upsert([Chunk(chunk_id="c", source_id="s", ordinal=0, text="t", embedding=[1.0, 0.0])])
+    assert reader.count() == 1
+    reader.close()
