@@ -103,8 +103,10 @@ def run_rows(project, dataset, rows: list[tuple[str, str, dict]]) -> list[dict]:
     return out
 
 
-def measure(name: str, dataset, new_terms: dict | None) -> dict:
-    """Index, the forced rows, the tuner, the tuned rows, the paired intervals against `search`."""
+def measure(name: str, dataset, new_terms: dict | None, earlier: dict | None = None) -> dict:
+    """Index, the forced rows, the tuner, the tuned rows, the paired intervals against `search`.
+    ``earlier``: a previous run's result, whose forced rows are kept (only the default row, the
+    tuner and the tuned rows run again)."""
     file = project_for(name)
     plain = load_project(file, tuned=False)
     workspace = eval_workspace(plain, dataset, "index")
@@ -114,8 +116,7 @@ def measure(name: str, dataset, new_terms: dict | None) -> dict:
                         orchestrate=False)
     print(f"{name}: index {report.summary()} in {time.perf_counter() - started:.0f} s", flush=True)
     (workspace / "pipelines.tuned.yaml").unlink(missing_ok=True)  # an earlier run's choice must not leak in
-    rows = run_rows(plain, dataset, [
-        ("hybrid RRF (default `search`)", "search", {}),
+    forced = [
         ("BM25 alone", "search_bm25", {}),
         ("BM25 + RM3 (10 docs, 10 terms, λ 0.5)", "x_bm25_prf", {"prf": {"enabled": True}}),
         ("hybrid, BM25 side RM3 (feedback: fused top 10)", "x_prf", {"prf": {"enabled": True}}),
@@ -123,7 +124,11 @@ def measure(name: str, dataset, new_terms: dict | None) -> dict:
          {"terms": {"enabled": True, **OLD_TERMS}}),
         (f"hybrid + related terms, old defaults ({OLD_TERMS['terms']}, {OLD_TERMS['weight']:g})", "x_terms",
          {"terms": {"enabled": True, **OLD_TERMS}}),
-    ])
+    ]
+    kept = {r["label"]: r for r in (earlier or {}).get("rows", [])}
+    rows = run_rows(plain, dataset, [("hybrid RRF (default `search`)", "search", {})])
+    rows += [kept[label] for label, _, _ in forced if label in kept]
+    rows += run_rows(plain, dataset, [row for row in forced if row[0] not in kept])
     started = time.perf_counter()
     tuning = engine.run(plain.pipeline("x_tune"), orchestrate=False)
     wall = time.perf_counter() - started
@@ -140,20 +145,22 @@ def measure(name: str, dataset, new_terms: dict | None) -> dict:
         ("tuned, with `expand_terms` as the tuner set it", "x_terms", {}),
         ("tuned, with `expand_prf` as the tuner set it", "x_prf", {}),
     ])
-    rows += run_rows(plain, dataset, [
-        (f"BM25 + related terms, new defaults ({new_terms['terms']}, {new_terms['weight']:g})", "x_bm25_terms",
-         {"terms": {"enabled": True, **new_terms}}),
-        (f"hybrid + related terms, new defaults ({new_terms['terms']}, {new_terms['weight']:g})", "x_terms",
-         {"terms": {"enabled": True, **new_terms}}),
-    ])
+    fresh = [(f"BM25 + related terms, new defaults ({new_terms['terms']}, {new_terms['weight']:g})", "x_bm25_terms",
+              {"terms": {"enabled": True, **new_terms}}),
+             (f"hybrid + related terms, new defaults ({new_terms['terms']}, {new_terms['weight']:g})", "x_terms",
+              {"terms": {"enabled": True, **new_terms}})]
+    rows += [kept[label] for label, _, _ in fresh if label in kept]
+    rows += run_rows(plain, dataset, [row for row in fresh if row[0] not in kept])
     base = rows[0]["per_query"]
     for row in rows:
-        row["versus_default"] = {m: interval([a - b for a, b in zip(row["per_query"][m], base[m])])
-                                 for m in ("ndcg@10", "recall@100")}
-        del row["per_query"]
+        if "per_query" in row:  # kept rows carry their intervals against the same default
+            row["versus_default"] = {m: interval([a - b for a, b in zip(row["per_query"][m], base[m])])
+                                     for m in ("ndcg@10", "recall@100")}
+            del row["per_query"]
     documents = sum(1 for line in open(dataset.corpus, encoding="utf-8") if line.strip())
     return {"documents": documents, "queries": len(dataset.queries), "rows": rows, "new_terms": new_terms,
-            "pseudo_best_terms": pseudo_best, "tune_seconds": round(wall, 1), "chosen": tuning.chosen.name,
+            "pseudo_best_terms": pseudo_best, "tune_seconds": round(wall, 1), "tune_timings": tuning.timings,
+            "chosen": tuning.chosen.name,
             "fusion_reason": tuning.reason,
             "expansions": {s: {k: v for k, v in e.items() if k != "candidates"} | {
                 "candidates": e.get("candidates", [])[:5]} for s, e in tuning.expansions.items()},
@@ -167,15 +174,19 @@ def main() -> None:
     parser.add_argument("--no-rgb", action="store_true")
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--reuse", action="store_true", help="keep the last run's forced rows; run the default, "
+                                                             "the tuner and the tuned rows again")
     args = parser.parse_args()
     if args.table_only:
         result = json.loads((OUT / "expansion_tuning.json").read_text())
     else:
-        scifact = measure("scifact", sub_corpus(args.others), None)
+        earlier = json.loads((OUT / "expansion_tuning.json").read_text()) if args.reuse else {}
+        scifact = measure("scifact", sub_corpus(args.others), None, earlier.get("scifact"))
         result = {"machine": platform.processor() or platform.machine(), "scifact": scifact}
         save("expansion_tuning", result)
         if not args.no_rgb:
-            result["rgb"] = measure("rgb", load_beir(rgb_as_beir(OUT / "rgb-beir"), "test"), scifact["new_terms"])
+            result["rgb"] = measure("rgb", load_beir(rgb_as_beir(OUT / "rgb-beir"), "test"), scifact["new_terms"],
+                                    earlier.get("rgb"))
         save("expansion_tuning", result)
     publish("expansion_tuning", table(result), readme=not args.no_readme)
 

@@ -41,9 +41,10 @@ class Params(BaseModel):
     mode: Literal["corpus", "llm"] = Field("corpus", description="corpus: terms co-occurring with the request's "
                                                                  "terms in its top BM25 passages; llm: synonyms and "
                                                                  "related terms the LLM proposes")
-    # defaults: the best of the settings bench/techniques.py tried on SciFact test (so optimistic there)
-    terms: int = Field(20, ge=1, le=50, description="related terms added")
-    weight: float = Field(0.2, gt=0, lt=1, description="share of the added terms in the keyword query (the "
+    # defaults: the best of `ragline tune`'s grid on SciFact's pseudo-queries, no labels (bench/expansion_tuning.py;
+    # no setting beat off significantly there: where a corpus needs more, the tuner sets it)
+    terms: int = Field(30, ge=1, le=50, description="related terms added")
+    weight: float = Field(0.1, gt=0, lt=1, description="share of the added terms in the keyword query (the "
                                                        "request's own terms keep the rest)")
     docs: int = Field(10, ge=2, le=200, description="corpus: top passages the co-occurrences are counted in")
     dense: bool = Field(False, description="also give dense retrieval the request followed by the terms")

@@ -24,6 +24,14 @@ that ``gate_keep`` of the answerable ones clear, and it is set only if it refuse
 ``gate_llm_min_refusal`` of the unanswerable ones: a model that cannot tell them apart would cost a
 call per question for nothing, so its check stays off (the report says why). No label is read.
 
+Query expansion (``expand_prf``, ``expand_terms`` mode corpus) on the query path of a tuned
+pipeline's BM25 retriever, opt-in there with ``enabled: false``: the stages' own code is replayed on
+an in-memory BM25 index of the chunks as the tuner scores them (each source without its cut, so
+feedback cannot re-find the text a query was cut from), for a grid of settings, on the chosen
+setting and on the best fused one with the same BM25; a step is turned on only for a significant
+gain over the chosen setting without it (the same paired bootstrap). ``dense: true`` and mode llm
+are not replayed: such steps stay as the file has them.
+
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
 """
@@ -197,10 +205,11 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     decisions: dict[str, dict[str, Any]] = {}
     if expansions:
         clock = time.perf_counter()
-        decisions = decide_expansions(expansions, plain, pairs, corpus, cache, chosen, bm25_spec, relevant, top_k,
-                                      params, per_query)
+        fused = next((c for c in candidates if not is_single(c) and c.setting["bm25"] == chosen.setting["bm25"]), None)
+        decisions = decide_expansions(expansions, plain, pairs, corpus, cache, chosen, fused, bm25_spec, relevant,
+                                      top_k, params, per_query)
         timings["expansions"] = time.perf_counter() - clock
-    overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor, expansion_entries(expansions, decisions))
+    overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor, *expansion_entries(expansions, decisions))
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
@@ -314,18 +323,21 @@ def gate_similarities(pairs: list[PseudoQuery], similarity: list[float | None]) 
 
 def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any],
                     floor: float | None = None, probability_floor: float | None = None,
-                    expansions: dict[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, Any]:
+                    expansions: dict[tuple[str, str], dict[str, Any]] | None = None,
+                    own_settings: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The overlay for a setting: the BM25 resource's parameters and, per target pipeline, its
     fuse step's method, constant and weights, its retrievers' depth, its gate's thresholds and
-    its expansion steps turned on (with their settings) or off."""
-    alpha = setting["dense_weight"]
+    its expansion steps turned on (with their settings) or off. ``own_settings``: a pipeline's own
+    fusion and depths (one whose expansion makes a hybrid win where the others stay single)."""
     pipelines: dict[str, dict[str, dict[str, Any]]] = {}
     for t in targets:
+        own = (own_settings or {}).get(t.pipeline, setting)
+        alpha = own["dense_weight"]
         pipelines[t.pipeline] = {
-            t.fuse: {"method": setting["method"], "k": setting["k"],
+            t.fuse: {"method": own["method"], "k": own["k"],
                      "weights": {t.dense: round(alpha, 4), t.sparse: round(1.0 - alpha, 4)}},
-            t.dense: {"k": setting["depth_dense"]},
-            t.sparse: {"k": setting["depth_sparse"]},
+            t.dense: {"k": own["depth_dense"]},
+            t.sparse: {"k": own["depth_sparse"]},
         }
         thresholds = {"min_similarity": floor, "min_probability": probability_floor}
         if t.gate is not None and any(v is not None for v in thresholds.values()):
@@ -336,15 +348,18 @@ def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any]
     return {"resources": resources, "pipelines": pipelines}
 
 
-def expansion_entries(expansions: list[Expansion],
-                      decisions: dict[str, dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """The overlay's fields per expansion step decided: its settings and on, or off."""
-    entries = {}
+def expansion_entries(expansions: list[Expansion], decisions: dict[str, dict[str, Any]],
+                      ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The overlay's fields per expansion step decided (its settings and on, or off), and the own
+    fusion setting of each pipeline whose expansion won with another fusion than the chosen one."""
+    entries, own = {}, {}
     for e in expansions:
         decision = decisions.get(e.stage, {})
         if e.problem is None and decision.get("enabled") is not None:
             entries[(e.pipeline, e.step)] = decision["fields"] if decision["enabled"] else {"enabled": False}
-    return entries
+            if decision["enabled"] and decision.get("fusion_changed"):
+                own[e.pipeline] = {k: v for k, v in decision["setting"].items() if k != "expansion"}
+    return entries, own
 
 
 def calibrate_gate(probabilities: tuple[list[float], list[float]], keep: float, min_refusal: float) -> GateCalibration:
@@ -1029,13 +1044,15 @@ def feedback_rankings(expansion: Expansion, project: Any, cache: Rankings,
 
 
 def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[PseudoQuery], corpus: Corpus,
-                      cache: Rankings, chosen: Candidate, spec: Any, relevant: list[set[int]], top_k: int,
-                      params: Params, per_query: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+                      cache: Rankings, chosen: Candidate, fused: Candidate | None, spec: Any,
+                      relevant: list[set[int]], top_k: int, params: Params,
+                      per_query: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     """Per expansion stage found: on (with the best settings) only if some setting beats off (the
     chosen ranking without it) significantly on the pseudo-queries (paired bootstrap, as fusion is
-    decided), with the recall guard; off otherwise. Also its gain per pseudo-query strategy (a
-    bias check: keyword queries are words of their source, so its first hits are more often right
-    than a real question's, which favours feedback)."""
+    decided), with the recall guard; off otherwise. Expanded are the chosen setting (when it runs
+    BM25) and ``fused``, the best fused candidate with the chosen BM25 setting: an expanded BM25 may
+    make a hybrid beat the single retriever chosen without it (then the expansion's pipelines get
+    that fusion, the others keep the chosen one). Also the gain per pseudo-query strategy."""
     decisions: dict[str, dict[str, Any]] = {}
     depth = max(chosen.setting["depth_sparse"], *params.depths)
     for stage in EXPANSION_STAGES:
@@ -1048,19 +1065,22 @@ def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[Pse
         if not replayable:
             entry["reason"] = "not decided: " + "; ".join(f"{e.pipeline}.{e.step}: {e.problem}" for e in steps)
             continue
-        if chosen.setting["dense_weight"] >= 1.0:
-            entry.update(enabled=False, reason="off: the chosen ranking is dense alone, BM25 is not run")
+        bases = [c for c in (chosen, fused) if c is not None and c.setting["dense_weight"] < 1.0]
+        if not bases:
+            entry.update(enabled=False, reason="off: the chosen ranking is dense alone and no fused one was tried")
             continue
         first = replayable[0]
         options = expansion_grid(stage, first.params, params)
-        rankings = expanded_rankings(stage, options, first, project, [p.text for p in pairs], corpus, cache,
-                                     chosen.setting, spec, depth)
-        settings = []
-        for p, ranking in zip(options, rankings):
-            name = expansion_name(stage, p)
-            setting = {**chosen.setting, "expansion": {"stage": stage, "name": name, **expansion_fields(stage, p)}}
-            cache.sparse[sparse_key(setting)] = ranking
-            settings.append(setting)
+        settings, option_of = [], []
+        for base in list({b.name: b for b in bases}.values()):
+            rankings = expanded_rankings(stage, options, first, project, [p.text for p in pairs], corpus, cache,
+                                         base.setting, spec, depth)
+            for p, ranking in zip(options, rankings):
+                name = expansion_name(stage, p)
+                setting = {**base.setting, "expansion": {"stage": stage, "name": name, **expansion_fields(stage, p)}}
+                cache.sparse[sparse_key(setting)] = ranking
+                settings.append(setting)
+                option_of.append(p)
         candidates = score_settings(settings, cache, relevant, top_k, per_query)
         intervals = gain_intervals(candidates, chosen, per_query, params)
         metric = params.metric
@@ -1078,11 +1098,14 @@ def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[Pse
                      skipped=[f"{e.pipeline}.{e.step}: {e.problem}" for e in steps if e.problem])
         gain = shown.scores[metric] - chosen.scores[metric]
         if best is not chosen:
-            entry["fields"] = expansion_fields(stage, options[candidates.index(best)])
-            entry["reason"] = (f"on: {best.name.split(', ')[-1]} gains {gain:+.4f} {metric} over off "
-                               f"({params.confidence:.0%} interval {low:+.4f} to {high:+.4f})")
+            changed = {k: v for k, v in best.setting.items() if k != "expansion"} != chosen.setting
+            entry.update(fields=expansion_fields(stage, option_of[candidates.index(best)]), setting=best.setting,
+                         fusion_changed=changed)
+            entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
+                               f"({params.confidence:.0%} interval {low:+.4f} to {high:+.4f})"
+                               + ("; its pipelines get that fusion, the others keep the chosen one" if changed else ""))
         else:
-            entry["reason"] = (f"off: no setting beats off significantly (best: {top.name.split(', ')[-1]}, "
+            entry["reason"] = (f"off: no setting beats {chosen.name} without it significantly (best: {top.name}, "
                                f"{gain:+.4f} {metric}, {params.confidence:.0%} interval {low:+.4f} to {high:+.4f})")
     return decisions
 

@@ -90,7 +90,7 @@ def bridged_corpus(bridges: int) -> tuple[list[tuple[str, str, dict]], list[Pseu
     return rows, pairs
 
 
-def decide(project, rows, pairs, **params):
+def decide(project, rows, pairs, chosen_alpha=0.0, **params):
     corpus = tr.Corpus.from_rows(rows)
     cache = tr.Rankings(docs=corpus.docs, dense=[[] for _ in pairs], texts=list(corpus.texts))
     cache.tokens[SPEC.stemmer] = tokenize(cache.texts, SPEC.stemmer, SPEC.stopwords)
@@ -98,15 +98,21 @@ def decide(project, rows, pairs, **params):
                                                              SPEC)
     relevant = [{corpus.doc_index[p.source_id]} for p in pairs]
     per_query: dict = {}
-    bm25_alone = {"method": "rrf", "k": 60, "dense_weight": 0.0, "depth_dense": 20, "depth_sparse": 20, "bm25": BM25}
-    [chosen] = tr.score_settings([bm25_alone], cache, relevant, 20, per_query)
+    single = {"method": "rrf", "k": 60, "dense_weight": chosen_alpha, "depth_dense": 20, "depth_sparse": 20,
+              "bm25": BM25}
+    [chosen, fused] = tr.score_settings([single, {**single, "dense_weight": 0.5}], cache, relevant, 20, per_query)
     tuning = tr.Params(depths=[20], prf_docs=[3], prf_terms=[5, 10], prf_query_weight=[0.5],
                        related_terms=[5, 10], related_weight=[0.3, 0.5], bootstrap=500, **params)
     targets = tr.find_targets(project, ["search_terms", "search_prf", "search_prf_dense"], {
         "store": "store", "embedder": "embedder", "sparse": "sparse"})
     expansions = tr.find_expansions(project, targets)
-    return chosen, tr.decide_expansions(expansions, project, pairs, corpus, cache, chosen, SPEC, relevant, 20,
+    return chosen, tr.decide_expansions(expansions, project, pairs, corpus, cache, chosen, fused, SPEC, relevant, 20,
                                         tuning, per_query)
+
+
+def overlay_of(project, targets, chosen, decisions):
+    steps, own = tr.expansion_entries(tr.find_expansions(project, targets), decisions)
+    return tr.overlay_entries(project, targets, chosen.setting, expansions=steps, own_settings=own)
 
 
 def test_expansion_is_turned_on_where_it_finds_what_the_query_words_miss(project):
@@ -139,8 +145,7 @@ def test_the_overlay_turns_an_opt_in_expansion_on_and_an_unreplayable_step_is_le
     targets = tr.find_targets(project, ["search_terms", "search_prf", "search_prf_dense"], {
         "store": "store", "embedder": "embedder", "sparse": "sparse"})
     assert [(t.fuse, t.sparse) for t in targets] == [("fuse", "sparse")] * 3  # the last fuse: the pipeline's output
-    entries = tr.overlay_entries(project, targets, chosen.setting,
-                                 expansions=tr.expansion_entries(tr.find_expansions(project, targets), decisions))
+    entries = overlay_of(project, targets, chosen, decisions)
     assert "prf" not in entries["pipelines"]["search_prf_dense"]  # dense: true is not replayed: the file's stays
     report = TuneReport(metric="ndcg@10", pairs=len(pairs), chosen=chosen, baseline=chosen, overrides=entries,
                         expansions=decisions)
@@ -154,12 +159,28 @@ def test_the_overlay_turns_an_opt_in_expansion_on_and_an_unreplayable_step_is_le
     assert any("search_terms, step terms: enabled False -> True" in c for c in tuned.overlay.changes)
 
 
+def test_an_expansion_that_makes_a_hybrid_win_over_dense_alone_brings_its_fusion_to_its_pipelines_only(project):
+    """Dense alone was chosen without expansion (BM25 alone finds nothing here); the expanded BM25
+    fused with it wins: the expansion's pipelines get that fusion, the others keep dense alone."""
+    rows, pairs = bridged_corpus(bridges=3)
+    chosen, decisions = decide(project, rows, pairs, chosen_alpha=1.0)
+    terms = decisions["expand_terms"]
+    assert terms["enabled"] and terms["fusion_changed"] and terms["setting"]["dense_weight"] == 0.5
+    targets = tr.find_targets(project, ["search_terms", "search_prf", "search_prf_dense"], {
+        "store": "store", "embedder": "embedder", "sparse": "sparse"})
+    entries = overlay_of(project, targets, chosen, decisions)
+    pipelines = entries["pipelines"]
+    assert pipelines["search_terms"]["fuse"]["weights"] == {"dense": 0.5, "sparse": 0.5}
+    assert pipelines["search_terms"]["terms"]["enabled"] is True
+    assert pipelines["search_prf_dense"]["fuse"]["weights"] == {"dense": 1.0, "sparse": 0.0}  # not replayed: chosen
+    assert entries["resources"]["sparse"] == BM25  # one BM25 setting for every pipeline
+
+
 def test_off_writes_enabled_false_and_a_disabled_step_passes_the_query_unchanged(project, tmp_path):
     rows, pairs = bridged_corpus(bridges=0)
     chosen, decisions = decide(project, rows, pairs)
     targets = tr.find_targets(project, ["search_terms"], {"store": "store", "embedder": "embedder", "sparse": "sparse"})
-    entries = tr.overlay_entries(project, targets, chosen.setting,
-                                 expansions=tr.expansion_entries(tr.find_expansions(project, targets), decisions))
+    entries = overlay_of(project, targets, chosen, decisions)
     assert entries["pipelines"]["search_terms"]["terms"] == {"enabled": False}
     query = Query(text="alpha1 omega1")
     ctx = StepContext(pipeline="p", step_id="x")
