@@ -321,6 +321,9 @@ class TuneReport(BaseModel):
     seconds: float = 0.0
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
     budget_exhausted: bool = False
+    expansions: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                                  description="per expansion stage (expand_prf, expand_terms) in the "
+                                                              "tuned pipelines: on or off, why, its candidates")
 
     @computed_field
     @property

@@ -24,6 +24,8 @@ from ragline.tasks.collection_index import by_collection
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    enabled: bool = Field(True, description="false: the query passes unchanged (a step `ragline tune` turns on, "
+                                            "with its settings, where feedback helps on the corpus)")
     docs: int = Field(10, ge=1, le=100, description="top passages taken as relevant (RM3's fbDocs)")
     terms: int = Field(10, ge=1, le=100, description="feedback terms kept (RM3's fbTerms)")
     query_weight: float = Field(0.5, ge=0, le=1, description="share of the request's own terms in the keyword "
@@ -37,6 +39,14 @@ class Params(BaseModel):
 def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: BM25Index,
                ctx: StepContext | None = None) -> Query:
     """Expand the query with the top passages' terms (RM3) for a second retrieval."""
+    if not params.enabled:
+        return query
+    return with_feedback(query, passages, params, sparse, ctx)
+
+
+def with_feedback(query: Query, passages: list[Passage], params: Params, sparse: BM25Index,
+                  ctx: StepContext | None = None) -> Query:
+    """The query with RM3's feedback from ``passages`` (the tuner replays it on its own index)."""
     feedback = passages[: params.docs]
     if not feedback:
         return query

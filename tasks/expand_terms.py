@@ -36,12 +36,15 @@ _LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])?\s*(.*?)\s*$")
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    enabled: bool = Field(True, description="false: the query passes unchanged (a step `ragline tune` turns on, "
+                                            "with its terms and weight, where it helps on the corpus)")
     mode: Literal["corpus", "llm"] = Field("corpus", description="corpus: terms co-occurring with the request's "
                                                                  "terms in its top BM25 passages; llm: synonyms and "
                                                                  "related terms the LLM proposes")
-    # defaults: the best of the settings bench/techniques.py tried on SciFact test (so optimistic there)
-    terms: int = Field(20, ge=1, le=50, description="related terms added")
-    weight: float = Field(0.2, gt=0, lt=1, description="share of the added terms in the keyword query (the "
+    # defaults: the best of `ragline tune`'s grid on SciFact's pseudo-queries, no labels (bench/expansion_tuning.py;
+    # no setting beat off significantly there: where a corpus needs more, the tuner sets it)
+    terms: int = Field(30, ge=1, le=50, description="related terms added")
+    weight: float = Field(0.1, gt=0, lt=1, description="share of the added terms in the keyword query (the "
                                                        "request's own terms keep the rest)")
     docs: int = Field(10, ge=2, le=200, description="corpus: top passages the co-occurrences are counted in")
     dense: bool = Field(False, description="also give dense retrieval the request followed by the terms")
@@ -56,6 +59,8 @@ class Params(BaseModel):
 def expand_terms(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,
                  llm: LLMClient | None = None) -> Query:
     """Add related terms (from the corpus's co-occurrences or the LLM) to the keyword query."""
+    if not params.enabled:
+        return query
     own = set(sparse.terms([query.text])[0])
     if params.mode == "llm":
         if llm is None:
@@ -67,6 +72,11 @@ def expand_terms(query: Query, params: Params, ctx: StepContext, sparse: BM25Ind
         ctx.logger.info("no related terms found: the query is searched as it is")
         return query
     ctx.logger.info("expanded with %s", ", ".join(written.get(t, t) for t in related))
+    return with_terms(query, related, written, params)
+
+
+def with_terms(query: Query, related: dict[str, float], written: dict[str, str], params: Params) -> Query:
+    """The query with ``related`` terms as its keyword feedback (the tuner replays it on its own index)."""
     mass = sum(related.values())
     text = " ".join([query.text, *(written.get(t, t) for t in related)]) if params.dense else ""
     return query.model_copy(update={"feedback": merged(query.feedback, Feedback(

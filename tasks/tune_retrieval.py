@@ -24,6 +24,14 @@ that ``gate_keep`` of the answerable ones clear, and it is set only if it refuse
 ``gate_llm_min_refusal`` of the unanswerable ones: a model that cannot tell them apart would cost a
 call per question for nothing, so its check stays off (the report says why). No label is read.
 
+Query expansion (``expand_prf``, ``expand_terms`` mode corpus) on the query path of a tuned
+pipeline's BM25 retriever, opt-in there with ``enabled: false``: the stages' own code is replayed on
+an in-memory BM25 index of the chunks as the tuner scores them (each source without its cut, so
+feedback cannot re-find the text a query was cut from), for a grid of settings, on the chosen
+setting and on the best fused one with the same BM25; a step is turned on only for a significant
+gain over the chosen setting without it (the same paired bootstrap). ``dense: true`` and mode llm
+are not replayed: such steps stay as the file has them.
+
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
 """
@@ -41,16 +49,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, GateCalibration, PipelineKind, PseudoQuery, TuneReport
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import BM25Index, in_memory, ranked, tokenize
+from ragline.flows.resources.bm25 import BM25Index, LegacyVersion, in_memory, ranked, tokenize
 from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
 from ragline.tasks.answerable import kept_floor, max_cosine, probability
+from ragline.tasks.expand_prf import with_feedback
+from ragline.tasks.expand_terms import corpus_terms, with_terms
 from ragline.tasks.fuse import fused_order, fused_scores
 from ragline.tasks.pseudo_queries import without
 from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
-from ragline.flows.contracts import ContextDocument, Passage
+from ragline.flows.contracts import ContextDocument, Passage, Query
 from ragline.flows.resources.llm_output import clip
 
 Metric = Literal["ndcg@10", "mrr@10", "recall@100"]
@@ -102,6 +112,16 @@ class Params(BaseModel):
                                              "another one ...")
     recall_trade: float = Field(0.005, ge=0.0, le=1.0,
                                 description="... is never chosen for a gain of this much of the metric or less")
+    expansions: bool = Field(True, description="decide the expand_prf / expand_terms steps (mode corpus, dense: "
+                                                "false) that feed a tuned pipeline's BM25 retriever: on, with the "
+                                                "best settings below, only for a significant gain over off")
+    prf_docs: list[int] = Field([5, 10], min_length=1, description="expand_prf: feedback passages tried")
+    prf_terms: list[int] = Field([5, 10, 20], min_length=1, description="expand_prf: feedback terms tried")
+    prf_query_weight: list[float] = Field([0.5, 0.7, 0.9], min_length=1,
+                                          description="expand_prf: the request's own share tried")
+    related_terms: list[int] = Field([5, 10, 20, 30], min_length=1, description="expand_terms: terms tried")
+    related_weight: list[float] = Field([0.1, 0.2, 0.3, 0.5], min_length=1,
+                                        description="expand_terms: the added terms' share tried")
     max_seconds: float | None = Field(600.0, gt=0, description="stop trying BM25 variants after this long")
     write: bool = Field(True, description="write the overlay (false: report only)")
     overlay: str | None = Field(None, description="overlay file; default: <pipelines file stem>.tuned.yaml beside "
@@ -130,6 +150,8 @@ class Rankings:
     # per query, the cosine similarity of its source's closest chunk (without the cut): what an
     # answerability gate sees when the question is answerable (None: no source)
     source_similarity: list[float | None] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # every chunk's text as BM25 scored it (sources without the cut)
+    tokens: dict[str, list[list[str]]] = field(default_factory=dict)  # those texts' BM25 terms, by stemmer
 
 
 @stage("tune_retrieval", params=Params, produces="tuning", kind="job",
@@ -179,7 +201,15 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
                                      params.gate_keep, params.gate_llm_min_refusal)
         timings["gate_llm"] = time.perf_counter() - clock
     p_floor = calibration.threshold if calibration is not None and calibration.enabled else None
-    overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor)
+    expansions = find_expansions(plain, targets) if params.expansions else []
+    decisions: dict[str, dict[str, Any]] = {}
+    if expansions:
+        clock = time.perf_counter()
+        fused = next((c for c in candidates if not is_single(c) and c.setting["bm25"] == chosen.setting["bm25"]), None)
+        decisions = decide_expansions(expansions, plain, pairs, corpus, cache, chosen, fused, bm25_spec, relevant,
+                                      top_k, params, per_query)
+        timings["expansions"] = time.perf_counter() - clock
+    overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor, *expansion_entries(expansions, decisions))
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
@@ -187,7 +217,7 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
                         by_strategy=by_strategy(pairs, candidates, per_query, params.metric,
                                                 {"chosen": chosen, "best single": decision.single,
                                                  "pipelines.yaml": baseline}),
-                        overrides=overrides, budget_exhausted=exhausted,
+                        overrides=overrides, budget_exhausted=exhausted, expansions=decisions,
                         gate_floor=floor if gate is not None else None, gate_llm=calibration,
                         timings={k: round(v, 2) for k, v in timings.items()})
     report.seconds = round(time.perf_counter() - started, 2)
@@ -235,7 +265,7 @@ def find_targets(project: Any, names: list[str], resources: dict[str, str]) -> l
         if pipeline.kind != PipelineKind.QUERY:
             problems.append(f"'{name}' is not a query pipeline")
             continue
-        for step in pipeline.steps:
+        for step in reversed(pipeline.steps):  # the last: the ranking the pipeline returns (PRF fuses twice)
             if step.stage.name != "fuse":
                 continue
             feeders = [pipeline.step(s) for s in step.wiring.get("rankings", [])]
@@ -292,23 +322,44 @@ def gate_similarities(pairs: list[PseudoQuery], similarity: list[float | None]) 
 
 
 def overlay_entries(project: Any, targets: list[Target], setting: dict[str, Any],
-                    floor: float | None = None, probability_floor: float | None = None) -> dict[str, Any]:
+                    floor: float | None = None, probability_floor: float | None = None,
+                    expansions: dict[tuple[str, str], dict[str, Any]] | None = None,
+                    own_settings: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The overlay for a setting: the BM25 resource's parameters and, per target pipeline, its
-    fuse step's method, constant and weights, its retrievers' depth and its gate's thresholds."""
-    alpha = setting["dense_weight"]
+    fuse step's method, constant and weights, its retrievers' depth, its gate's thresholds and
+    its expansion steps turned on (with their settings) or off. ``own_settings``: a pipeline's own
+    fusion and depths (one whose expansion makes a hybrid win where the others stay single)."""
     pipelines: dict[str, dict[str, dict[str, Any]]] = {}
     for t in targets:
+        own = (own_settings or {}).get(t.pipeline, setting)
+        alpha = own["dense_weight"]
         pipelines[t.pipeline] = {
-            t.fuse: {"method": setting["method"], "k": setting["k"],
+            t.fuse: {"method": own["method"], "k": own["k"],
                      "weights": {t.dense: round(alpha, 4), t.sparse: round(1.0 - alpha, 4)}},
-            t.dense: {"k": setting["depth_dense"]},
-            t.sparse: {"k": setting["depth_sparse"]},
+            t.dense: {"k": own["depth_dense"]},
+            t.sparse: {"k": own["depth_sparse"]},
         }
         thresholds = {"min_similarity": floor, "min_probability": probability_floor}
         if t.gate is not None and any(v is not None for v in thresholds.values()):
             pipelines[t.pipeline][t.gate] = {k: v for k, v in thresholds.items() if v is not None}
+    for (pipeline, step), fields in (expansions or {}).items():
+        pipelines.setdefault(pipeline, {})[step] = fields
     resources = {name: dict(setting["bm25"]) for name in sorted({t.sparse_resource for t in targets})}
     return {"resources": resources, "pipelines": pipelines}
+
+
+def expansion_entries(expansions: list[Expansion], decisions: dict[str, dict[str, Any]],
+                      ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The overlay's fields per expansion step decided (its settings and on, or off), and the own
+    fusion setting of each pipeline whose expansion won with another fusion than the chosen one."""
+    entries, own = {}, {}
+    for e in expansions:
+        decision = decisions.get(e.stage, {})
+        if e.problem is None and decision.get("enabled") is not None:
+            entries[(e.pipeline, e.step)] = decision["fields"] if decision["enabled"] else {"enabled": False}
+            if decision["enabled"] and decision.get("fusion_changed"):
+                own[e.pipeline] = {k: v for k, v in decision["setting"].items() if k != "expansion"}
+    return entries, own
 
 
 def calibrate_gate(probabilities: tuple[list[float], list[float]], keep: float, min_refusal: float) -> GateCalibration:
@@ -458,9 +509,9 @@ def rank_queries(queries: list[str], corpus: Corpus, store: ChromaStore, embedde
     cache = Rankings(docs=corpus.docs, dense=dense, source_similarity=similarity)
     timings["dense"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    texts = [changed.get(i, t) for i, t in enumerate(corpus.texts)]
+    texts = cache.texts = [changed.get(i, t) for i, t in enumerate(corpus.texts)]
     exhausted = False
-    tokens: dict[str, list[list[str]]] = {}
+    tokens = cache.tokens
     for variant in variants:
         if cache.sparse and deadline is not None and time.monotonic() > deadline:
             exhausted = True
@@ -528,6 +579,17 @@ def sparse_rankings(queries: list[str], depth: int, tokens: list[list[str]],
 
 # ----------------------------------------------------------------------------- candidates and scores
 def setting_name(s: dict[str, Any]) -> str:
+    expansion = s.get("expansion")
+    return _fusion_name(s) + (f", {expansion['name']}" if expansion else "")
+
+
+def sparse_key(s: dict[str, Any]) -> str:
+    """The cached BM25 ranking a setting fuses: its variant's, expanded when the setting expands the query."""
+    expansion = s.get("expansion")
+    return variant_name(s["bm25"]) + (f" + {expansion['name']}" if expansion else "")
+
+
+def _fusion_name(s: dict[str, Any]) -> str:
     alpha = s["dense_weight"]
     depth = s["depth_dense"] if s["depth_dense"] == s["depth_sparse"] else f"{s['depth_dense']}/{s['depth_sparse']}"
     if alpha >= 1.0:
@@ -709,7 +771,7 @@ def score_settings(settings: list[dict[str, Any]], cache: Rankings, relevant: li
     names = cache.docs.astype(str)  # of each chunk's document, as the judgements name it
     groups: dict[tuple[str, int, int], list[int]] = {}
     for i, s in enumerate(settings):
-        groups.setdefault((variant_name(s["bm25"]), s["depth_dense"], s["depth_sparse"]), []).append(i)
+        groups.setdefault((sparse_key(s), s["depth_dense"], s["depth_sparse"]), []).append(i)
     for (variant, d_dense, d_sparse), rows in groups.items():
         sparse = cache.sparse[variant]
         weights = np.array([[settings[i]["dense_weight"], 1 - settings[i]["dense_weight"]] for i in rows])
@@ -800,8 +862,258 @@ def summary(report: TuneReport, shown: int = 12) -> str:
                      f"similarity (what the pseudo-queries' own sources clear)")
     if report.gate_llm is not None:
         lines.append(f"answerability gate, LLM check ({report.gate_llm.pairs} pseudo-queries): {report.gate_llm.reason}")
+    for stage, entry in report.expansions.items():
+        lines.append(f"{stage} ({', '.join(entry['steps'])}): {entry['reason']}")
+        if entry.get("by_strategy"):
+            lines.append("  gain per strategy: " + ", ".join(f"{s} {g:+.4f}" for s, g in entry["by_strategy"].items()))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
     lines.append(f"overlay: {report.overlay}" + ("" if report.written else " (not written: dry run)"))
     if report.written:
         lines.append("search and ask use it from now on; `ragline validate` shows it, --no-tuned ignores it")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- query expansion on or off
+EXPANSION_STAGES = ("expand_prf", "expand_terms")
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """An expansion step whose query feeds a tuned pipeline's BM25 retriever: the tuner turns it on
+    (with its settings) or off (``enabled``)."""
+
+    pipeline: str
+    step: str
+    stage: str
+    params: Any  # the file's own
+    source: str | None = None  # expand_prf: the step its feedback passages come from
+    problem: str | None = None  # why the tuner cannot replay it (then it is left as the file has it)
+
+
+def find_expansions(project: Any, targets: list[Target]) -> list[Expansion]:
+    """The expand_prf / expand_terms steps on the query path of each target's BM25 retriever."""
+    found = []
+    for t in targets:
+        pipeline = project.pipeline(t.pipeline)
+        upstream = pipeline.step(t.sparse).wiring.get("query", [])
+        while upstream:
+            step = pipeline.step(upstream[0])
+            if step.stage.name in EXPANSION_STAGES:
+                source = (step.wiring.get("passages") or [None])[0] if step.stage.name == "expand_prf" else None
+                found.append(Expansion(t.pipeline, step.id, step.stage.name, step.params, source,
+                                       replay_problem(pipeline, step, source, t)))
+            upstream = step.wiring.get("query", [])
+    return found
+
+
+def replay_problem(pipeline: Any, step: Any, source: str | None, target: Target) -> str | None:
+    """Why the tuner cannot replay this step on its pseudo-queries (None: it can)."""
+    if getattr(step.params, "mode", "corpus") != "corpus":
+        return "mode llm asks the LLM for every query"
+    if step.params.dense:
+        return "dense: true also changes dense retrieval, which the tuner does not replay"
+    if step.stage.name == "expand_prf":
+        feeding = pipeline.step(source)
+        names = [pipeline.step(s).stage.name for s in feeding.wiring.get("rankings", [])] \
+            if feeding.stage.name == "fuse" else [feeding.stage.name]
+        if not names or any(n not in ("retrieve_dense", "retrieve_sparse") for n in names) or len(names) > 2 \
+                or names.count("retrieve_sparse") > 1 or names.count("retrieve_dense") > 1:
+            return f"its feedback comes from step '{source}', not from this index's dense and BM25 retrievers"
+    return None
+
+
+class MemoryBM25:
+    """The tuner's stand-in for the published BM25 index, over the chunks as the tuner scores them
+    (sources without their cut) with the chosen BM25 setting: what ``expand_prf`` and
+    ``expand_terms`` read (terms, document frequencies, searches), so they run unchanged on it."""
+
+    def __init__(self, spec: Any, ids: list[str], texts: list[str], tokens: list[list[str]]):
+        self.spec = spec
+        meta = [{"text": t} for t in texts]
+        self.version = LegacyVersion("tuning", in_memory(tokens, spec), ids, meta, None)
+
+    def terms(self, texts: list[str]) -> list[list[str]]:
+        return tokenize(texts, self.spec.stemmer, self.spec.stopwords)
+
+    def search(self, texts: list[str], k: int, where: Any = None) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        out = []
+        for terms in self.terms(texts):
+            scores = self.version.scores(terms) if terms else None
+            out.append([] if scores is None else self.version.hits(scores, k))
+        return out
+
+    def search_weighted(self, queries: list[dict[str, float]], k: int,
+                        where: Any = None) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        out = []
+        for weights in queries:
+            known = [(t, w) for t, w in sorted(weights.items()) if w > 0 and self.version.has(t)]
+            scores = np.zeros(self.version.size)
+            for term, weight in known:
+                scores += weight * self.version.term_scores(term)
+            out.append(self.version.hits(scores, k) if known else [])
+        return out
+
+    def document_frequencies(self, terms: Any) -> tuple[dict[str, int], int]:
+        return {t: self.version.df(t) for t in terms if self.version.has(t)}, self.version.live_count
+
+
+def expansion_grid(stage: str, base: Any, params: Params) -> list[Any]:
+    """The stage's parameters to try: the file's own, with the grid's values set."""
+    if stage == "expand_prf":
+        values = [{"docs": d, "terms": t, "query_weight": w}
+                  for d, t, w in itertools.product(params.prf_docs, params.prf_terms, params.prf_query_weight)]
+    else:
+        values = [{"terms": t, "weight": w} for t, w in itertools.product(params.related_terms, params.related_weight)]
+    return [base.model_copy(update={**v, "enabled": True}) for v in values]
+
+
+def expansion_name(stage: str, p: Any) -> str:
+    if stage == "expand_prf":
+        return f"expand_prf docs={p.docs} terms={p.terms} query_weight={p.query_weight:g}"
+    return f"expand_terms terms={p.terms} weight={p.weight:g}"
+
+
+def expansion_fields(stage: str, p: Any) -> dict[str, Any]:
+    """What the overlay sets on a step the tuner turns on."""
+    keys = ("docs", "terms", "query_weight") if stage == "expand_prf" else ("terms", "weight")
+    return {"enabled": True, **{k: getattr(p, k) for k in keys}}
+
+
+def expanded_rankings(stage: str, grid_params: list[Any], expansion: Expansion, project: Any, queries: list[str],
+                      corpus: Corpus, cache: Rankings, setting: dict[str, Any], spec: Any,
+                      depth: int) -> list[list[list[tuple[int, float]]]]:
+    """Per candidate parameters, BM25's ranking of every query expanded as the stage expands it,
+    on the tuner's index (the sources without their cut) with the chosen BM25 setting."""
+    vspec = spec.model_copy(update=setting["bm25"])
+    if vspec.stemmer not in cache.tokens:
+        cache.tokens[vspec.stemmer] = tokenize(cache.texts, vspec.stemmer, spec.stopwords)
+    index = MemoryBM25(vspec, corpus.ids, cache.texts, cache.tokens[vspec.stemmer])
+    position = {cid: i for i, cid in enumerate(corpus.ids)}
+    feedback = feedback_rankings(expansion, project, cache, setting) if stage == "expand_prf" else None
+    out: list[list[list[tuple[int, float]]]] = [[] for _ in grid_params]
+    for q, text in enumerate(queries):
+        query = Query(text=text)
+        own_terms = index.terms([text])[0]
+        related = None
+        if stage == "expand_terms":  # the top terms of the widest setting; narrower ones take a prefix
+            widest = max(grid_params, key=lambda p: p.terms)
+            related, _ = corpus_terms(query, set(own_terms), widest, index)
+        for i, p in enumerate(grid_params):
+            if stage == "expand_prf":
+                passages = [Passage(chunk_id=corpus.ids[c], source_id="", text=cache.texts[c], score=score)
+                            for c, score in feedback[q]]
+                expanded = with_feedback(query, passages, p, index)
+            else:
+                top = dict(itertools.islice(related.items(), p.terms))
+                expanded = with_terms(query, top, {}, p) if top else query
+            if expanded.feedback is None or not expanded.feedback.terms:
+                out[i].append(cache.sparse[variant_name(setting["bm25"])][q][:depth])
+                continue
+            hits = index.search_weighted([expanded.feedback.weighted(own_terms)], depth)[0]
+            out[i].append([(position[cid], score) for cid, score, _ in hits])
+    return out
+
+
+def feedback_rankings(expansion: Expansion, project: Any, cache: Rankings,
+                      setting: dict[str, Any]) -> list[list[tuple[int, float]]]:
+    """Per query, the passages ``expand_prf`` gets as feedback (chunk index, score), as its source
+    step ranks them: a BM25 or dense retriever at its depth, or a fuse step over them with its own
+    method, constant, weights and top_k (BM25 with the chosen setting)."""
+    pipeline = project.pipeline(expansion.pipeline)
+    source = pipeline.step(expansion.source)
+    feeders = [pipeline.step(s) for s in source.wiring.get("rankings", [])] if source.stage.name == "fuse" \
+        else [source]
+    variant = variant_name(setting["bm25"])
+    rankings = [(cache.dense if f.stage.name == "retrieve_dense" else cache.sparse[variant], f.params.k)
+                for f in feeders]
+    if source.stage.name != "fuse":
+        ranking, k = rankings[0]
+        return [r[:k] for r in ranking]
+    fuse_params = source.params
+    weights = np.array([[fuse_params.weights.get(f.id, 1.0) for f in feeders]])
+    ks, is_rrf = np.array([[fuse_params.k]], dtype=np.float64), np.array([[fuse_params.method == "rrf"]])
+    out = []
+    for q in range(len(cache.dense)):
+        fused = fused_scores([r[q][:k] for r, k in rankings], weights, ks, is_rrf)
+        if fused is None:
+            out.append([])
+            continue
+        keys, scores, kept = fused
+        out.append([(keys[i], float(scores[0, i])) for i in fused_order(scores[0], kept[0], fuse_params.top_k)])
+    return out
+
+
+def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[PseudoQuery], corpus: Corpus,
+                      cache: Rankings, chosen: Candidate, fused: Candidate | None, spec: Any,
+                      relevant: list[set[int]], top_k: int, params: Params,
+                      per_query: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """Per expansion stage found: on (with the best settings) only if some setting beats off (the
+    chosen ranking without it) significantly on the pseudo-queries (paired bootstrap, as fusion is
+    decided), with the recall guard; off otherwise. Expanded are the chosen setting (when it runs
+    BM25) and ``fused``, the best fused candidate with the chosen BM25 setting: an expanded BM25 may
+    make a hybrid beat the single retriever chosen without it (then the expansion's pipelines get
+    that fusion, the others keep the chosen one). Also the gain per pseudo-query strategy."""
+    decisions: dict[str, dict[str, Any]] = {}
+    depth = max(chosen.setting["depth_sparse"], *params.depths)
+    for stage in EXPANSION_STAGES:
+        steps = [e for e in expansions if e.stage == stage]
+        if not steps:
+            continue
+        entry: dict[str, Any] = {"steps": [f"{e.pipeline}.{e.step}" for e in steps], "enabled": None}
+        decisions[stage] = entry
+        replayable = [e for e in steps if e.problem is None]
+        if not replayable:
+            entry["reason"] = "not decided: " + "; ".join(f"{e.pipeline}.{e.step}: {e.problem}" for e in steps)
+            continue
+        bases = [c for c in (chosen, fused) if c is not None and c.setting["dense_weight"] < 1.0]
+        if not bases:
+            entry.update(enabled=False, reason="off: the chosen ranking is dense alone and no fused one was tried")
+            continue
+        first = replayable[0]
+        options = expansion_grid(stage, first.params, params)
+        settings, option_of = [], []
+        for base in list({b.name: b for b in bases}.values()):
+            rankings = expanded_rankings(stage, options, first, project, [p.text for p in pairs], corpus, cache,
+                                         base.setting, spec, depth)
+            for p, ranking in zip(options, rankings):
+                name = expansion_name(stage, p)
+                setting = {**base.setting, "expansion": {"stage": stage, "name": name, **expansion_fields(stage, p)}}
+                cache.sparse[sparse_key(setting)] = ranking
+                settings.append(setting)
+                option_of.append(p)
+        candidates = score_settings(settings, cache, relevant, top_k, per_query)
+        intervals = gain_intervals(candidates, chosen, per_query, params)
+        metric = params.metric
+        significant = [c for c in candidates if intervals[c.name][0] > 0
+                       and c.scores[metric] - chosen.scores[metric] > params.min_gain]
+        best = recall_guarded([*significant, chosen], params)[0]
+        top = max(candidates, key=lambda c: c.scores[metric])
+        shown = best if best is not chosen else top
+        low, high = intervals[shown.name]
+        entry.update(enabled=best is not chosen, off=chosen.scores, best={"name": shown.name, **shown.scores},
+                     interval=[round(low, 5), round(high, 5)],
+                     candidates=[{"name": c.name, **c.scores, "fields": c.setting["expansion"]}
+                                 for c in sorted(candidates, key=lambda c: -c.scores[metric])],
+                     by_strategy=strategy_gains(pairs, per_query, shown, chosen, metric),
+                     skipped=[f"{e.pipeline}.{e.step}: {e.problem}" for e in steps if e.problem])
+        gain = shown.scores[metric] - chosen.scores[metric]
+        if best is not chosen:
+            changed = {k: v for k, v in best.setting.items() if k != "expansion"} != chosen.setting
+            entry.update(fields=expansion_fields(stage, option_of[candidates.index(best)]), setting=best.setting,
+                         fusion_changed=changed)
+            entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
+                               f"({params.confidence:.0%} interval {low:+.4f} to {high:+.4f})"
+                               + ("; its pipelines get that fusion, the others keep the chosen one" if changed else ""))
+        else:
+            entry["reason"] = (f"off: no setting beats {chosen.name} without it significantly (best: {top.name}, "
+                               f"{gain:+.4f} {metric}, {params.confidence:.0%} interval {low:+.4f} to {high:+.4f})")
+    return decisions
+
+
+def strategy_gains(pairs: list[PseudoQuery], per_query: dict[str, np.ndarray], candidate: Candidate,
+                   off: Candidate, metric: str) -> dict[str, float]:
+    """The candidate's mean gain over off on each strategy's pseudo-queries alone."""
+    column = METRICS.index(metric)
+    gains = per_query[candidate.name][:, column] - per_query[off.name][:, column]
+    return {s: round(float(np.mean([g for g, p in zip(gains, pairs) if p.strategy == s])), 5)
+            for s in sorted({p.strategy for p in pairs})}

@@ -236,6 +236,7 @@ def write_overlay(project: "Project", path: Path, report: "TuneReport", state_ge
             "chosen": {"name": chosen.name, **chosen.scores} if chosen else None,
             "baseline": {"name": baseline.name, **baseline.scores} if baseline else None,
             "reason": report.reason,
+            "expansions": {stage: entry.get("reason", "") for stage, entry in report.expansions.items()},
             "seconds": report.seconds,
         },
         "resources": resources,

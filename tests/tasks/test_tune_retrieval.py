@@ -157,6 +157,13 @@ pipelines:
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
       - {id: insert, task: insert}
       - {id: gate,   task: answerable}
+  search_terms:
+    kind: query
+    steps:
+      - {id: terms,  task: expand_terms, with: {enabled: false}}
+      - {id: dense,  task: retrieve_dense,  with: {k: 20}, after: []}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: [terms]}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
   tune:
     kind: job
     steps:
@@ -244,6 +251,13 @@ def test_tune_writes_an_overlay_that_search_uses(indexed, capsys, monkeypatch):
         assert tuned.pipeline("gated").step("gate").params.min_similarity == floor
         assert load_project(indexed / "pipelines.yaml", tuned=False).pipeline("gated").step("gate").params \
             .min_similarity == "auto"  # the file's default: the floor set at ingestion
+
+        # the opt-in expansion step: decided on the same pseudo-queries, on or off, as the overlay sets it
+        terms = report["expansions"]["expand_terms"]
+        assert terms["steps"] == ["search_terms.terms"] and terms["enabled"] in (True, False), terms
+        assert report["overrides"]["pipelines"]["search_terms"]["terms"]["enabled"] is terms["enabled"]
+        assert tuned.pipeline("search_terms").step("terms").params.enabled is terms["enabled"]
+        assert terms["interval"][0] > 0 if terms["enabled"] else terms["reason"].startswith("off:")
 
         assert cli.main(["validate", str(indexed / "pipelines.yaml")]) == 0
         out = capsys.readouterr().out
