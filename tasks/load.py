@@ -118,9 +118,10 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
 
     A file whose change signal (size, times, inode) is the one the index state recorded its
     documents with is not opened: its documents are listed from the state. Any other is read,
-    hashed and parsed, and listed without its text (``unread``): the engine reads it again batch by
-    batch through ``read`` (only if it changed), so no run holds the corpus's text in memory."""
+    hashed and parsed, and (in an engine run) listed without its text (``unread``): the engine reads
+    it again batch by batch through ``read`` (only if it changed), so no run holds the corpus's text."""
     known = KnownItems.of(ctx)
+    streamed = ctx.project is not None  # run by the engine, which reads listed documents again (``read``)
     roots = _roots(params, ctx.base_dir)
     documents: list[Document] = []
     discovered = _discover(params, ctx, roots)
@@ -136,7 +137,8 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
                 continue
             fetched = _read(path, item, params.max_bytes, ctx)
             for document in _load_file(path, root, *fetched[:2], params, ctx) if fetched else []:
-                documents.append(unread(document, roots.index(root), path, fetched[2]))
+                document.signal = fetched[2]
+                documents.append(unread(document, roots.index(root), path) if streamed else document)
                 ctx.progress("documents", 1)
                 failpoints.hit("load.after_read")
     for spec in params.paths:
@@ -175,11 +177,11 @@ def read(documents: list[Document], params: Params, ctx: StepContext) -> list[Do
 SIGNAL_BATCH = 500  # items whose signals are looked up in the state at once
 
 
-def unread(document: Document, root_index: int, path: str, signal: str | None) -> Document:
+def unread(document: Document, root_index: int, path: str) -> Document:
     """A document as listed: without its text, pages and own metadata (read again in its batch);
     its hash, access and provenance are what planning needs (renames keep the provenance)."""
     provenance = {k: v for k, v in document.metadata.items() if k in ("source", "root", "url", "file_name")}
-    return document.model_copy(update={"text": "", "pages": [], "signal": signal,
+    return document.model_copy(update={"text": "", "pages": [],
                                        "metadata": {**provenance, UNREAD_KEY: f"{root_index}:{path}"}})
 
 
