@@ -138,7 +138,10 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
             fetched = _read(path, item, params.max_bytes, ctx)
             for document in _load_file(path, root, *fetched[:2], params, ctx) if fetched else []:
                 document.signal = fetched[2]
-                documents.append(unread(document, roots.index(root), path) if streamed else document)
+                # a JSONL file's records keep their text: reading the file again in each of its batches
+                # would cost its size times its batches (a one-file corpus: quadratic)
+                documents.append(unread(document, roots.index(root), path)
+                                 if streamed and document.format != "jsonl" else document)
                 ctx.progress("documents", 1)
                 failpoints.hit("load.after_read")
     for spec in params.paths:

@@ -1,6 +1,9 @@
 """The incremental-ingestion protocol.
 
-The sink's ``plan`` hook decides which documents changed (and which sources are gone); the steps
+The source steps list documents (``load`` from cheap change signals: an unchanged file is listed from
+the index state unopened, a changed one without its text, read again in its batch by the source's
+``read`` hook, so no run holds the corpus's text); the sink's ``plan`` hook decides which documents
+changed (and which sources are gone); the steps
 between the sources and the sink run once per batch of changed documents, pipelined (different
 steps overlap across batches, each step takes the batches in order); the sink's ``finalize`` hook
 removes deleted sources and publishes derived indexes; its ``session`` hook (the writer lease)
@@ -41,7 +44,7 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     middle = [s for s in pipeline.steps if s not in sources_steps]
     run = Run(pipeline, executor, PipelineRef.of(pipeline), pipeline.fingerprint([s for s in middle if s is not sink]))
 
-    _phase(progress, "listing")  # sources listed and read, then compared with the state DB
+    _phase(progress, "listing")  # sources listed (changed items read and hashed), then compared with the state DB
     loaded = {s.id: run.result(run.submit(s, {})) for s in sources_steps}
     steps_by_id = {s.id: s for s in sources_steps}
     origin = {d.source_id: sid for sid, result in loaded.items() for d in result.value}
