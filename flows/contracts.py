@@ -19,6 +19,9 @@ Metadata = dict[str, str | int | float | bool]
 
 
 COLLECTION_KEY = "collection"  # the passage metadata key naming the named collection it came from
+# a listed document's metadata key: read but listed without its text, read again in its batch by its source's
+# ``read`` hook ('<root index>:<file path>'); never reaches a store
+UNREAD_KEY = "_unread"
 DEFAULT_MAX_QUESTION_CHARS = 10_000  # the longest question a query takes unless the API is told otherwise
 
 
@@ -52,6 +55,9 @@ class Document(BaseModel):
     metadata: Metadata = Field(default_factory=dict)
     groups: list[str] = Field(default_factory=list, description="groups allowed to read it (flows/access.py); "
                                                                  "empty: everyone. Its chunks carry them as metadata")
+    signal: str | None = Field(None, description="the change signal of the item it was read from (size and mtime, "
+                                                 "an ETag), recorded with it: an item whose signal is unchanged is "
+                                                 "not read again")
     pages: list[int] = Field(default_factory=list,
                              description="where each page starts in `text` (page n at pages[n-1], an empty page where "
                                          "the next starts); empty for formats without pages. The chunker records "

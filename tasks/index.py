@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows import access, failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
-from ragline.flows.contracts import IngestPlan
+from ragline.flows.contracts import UNREAD_KEY, IngestPlan
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources import integrity
@@ -128,6 +128,8 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
             continue
         plan.to_index.append(doc)
         (plan.updated if previous else plan.new).add(doc.source_id)
+    # read this run (a touched file with the same content): its new signal spares the next run the read
+    state.set_signals({d.source_id: d.signal for d in unchanged if d.text or UNREAD_KEY in d.metadata})
     plan.regranted = regrant(unchanged, store, state, ctx)
     plan.unchanged = len(unchanged) - plan.regranted
     if params.delete_missing:

@@ -6,6 +6,7 @@ thousands of files still indexes when a few are broken.
 """
 from __future__ import annotations
 
+import bisect
 import codecs
 import fnmatch
 import glob
@@ -22,7 +23,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, Field, field_validator
 from ragline.flows import access, failpoints, formats
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Document, Metadata, content_hash
+from ragline.flows.contracts import UNREAD_KEY, Document, Metadata, content_hash
 from ragline.flows.sources import (
     DocumentSource,
     Fetched,
@@ -32,7 +33,7 @@ from ragline.flows.sources import (
     cache_folder,
     source_types,
 )
-from ragline.flows.sources.local import NonEmpty, Root, read_file
+from ragline.flows.sources.local import NonEmpty, Root, read_file, stat_signal
 from ragline.flows.spec.registry import stage
 
 __all__ = ["Params", "Root", "load"]
@@ -113,18 +114,137 @@ class Params(BaseModel):
 
 @stage("load", params=Params, produces="documents", kind="ingestion")
 def load(params: Params, ctx: StepContext) -> list[Document]:
-    """Read source files into Documents, reporting and skipping the ones that cannot be read."""
+    """List source files into Documents, reporting and skipping the ones that cannot be read.
+
+    A file whose change signal (size, times, inode) is the one the index state recorded its
+    documents with is not opened: its documents are listed from the state. Any other is read,
+    hashed and parsed, and (in an engine run) listed without its text (``unread``): the engine reads
+    it again batch by batch through ``read`` (only if it changed), so no run holds the corpus's text."""
+    known = KnownItems.of(ctx)
+    streamed = ctx.project is not None  # run by the engine, which reads listed documents again (``read``)
+    roots = _roots(params, ctx.base_dir)
     documents: list[Document] = []
-    for path, root in _discover(params, ctx):
-        fetched = _read(path, root.source_id(path), params.max_bytes, ctx)
-        for document in _load_file(path, root, *fetched, params, ctx) if fetched else []:
-            documents.append(document)
-            ctx.progress("documents", 1)
-            failpoints.hit("load.after_read")
+    discovered = _discover(params, ctx, roots)
+    for start in range(0, len(discovered), SIGNAL_BATCH):
+        part = discovered[start:start + SIGNAL_BATCH]
+        signals = {root.source_id(path): stat_signal(path) for path, root in part}
+        same = known.unchanged(signals)
+        for path, root in part:
+            item = root.source_id(path)
+            if (listed := known.listed(same.get(item), signals[item], path, root, None, params)) is not None:
+                documents += listed
+                ctx.progress("unchanged", len(listed))
+                continue
+            fetched = _read(path, item, params.max_bytes, ctx)
+            for document in _load_file(path, root, *fetched[:2], params, ctx) if fetched else []:
+                document.signal = fetched[2]
+                # a JSONL file's records keep their text: reading the file again in each of its batches
+                # would cost its size times its batches (a one-file corpus: quadratic)
+                documents.append(unread(document, roots.index(root), path)
+                                 if streamed and document.format != "jsonl" else document)
+                ctx.progress("documents", 1)
+                failpoints.hit("load.after_read")
     for spec in params.paths:
         if getattr(spec, "type", "local") != "local":
-            documents += _remote_documents(spec, params, ctx)
+            documents += _remote_documents(spec, params, ctx, known)
     return sorted(documents, key=lambda d: d.source_id)
+
+
+@load.on_read
+def read(documents: list[Document], params: Params, ctx: StepContext) -> list[Document]:
+    """The full documents of a batch of listed ones: each unread file read again (once per batch),
+    its documents kept that the batch names, with the signal listed before this read. A document
+    gone from its file since it was listed is reported: the next run indexes what the file holds."""
+    roots = _roots(params, ctx.base_dir)
+    wanted = {d.source_id for d in documents if not d.text}
+    files: dict[str, int] = {}
+    out = [d for d in documents if d.text]
+    for doc in documents:
+        if not doc.text and (where := doc.metadata.get(UNREAD_KEY)):
+            index, _, path = str(where).partition(":")
+            files.setdefault(path, int(index))
+    for path, index in files.items():
+        root = roots[index]
+        fetched = _read(path, root.source_id(path), params.max_bytes, ctx)
+        for document in _load_file(path, root, *fetched[:2], params, ctx) if fetched else []:
+            if document.source_id in wanted:
+                document.signal = fetched[2]
+                out.append(document)
+                wanted.discard(document.source_id)
+    for source_id in sorted(wanted):
+        if not any(f.protects(source_id) for f in ctx.failures):
+            ctx.fail(source_id, "changed while this run read it: the next run indexes what it holds then")
+    return sorted(out, key=lambda d: d.source_id)
+
+
+SIGNAL_BATCH = 500  # items whose signals are looked up in the state at once
+
+
+def unread(document: Document, root_index: int, path: str) -> Document:
+    """A document as listed: without its text, pages and own metadata (read again in its batch);
+    its hash, access and provenance are what planning needs (renames keep the provenance)."""
+    provenance = {k: v for k, v in document.metadata.items() if k in ("source", "root", "url", "file_name")}
+    return document.model_copy(update={"text": "", "pages": [],
+                                       "metadata": {**provenance, UNREAD_KEY: f"{root_index}:{path}"}})
+
+
+@dataclass
+class KnownItems:
+    """What the index state says of listed items: those whose signal is the one their documents were
+    recorded with (under this pipeline and fingerprint), and which failed last run (read again, so
+    their failures are reported again). Empty without a state (a first run, or ``load`` alone)."""
+
+    state: Any = None
+    origin: str = ""
+    fingerprint: str = ""
+    failed: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, ctx: StepContext) -> "KnownItems":
+        state = _sink_state(ctx)
+        if state is None or not state.exists():
+            return cls()
+        failed = json.loads(state.get_meta(f"failures:{ctx.pipeline}") or "{}")
+        return cls(state, ctx.pipeline, ctx.fingerprint, tuple(sorted(failed)))
+
+    def unchanged(self, signals: dict[str, str | None]) -> dict[str, list]:
+        if self.state is None:
+            return {}
+        return self.state.unchanged_items(self.origin, self.fingerprint,
+                                          {k: v for k, v in signals.items() if v is not None})
+
+    def listed(self, rows: list | None, signal: str | None, path: str, root: SourceRoot,
+               groups: tuple[str, ...] | None, params: Params) -> list[Document] | None:
+        """The item's documents from the state when it need not be read, else None: its signal is
+        unchanged, it did not fail last run, and its access is known without reading it (its root's
+        rules, or its own ``acl_field`` when the root has no rules)."""
+        if not rows or signal is None or self._failed(root.source_id(path)):
+            return None
+        fallback = root.groups(path) if groups is None else groups
+        own_field = params.acl_field is not None
+        if own_field and (fallback or any(r[4] is None for r in rows)):
+            return None  # whether a document has its own groups or the root's is only in its content
+        # as little as planning needs (an unchanged source is neither indexed nor renamed): a run lists
+        # every unchanged document this way, so its size is what an unchanged run's memory grows by
+        return [Document(source_id=sid, text="", content_hash=digest, signal=signal,
+                         groups=list(stored if own_field else fallback))
+                for sid, digest, _, _, stored in rows]
+
+    def _failed(self, item: str) -> bool:
+        at = bisect.bisect_left(self.failed, item)
+        return at < len(self.failed) and (self.failed[at] == item or self.failed[at].startswith((item + "#", item + ":")))
+
+
+def _sink_state(ctx: StepContext) -> Any:
+    """The index state of this pipeline's ingestion sink, when it has one."""
+    if ctx.project is None:
+        return None
+    try:
+        steps = ctx.project.pipeline(ctx.pipeline).steps
+    except (KeyError, ValueError):
+        return None
+    sink = next((s for s in steps if s.stage.plan is not None and "state" in s.resources), None)
+    return ctx.project.resource(sink.resources["state"]) if sink is not None else None
 
 
 # --- finding files -------------------------------------------------------------------------
@@ -200,7 +320,7 @@ def _default_name(location: str, base: str) -> str:
     return posixpath.basename(location.rstrip("/")) or "root"
 
 
-def _discover(params: Params, ctx: StepContext) -> list[tuple[str, SourceRoot]]:
+def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot]) -> list[tuple[str, SourceRoot]]:
     """The files of every root, each once (under the outermost root that lists it), by source id.
 
     Every root listed completely is declared with ``ctx.cover``; one that cannot be reached is a
@@ -208,7 +328,6 @@ def _discover(params: Params, ctx: StepContext) -> list[tuple[str, SourceRoot]]:
     A file whose real path is outside every root (a symbolic link to /etc/passwd) is skipped with
     its reason unless its root follows links.
     """
-    roots = _roots(params, ctx.base_dir)
     inside = [os.path.realpath(r.location) for r in roots]
     found: dict[str, SourceRoot] = {}
     names: dict[str, SourceRoot] = {}
@@ -380,19 +499,20 @@ def _read_documents(path: str, root: SourceRoot, data: bytes, mtime: float, para
     return [_document(path, root, fmt, text, title or Path(path).stem, mtime)]
 
 
-def _read(path: str, where: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float] | None:
-    """A local file's bytes and mtime, or None when it was reported as failed."""
+def _read(path: str, where: str, max_bytes: int, ctx: StepContext) -> tuple[bytes, float, str | None] | None:
+    """A local file's bytes, mtime and change signal (taken before reading), or None when it was
+    reported as failed."""
     try:
         fetched = read_file(path, max_bytes)
     except SourceError as exc:
         ctx.fail(where, str(exc))
         return None
-    return fetched.data, fetched.modified or 0.0
+    return fetched.data, fetched.modified or 0.0, fetched.signal
 
 
 # --- roots of other types (fsspec, web) ----------------------------------------------------
 
-def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Document]:
+def _remote_documents(spec: Any, params: Params, ctx: StepContext, known: "KnownItems") -> list[Document]:
     """The Documents of a root of another type: its listing, each item's bytes from the cache when its
     change signal is the one they were fetched with, else downloaded. A complete listing covers the
     root (what it no longer names is gone); an incomplete one is a root failure (nothing deleted)."""
@@ -408,11 +528,19 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext) -> list[Docum
         if not permanent:
             cache.carry(key)
     documents: list[Document] = []
+    same = known.unchanged({root.source_id(f"{root.location}/{i.key}"): i.signal for i in listing.items})
     for item in listing.items:
         path = f"{root.location}/{item.key}"
+        listed = known.listed(same.get(root.source_id(path)), item.signal, path, root, item.groups, params)
+        if listed is not None:  # its signal is the one its documents were indexed with: not even the cache is read
+            cache.carry(item.key)
+            documents += listed
+            ctx.progress("unchanged", len(listed))
+            continue
         fetched = _remote_bytes(source, item, cache, root.source_id(path), ctx)
         for document in _load_file(path, root, fetched.data, fetched.modified or 0.0, params, ctx,
                                    fetched.media_type, item.groups) if fetched else []:
+            document.signal = item.signal
             documents.append(document)
             ctx.progress("documents", 1)
     if listing.complete:

@@ -37,7 +37,7 @@ log = logging.getLogger("ragline.state")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (
     source_id TEXT PRIMARY KEY, origin TEXT NOT NULL, content_hash TEXT NOT NULL,
-    fingerprint TEXT NOT NULL, path TEXT, title TEXT, indexed_at REAL NOT NULL, acl TEXT);
+    fingerprint TEXT NOT NULL, path TEXT, title TEXT, indexed_at REAL NOT NULL, acl TEXT, signal TEXT);
 CREATE TABLE IF NOT EXISTS chunks (
     chunk_id TEXT PRIMARY KEY, source_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
     text TEXT NOT NULL, title TEXT, metadata TEXT NOT NULL);
@@ -286,6 +286,7 @@ class IndexState(Resource):
                     conn.execute("PRAGMA synchronous=FULL")
                     conn.executescript(SCHEMA)
                     _add_acl_column(conn)
+                    _add_signal_column(conn)
                     _add_change_log(conn)
                 except BaseException:
                     conn.close()
@@ -521,7 +522,8 @@ class IndexState(Resource):
         with self.transaction() as tx:
             for old, doc in renamed.items():
                 tx.execute("DELETE FROM sources WHERE source_id=?", (doc.source_id,))
-                tx.execute("UPDATE sources SET source_id=?, path=? WHERE source_id=?", (doc.source_id, doc.path, old))
+                tx.execute("UPDATE sources SET source_id=?, path=?, signal=? WHERE source_id=?",
+                           (doc.source_id, doc.path, doc.signal, old))
             tx.executemany("UPDATE chunks SET source_id=?, metadata=? WHERE chunk_id=?",
                            [(c.source_id, json.dumps(c.metadata), c.chunk_id) for c in chunks])
             self._bump(tx)
@@ -625,13 +627,46 @@ class IndexState(Resource):
         with self.transaction() as tx:
             tx.executemany(
                 "INSERT OR REPLACE INTO sources (source_id, origin, content_hash, fingerprint, path, title, "
-                "indexed_at, acl) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(d.source_id, origin, d.content_hash, fingerprint, d.path, d.title, now, _acl_text(d.groups))
-                 for d in documents])
+                "indexed_at, acl, signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(d.source_id, origin, d.content_hash, fingerprint, d.path, d.title, now, _acl_text(d.groups),
+                  d.signal) for d in documents])
             tx.executemany(
                 "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
                 [(c.chunk_id, c.source_id, c.ordinal, c.text, c.title, json.dumps(c.metadata)) for c in chunks])
             self._bump(tx)
+
+    def unchanged_items(self, origin: str, fingerprint: str, signals: dict[str, str]
+                        ) -> dict[str, list[tuple[str, str, str, str, tuple[str, ...] | None]]]:
+        """Per listed item (its source id, e.g. a file's) whose change signal is the one every source
+        read from it was recorded with, under this fingerprint and pipeline: those sources as
+        (source_id, content_hash, path, title, groups). An item's sources are its id and '<id>#...'
+        (JSONL records, attachments). Items not returned must be read. Read-only; a state without
+        the column (from before signals) or without a file knows no item."""
+        found: dict[str, list] = {}
+        sql = ("SELECT source_id, content_hash, path, title, acl, signal, fingerprint, origin FROM sources "
+               "WHERE source_id = ? OR (source_id > ? AND source_id < ?)")
+        try:
+            with self._guarded():
+                reader = self.reader
+                for item, signal in signals.items():
+                    rows = reader.execute(sql, (item, item + "#", item + "#\U0010ffff")).fetchall()
+                    if rows and all(r[5] == signal and r[6] == fingerprint and r[7] == origin for r in rows):
+                        found[item] = [(r[0], r[1], r[2] or "", r[3] or "", None if r[4] is None else
+                                        tuple(json.loads(r[4]))) for r in rows]
+        except StoreMissing:
+            return {}
+        except sqlite3.OperationalError as exc:
+            if "no such column" not in str(exc):
+                raise
+            return {}
+        return found
+
+    def set_signals(self, signals: dict[str, str | None]) -> None:
+        """Record the change signal sources were last read with (a touched file whose content is the
+        same: the next run skips it without reading)."""
+        if signals:
+            with self.transaction() as tx:
+                tx.executemany("UPDATE sources SET signal=? WHERE source_id=?", [(v, k) for k, v in signals.items()])
 
     def acls(self, source_ids: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
         """Per source: the groups its chunks were last granted (() public; None unknown: a state from
@@ -771,6 +806,14 @@ def _add_acl_column(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(sources)")}
     if "acl" not in columns:
         conn.execute("ALTER TABLE sources ADD COLUMN acl TEXT")
+
+
+def _add_signal_column(conn: sqlite3.Connection) -> None:
+    """A state from before change signals gets the ``signal`` column, NULL (unknown) for every source:
+    the next run reads each once and records the signal it was read with."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(sources)")}
+    if "signal" not in columns:
+        conn.execute("ALTER TABLE sources ADD COLUMN signal TEXT")
 
 
 def _add_change_log(conn: sqlite3.Connection) -> None:

@@ -41,11 +41,15 @@ class DirectExecutor:
         lock = threading.Lock()
 
         def start() -> None:
-            failed = next((d for d in deps if d.exception() is not None), None)
+            # the inputs are let go of here: a dependency's callback list keeps this closure, and the
+            # cycle through it would hold every finished batch's data until a full garbage collection
+            nonlocal inputs, deps
+            given, waited, inputs, deps = inputs, deps, {}, []
+            failed = next((d for d in waited if d.exception() is not None), None)
             if failed is not None:
                 out.set_exception(failed.exception())
                 return
-            resolved = {port: [r.result() if isinstance(r, Future) else r for r in rs] for port, rs in inputs.items()}
+            resolved = {port: [r.result() if isinstance(r, Future) else r for r in rs] for port, rs in given.items()}
             job = _POOL.submit(self._context.copy().run, run_with_policy, step,
                                lambda: execute(call, resolved, self.on_token))
             job.add_done_callback(lambda done: _transfer(done, out))

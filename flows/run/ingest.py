@@ -1,6 +1,9 @@
 """The incremental-ingestion protocol.
 
-The sink's ``plan`` hook decides which documents changed (and which sources are gone); the steps
+The source steps list documents (``load`` from cheap change signals: an unchanged file is listed from
+the index state unopened, a changed one without its text, read again in its batch by the source's
+``read`` hook, so no run holds the corpus's text); the sink's ``plan`` hook decides which documents
+changed (and which sources are gone); the steps
 between the sources and the sink run once per batch of changed documents, pipelined (different
 steps overlap across batches, each step takes the batches in order); the sink's ``finalize`` hook
 removes deleted sources and publishes derived indexes; its ``session`` hook (the writer lease)
@@ -41,8 +44,9 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     middle = [s for s in pipeline.steps if s not in sources_steps]
     run = Run(pipeline, executor, PipelineRef.of(pipeline), pipeline.fingerprint([s for s in middle if s is not sink]))
 
-    _phase(progress, "listing")  # sources listed and read, then compared with the state DB
+    _phase(progress, "listing")  # sources listed (changed items read and hashed), then compared with the state DB
     loaded = {s.id: run.result(run.submit(s, {})) for s in sources_steps}
+    steps_by_id = {s.id: s for s in sources_steps}
     origin = {d.source_id: sid for sid, result in loaded.items() for d in result.value}
     documents = [d for result in loaded.values() for d in result.value]
     failures = [f for result in loaded.values() for f in result.failures]
@@ -66,8 +70,8 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     for number, batch in enumerate(_batches(plan.to_index, pipeline.spec.batch_size)):
         # Pipelined: each step takes the batches in order, but different steps overlap, so batch
         # n+1 is chunked (and batch n-1 written) while batch n is embedded. Two batches in flight.
-        sources: dict[str, Any] = {sid: StepResult([d for d in batch if origin.get(d.source_id) == sid])
-                                   for sid in loaded}
+        sources = {sid: _read(run, step, [d for d in batch if origin.get(d.source_id) == sid], number)
+                   for sid, step in steps_by_id.items()}
         for step in middle:
             sources[step.id] = run.submit(step, sources, label=f"{step.id}[batch {number}]",
                                           after=[previous[step.id]] if step.id in previous else [])
@@ -90,6 +94,15 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
     return report
 
 
+def _read(run: Run, step: CompiledStep, listed: list[Document], number: int) -> Any:
+    """A batch's documents of one source step: those it listed without their text are read now,
+    by its ``read`` hook, so a run holds one batch's text at a time, never the corpus's."""
+    if step.stage.read is None or all(d.text for d in listed):
+        return StepResult(listed)
+    return run.submit(step, {}, label=f"{step.id}.read[batch {number}]", hook="read",
+                      inputs={"documents": [StepResult(listed)]})
+
+
 def _phase(progress: Any, name: str) -> None:
     """Tell a progress reporter that understands phases (``entrypoints.RunProgress``) where the run is."""
     if progress is not None and hasattr(progress, "phase"):
@@ -100,7 +113,9 @@ def _collect(run: Run, done: tuple[list[Document], dict[str, Any]], middle: list
              sink: CompiledStep | None, report: IndexReport, progress: Any, failures: list) -> IndexReport:
     """Wait for one batch; keep its failures; add its sink's report; advance the progress bar."""
     batch, sources = done
-    results = settle(run, middle, sources)
+    ids = {step.id for step in middle}
+    reads = [run.result(v) for k, v in sources.items() if k not in ids and not isinstance(v, StepResult)]
+    results = reads + settle(run, middle, sources)
     failures.extend(f for result in results for f in result.failures)
     value = run.result(sources[sink.id if sink else middle[-1].id]).value
     written = value.chunks_written if isinstance(value, IndexReport) else 0

@@ -9,6 +9,7 @@ import os
 import posixpath
 import re
 import stat
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -113,7 +114,29 @@ def read_file(path: str, max_bytes: int) -> Fetched:
         raise
     except OSError as exc:
         raise SourceError(f"cannot read file: {exc.strerror or exc}") from None
-    return Fetched(data, info.st_mtime, f"{info.st_size}:{info.st_mtime_ns}")
+    return Fetched(data, info.st_mtime, file_signal(info))
+
+
+RACY_SECONDS = 2.0  # a file changed this recently may change again within its clock's resolution
+
+
+def file_signal(info: os.stat_result) -> str | None:
+    """What changes when a file's bytes change, from its stat: size, mtime, ctime (no tool can set it
+    back, as rsync or ``touch -r`` do mtime) and inode (an editor's save-by-rename). None for a file
+    changed in the last two seconds: a write in the same clock tick keeps its times, so its signal
+    cannot vouch for the bytes read (git's "racy clean"); it is read again next run."""
+    if time.time() - info.st_mtime < RACY_SECONDS:
+        return None
+    return f"{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}:{info.st_ino}"
+
+
+def stat_signal(path: str) -> str | None:
+    """A file's change signal without reading it (None: unknown, or no regular file: read it to find out)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return file_signal(info) if stat.S_ISREG(info.st_mode) else None
 
 
 def _file_kind(mode: int) -> str:

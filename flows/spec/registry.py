@@ -53,6 +53,7 @@ class Stage:
     plan: Callable[..., Any] | None = None
     finalize: Callable[..., Any] | None = None
     session: Callable[..., Any] | None = None
+    read: Callable[..., Any] | None = None  # a source stage's: the full documents of unread ones it listed
     # (params, wiring) -> the upstream step ids this step would ignore as configured (fuse: those it
     # weighs 0); a step whose output every consumer ignores is not run
     ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None
@@ -111,6 +112,11 @@ class Stage:
     def on_finalize(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register the hook an ingestion sink runs once after every batch was written."""
         self.finalize = fn
+        return fn
+
+    def on_read(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register the hook a source stage reads listed-but-unread documents with, one batch at a time."""
+        self.read = fn
         return fn
 
     def on_session(self, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,179 @@
+"""Ingestion at scale (issue 22): what an incremental run costs as the corpus grows, with the real
+loader, chunker (its tokenizer only), Chroma, BM25 and state, and a hash-based stand-in for the
+embedding step (tests/helpers/hash_embed.py: embed's contract, no model) so only the engine and the
+stores are timed.
+
+Per size: N markdown files (SciFact abstracts, each made unique), in folders of 1,000, aged so their
+change signals are trusted. Each run is a fresh process (peak RSS = its ru_maxrss): the full ingest
+(wall, CPU, CPU per chunk, peak RSS), an unchanged re-run, one document changed, one added, one
+deleted; then the median of 20 BM25 queries (retrieve_sparse through the engine) without and with a
+metadata filter. Prints a Markdown table; bench/out/scale.json keeps the figures.
+
+Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge]  (--huge adds 300000)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, SCIFACT, save
+
+PIPELINES = """
+resources:
+  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
+  store:    {type: chroma, path: idx/chroma, collection: scale}
+  sparse:   {type: bm25, path: idx/bm25}
+  state:    {type: index_state, path: idx/state.sqlite}
+pipelines:
+  index:
+    kind: ingestion
+    batch_size: 256
+    steps:
+      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk}
+      - {id: embed,   task: tests.helpers.hash_embed.hash_embed}
+      - {id: write,   task: index, with: {gate_floor_pairs: 0}}
+  search:
+    kind: query
+    steps:
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}}
+"""
+QUERIES = ["protein folding in yeast", "vitamin D deficiency and bone density", "stem cell differentiation",
+           "antibiotic resistance genes", "tumour suppressor p53 mutations"] * 4
+FILTER = {"file_name": {"$in": [f"d{i:06d}.md" for i in range(0, 25_000, 500)]}}  # 50 documents' chunks
+
+
+def abstracts() -> list[tuple[str, str]]:
+    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as handle:
+        return [(r.get("title", ""), r["text"]) for r in map(json.loads, handle) if r.get("text")]
+
+
+def document(i: int, source: list[tuple[str, str]], note: str = "") -> str:
+    title, text = source[i % len(source)]
+    return f"# {title} ({i})\n\n{text}\n\nDocument {i}.{note}\n"
+
+
+def age(path: Path, seconds: float = 3600) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def write_corpus(docs: Path, n: int) -> None:
+    source = abstracts()
+    for i in range(n):
+        path = docs / f"f{i // 1000:03d}" / f"d{i:06d}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(document(i, source))
+        age(path)
+
+
+def child(project: Path, mode: str) -> None:
+    """One measured run in this process: prints its figures as JSON."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from ragline.flows.run import engine
+    from ragline.flows.spec.compile import load_project
+
+    started, cpu = time.perf_counter(), time.process_time()
+    if mode == "index":
+        report = engine.run(load_project(project).pipeline("index"), orchestrate=False)
+        out = {"added": report.added, "updated": report.updated, "deleted": report.deleted,
+               "unchanged": report.unchanged, "chunks": report.chunks_written}
+    else:
+        pipeline = load_project(project).pipeline("search")
+        engine.run(pipeline, {"query": "warm up"}, orchestrate=False)
+        out = {}
+        for name, filters in (("unfiltered", None), ("filtered", FILTER)):
+            times = []
+            for text in QUERIES:
+                t0 = time.perf_counter()
+                engine.run(pipeline, {"query": {"text": text, "filters": filters}}, orchestrate=False)
+                times.append(time.perf_counter() - t0)
+            out[name] = round(1000 * statistics.median(times), 1)
+    out.update(wall=round(time.perf_counter() - started, 2), cpu=round(time.process_time() - cpu, 2),
+               rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    print("RESULT " + json.dumps(out))
+
+
+def measured(project: Path, mode: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), RAGLINE_DATA_DIR=str(SCIFACT.parent))
+    done = subprocess.run([sys.executable, __file__, "--child", str(project), mode], capture_output=True,
+                          text=True, env=env, cwd=project.parent)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{mode} run failed:\n{done.stderr[-3000:]}")
+    return json.loads(line[7:])
+
+
+def measure(n: int, folder: Path) -> dict:
+    project = folder / "pipelines.yaml"
+    project.write_text(PIPELINES)
+    (folder / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
+    docs = folder / "docs"
+    write_corpus(docs, n)
+    source = abstracts()
+    row: dict = {"documents": n, "load_average": os.getloadavg()[0]}
+    row["full"] = measured(project, "index")
+    row["unchanged"] = measured(project, "index")
+    changed = docs / "f000" / "d000003.md"
+    changed.write_text(document(3, source, " Edited."))
+    age(changed, 1800)
+    row["changed"] = measured(project, "index")
+    added = docs / "f000" / "added.md"
+    added.write_text(document(n + 1, source))
+    age(added, 1800)
+    row["added"] = measured(project, "index")
+    (docs / "f000" / "d000005.md").unlink()
+    row["deleted"] = measured(project, "index")
+    row["queries"] = measured(project, "search")
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = "| | " + " | ".join(f"{r['documents']:,} docs ({r['full']['chunks']:,} chunks)" for r in rows) + " |"
+    lines = [head, "|---" * (len(rows) + 1) + "|"]
+
+    def line(label: str, cell) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(r) for r in rows) + " |")
+
+    for kind in ("changed", "added", "deleted", "unchanged"):
+        line(f"one document {kind}: wall / CPU / peak RSS" if kind != "unchanged" else
+             "unchanged re-run: wall / CPU / peak RSS",
+             lambda r, k=kind: f"{r[k]['wall']} s / {r[k]['cpu']} s / {r[k]['rss_mb']} MB")
+    line("full ingest: wall / CPU", lambda r: f"{r['full']['wall']} s / {r['full']['cpu']} s")
+    line("full ingest CPU per chunk", lambda r: f"{1000 * r['full']['cpu'] / max(1, r['full']['chunks']):.2f} ms")
+    line("full ingest peak RSS", lambda r: f"{r['full']['rss_mb']} MB")
+    line("BM25 query median: unfiltered / filtered",
+         lambda r: f"{r['queries']['unfiltered']} / {r['queries']['filtered']} ms")
+    line("load average (1 min) at start", lambda r: f"{r['load_average']:.1f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[25_000, 100_000])
+    parser.add_argument("--huge", action="store_true", help="add 300,000 documents (hours on 2 cores)")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(Path(args.child[0]), args.child[1])
+        return
+    rows = []
+    for n in args.sizes + ([300_000] if args.huge else []):
+        with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as folder:
+            rows.append(measure(n, Path(folder)))
+    save("scale", {"rows": rows})
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

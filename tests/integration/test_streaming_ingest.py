@@ -1,0 +1,155 @@
+"""Issue 22 item 2: ingestion plans from cheap change signals and streams batches.
+
+An item whose signal (size, times, inode) is the one its documents were indexed with is never
+opened; a changed one is read, hashed and parsed, then read again in its batch, so a run never
+holds the corpus's text (tracemalloc's peak is the same at N and 4N documents)."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+import tracemalloc
+from collections import Counter
+
+import pytest
+
+from ragline.flows.resources import clear_cache
+from ragline.tasks import load as load_module
+from tests.helpers.data import BASE_RESOURCES
+from tests.helpers.harness import run_index
+
+pytestmark = pytest.mark.integration
+
+HASH_EMBED = BASE_RESOURCES + """
+pipelines:
+  index:
+    kind: ingestion
+    batch_size: 16
+    steps:
+      - {id: load,    task: load, with: {paths: [docs]}}
+      - {id: convert, task: convert}
+      - {id: chunk,   task: chunk, with: {size: 64, overlap: 8}}
+      - {id: embed,   task: tests.helpers.hash_embed.hash_embed, with: {dimension: 8}}
+      - {id: write,   task: index, with: {gate_floor_pairs: 0}}
+"""
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def _text(i: int, words: int = 60) -> str:
+    return f"# Note {i}\n\n" + " ".join(WORDS[(i * 7 + k) % len(WORDS)] + str(i) for k in range(words)) + ".\n"
+
+
+def _age(path, seconds: float = 3600) -> None:
+    """Set a file's mtime in the past: a file written this instant has no trusted signal (racy)."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def _corpus(folder, n: int, words: int = 60) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        path = folder / f"{i // 100:03d}" / f"note{i:05d}.md"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(_text(i, words))
+        _age(path)
+    records = "".join(json.dumps({"_id": f"r{i}", "title": f"R{i}", "text": _text(1000 + i)}) + "\n" for i in range(5))
+    (folder / "records.jsonl").write_text(records)
+    _age(folder / "records.jsonl")
+
+
+@pytest.fixture
+def project(tmp_path, make_project, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
+    return make_project(HASH_EMBED)
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """Every local file the loader reads, by path."""
+    seen: list[str] = []
+    real = load_module.read_file
+
+    def spy(path, max_bytes):
+        seen.append(os.path.basename(path))
+        return real(path, max_bytes)
+
+    monkeypatch.setattr(load_module, "read_file", spy)
+    return seen
+
+
+def test_unchanged_items_are_never_opened(tmp_path, project, opened):
+    _corpus(tmp_path / "docs", 12)
+    first = run_index(project)
+    assert (first.added, first.failed) == (17, 0)
+    opened.clear()
+    again = run_index(project)
+    assert opened == [] and (again.unchanged, again.added, again.updated, again.chunks_written) == (17, 0, 0, 0)
+
+    changed, touched = tmp_path / "docs/000/note00003.md", tmp_path / "docs/000/note00004.md"
+    changed.write_text(_text(3) + "A new closing line.\n")
+    _age(changed, 1800)
+    _age(touched, 1800)  # a new signal, the same bytes: read and hashed, not re-embedded
+    third = run_index(project)
+    assert (third.updated, third.unchanged, third.added, third.deleted) == (1, 16, 0, 0)
+    assert Counter(opened) == {"note00003.md": 2, "note00004.md": 1}  # listed, then the changed one in its batch
+
+    opened.clear()
+    (tmp_path / "docs/000/note00005.md").unlink()
+    fourth = run_index(project)  # the touched file's new signal was recorded; a deletion needs no read
+    assert opened == [] and (fourth.deleted, fourth.unchanged) == (1, 16)
+
+
+def test_a_changed_jsonl_file_is_read_unchanged_records_kept(tmp_path, project, opened):
+    _corpus(tmp_path / "docs", 3)
+    run_index(project)
+    lines = (tmp_path / "docs/records.jsonl").read_text().splitlines()
+    lines[1] = json.dumps({"_id": "r1", "title": "R1", "text": "A record about zebras and their stripes."})
+    (tmp_path / "docs/records.jsonl").write_text("\n".join(lines[:4]) + "\n")  # r1 changed, r4 gone
+    _age(tmp_path / "docs/records.jsonl", 1800)
+    opened.clear()
+    report = run_index(project)
+    assert (report.updated, report.deleted, report.unchanged, report.added) == (1, 1, 6, 0)
+    assert Counter(opened) == {"records.jsonl": 1}  # its changed records keep their text: never read twice
+
+
+def _peak(project, monkeypatch) -> int:
+    """The run's tracemalloc peak up to its finalize (BM25's full build at the end of a first run
+    indexes every chunk row at once: flows/resources/bm25.py, not this streaming)."""
+    from ragline.flows.resources.bm25 import BM25Index
+
+    peaks, real = [], BM25Index.sync
+
+    def sync(self, state, *args, **kwargs):
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        return real(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(BM25Index, "sync", sync)
+    clear_cache()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        run_index(project)
+    finally:
+        tracemalloc.stop()
+    return peaks[0]
+
+
+def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
+    """tracemalloc's peak (deterministic, Python allocations) of a full ingest and of an unchanged
+    re-run, at N and 4N documents of ~1.5 KB: the batch bounds it, not the corpus (before: every
+    document's text was held until the end of the run, and every finished batch until a full
+    garbage collection)."""
+    peaks, n = {}, 40
+    for size in (1, n, 4 * n):  # the first run imports what ingestion uses (converters, tokenizer): not counted
+        base = tmp_path / str(size)
+        base.mkdir()
+        (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
+        (base / "pipelines.yaml").write_text(HASH_EMBED)
+        _corpus(base / "docs", size, 160)
+        peaks[size] = (_peak(base / "pipelines.yaml", monkeypatch), _peak(base / "pipelines.yaml", monkeypatch))
+    per_doc = [(peaks[4 * n][i] - peaks[n][i]) / (3 * n) for i in (0, 1)]
+    print(f"peaks (full, unchanged): N {peaks[n]}, 4N {peaks[4 * n]}; per extra document {per_doc}, "
+          f"its text {len(_text(0, 160))} bytes")
+    assert per_doc[0] < 4000  # a full ingest: a listed record per document, no text held past its batch (before: 15 KB)
+    assert per_doc[1] < 2500  # an unchanged run: a small record per listed document, no text
