@@ -82,7 +82,11 @@ def tables() -> dict[str, tuple[list[tuple[str, str]], str]]:
 
 
 def _pg_type(definition: str) -> str:
-    """SQLite's column types in PostgreSQL's words: REAL is a float8 (timestamps), INTEGER a bigint."""
+    """SQLite's column types in PostgreSQL's words: REAL is a float8 (timestamps), INTEGER a bigint,
+    TEXT compared byte by byte as SQLite does (collation "C"): the range scans over ids
+    (``'<id>#'`` up to ``'<id>#\\U0010ffff'``) must not depend on the database's locale, which in
+    en_US ignores punctuation such as '#' and '/'."""
+    definition = re.sub(r"\bTEXT\b", 'TEXT COLLATE "C"', definition)
     return re.sub(r"\bINTEGER\b", "BIGINT", re.sub(r"\bREAL\b", "DOUBLE PRECISION", definition))
 
 

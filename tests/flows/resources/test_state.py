@@ -289,3 +289,22 @@ def test_the_document_access_and_neighbourhood_methods(state):
     generation, rows = state.snapshot()
     assert generation == state.generation and [r[0] for r in rows] == sorted(state.chunk_ids())
     assert state.quick_check() is None
+
+
+def test_an_item_is_unchanged_only_when_all_its_sources_carry_its_signal(state):
+    """A file and its records ('<file>#...') are skipped unread only when every one was recorded with
+    the file's signal, fingerprint and pipeline; a sibling whose id shares a prefix is not one of them."""
+    docs = [doc("notes/a.jsonl#1"), doc("notes/a.jsonl#2"), doc("notes/a.jsonl.bak"), doc("notes/b.md")]
+    for d in docs:
+        d.signal = "s1"
+    docs[2].signal = "other"
+    state.record("docs", "fp", docs, [])
+    found = state.unchanged_items("docs", "fp", {"notes/a.jsonl": "s1", "notes/b.md": "s1", "notes/c.md": "s1"})
+    assert set(found) == {"notes/a.jsonl", "notes/b.md"}
+    assert [row[0] for row in found["notes/a.jsonl"]] == ["notes/a.jsonl#1", "notes/a.jsonl#2"]
+    assert state.unchanged_items("docs", "fp2", {"notes/b.md": "s1"}) == {}  # another fingerprint: read it
+    assert state.unchanged_items("other", "fp", {"notes/b.md": "s1"}) == {}  # another pipeline's
+    generation = state.generation
+    state.set_signals({"notes/a.jsonl#2": "s2"})  # one record's signal moved: the file is read again
+    assert "notes/a.jsonl" not in state.unchanged_items("docs", "fp", {"notes/a.jsonl": "s1"})
+    assert state.generation == generation  # a signal is no content: no new generation

@@ -68,7 +68,7 @@ def test_sql_translation():
         "metadata = EXCLUDED.metadata")
     assert translate("INSERT OR IGNORE INTO meta(key, value) VALUES(?, ?)").endswith("ON CONFLICT DO NOTHING")
     # every column state.py's SCHEMA names is created and added to an older schema: one place to add one
-    assert "ALTER TABLE sources ADD COLUMN IF NOT EXISTS acl TEXT" in schema_ddl()
+    assert 'ALTER TABLE sources ADD COLUMN IF NOT EXISTS acl TEXT COLLATE "C"' in schema_ddl()  # bytewise, as SQLite
     assert any("indexed_at DOUBLE PRECISION" in s for s in schema_ddl())
 
 
