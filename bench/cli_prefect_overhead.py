@@ -1,19 +1,24 @@
 """What Prefect mode adds to a CLI command (issue 22 item 5): wall time of `ragline index` over an
 unchanged folder (the shipped pipelines.yaml over samples/, indexed once, untimed), with no
-`PREFECT_API_URL` set, in four variants measured in the same run, interleaved (medians of ``--repeats``):
+`PREFECT_API_URL` set, in these variants measured in the same run, interleaved (medians of ``--repeats``):
 
   - in-process: `index --no-prefect`, the baseline;
-  - per-command server: `RAGLINE_PREFECT_IDLE_SECONDS=0`, each command starts ragline's local
-    Prefect API and stops it on exit (the behaviour before the shared server);
   - shared, cold: the first command after `ragline prefect stop`: it starts the shared server;
   - shared, warm: the next command, which reuses it;
+  - with ``--per-command``: `RAGLINE_PREFECT_IDLE_SECONDS=0`, each command starts ragline's local
+    Prefect API and stops it on exit (the behaviour before the shared server);
 and, to tell what the warm overhead is made of, a fresh interpreter that only imports Prefect's
-flow module (a cost every Prefect-mode command pays, server or not).
+flow engine (a cost every Prefect-mode command pays, server or not).
 
-The overhead column is the variant's median minus the in-process median; the target is warm <= 3 s.
-Every variant uses one temporary RAGLINE_HOME whose Prefect database is created before timing.
+``--baseline DIR``: the same variants for another revision too, interleaved with this one's (DIR holds
+that revision's ``ragline/`` package, e.g. ``git archive REV`` unpacked, with ``ragline/flows``,
+``ragline/tasks``, ``ragline/prompts`` linked to its folders; it goes first on PYTHONPATH; its name
+labels its columns): before/after figures under the same load.
 
-Usage: .venv/bin/python bench/cli_prefect_overhead.py [--repeats 3] [--no-readme]
+The overhead column is the variant's median minus the same code's in-process median; the target is
+warm <= 3 s. Every variant uses one temporary RAGLINE_HOME whose Prefect database is created before timing.
+
+Usage: .venv/bin/python bench/cli_prefect_overhead.py [--repeats 3] [--per-command] [--baseline DIR] [--no-readme]
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from common import REPO, publish, save
 
 TARGET_S = 3.0
 INDEX = ["index"]
+IN_PROCESS, COLD, WARM, PER_COMMAND = ("in-process (--no-prefect)", "shared server, cold (starts it)",
+                                       "shared server, warm (reuses it)", "per-command server (idle 0)")
 
 
 def ragline(arguments: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
@@ -54,53 +61,72 @@ def workspace(root: Path, env: dict[str, str]) -> Path:
     return root
 
 
+def measure(times: dict[str, list[float]], root: Path, env: dict[str, str], per_command: bool) -> None:
+    """One round of every variant for one revision (its environment)."""
+    ragline(["prefect", "stop"], root, env)
+    seconds, said = ragline(INDEX, root, env)
+    assert "Prefect API: started" in said, said
+    times[COLD].append(seconds)
+    seconds, said = ragline(INDEX, root, env)
+    assert "Prefect API: reusing" in said, said
+    times[WARM].append(seconds)
+    times[IN_PROCESS].append(ragline(INDEX + ["--no-prefect"], root, env)[0])
+    if per_command:
+        times[PER_COMMAND].append(ragline(INDEX, root, {**env, "RAGLINE_PREFECT_IDLE_SECONDS": "0"})[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-command", action="store_true", help="also time a server started per command")
+    parser.add_argument("--baseline", type=Path, help="another revision's package root, measured beside this one")
     parser.add_argument("--no-readme", dest="readme", action="store_false", help="print the table only")
     args = parser.parse_args()
-    times: dict[str, list[float]] = {"in-process (--no-prefect)": [], "per-command server (idle 0)": [],
-                                     "shared server, cold (starts it)": [], "shared server, warm (reuses it)": []}
+    variants = [IN_PROCESS, COLD, WARM] + ([PER_COMMAND] if args.per_command else [])
+    revisions = {"this tree": None} if args.baseline is None else {
+        f"baseline {args.baseline.name}": args.baseline.resolve(), "this tree": None}
+    times = {rev: {name: [] for name in variants} for rev in revisions}
     imports: list[float] = []
     with tempfile.TemporaryDirectory(prefix="ragline-prefect-bench-") as folder:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(RAGLINE_HOME=str(Path(folder) / "home"), PREFECT_HOME=str(Path(folder) / "prefect-home"),
                    PREFECT_PROFILES_PATH=str(Path(folder) / "profiles.toml"), RAGLINE_START_LLM="0",
                    RAGLINE_PREFECT_IDLE_SECONDS="600")
+        envs = {rev: env if path is None else {**env, "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(path), env.get("PYTHONPATH")]))} for rev, path in revisions.items()}
         root = workspace(Path(folder) / "project", env)
         try:
             for _ in range(args.repeats):  # interleaved: the machine's drift hits every variant alike
-                ragline(["prefect", "stop"], root, env)
-                seconds, said = ragline(INDEX, root, env)
-                assert "Prefect API: started" in said, said
-                times["shared server, cold (starts it)"].append(seconds)
-                seconds, said = ragline(INDEX, root, env)
-                assert "Prefect API: reusing" in said, said
-                times["shared server, warm (reuses it)"].append(seconds)
-                times["in-process (--no-prefect)"].append(ragline(INDEX + ["--no-prefect"], root, env)[0])
-                times["per-command server (idle 0)"].append(
-                    ragline(INDEX, root, {**env, "RAGLINE_PREFECT_IDLE_SECONDS": "0"})[0])
+                for rev in revisions:
+                    measure(times[rev], root, envs[rev], args.per_command)
                 started = time.perf_counter()
-                subprocess.run([sys.executable, "-c", "import prefect.flows"], env=env, check=True)
+                subprocess.run([sys.executable, "-c", "import prefect.flow_engine"], env=env, check=True)
                 imports.append(time.perf_counter() - started)
         finally:
             ragline(["prefect", "stop"], root, env)
-    medians = {name: round(statistics.median(values), 2) for name, values in times.items()}
-    baseline = medians["in-process (--no-prefect)"]
+    medians = {rev: {name: round(statistics.median(values), 2) for name, values in by.items()}
+               for rev, by in times.items()}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    lines = ["| `ragline index`, unchanged folder | wall time (s) | overhead over in-process (s) | target |",
-             "|---|---:|---:|---:|"]
-    for name, value in medians.items():
-        target = f"<= {TARGET_S:g} s" if name.startswith("shared server, warm") else ""
-        lines.append(f"| {name} | {value} | {value - baseline:+.2f} | {target} |")
+    columns = list(revisions)
+    lines = ["| `ragline index`, unchanged folder | " + " | ".join(
+                 f"{rev}: wall (s) | {rev}: over in-process (s)" for rev in columns) + " | target |",
+             "|---|" + "---:|---:|" * len(columns) + "---:|"]
+    for name in variants:
+        cells = []
+        for rev in columns:
+            value = medians[rev][name]
+            cells += [f"{value}", "" if name == IN_PROCESS else f"{value - medians[rev][IN_PROCESS]:+.2f}"]
+        target = f"<= {TARGET_S:g} s" if name == WARM else ""
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {target} |")
     lines.append("")
-    lines.append(f"Of the warm overhead, {statistics.median(imports):.2f} s is importing Prefect (`import prefect.flows` "
-                 f"in a fresh interpreter, median); the rest is the flow run's API calls and the lease and health check.")
+    lines.append(f"A fresh interpreter's `import prefect.flow_engine` (what every Prefect-mode command imports, "
+                 f"server or not): {statistics.median(imports):.2f} s (median).")
     lines.append("")
     lines.append(f"Medians of {args.repeats}, interleaved; load average {load:.1f} at the end on "
                  f"{os.cpu_count()} cores." if load is not None else f"Medians of {args.repeats}, interleaved.")
     save("cli_prefect_overhead", {"repeats": args.repeats, "seconds": times, "medians": medians,
-                                  "import_prefect_s": imports, "load": load})
+                                  "import_prefect_s": imports, "load": load,
+                                  "baseline": str(args.baseline) if args.baseline else None})
     publish("cli_prefect_overhead", lines, args.readme)
 
 
