@@ -7,14 +7,17 @@ upstream futures, so a thread, Dask or Ray task runner can run it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from prefect import flow
+import httpx
+from prefect.flows import Flow
 from prefect.task_runners import TaskRunner
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -34,7 +37,32 @@ from ragline.flows.resources.filters import validate
 FLOW_NAME = "ragline"  # deployments are "ragline/<name>"
 
 
-@flow(name=FLOW_NAME, flow_run_name="{pipeline}", validate_parameters=False, persist_result=False, log_prints=False)
+class JsonFlow(Flow):
+    """A Prefect flow whose parameters are JSON and pydantic models: recorded on its flow run as
+    Prefect records them (``jsonable_encoder``: models dumped by alias), without importing FastAPI
+    for that encoder (0.3 s, over 1 s on a loaded machine: a cost every CLI flow run paid). Anything
+    else still goes through Prefect's own ``serialize_parameters``."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return json.loads(json.dumps(parameters, allow_nan=False, default=_model_as_json))
+        except (TypeError, ValueError):
+            return super().serialize_parameters(parameters)
+
+
+def _model_as_json(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def json_flow(**options: Any):
+    """``@prefect.flow(**options)``, making a ``JsonFlow``."""
+    return lambda fn: JsonFlow(fn=fn, **options)
+
+
+@json_flow(name=FLOW_NAME, flow_run_name="{pipeline}", validate_parameters=False, persist_result=False,
+           log_prints=False)
 def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str = "pipelines.yaml",
                  overrides: dict[str, dict[str, Any]] | None = None,
                  resources: dict[str, dict[str, Any]] | None = None, data_dir: str | None = None,
@@ -74,6 +102,8 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
         with _api_for_workers(runner), PrefectExecutor(runner) as executor:
             result = execute_pipeline(compiled, inputs or {}, executor, hooks)
     finally:
+        if isinstance(progress, RunProgress):
+            progress.close()
         telemetry.flush()  # a deployment's run is a process of its own, which may exit next
     artifacts.publish(compiled.name, result)  # the run's report beside it on the dashboard
     if isinstance(result, IndexReport) and not result.incomplete:
@@ -176,7 +206,11 @@ def _record_access(inputs: dict[str, Any] | None) -> None:
         return
     query = (inputs or {}).get("query")
     access = query.get("access") if isinstance(query, dict) else getattr(query, "access", None)
-    RunProgress(context.flow_run.id)._labels({ACCESS_LABEL: "*" if access is None else ",".join(sorted(access))})
+    progress = RunProgress(context.flow_run.id)
+    try:
+        progress._labels({ACCESS_LABEL: "*" if access is None else ",".join(sorted(access))})
+    finally:
+        progress.close()
 
 
 def _query_refusal(pipeline: CompiledPipeline, inputs: dict[str, Any] | None) -> str | None:
@@ -275,11 +309,14 @@ ACCESS_LABEL = "ragline.access"  # a query run's access: '*' (every document) or
 class RunProgress:
     """An ingestion run's progress as labels of its flow run (what ``GET /v1/runs/{id}`` and the
     dashboard read: the run is another process), passed on to the driver's bar when there is one.
-    Best effort: a label that cannot be written never fails the run."""
+    Best effort: a label that cannot be written never fails the run. One API client for all its
+    writes (a new one per label cost 0.1-0.4 s: its TLS context, its CSRF token): ``close()`` it."""
 
     def __init__(self, flow_run_id: Any, driver: Any = None):
         self.flow_run_id, self.driver = flow_run_id, driver
         self.done = self.chunks = 0
+        self._client: Any = None
+        self._lock = threading.Lock()
 
     def phase(self, name: str) -> None:
         self._label(phase=name)
@@ -310,10 +347,72 @@ class RunProgress:
         from prefect.client.orchestration import get_client
 
         try:
-            with get_client(sync_client=True) as client:
-                client.update_flow_run_labels(self.flow_run_id, values)
+            with self._lock:
+                if self._client is None:
+                    self._client = get_client(sync_client=True, httpx_settings=_busy_retrying()).__enter__()
+                self._client.update_flow_run_labels(self.flow_run_id, values)
         except Exception as exc:  # noqa: BLE001 - progress is a courtesy
             logging.getLogger("ragline.progress").debug("could not record progress %s: %s", values, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.__exit__(None, None, None)
+
+
+BUSY_RETRY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds before each new attempt at a 503 from the API
+
+
+def _busy_retrying() -> dict[str, Any] | None:
+    """httpx settings for a Prefect client whose writes of a flow run's labels meet a busy server.
+    Prefect's server reads then writes the labels in one SQLite transaction, which fails (503,
+    SQLITE_BUSY_SNAPSHOT) whenever it recorded a task run's state in between, often just after a
+    step ends; Prefect's client then waits 2 s (4, 8...) before its next attempt: seconds a command
+    waited on every other run. This transport asks again after a short pause first. Plain HTTP APIs
+    only (ragline's local server among them): an HTTPS one keeps the transport Prefect builds (its TLS settings)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value() or ""
+    return {"transport": BusyRetryTransport()} if url.startswith("http://") else None
+
+
+class BusyRetryTransport(httpx.BaseTransport):
+    """An httpx transport that sends a request again, after ``BUSY_RETRY_PAUSES``, while the
+    server answers 503; the last answer goes to the client (whose own retries then apply)."""
+
+    def __init__(self):
+        # Plain HTTP only: no TLS context to build (0.05-0.3 s); connection retries as Prefect sets them
+        self._inner = httpx.HTTPTransport(verify=False, retries=3)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme != "http":  # e.g. redirected to HTTPS: not through an unverified transport
+            raise httpx.UnsupportedProtocol(f"{request.url.scheme} is not sent by this transport: {request.url}")
+        for pause in (*BUSY_RETRY_PAUSES, None):
+            response = self._inner.handle_request(request)
+            if response.status_code != 503 or pause is None:
+                return response
+            response.read()
+            response.close()
+            time.sleep(pause)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+@contextmanager
+def prefect_settings(section: str, **values: Any) -> Iterator[None]:
+    """Prefect's settings with some fields of one section replaced, for this context. A copy of the
+    current settings, not ``temporary_settings``'s revalidation of every setting (0.1-0.3 s, and
+    more on a loaded machine): for fields that no other setting is derived from."""
+    from prefect.context import SettingsContext
+
+    context = SettingsContext.get()
+    current = context.settings
+    replaced = getattr(current, section).model_copy(update=values)
+    with SettingsContext(profile=context.profile, settings=current.model_copy(update={section: replaced})):
+        yield
 
 
 def _run_progress(driver: Any) -> Any:
@@ -377,7 +476,6 @@ def output_type(pipeline: CompiledPipeline) -> Any:
 def run_as_flow(pipeline: CompiledPipeline, inputs: dict[str, Any], hooks: DriverHooks) -> Any:
     """Run ``pipeline`` as a flow run of ``run_pipeline`` from this process (the CLI's default for
     ingestion), with this process's progress bar; in-process runs skip the ~1 s heartbeat wait."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from pydantic import TypeAdapter
 
     ref = PipelineRef.of(pipeline)
@@ -388,7 +486,7 @@ def run_as_flow(pipeline: CompiledPipeline, inputs: dict[str, Any], hooks: Drive
         # The plain call returns the flow's in-memory return value (raises what it raised). Its final
         # state may instead be the API's copy, without data, when a loaded server answered the
         # proposal of that state late and the client's retry was told the run had already ended.
-        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with prefect_settings("flows", heartbeat_frequency=None):
             value = run_pipeline(**parameters)
     except SourcesUnreachable as unreachable:
         if unreachable.report is None:

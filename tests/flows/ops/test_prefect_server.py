@@ -4,6 +4,7 @@ within seconds. The server tests run real servers in child processes; they share
 folder so Prefect's migrations run once."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -319,7 +320,9 @@ pipelines:
       - {id: echo, task: echo_stages.echo}
       - {id: join, task: fuse}
 """
-_CLI = "import sys\nfrom ragline.flows.cli import main\nsys.exit(main())"
+# The command, then the web framework it imported, if any (a flow run needs none: issue 22 item 5)
+_CLI = ("import sys\nfrom ragline.flows.cli import main\ncode = main()\n"
+        "print('fastapi imported' if 'fastapi' in sys.modules else 'no fastapi', file=sys.stderr)\nsys.exit(code)")
 
 
 @pytest.fixture
@@ -360,15 +363,11 @@ def _echo(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _record(env: dict[str, str]) -> dict:
-    import json
-
     return json.loads((Path(env["RAGLINE_HOME"]) / "prefect" / "server.json").read_text())
 
 
 def test_a_record_of_a_dead_process_is_not_reused(tmp_path):
     """A stale server.json (its server was killed) is never taken for a running server."""
-    import json
-
     from ragline.flows.ops import prefect_server
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -392,6 +391,15 @@ def test_a_second_command_reuses_the_first_commands_server(shared_env, echo_proj
     reused_in = time.monotonic() - started
     assert f"Prefect API: reusing ragline's local server at {record['url']} (idle timeout 10 min)" in second.stderr
     assert _record(shared_env) == record  # the same server: no second start
+    assert "no fastapi" in second.stderr  # a warm command imports only what its flow run needs
+    db = Path(shared_env["RAGLINE_HOME"]) / "prefect" / "prefect.db"
+    with sqlite3.connect(db) as conn:  # the dashboard's view of both runs: state, parameters, labels
+        runs = conn.execute("SELECT fr.state_type, fr.parameters, fr.labels FROM flow_run fr JOIN flow f "
+                            "ON f.id = fr.flow_id WHERE f.name = 'ragline' ORDER BY fr.created").fetchall()
+    assert [state for state, _, _ in runs] == ["COMPLETED", "COMPLETED"]
+    parameters, labels = json.loads(runs[-1][1]), json.loads(runs[-1][2])
+    assert parameters["pipeline"] == "echo" and parameters["inputs"]["query"]["text"] == "hello"
+    assert labels["ragline.access"] == "*"
     status = _ragline(shared_env, echo_project, "prefect", "status", timeout=60)
     assert status.returncode == 0 and f"pid {record['pid']}" in status.stdout, status.stderr
     stop = _ragline(shared_env, echo_project, "prefect", "stop", timeout=60)
