@@ -196,7 +196,7 @@ def test_changed_bm25_settings_are_reported_not_rebuilt(tmp_path, chunks, caplog
 
 
 def test_sparse_stage_declares_the_state_role():
-    assert retrieve_sparse.uses == {"sparse": ("bm25",), "state": ("index_state",)}
+    assert retrieve_sparse.uses == {"sparse": ("bm25", "milvus"), "state": ("index_state",)}
 
 
 @pytest.mark.parametrize("bad", [
