@@ -22,7 +22,7 @@ from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import DependencyUnavailable, IndexUnavailable
 from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.chroma_owner import owner_of
-from ragline.flows.resources.state import REMEDY, StoreMissing, disk_fault, expected_chunks as _expected_chunks
+from ragline.flows.resources.state import REMEDY, StoreMissing, disk_fault, store_health
 
 log = logging.getLogger("ragline.chroma")
 T = TypeVar("T")
@@ -219,19 +219,7 @@ class ChromaStore(Resource):
     def health(self, index_state: Any = None) -> Health:
         """Reachable, and holding as many vectors as ``index_state`` names chunks (when given).
         Read-only: nothing is created here."""
-        expected = _expected_chunks(index_state)
-        detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
-        try:
-            detail["chunks"] = self.count()
-        except StoreMissing as exc:
-            detail["chunks"] = 0
-            if expected:
-                return Health.down(f"{exc} while the index state holds {expected} chunks", **detail)
-            return Health.degraded(f"{exc}", **detail) if expected is None else Health.up(**detail)
-        if expected is not None and detail["chunks"] != expected:
-            return Health.down(f"{self.location} holds {detail['chunks']} vectors, the index state names "
-                               f"{expected} chunks; {REMEDY}", **detail)
-        return Health.up(**detail)
+        return store_health(self.location, self.count, index_state, unit="vectors")
 
     def close(self) -> None:
         with self._lock:

@@ -40,7 +40,7 @@ from ragline.flows.errors import ConfigError, DependencyUnavailable, InputError
 from ragline.flows.resources import filters
 from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.chroma import EmbedderMismatch, chroma_metadata
-from ragline.flows.resources.state import REMEDY, IndexState, StoreMissing, expected_chunks
+from ragline.flows.resources.state import REMEDY, IndexState, StoreMissing, store_health
 
 log = logging.getLogger("ragline.milvus")
 T = TypeVar("T")
@@ -344,21 +344,10 @@ class MilvusStore(Resource):
 
     def health(self, index_state: Any = None) -> Health:
         """Reachable, and holding as many chunks as ``index_state`` names (when given). Read-only."""
-        expected = expected_chunks(index_state)
-        detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
         try:
-            detail["chunks"] = self.count()
-        except StoreMissing as exc:
-            detail["chunks"] = 0
-            if expected:
-                return Health.down(f"{exc} while the index state holds {expected} chunks", **detail)
-            return Health.degraded(f"{exc}", **detail) if expected is None else Health.up(**detail)
+            return store_health(self.location, self.count, index_state)
         except Exception as exc:  # noqa: BLE001 - a probe reports, never raises
-            return Health.down(f"{self.location}: {type(exc).__name__}: {_first_line(exc)}", **detail)
-        if expected is not None and detail["chunks"] != expected:
-            return Health.down(f"{self.location} holds {detail['chunks']} chunks, the index state names "
-                               f"{expected}; {REMEDY}", **detail)
-        return Health.up(**detail)
+            return Health.down(f"{self.location}: {type(exc).__name__}: {_first_line(exc)}")
 
     def close(self) -> None:
         with self._lock:

@@ -800,6 +800,26 @@ def expected_chunks(state: IndexState | None) -> int | None:
         return 0
 
 
+def store_health(location: str, count: Callable[[], int], index_state: IndexState | None,
+                 unit: str = "chunks") -> Health:
+    """A store's health by its count: reachable, and holding as many ``unit`` as ``index_state``
+    names chunks (when given). A store that is missing is degraded while nothing is indexed, down
+    once the state holds chunks."""
+    expected = expected_chunks(index_state)
+    detail: dict[str, Any] = {} if expected is None else {"state_chunks": expected}
+    try:
+        detail["chunks"] = count()
+    except StoreMissing as exc:
+        detail["chunks"] = 0
+        if expected:
+            return Health.down(f"{exc} while the index state holds {expected} chunks", **detail)
+        return Health.degraded(f"{exc}", **detail) if expected is None else Health.up(**detail)
+    if expected is not None and detail["chunks"] != expected:
+        return Health.down(f"{location} holds {detail['chunks']} {unit}, the index state names {expected} chunks; "
+                           f"{REMEDY}", **detail)
+    return Health.up(**detail)
+
+
 def _add_acl_column(conn: sqlite3.Connection) -> None:
     """A state from before document access gets the ``acl`` column, NULL (unknown) for every source:
     the next ingestion run grants each its groups in place (metadata only, nothing re-embedded)."""
