@@ -2,9 +2,13 @@
 cache entry ragline replaces in place."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, Iterator
+
+from ragline.flows.errors import ConfigError
 
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
@@ -20,3 +24,16 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """A JSONL file's non-blank lines as (line number, value); a line that is not JSON is a
+    ConfigError naming the file and the line. OSError as opening the file raises it."""
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{number}: not JSON: {exc.msg}", file=str(path), line=number) from None

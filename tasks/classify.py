@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Label, Query
 from ragline.flows.errors import ConfigError
+from ragline.flows.files import json_lines
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, parse_json
@@ -207,17 +208,11 @@ def labelled_examples(params: Params, path: Path | None) -> list[tuple[str, str]
 def read_examples(path: Path, labels: list[str]) -> list[tuple[str, str]]:
     """A JSONL file's {text, label} lines; a bad line is an error naming the file and the line."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        records = list(json_lines(path))
     except OSError as exc:
         raise ConfigError(f"examples file {path}: {exc.strerror or exc}", file=str(path)) from exc
     pairs = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not JSON: {exc.msg}", file=str(path), line=number) from None
+    for number, record in records:
         text = record.get("text") if isinstance(record, dict) else None
         label = record.get("label") if isinstance(record, dict) else None
         if not isinstance(text, str) or not text.strip() or not isinstance(label, str):

@@ -7,7 +7,6 @@ file changes), with the pipeline's own embedder resource; each query then costs 
 """
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.errors import ConfigError
+from ragline.flows.files import json_lines
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm_output import clip
 from ragline.flows.spec.registry import stage
@@ -97,24 +97,17 @@ def examples_of(path: Path, embedder: Embedder) -> Bank:
 def read_examples(path: Path) -> list[Example]:
     """Every line an example; a bad line is an error naming the file and the line."""
     examples = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{number}: not JSON: {exc.msg}", file=str(path), line=number) from None
-            if not isinstance(record, dict):
-                raise ConfigError(f"{path}:{number}: expected an object with 'request' and 'answer'",
-                                  file=str(path), line=number)
-            try:
-                examples.append(Example.model_validate({"request": record.get("request"),
-                                                        "answer": record.get("answer"), "line": number}))
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                raise ConfigError(f"{path}:{number}: field '{error['loc'][0]}': {error['msg']}",
-                                  file=str(path), line=number, field=str(error["loc"][0])) from None
+    for number, record in json_lines(path):
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path}:{number}: expected an object with 'request' and 'answer'",
+                              file=str(path), line=number)
+        try:
+            examples.append(Example.model_validate({"request": record.get("request"),
+                                                    "answer": record.get("answer"), "line": number}))
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise ConfigError(f"{path}:{number}: field '{error['loc'][0]}': {error['msg']}",
+                              file=str(path), line=number, field=str(error["loc"][0])) from None
     return examples
 
 
