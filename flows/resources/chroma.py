@@ -32,6 +32,18 @@ _BACKOFF_MAX_SECONDS = 5.0  # cap on one wait, so a server back after an outage 
 _TOKEN_PROVIDER = "chromadb.auth.token_authn.TokenAuthClientProvider"
 
 
+def space_scores(space: str, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """The score ``query`` gives each of ``vectors`` in a distance ``space`` (l2, ip, cosine), higher
+    is closer: what a store's passages carry, for stages that re-score vectors they fetched."""
+    query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
+    if space == "l2":
+        return -((vectors - query) ** 2).sum(axis=-1)
+    if space == "ip":
+        return vectors @ query
+    norms = np.linalg.norm(vectors, axis=-1) * max(float(np.linalg.norm(query)), 1e-12)
+    return (vectors @ query) / np.maximum(norms, 1e-12)
+
+
 class ChromaSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -376,13 +388,7 @@ class ChromaStore(Resource):
 
     def score(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
         """The score ``query`` gives ``vectors`` as a query's passages carry it (see ``_passage``)."""
-        query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
-        if self.spec.space == "l2":
-            return -((vectors - query) ** 2).sum(axis=-1)
-        if self.spec.space == "ip":
-            return vectors @ query
-        norms = np.linalg.norm(vectors, axis=-1) * max(float(np.linalg.norm(query)), 1e-12)
-        return (vectors @ query) / np.maximum(norms, 1e-12)
+        return space_scores(self.spec.space, query, vectors)
 
     def _batch_size(self) -> int:
         """write_batch_size, capped at what the client accepts per call (5461 for embedded Chroma)."""

@@ -39,7 +39,7 @@ from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import ConfigError, DependencyUnavailable, InputError
 from ragline.flows.resources import filters
 from ragline.flows.resources.base import Health, Lazy, Resource
-from ragline.flows.resources.chroma import EmbedderMismatch, chroma_metadata
+from ragline.flows.resources.chroma import EmbedderMismatch, chroma_metadata, space_scores
 from ragline.flows.resources.state import REMEDY, IndexState, StoreMissing, store_health
 
 log = logging.getLogger("ragline.milvus")
@@ -399,13 +399,7 @@ class MilvusStore(Resource):
 
     def score(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
         """The score ``query`` gives ``vectors`` as a query's passages carry it (as Chroma's)."""
-        query, vectors = np.asarray(query, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
-        if self.spec.space == "l2":
-            return -((vectors - query) ** 2).sum(axis=-1)
-        if self.spec.space == "ip":
-            return vectors @ query
-        norms = np.linalg.norm(vectors, axis=-1) * max(float(np.linalg.norm(query)), 1e-12)
-        return (vectors @ query) / np.maximum(norms, 1e-12)
+        return space_scores(self.spec.space, query, vectors)
 
     def upsert(self, chunks: list[Chunk]) -> None:
         if not chunks:
