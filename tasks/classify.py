@@ -137,7 +137,7 @@ def _narrowed(asked: list[str] | None, routed: list[str], ctx: StepContext) -> l
 
 # ----------------------------------------------------------------------------- embedding
 @dataclass(frozen=True)
-class Bank:
+class LabelBank:
     """The labelled examples, embedded: unit rows, each row's label index, and each label's centroid."""
 
     labels: list[str]
@@ -146,7 +146,7 @@ class Bank:
     centroids: np.ndarray
 
 
-_BANKS: weakref.WeakKeyDictionary[Embedder, dict[str, Bank]] = weakref.WeakKeyDictionary()
+_BANKS: weakref.WeakKeyDictionary[Embedder, dict[str, LabelBank]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -159,7 +159,7 @@ def by_embedding(text: str, params: Params, ctx: StepContext, embedder: Embedder
     return Label(label=bank.labels[index], score=score, mode="embedding")
 
 
-def nearest(bank: Bank, vector: np.ndarray, params: Params) -> tuple[int, float]:
+def nearest(bank: LabelBank, vector: np.ndarray, params: Params) -> tuple[int, float]:
     """The winning label's index and its similarity (the centroid's, or the best example's)."""
     if params.method == "centroid":
         scores = bank.centroids @ vector
@@ -173,7 +173,7 @@ def nearest(bank: Bank, vector: np.ndarray, params: Params) -> tuple[int, float]
     return best, float(max(scores[i] for i in top if bank.owner[i] == best)) if votes[best] > 0 else 0.0
 
 
-def bank_of(params: Params, base_dir: Path, embedder: Embedder) -> Bank:
+def bank_of(params: Params, base_dir: Path, embedder: Embedder) -> LabelBank:
     """The examples embedded once per embedder and configuration (again when the file changes)."""
     path = (base_dir / params.examples_file).resolve() if params.examples_file else None
     stamp = _stamp(path) if path is not None else None
@@ -188,7 +188,7 @@ def bank_of(params: Params, base_dir: Path, embedder: Embedder) -> Bank:
             centroids = _unit(np.stack([vectors[owner == i].mean(axis=0) for i in range(len(labels))]))
             if len(banks) >= 8:
                 banks.clear()
-            banks[key] = Bank(labels, vectors, owner, centroids)
+            banks[key] = LabelBank(labels, vectors, owner, centroids)
         return banks[key]
 
 

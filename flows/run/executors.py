@@ -72,6 +72,13 @@ class DirectExecutor:
         return future.result()
 
 
+def _lists_from_state(step: CompiledStep, call: StepCall) -> bool:
+    """A source step's listing (not its batch reads): it asks the sink's index state which items are
+    unchanged, so it runs beside the sink, in this process (a worker elsewhere may not reach an
+    embedded state; its batches' reads, ``stage.read``, go to the cluster)."""
+    return step.stage.read is not None and call.hook is None
+
+
 def _transfer(done: Future, out: Future) -> None:
     if done.exception() is not None:
         out.set_exception(done.exception())
@@ -101,8 +108,9 @@ class PrefectExecutor:
 
     With a cluster task runner (``task_runner``: Dask or Ray, started by ``with`` for the run; or a
     flow run whose own runner is not a thread pool) the steps run on the cluster, except the
-    ingestion sink (plan, batch writes, finalize: ``stage.plan is not None``) and any step that
-    takes one of its results: those run on a thread pool of this process, so the embedded stores
+    ingestion sink (plan, batch writes, finalize: ``stage.plan is not None``), a source's listing
+    (it reads the sink's state for change signals) and any step that takes one of its results:
+    those run on a thread pool of this process, so the embedded stores
     have a single writer here and never see a worker process. Cluster futures are parameters of
     the local task runs, resolved here."""
 
@@ -141,7 +149,8 @@ class PrefectExecutor:
         if self._remote is None:
             return task.submit(call, inputs, wait_for=after)
         deps = [f for results in inputs.values() for f in results] + list(after)
-        here = step.stage.plan is not None or any(isinstance(f, PrefectConcurrentFuture) for f in deps)
+        here = step.stage.plan is not None or any(isinstance(f, PrefectConcurrentFuture) for f in deps) or \
+            _lists_from_state(step, call)
         runner = self._local if here else self._remote
         return runner.submit(task, {"call": call, "inputs": inputs}, wait_for=after or None)
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -109,15 +110,23 @@ def _deployment(prefect_api: str, pipeline: str) -> dict:
 
 
 def _create_flow_run(prefect_api: str, deployment_id: str, body: dict) -> str:
-    """POST create_flow_run; a 5xx (SQLite busy under the scheduler on a loaded 2-core CI machine)
-    is retried, as Prefect's own client does, and any other answer fails with its body."""
+    """POST create_flow_run; a 5xx or no answer within 30 s (SQLite busy under the scheduler on a
+    loaded 2-core CI machine) is retried, as Prefect's own client does, under one idempotency key
+    (a retried request that did create its run gets that run, not a second one); any other answer
+    fails with its body."""
     url = f"{prefect_api}/deployments/{deployment_id}/create_flow_run"
+    body = {"idempotency_key": uuid.uuid4().hex, **body}
     for attempt in range(6):
-        created = httpx.post(url, json=body, timeout=30)
+        try:
+            created = httpx.post(url, json=body, timeout=30)
+        except httpx.TimeoutException:
+            if attempt == 5:
+                raise
+            continue
         if created.status_code < 500:
             break
         time.sleep(1 + attempt)
-    assert created.status_code == 201, f"{created.status_code}: {created.text}"
+    assert created.status_code in (200, 201), f"{created.status_code}: {created.text}"
     return created.json()["id"]
 
 

@@ -103,11 +103,12 @@ def unreachable_prefect(monkeypatch):
 
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    with socket.socket() as sock:
+    with socket.socket() as sock:  # bound, never listening: refused, and no other server takes the port
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api", PREFECT_CLIENT_MAX_RETRIES: 0}):
-        yield
+        with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api",
+                                         PREFECT_CLIENT_MAX_RETRIES: 0}):
+            yield
 
 
 def test_an_unreachable_configured_api_leaves_the_evaluation_in_process_with_a_warning(unreachable_prefect, caplog):

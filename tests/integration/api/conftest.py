@@ -46,12 +46,13 @@ def served(api_project) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def down_project(api_project) -> Path:
-    """The same indexes, with the LLM at a closed port."""
+def down_project(api_project) -> Iterator[Path]:
+    """The same indexes, with the LLM at a closed port: bound, never listening, for the whole
+    session, so no server another test starts can take the port (connections are refused)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]
-    return write_project(api_project.parent, f"http://127.0.0.1:{closed}/v1", name="down.yaml")
+        yield write_project(api_project.parent, f"http://127.0.0.1:{closed}/v1", name="down.yaml")
 
 
 @pytest.fixture
