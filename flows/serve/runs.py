@@ -195,6 +195,11 @@ class _Runs:
             self.deployment_ids[pipeline] = deployment.id
         return self.deployment_ids[pipeline]
 
+    async def learn_deployments(self, client: Any) -> None:
+        """This file's deployment ids (cached), which ``owns`` and ``recent`` tell its runs by."""
+        for name in self.project.pipelines:
+            await self.deployment_id(client, name)
+
     async def running(self, client: Any, pipeline: str) -> str | None:
         """Why a new run of ``pipeline`` must not start now (None: it may)."""
         from prefect.client.schemas.filters import (
@@ -549,8 +554,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
         states = _listed_states(state)
         try:
             async with get_client() as client:
-                for name in project.pipelines:  # learn this file's deployment ids (cached)
-                    await runs.deployment_id(client, name)
+                await runs.learn_deployments(client)
                 found = await runs.recent(client, names, states, limit)
         except ApiError:
             raise
@@ -571,8 +575,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
             raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
         try:
             async with get_client() as client:
-                for name in project.pipelines:  # learn this file's deployment ids (cached)
-                    await runs.deployment_id(client, name)
+                await runs.learn_deployments(client)
                 try:
                     flow_run = await client.read_flow_run(flow_run_id)
                 except ObjectNotFound:
