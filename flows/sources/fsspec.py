@@ -181,6 +181,10 @@ class FsspecSource(DocumentSource):
             options.setdefault("known_hosts", ())  # asyncssh's default: ~/.ssh/known_hosts, none trusted without it
         else:
             options["use_listings_cache"] = False
+        if self.protocol in ("s3", "s3a"):  # botocore keeps 10 connections: as many as objects fetched at once
+            config = options.get("config_kwargs") or {}
+            if isinstance(config, dict) and self.spec.concurrency > 10 and "max_pool_connections" not in config:
+                options["config_kwargs"] = {**config, "max_pool_connections": self.spec.concurrency}
         return options
 
     def scrub(self, text: str) -> str:

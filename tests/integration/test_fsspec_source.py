@@ -16,7 +16,7 @@ from ragline.tasks.index import gone_sources
 from ragline.tasks.load import Params, load
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.harness import run_index, snapshot
-from tests.helpers.store_proxy import Proxy
+from tests.helpers.store_proxy import Proxy, http_refusal
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
@@ -202,17 +202,24 @@ def test_objects_are_downloaded_several_at_once_and_a_paged_listing_keeps_their_
         meanwhile.append(len(proxy.downloads()))
 
     proxy.before_download = hold
+    proxy.refuse = lambda head: head.startswith("GET /docs/bulk/0004.txt ")  # one object cannot be read
+    proxy.refusal = http_refusal("403 Forbidden", "<Error><Code>AccessDenied</Code><Message>Access Denied</Message>"
+                                 "</Error>", "application/xml")
     ctx = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
     spec = {**root_spec(proxy, "s3://docs/bulk/"), "concurrency": 3}
-    assert len(load.fn(params=Params(paths=[spec]), ctx=ctx)) == 6 and ctx.failures == []
+    assert len(load.fn(params=Params(paths=[spec]), ctx=ctx)) == 5  # the others are indexed
+    assert [(f.source_id, f.root) for f in ctx.failures] == [("s3://docs/bulk/0004.txt", False)]
+    assert "cannot read object" in ctx.failures[0].reason and [c.path for c in ctx.covered] == ["s3://docs/bulk"]
     assert meanwhile == [3] and len(proxy.downloads()) == 6  # three in flight while the first was held
+    proxy.refuse = None
 
     proxy.requests.clear()
     paged = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
     again = load.fn(params=Params(paths=[{**spec, "page_size": 1}]), ctx=paged)
-    assert len(again) == 6 and [c.path for c in paged.covered] == ["s3://docs/bulk"]
+    assert len(again) == 6 and [c.path for c in paged.covered] == ["s3://docs/bulk"] and paged.failures == []
     assert len([r for r in proxy.requests if "max-keys=1" in r.split("\r\n", 1)[0]]) >= 6
-    assert proxy.downloads() == []  # keys listed page by page have the signals they had: nothing fetched again
+    # keys listed page by page have the signals they had: only the object that failed is fetched again
+    assert [line.split()[1] for line in proxy.downloads()] == ["/docs/bulk/0004.txt"]
 
 
 def test_credentials_come_from_the_environment_and_never_show(s3, tmp_path, caplog, monkeypatch):

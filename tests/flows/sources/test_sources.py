@@ -9,7 +9,16 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ragline.flows.sources import DocumentSource, Fetched, Item, ItemCache, Listing, SourceError, SourceSpec, source_types
+from ragline.flows.sources import (
+    DocumentSource,
+    Fetched,
+    Item,
+    ItemCache,
+    Listing,
+    SourceError,
+    SourceSpec,
+    source_types,
+)
 from ragline.flows.spec.compile import validate_file
 
 from tests.helpers.data import BASE_RESOURCES
