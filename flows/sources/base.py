@@ -11,6 +11,9 @@ The incremental protocol needs three things from a source, and nothing else:
   again (``ItemCache``);
 - the item's **bytes**, which ``load`` turns into Documents and hashes: the index state compares
   content hashes, so a wrong signal costs a download, never a stale index.
+
+``load`` asks for the items it must download through ``fetch_all``: one after the other, unless the
+source says it can fetch several at once (``fetch_concurrency``; an fsspec root's ``concurrency``).
 """
 from __future__ import annotations
 
