@@ -529,6 +529,7 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext, known: "Known
             cache.carry(key)
     documents: list[Document] = []
     same = known.unchanged({root.source_id(f"{root.location}/{i.key}"): i.signal for i in listing.items})
+    to_read: list[Any] = []
     for item in listing.items:
         path = f"{root.location}/{item.key}"
         listed = known.listed(same.get(root.source_id(path)), item.signal, path, root, item.groups, params)
@@ -536,10 +537,12 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext, known: "Known
             cache.carry(item.key)
             documents += listed
             ctx.progress("unchanged", len(listed))
-            continue
-        fetched = _remote_bytes(source, item, cache, root.source_id(path), ctx)
+        else:
+            to_read.append(item)
+    for item, fetched in _remote_bytes(source, to_read, cache, root, ctx):
+        path = f"{root.location}/{item.key}"
         for document in _load_file(path, root, fetched.data, fetched.modified or 0.0, params, ctx,
-                                   fetched.media_type, item.groups) if fetched else []:
+                                   fetched.media_type, item.groups):
             document.signal = item.signal
             documents.append(document)
             ctx.progress("documents", 1)
@@ -551,19 +554,30 @@ def _remote_documents(spec: Any, params: Params, ctx: StepContext, known: "Known
     return documents
 
 
-def _remote_bytes(source: DocumentSource, item: Any, cache: ItemCache, where: str, ctx: StepContext) -> Fetched | None:
-    """An item's bytes: cached when its signal is unchanged (no download), else fetched (or read
-    while listing) and kept under the signal listed before the download."""
-    if (hit := cache.hit(item)) is not None:
-        ctx.progress("unchanged", 1)
-        return hit
-    try:
-        fetched = Fetched(item.data, item.modified, item.signal, item.media_type) if item.data is not None \
-            else source.fetch(item)
-    except SourceError as exc:
-        ctx.fail(where, str(exc))
-        cache.carry(item.key)
-        return None
+def _remote_bytes(source: DocumentSource, items: list[Any], cache: ItemCache, root: SourceRoot,
+                  ctx: StepContext) -> Iterator[tuple[Any, Fetched]]:
+    """Each item's bytes: cached when its signal is unchanged (no download), else fetched (or read
+    while listing) and kept under the signal listed before the download. Downloads go through the
+    source's ``fetch_all`` (several at once where it can, a bounded window of bytes held); one that
+    fails is reported for its item."""
+    downloads = []
+    for item in items:
+        if (hit := cache.hit(item)) is not None:
+            ctx.progress("unchanged", 1)
+            yield item, hit
+        elif item.data is not None:
+            yield item, _downloaded(item, Fetched(item.data, item.modified, item.signal, item.media_type), cache, ctx)
+        else:
+            downloads.append(item)
+    for item, outcome in source.fetch_all(downloads):
+        if isinstance(outcome, SourceError):
+            ctx.fail(root.source_id(f"{root.location}/{item.key}"), str(outcome))
+            cache.carry(item.key)
+        else:
+            yield item, _downloaded(item, outcome, cache, ctx)
+
+
+def _downloaded(item: Any, fetched: Fetched, cache: ItemCache, ctx: StepContext) -> Fetched:
     ctx.progress("downloaded", 1)
     cache.keep(item, fetched, item.signal)
     return fetched

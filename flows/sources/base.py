@@ -11,15 +11,20 @@ The incremental protocol needs three things from a source, and nothing else:
   again (``ItemCache``);
 - the item's **bytes**, which ``load`` turns into Documents and hashes: the index state compares
   content hashes, so a wrong signal costs a download, never a stale index.
+
+``load`` asks for the items it must download through ``fetch_all``: one after the other, unless the
+source says it can fetch several at once (``fetch_concurrency``; an fsspec root's ``concurrency``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 from abc import ABC, abstractmethod
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, get_args
+from typing import Any, Callable, ClassVar, Iterable, Iterator, get_args
 
 from pydantic import BaseModel
 from ragline.flows.errors import RaglineError
@@ -100,12 +105,48 @@ class DocumentSource(ABC):
     def fetch(self, item: Item) -> Fetched:
         """The item's bytes (at most ``max_bytes``); raises SourceError naming why not."""
 
+    @property
+    def fetch_concurrency(self) -> int:
+        """How many items ``fetch_all`` downloads at once (1: one after the other)."""
+        return 1
+
+    def fetch_all(self, items: Iterable[Item]) -> Iterator[tuple[Item, Fetched | SourceError]]:
+        """Each item with its bytes, or the SourceError saying why not, in the order given. Up to
+        ``fetch_concurrency`` fetches run at once in threads, started ahead of the consumer: at most
+        that many items' bytes are held at a time (a window, never the whole listing's). Any other
+        exception is raised to the consumer, and the fetches under way are finished first."""
+        if self.fetch_concurrency <= 1:
+            for item in items:
+                yield item, _outcome(self.fetch, item)
+            return
+        pending: deque[tuple[Item, Future]] = deque()
+        with ThreadPoolExecutor(self.fetch_concurrency, thread_name_prefix="ragline-fetch") as pool:
+            try:
+                for item in items:
+                    if len(pending) >= self.fetch_concurrency:
+                        done, future = pending.popleft()
+                        yield done, future.result()
+                    pending.append((item, pool.submit(_outcome, self.fetch, item)))
+                while pending:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+            finally:
+                for _, future in pending:
+                    future.cancel()
+
     def url(self, key: str) -> str | None:
         """The public URL an item links to, if it has one."""
         return None
 
     def bind(self, base_dir: str) -> None:
         """Where relative locations resolve: the pipelines file's folder (``load`` calls it once)."""
+
+
+def _outcome(fetch: Callable[[Item], Fetched], item: Item) -> Fetched | SourceError:
+    try:
+        return fetch(item)
+    except SourceError as exc:
+        return exc
 
 
 class ItemCache:

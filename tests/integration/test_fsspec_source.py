@@ -4,6 +4,7 @@ changes an object between its listing and its download."""
 from __future__ import annotations
 
 import logging
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,7 @@ from ragline.tasks.index import gone_sources
 from ragline.tasks.load import Params, load
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.harness import run_index, snapshot
-from tests.helpers.store_proxy import Proxy
+from tests.helpers.store_proxy import Proxy, http_refusal
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
@@ -164,11 +165,12 @@ def _only_for(name: str, action, proxy: Proxy):
 
 def test_a_listing_that_fails_halfway_deletes_nothing(s3, tmp_path):
     client, proxy = s3
-    put_many(client, {f"bulk/{n:04d}.txt": f"note {n}\n" for n in range(1002)})  # S3 lists 1000 keys a page:
-    params = Params(paths=[root_spec(proxy, "s3://docs/bulk/")])
+    put_many(client, {f"bulk/{n:04d}.txt": f"note {n}\n" for n in range(5)})
+    params = Params(paths=[{**root_spec(proxy, "s3://docs/bulk/"), "page_size": 2}])  # three pages
     complete = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
     documents = load.fn(params=params, ctx=complete)
-    assert len(documents) == 1002 and [c.path for c in complete.covered] == ["s3://docs/bulk"]
+    assert len(documents) == 5 and [c.path for c in complete.covered] == ["s3://docs/bulk"]
+    assert len([r for r in proxy.requests if "max-keys=2" in r.split("\r\n", 1)[0]]) == 3
 
     client.delete_object(Bucket="docs", Key="bulk/0000.txt")
     # the second page is cut: its request is dropped, its answer never arrives
@@ -183,9 +185,41 @@ def test_a_listing_that_fails_halfway_deletes_nothing(s3, tmp_path):
     proxy.refuse = None
     whole = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
     again = load.fn(params=params, ctx=whole)
-    assert len(again) == 1001
+    assert len(again) == 4
     assert gone_sources(indexed, {d.source_id for d in again}, whole.failures, whole.covered) == \
         ["s3://docs/bulk/0000.txt"]
+
+
+def test_objects_are_downloaded_several_at_once_and_a_paged_listing_keeps_their_signals(s3, tmp_path):
+    client, proxy = s3
+    put_many(client, {f"bulk/{n:04d}.txt": f"note {n}\n" for n in range(6)})
+    meanwhile = []
+
+    def hold(line: str) -> None:  # the first download waits until others have been asked for, at most 5 s
+        deadline = time.monotonic() + 5
+        while len(proxy.downloads()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        meanwhile.append(len(proxy.downloads()))
+
+    proxy.before_download = hold
+    proxy.refuse = lambda head: head.startswith("GET /docs/bulk/0004.txt ")  # one object cannot be read
+    proxy.refusal = http_refusal("403 Forbidden", "<Error><Code>AccessDenied</Code><Message>Access Denied</Message>"
+                                 "</Error>", "application/xml")
+    ctx = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
+    spec = {**root_spec(proxy, "s3://docs/bulk/"), "concurrency": 3}
+    assert len(load.fn(params=Params(paths=[spec]), ctx=ctx)) == 5  # the others are indexed
+    assert [(f.source_id, f.root) for f in ctx.failures] == [("s3://docs/bulk/0004.txt", False)]
+    assert "cannot read object" in ctx.failures[0].reason and [c.path for c in ctx.covered] == ["s3://docs/bulk"]
+    assert meanwhile == [3] and len(proxy.downloads()) == 6  # three in flight while the first was held
+    proxy.refuse = None
+
+    proxy.requests.clear()
+    paged = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
+    again = load.fn(params=Params(paths=[{**spec, "page_size": 1}]), ctx=paged)
+    assert len(again) == 6 and [c.path for c in paged.covered] == ["s3://docs/bulk"] and paged.failures == []
+    assert len([r for r in proxy.requests if "max-keys=1" in r.split("\r\n", 1)[0]]) >= 6
+    # keys listed page by page have the signals they had: only the object that failed is fetched again
+    assert [line.split()[1] for line in proxy.downloads()] == ["/docs/bulk/0004.txt"]
 
 
 def test_credentials_come_from_the_environment_and_never_show(s3, tmp_path, caplog, monkeypatch):

@@ -87,10 +87,21 @@ def test_a_gcs_token_that_names_a_method_is_not_a_credential():
 def test_an_sftp_url_gives_host_port_and_user_and_host_keys_are_checked_by_default():
     sshfs = pytest.importorskip("sshfs")
     s3fs = pytest.importorskip("s3fs")
-    assert FsspecSource(spec(url="s3://b/p/"), max_bytes=1)._options(s3fs.S3FileSystem) == {"use_listings_cache": False}
+    assert FsspecSource(spec(url="s3://b/p/", concurrency=4), max_bytes=1)._options(s3fs.S3FileSystem) == \
+        {"use_listings_cache": False}
     source = FsspecSource(spec(url="sftp://reader@127.0.0.1:2222/srv/docs/"), max_bytes=1000)
     assert source._options(sshfs.SSHFileSystem) == {"host": "127.0.0.1", "port": 2222, "username": "reader",
                                                     "known_hosts": ()}
     chosen = FsspecSource(spec(url="sftp://h/srv/", options={"known_hosts": "/etc/ragline/known_hosts", "port": 22}),
                           max_bytes=1000)
     assert chosen._options(sshfs.SSHFileSystem) == {"host": "h", "port": 22, "known_hosts": "/etc/ragline/known_hosts"}
+
+
+def test_s3_keeps_as_many_connections_as_objects_fetched_at_once_unless_told():
+    s3fs = pytest.importorskip("s3fs")
+    options = FsspecSource(spec(url="s3://b/p/", options={"config_kwargs": {"retries": {"max_attempts": 1}}}),
+                           max_bytes=1)._options(s3fs.S3FileSystem)
+    assert options["config_kwargs"] == {"retries": {"max_attempts": 1}, "max_pool_connections": 16}
+    chosen = spec(url="s3://b/p/", concurrency=32, options={"config_kwargs": {"max_pool_connections": 50}})
+    assert FsspecSource(chosen, max_bytes=1)._options(s3fs.S3FileSystem)["config_kwargs"] == \
+        {"max_pool_connections": 50}

@@ -2,10 +2,23 @@
 lets an unchanged item skip its download."""
 from __future__ import annotations
 
-import pytest
-from pydantic import TypeAdapter, ValidationError
+import threading
+import time
+from typing import Literal
 
-from ragline.flows.sources import DocumentSource, Fetched, Item, ItemCache, SourceSpec, source_types
+import pytest
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from ragline.flows.sources import (
+    DocumentSource,
+    Fetched,
+    Item,
+    ItemCache,
+    Listing,
+    SourceError,
+    SourceSpec,
+    source_types,
+)
 from ragline.flows.spec.compile import validate_file
 
 from tests.helpers.data import BASE_RESOURCES
@@ -121,3 +134,85 @@ def test_every_root_type_checks_its_name_and_link_prefix_the_same_way(root):
     if root.get("type") in (None, "fsspec"):
         with pytest.raises(ValidationError, match="must be an http:// or https:// URL"):
             adapter.validate_python({**root, "url_prefix": "javascript:alert(1)"})
+
+
+class Slow(DocumentSource):
+    """A source whose fetch takes a while and records how many run at once and how many are done
+    but not yet taken by the consumer (the bytes held)."""
+
+    class Spec(BaseModel):
+        type: Literal["slow"]
+
+    def __init__(self, concurrency: int):
+        super().__init__(None, 100)
+        self.concurrency, self.running, self.most, self.held, self.most_held = concurrency, 0, 0, 0, 0
+        self.lock = threading.Lock()
+
+    @property
+    def location(self) -> str:
+        return "slow://"
+
+    @property
+    def fetch_concurrency(self) -> int:
+        return self.concurrency
+
+    def list(self, cache, wanted):
+        return Listing([])
+
+    def fetch(self, item: Item) -> Fetched:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.02)
+        with self.lock:
+            self.running -= 1
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+        if item.key == "gone":
+            raise SourceError("object disappeared after it was listed")
+        if item.key == "bug":
+            raise KeyError("a programming error is not an item's failure")
+        return Fetched(item.key.encode())
+
+
+def test_fetch_all_downloads_a_bounded_window_at_once_in_order_and_reports_each_failure():
+    source = Slow(4)
+    items = [Item(f"k{n}") for n in range(20)] + [Item("gone"), Item("k20")]
+    out = []
+    for item, outcome in source.fetch_all(items):
+        time.sleep(0.005)  # a consumer slower than the window: fetches wait for it, never run ahead
+        out.append((item.key, outcome.data if isinstance(outcome, Fetched) else str(outcome)))
+        source.held -= 1
+    assert [key for key, _ in out] == [i.key for i in items]
+    assert out[3] == ("k3", b"k3") and out[20] == ("gone", "object disappeared after it was listed")
+    assert 1 < source.most <= 4 and source.most_held <= 4
+
+
+def test_fetch_all_one_at_a_time_and_an_unexpected_error_reaches_the_consumer():
+    sequential = Slow(1)
+    assert [o.data for _, o in sequential.fetch_all([Item("a"), Item("b")])] == [b"a", b"b"]
+    assert sequential.most == 1
+    with pytest.raises(KeyError, match="programming error"):
+        list(Slow(3).fetch_all([Item("a"), Item("bug"), Item("c"), Item("d")]))
+
+
+@pytest.mark.parametrize(("option", "field", "said"), [
+    ("concurrency: 0", "concurrency", "greater than or equal to 1"),
+    ("concurrency: 100000", "concurrency", "less than or equal to 256"),
+    ("page_size: 0", "page_size", "greater than or equal to 1"),
+])
+def test_the_fetch_and_listing_options_are_checked_at_their_line(make_project, option, field, said):
+    text = pipelines(f"""            - type: fsspec
+              url: s3://bucket/docs/
+              {option}""")
+    [error] = validate_file(make_project(text))
+    assert error.field == f"with.paths.0.{field}" and said in error.message
+    assert error.line == next(i for i, line in enumerate(text.splitlines(), 1) if option in line)
+
+
+def test_page_size_is_refused_where_the_store_does_not_list_in_pages(make_project):
+    [error] = validate_file(make_project(pipelines(
+        """            - {type: fsspec, url: "sftp://files.example/docs/", page_size: 2}""")))
+    assert error.field == "with.paths.0.page_size" and "not sftp://" in error.message
+    assert validate_file(make_project(pipelines(
+        """            - {type: fsspec, url: "gs://docs/x/", page_size: 2, concurrency: 4}"""))) == []
