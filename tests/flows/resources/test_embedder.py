@@ -170,3 +170,34 @@ def test_a_model_config_with_tokenizer_arguments_loads_the_model_for_its_tokeniz
     (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 128, "tokenizer_args": {}}')
     embedder = Embedder(EmbedderSpec(type="sentence_transformer", model=str(folder)))
     assert embedder.max_seq_length == 128 and embedder._model.loaded
+
+
+def test_a_query_encoded_again_soon_reuses_its_vector_and_callers_cannot_change_it(minilm, monkeypatch):
+    """A routed request is embedded by its classifier and again by dense retrieval: the second use
+    gets the first's vector (one encode of that text); a caller changing its array changes no other's."""
+    from ragline.flows.resources.embedder import RecentVectors
+
+    encoded: list[list[str]] = []
+    original = minilm._encode
+    monkeypatch.setattr(minilm, "_encode", lambda texts: encoded.append(list(texts)) or original(texts))
+    first = minilm.encode_queries(["which mat did the cat pick?"])
+    first[0][:] = 0.0  # the caller scribbles on its copy
+    again = minilm.encode_queries(["which mat did the cat pick?", "a different question about dogs?"])
+    assert encoded == [["which mat did the cat pick?"], ["a different question about dogs?"]]
+    np.testing.assert_allclose(np.linalg.norm(again, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(again[0], original(["which mat did the cat pick?"])[0], atol=1e-6)
+    assert again.dtype == np.float32 and again.flags.writeable
+
+    monkeypatch.setattr(RecentVectors, "TTL_S", 0.0)  # past its time: encoded again
+    minilm.encode_queries(["which mat did the cat pick?"])
+    assert encoded[-1] == ["which mat did the cat pick?"]
+
+
+def test_recent_query_vectors_are_bounded():
+    from ragline.flows.resources.embedder import RecentVectors
+
+    recent = RecentVectors()
+    recent.put({f"q{i}": np.full(3, i, dtype=np.float32) for i in range(RecentVectors.SIZE + 10)})
+    assert set(recent.get(["q0", "q9", "q10", f"q{RecentVectors.SIZE + 9}"])) == {"q10", f"q{RecentVectors.SIZE + 9}"}
+    recent.clear()
+    assert recent.get(["q10"]) == {}
