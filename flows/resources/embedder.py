@@ -7,14 +7,13 @@ import importlib.util
 import json
 import os
 import threading
-import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.context import QUERY_VECTORS
 from ragline.flows.resources.base import Health, Lazy, Resource
 
 PACKAGED_MODELS = {
@@ -63,46 +62,7 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
-class RecentVectors:
-    """The vectors of the last few query texts, for ``TTL_S`` seconds: long enough for the steps of one
-    request to share one, short enough that the process keeps no lasting record of what was asked.
-    Thread-safe; rows are read-only copies (a caller cannot change what the next one gets)."""
-
-    SIZE = 256
-    TTL_S = 60.0
-
-    def __init__(self) -> None:
-        self._rows: OrderedDict[str, tuple[float, np.ndarray]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, texts: list[str]) -> dict[str, np.ndarray]:
-        now, found = time.monotonic(), {}
-        with self._lock:
-            for text in texts:
-                entry = self._rows.get(text)
-                if entry is None:
-                    continue
-                if now - entry[0] > self.TTL_S:
-                    del self._rows[text]
-                    continue
-                self._rows.move_to_end(text)
-                found[text] = entry[1]
-        return found
-
-    def put(self, rows: dict[str, np.ndarray]) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for text, row in rows.items():
-                kept = np.array(row, dtype=np.float32, copy=True)
-                kept.flags.writeable = False
-                self._rows[text] = (now, kept)
-                self._rows.move_to_end(text)
-            while len(self._rows) > self.SIZE:
-                self._rows.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._rows.clear()
+MAX_SHARED_QUERIES = 64  # texts one query's steps share; more are encoded as if not shared
 
 
 class Embedder(Resource):
@@ -115,7 +75,6 @@ class Embedder(Resource):
         self._model = Lazy(self._load)
         self._encode_lock = threading.Lock()
         self._chunking_tokenizer = Lazy(self._load_chunking_tokenizer)
-        self._recent_queries = RecentVectors()
 
     @classmethod
     def fingerprint_fields(cls, spec: EmbedderSpec) -> dict[str, object]:
@@ -140,7 +99,6 @@ class Embedder(Resource):
         return Health.degraded("not loaded yet: the first use loads it", model=self.spec.model, loaded=False)
 
     def close(self) -> None:
-        self._recent_queries.clear()
         self._chunking_tokenizer.reset()
         self._model.reset()
 
@@ -219,19 +177,21 @@ class Embedder(Resource):
         return self._encode([self.spec.document_prefix + t for t in texts])
 
     def encode_queries(self, texts: list[str]) -> np.ndarray:
-        """The query vectors; a text this embedder encoded in the last ``RecentVectors.TTL_S`` seconds
-        is not encoded again (a routed request is embedded by its classifier and again by dense
-        retrieval: the second reuses the first's vector)."""
-        if not texts:
-            return self._encode([])
-        found = self._recent_queries.get(texts)
-        missing = list(dict.fromkeys(t for t in texts if t not in found))
-        if missing:
-            vectors = self._encode([self.spec.query_prefix + t for t in missing])
-            fresh = dict(zip(missing, vectors))
-            self._recent_queries.put(fresh)
-            found.update(fresh)
-        return np.stack([found[t] for t in texts]).astype(np.float32, copy=False)
+        """The query vectors. Within one query's run (``QUERY_VECTORS``) a text this embedder already
+        encoded is not encoded again: a routed request is embedded by its classifier, then by dense
+        retrieval and the answerable gate, all with the first's vector."""
+        shared = QUERY_VECTORS.get()
+        if shared is None or not texts:
+            return self._encode([self.spec.query_prefix + t for t in texts])
+        model = self.spec.model_dump_json()
+        missing = list(dict.fromkeys(t for t in texts if (model, t) not in shared))
+        if missing and len(shared) + len(missing) <= MAX_SHARED_QUERIES:
+            for text, row in zip(missing, self._encode([self.spec.query_prefix + t for t in missing])):
+                row.flags.writeable = False  # shared by the request's steps: none may change it
+                shared[(model, text)] = row
+        elif missing:  # a step encoding many texts (a job's queries) keeps them to itself
+            return self._encode([self.spec.query_prefix + t for t in texts])
+        return np.stack([shared[(model, t)] for t in texts])
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -172,32 +172,31 @@ def test_a_model_config_with_tokenizer_arguments_loads_the_model_for_its_tokeniz
     assert embedder.max_seq_length == 128 and embedder._model.loaded
 
 
-def test_a_query_encoded_again_soon_reuses_its_vector_and_callers_cannot_change_it(minilm, monkeypatch):
-    """A routed request is embedded by its classifier and again by dense retrieval: the second use
-    gets the first's vector (one encode of that text); a caller changing its array changes no other's."""
-    from ragline.flows.resources.embedder import RecentVectors
+
+def test_within_one_query_a_text_is_encoded_once_and_no_step_can_change_the_shared_vector(minilm, monkeypatch):
+    """A routed request is embedded by its classifier and again by dense retrieval: inside one
+    query's run (QUERY_VECTORS, set by engine.run) the second use gets the first's vector, also
+    from another step thread; outside it (another request) the text is encoded again."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragline.flows.context import QUERY_VECTORS
 
     encoded: list[list[str]] = []
     original = minilm._encode
     monkeypatch.setattr(minilm, "_encode", lambda texts: encoded.append(list(texts)) or original(texts))
-    first = minilm.encode_queries(["which mat did the cat pick?"])
-    first[0][:] = 0.0  # the caller scribbles on its copy
-    again = minilm.encode_queries(["which mat did the cat pick?", "a different question about dogs?"])
+    token = QUERY_VECTORS.set({})
+    try:
+        first = minilm.encode_queries(["which mat did the cat pick?"])
+        first[0][:] = 0.0  # a step scribbles on its copy
+        step_thread = contextvars.copy_context()
+        with ThreadPoolExecutor(1) as pool:
+            again = pool.submit(step_thread.run, minilm.encode_queries,
+                                ["which mat did the cat pick?", "a different question about dogs?"]).result()
+    finally:
+        QUERY_VECTORS.reset(token)
     assert encoded == [["which mat did the cat pick?"], ["a different question about dogs?"]]
-    np.testing.assert_allclose(np.linalg.norm(again, axis=1), 1.0, atol=1e-5)
     np.testing.assert_allclose(again[0], original(["which mat did the cat pick?"])[0], atol=1e-6)
     assert again.dtype == np.float32 and again.flags.writeable
-
-    monkeypatch.setattr(RecentVectors, "TTL_S", 0.0)  # past its time: encoded again
-    minilm.encode_queries(["which mat did the cat pick?"])
+    minilm.encode_queries(["which mat did the cat pick?"])  # the next request: its own
     assert encoded[-1] == ["which mat did the cat pick?"]
-
-
-def test_recent_query_vectors_are_bounded():
-    from ragline.flows.resources.embedder import RecentVectors
-
-    recent = RecentVectors()
-    recent.put({f"q{i}": np.full(3, i, dtype=np.float32) for i in range(RecentVectors.SIZE + 10)})
-    assert set(recent.get(["q0", "q9", "q10", f"q{RecentVectors.SIZE + 9}"])) == {"q10", f"q{RecentVectors.SIZE + 9}"}
-    recent.clear()
-    assert recent.get(["q10"]) == {}
