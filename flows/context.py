@@ -13,6 +13,12 @@ from ragline.flows.contracts import Coverage, Failure
 # carried into step threads, so shared resources can serve older queries first (see FairSlots).
 QUERY_ARRIVAL: ContextVar[float | None] = ContextVar("ragline_query_arrival", default=None)
 
+# The query vectors embedded while one query runs ((embedder, text) -> vector): a fresh dict set by
+# engine.run for each query and carried into step threads like QUERY_ARRIVAL, so the steps of one
+# request share an embedding (e.g. `classify`'s and `retrieve_dense`'s of the same question) and
+# nothing outlives the request (no cross-request cache: no timing probe of what others asked).
+QUERY_VECTORS: ContextVar[dict | None] = ContextVar("ragline_query_vectors", default=None)
+
 
 @dataclass
 class StepContext:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from functools import cache
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Passage
@@ -129,15 +129,26 @@ def keywords_of(texts: list[str], embedder: Embedder, params: Params) -> list[li
 def _candidates(text: str, limit: int) -> list[str]:
     """The ``limit`` most frequent 1-2-word phrases of the text: words (no stopwords, no numbers) and
     pairs of them that stand next to each other within a clause, as written (lowercased)."""
+    stop = stop_words()
     counts: Counter[str] = Counter()
     for clause in CLAUSE_BREAK.split(text.lower()):
         words = WORD.findall(clause)
         for i, word in enumerate(words):
-            if word not in ENGLISH_STOP_WORDS:
+            if word not in stop:
                 counts[word] += 1
-                if i + 1 < len(words) and words[i + 1] not in ENGLISH_STOP_WORDS:
+                if i + 1 < len(words) and words[i + 1] not in stop:
                     counts[f"{word} {words[i + 1]}"] += 1
     return [phrase for phrase, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
+
+
+@cache
+def stop_words() -> frozenset[str]:
+    """scikit-learn's English stopwords, imported on first use: importing scikit-learn loads SciPy and
+    pandas (~1.5 s, several seconds on a loaded machine), which every process that registers the
+    builtin stages (every `ragline` command that runs a pipeline) paid at start-up, enrich or not."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return frozenset(ENGLISH_STOP_WORDS)
 
 
 def mmr(document: np.ndarray, phrases: np.ndarray, n: int, diversity: float) -> list[int]:

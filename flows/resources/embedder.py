@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows.context import QUERY_VECTORS
 from ragline.flows.resources.base import Health, Lazy, Resource
 
 PACKAGED_MODELS = {
@@ -59,6 +60,9 @@ def resolve_model_path(model: str) -> str:
         module = __import__(package)
         return str(module.get_model_path())
     return model
+
+
+MAX_SHARED_QUERIES = 64  # texts one query's steps share; more are encoded as if not shared
 
 
 class Embedder(Resource):
@@ -173,7 +177,21 @@ class Embedder(Resource):
         return self._encode([self.spec.document_prefix + t for t in texts])
 
     def encode_queries(self, texts: list[str]) -> np.ndarray:
-        return self._encode([self.spec.query_prefix + t for t in texts])
+        """The query vectors. Within one query's run (``QUERY_VECTORS``) a text this embedder already
+        encoded is not encoded again: a routed request is embedded by its classifier, then by dense
+        retrieval and the answerable gate, all with the first's vector."""
+        shared = QUERY_VECTORS.get()
+        if shared is None or not texts:
+            return self._encode([self.spec.query_prefix + t for t in texts])
+        model = self.spec.model_dump_json()
+        missing = list(dict.fromkeys(t for t in texts if (model, t) not in shared))
+        if missing and len(shared) + len(missing) <= MAX_SHARED_QUERIES:
+            for text, row in zip(missing, self._encode([self.spec.query_prefix + t for t in missing])):
+                row.flags.writeable = False  # shared by the request's steps: none may change it
+                shared[(model, text)] = row
+        elif missing:  # a step encoding many texts (a job's queries) keeps them to itself
+            return self._encode([self.spec.query_prefix + t for t in texts])
+        return np.stack([shared[(model, t)] for t in texts])
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ragline.flows.context import QUERY_ARRIVAL
+from ragline.flows.context import QUERY_ARRIVAL, QUERY_VECTORS
 from ragline.flows.contracts import IngestPlan, PipelineKind
 from ragline.flows.errors import DependencyUnavailable
 from ragline.flows.run.driver import DRIVER, DriverHooks
@@ -44,9 +44,11 @@ def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orc
     hooks = DriverHooks(progress, on_token, trace)
     if not orchestrate:
         arrival = QUERY_ARRIVAL.set(QUERY_ARRIVAL.get() or time.monotonic())
+        vectors = QUERY_VECTORS.set({} if pipeline.kind == PipelineKind.QUERY else None)  # this query's own
         try:
             return execute_pipeline(pipeline, inputs, DirectExecutor(on_token), hooks)
         finally:
+            QUERY_VECTORS.reset(vectors)
             QUERY_ARRIVAL.reset(arrival)
     from ragline.flows.run.entrypoints import run_as_flow
 

@@ -193,6 +193,24 @@ def test_ask_routed_answers_chit_chat_directly_and_questions_from_the_documents(
     assert set(answer.skipped) == {"reply"}
 
 
+def test_ask_routed_embeds_the_question_once(company_indexed, minilm, monkeypatch):
+    """The classifier's vector of the question is the one dense retrieval searches with: one encode
+    of the question for the whole request (issue: it was embedded by `route` and again by `dense`)."""
+    question = "How many days of paid annual leave does a new employee get in the first year?"
+    encoded: list[str] = []
+    original = minilm._encode
+    monkeypatch.setattr(minilm, "_encode", lambda texts: encoded.extend(texts) or original(texts))
+    with ScriptedLLM(reply) as llm:
+        monkeypatch.setenv("RAGLINE_LLM_BASE_URL", llm.base_url)
+        project = load_project(company_indexed / "pipelines.yaml", tuned=False)
+        monkeypatch.setitem(resources._cache, embedder_key(project), minilm)
+        trace: list = []
+        answer = engine.run(project.pipeline("ask_routed"), {"query": question}, orchestrate=False, trace=trace)
+    steps = {step for step, _ in trace}
+    assert {"route", "dense"} <= steps and "27 days" in answer.text  # both embedding steps ran
+    assert [text for text in encoded if question in text] == [question]
+
+
 def test_answer_direct_replies_with_its_text_or_the_llms_without_references():
     from ragline.flows.resources.llm import LLMClient, LLMSpec
     from ragline.tasks.answer_direct import Params as DirectParams, answer_direct

@@ -170,3 +170,33 @@ def test_a_model_config_with_tokenizer_arguments_loads_the_model_for_its_tokeniz
     (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 128, "tokenizer_args": {}}')
     embedder = Embedder(EmbedderSpec(type="sentence_transformer", model=str(folder)))
     assert embedder.max_seq_length == 128 and embedder._model.loaded
+
+
+
+def test_within_one_query_a_text_is_encoded_once_and_no_step_can_change_the_shared_vector(minilm, monkeypatch):
+    """A routed request is embedded by its classifier and again by dense retrieval: inside one
+    query's run (QUERY_VECTORS, set by engine.run) the second use gets the first's vector, also
+    from another step thread; outside it (another request) the text is encoded again."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragline.flows.context import QUERY_VECTORS
+
+    encoded: list[list[str]] = []
+    original = minilm._encode
+    monkeypatch.setattr(minilm, "_encode", lambda texts: encoded.append(list(texts)) or original(texts))
+    token = QUERY_VECTORS.set({})
+    try:
+        first = minilm.encode_queries(["which mat did the cat pick?"])
+        first[0][:] = 0.0  # a step scribbles on its copy
+        step_thread = contextvars.copy_context()
+        with ThreadPoolExecutor(1) as pool:
+            again = pool.submit(step_thread.run, minilm.encode_queries,
+                                ["which mat did the cat pick?", "a different question about dogs?"]).result()
+    finally:
+        QUERY_VECTORS.reset(token)
+    assert encoded == [["which mat did the cat pick?"], ["a different question about dogs?"]]
+    np.testing.assert_allclose(again[0], original(["which mat did the cat pick?"])[0], atol=1e-6)
+    assert again.dtype == np.float32 and again.flags.writeable
+    minilm.encode_queries(["which mat did the cat pick?"])  # the next request: its own
+    assert encoded[-1] == ["which mat did the cat pick?"]

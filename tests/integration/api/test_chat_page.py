@@ -189,3 +189,31 @@ def test_a_refused_feedback_says_why_under_the_answer(page, fresh_script):
     status.wait_for(timeout=30_000)
     assert "field 'answer_id'" in status.inner_text()
     assert card.locator("button.thumb.up").get_attribute("aria-pressed") == "false"
+
+
+def test_follow_ups_send_the_conversation_as_text_bounded_and_a_new_one_starts_empty(page, fresh_script):
+    """The chat page sends its earlier turns as `history` (so `recall_history` and a conversational
+    `rewrite` serve the page, not only API clients): the answers' turns, oldest first, the last 12
+    messages of at most 2,000 characters each; never rendered, so markup in an answer stays inert."""
+    sent: list[dict] = []
+    page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/v1/query") else None)
+    fresh_script.answer = 'White matter is measured by DTI [1]. <img src=x onerror="document.title=\'pwned\'">'
+    first = ask(page, QUESTION)
+    assert "<img" in first.locator(".answer").inner_text()  # shown as text
+    assert page.locator("#conversation").is_visible()
+    assert "conversation so far (1 exchange)" in page.inner_text("#conversation")
+    fresh_script.answer = "By diffusion tensor imaging [1]."
+    second = ask(page, "And in preterm infants?")
+    assert "diffusion tensor imaging" in second.locator(".answer").inner_text()
+    assert [body.get("history") for body in sent] == [[], [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": 'White matter is measured by DTI [1]. <img src=x onerror="document.title=\'pwned\'">'}]]
+    assert page.locator("img").count() == 0 and page.title() != "pwned"
+
+    page.click("#new-conversation")  # forgets the turns and the cards
+    assert page.locator("article.card").count() == 0 and page.locator("#conversation").is_hidden()
+    page.evaluate("() => { for (let i = 0; i < 20; i++) remember('q' + i + 'x'.repeat(3000), 'a' + i); }")
+    ask(page, "white matter in newborns", pipeline="search")
+    history = sent[-1]["history"]
+    assert len(history) == 12 and history[0]["content"].startswith("q14") and history[-1]["content"] == "a19"
+    assert max(len(turn["content"]) for turn in history) == 2000
