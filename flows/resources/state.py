@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS lease (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL, host TEXT NOT NULL,
     token TEXT NOT NULL, acquired_at REAL NOT NULL, heartbeat_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS chunk_changes (chunk_id TEXT PRIMARY KEY, generation INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS chunk_changes_by_generation ON chunk_changes(generation);
 """
 # Every write to ``chunks`` logs the chunk id with the generation it was written at (before the bump),
 # whoever writes it: BM25 updates itself from this log instead of every row (IndexState.chunk_changes).
@@ -426,6 +427,25 @@ class IndexState(Resource):
         """(chunk_id, text, metadata) of every chunk, in a stable order, for the BM25 rebuild."""
         with self._guarded():
             return self._rows(self.reader)
+
+    def chunk_row_pages(self, size: int = 5_000) -> Iterator[list[tuple[str, str, dict[str, Any]]]]:
+        """Every chunk row as ``chunk_rows`` orders them, ``size`` rows at a time (keyset pages, each
+        read on its own): a full BM25 build holds one page, never the corpus. A write between pages
+        is seen in part; the build's generation, read before the first page, is then older than the
+        state's, so the next sync re-reads every chunk the change log names since it."""
+        after = ""
+        while True:
+            with self._guarded():
+                rows = self.reader.execute(
+                    "SELECT chunk_id, text, metadata, source_id, title FROM chunks WHERE chunk_id > ? "
+                    "ORDER BY chunk_id LIMIT ?", (after, size)).fetchall()
+            if not rows:
+                return
+            after = rows[-1][0]
+            yield [(cid, text, {**json.loads(meta), "source_id": sid, "title": title or ""})
+                   for cid, text, meta, sid, title in rows]
+            if len(rows) < size:
+                return
 
     @staticmethod
     def _rows(conn: sqlite3.Connection) -> list[tuple[str, str, dict[str, Any]]]:
