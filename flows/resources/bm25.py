@@ -60,6 +60,9 @@ class BM25Spec(BaseModel):
     method: Literal["robertson", "lucene", "bm25l", "bm25+", "atire"] = "lucene"
     stemmer: Literal["english", "none"] = Field("english", description="Snowball stemmer (PyStemmer)")
     stopwords: Literal["en", "none"] = "en"
+    build_batch: int = Field(20_000, ge=1, le=10_000_000,
+                             description="passages a full build tokenizes and writes at a time, each batch a "
+                                         "segment (its memory holds one batch; scores do not depend on it)")
 
 
 
@@ -81,7 +84,6 @@ class BM25Index(Resource):
     FORMAT = 2  # segments; a version without a manifest is one folder of bm25s files (before segments)
     GRACE_SECONDS = 300.0  # version folders younger than this are never removed, nor what their manifests list
     MAX_SEGMENTS = 8  # more small segments after a sync: the smallest are merged, down to half
-    BUILD_BATCH = 20_000  # passages per segment of a full build (its peak holds one batch's tokens and text)
     DELETED_SHARE = 0.3  # a segment with more of its passages deleted is rewritten without them
 
     def __init__(self, spec: BM25Spec, base_dir: Path | None = None):
@@ -101,7 +103,7 @@ class BM25Index(Resource):
 
     @classmethod
     def fingerprint_fields(cls, spec: BM25Spec) -> dict[str, Any]:
-        return spec.model_dump(exclude={"type", "path"})
+        return spec.model_dump(exclude={"type", "path", "build_batch"})
 
     def warm_up(self) -> None:
         """Map the published version and search it once (bm25s and the stemmer load on first use)."""
@@ -181,7 +183,7 @@ class BM25Index(Resource):
     @property
     def settings(self) -> str:
         """What a published version must have been built with (the spec minus its location)."""
-        return self.spec.model_dump_json(exclude={"path"})
+        return self.spec.model_dump_json(exclude={"path", "build_batch"})
 
     def lags(self, state: IndexState) -> bool:
         """True when the published version is not the state's generation built with these settings.
@@ -243,7 +245,7 @@ class BM25Index(Resource):
 
     def _build(self, rows: Iterable[Any], generation: int, settings: str, log_id: str | None = None) -> int:
         """A full build from (chunk_id, text, metadata) rows, or from pages (lists) of them: tokenized
-        and written BUILD_BATCH passages at a time, each batch a segment of its own, so the build holds
+        and written ``build_batch`` passages at a time, each batch a segment of its own, so the build holds
         one batch's tokens, never the corpus's. Scores are exact whatever the segments: the scorer
         takes document frequencies and lengths over every live passage of the version."""
         segments: list[Part] = []
@@ -254,9 +256,9 @@ class BM25Index(Resource):
                     batch += item
                 else:
                     batch.append(item)
-                while len(batch) >= self.BUILD_BATCH:
-                    segments.append(self._segment(batch[:self.BUILD_BATCH]))
-                    del batch[:self.BUILD_BATCH]
+                while len(batch) >= self.spec.build_batch:
+                    segments.append(self._segment(batch[:self.spec.build_batch]))
+                    del batch[:self.spec.build_batch]
             if batch and segments:
                 segments.append(self._segment(batch))
                 batch = []
@@ -345,7 +347,7 @@ class BM25Index(Resource):
         # a segment of half a full build's batch or more is never merged for the count's sake: a merge
         # holds what it merges, so it stays bounded by the batch, not the corpus (a full build's
         # segments stay apart; the small ones that incremental runs add are merged among themselves)
-        small = [i for i, part in enumerate(kept) if part.live < self.BUILD_BATCH // 2 or i in chosen]
+        small = [i for i, part in enumerate(kept) if part.live < self.spec.build_batch // 2 or i in chosen]
         listed = len(small) + (1 if fresh else 0)
         if listed - len(chosen) + (1 if chosen else 0) > self.MAX_SEGMENTS:
             for i in sorted(small, key=lambda i: kept[i].live):

@@ -348,11 +348,10 @@ def test_a_deleted_segment_is_reported_and_rebuilt(tmp_path):
 
 @pytest.mark.parametrize("method", ["lucene", "bm25+"])
 def test_a_full_build_is_written_batch_by_batch_and_scores_as_one(tmp_path, monkeypatch, method):
-    """A full build tokenizes BUILD_BATCH passages at a time, each batch its own segment, reading the
+    """A full build tokenizes ``build_batch`` passages at a time, each batch its own segment, reading the
     state in pages (never every row at once); the scores are those of one index over every chunk, and
     incremental runs after it merge only the small segments they add, never the build's."""
-    state, index = open_state(tmp_path), make(tmp_path, method=method)
-    monkeypatch.setattr(BM25Index, "BUILD_BATCH", 8)
+    state, index = open_state(tmp_path), make(tmp_path, method=method, build_batch=8)
     for s in range(25):
         put(state, f"s{s}", [f"mitochondria cell gene {s}", "volcanic sulfur the", f"penguin {WORDS[s % 20]}"],
             "de" if s % 3 else "en")
@@ -369,7 +368,6 @@ def test_a_full_build_is_written_batch_by_batch_and_scores_as_one(tmp_path, monk
     assert pages == [5] * 15 and max(tokenized) == 8  # 75 chunks: 15 pages; no batch over 8 passages
     assert [s.docs for s in index._current().segments] == [8] * 9 + [3]
     monkeypatch.undo()
-    monkeypatch.setattr(BM25Index, "BUILD_BATCH", 8)
     assert_same_scores(index, state)
     assert sorted(index.published_ids()) == sorted(r[0] for r in state.chunk_rows())
     for run in range(12):  # small runs: their segments merge among themselves, the build's stay apart
@@ -381,8 +379,7 @@ def test_a_full_build_is_written_batch_by_batch_and_scores_as_one(tmp_path, monk
 
 
 def test_a_failed_full_build_removes_the_segments_it_wrote(tmp_path, monkeypatch):
-    state, index = open_state(tmp_path), make(tmp_path)
-    monkeypatch.setattr(BM25Index, "BUILD_BATCH", 4)
+    state, index = open_state(tmp_path), make(tmp_path, build_batch=4)
     for s in range(6):
         put(state, f"s{s}", ["mitochondria cell", "volcanic sulfur"])
     real = IndexState.chunk_row_pages
