@@ -98,6 +98,7 @@ def session(params: Params, ctx: StepContext, state: IndexState) -> Iterator[Non
         ctx.logger.warning("waiting: the index is being written by %s", holder.describe())
 
     with state.lease(f"{ctx.pipeline} run", wait=params.wait, timeout=params.wait_timeout_seconds, on_wait=waiting):
+        state.clear_listed()  # this run's listing starts empty (a killed run's is never read as this one's)
         yield
 
 
@@ -112,16 +113,28 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
     integrity.repair(integrity.compare(store, sparse, state), store, sparse, state, ctx.logger.warning)
     state.set_meta(DIRTY, "1")
     record_failures(state, ctx.pipeline, failures)
-    moves = find_moves(documents, state.sources(origin=ctx.pipeline), covered, failures)
+    # planned in SQL over the state: the sources the listing marked unchanged (``IndexState.mark_listed``)
+    # are never Documents here; only those not marked (gone, renamed, or listed as Documents) are read,
+    # a page at a time, and only the orphans a current root does not cover are kept (renames)
+    given = {d.source_id for d in documents}
+    unlisted: list[str] = []
+    orphans: dict[str, tuple[str, str]] = {}
+    for page in state.unlisted_pages(ctx.pipeline):
+        for source_id, digest, fingerprint in page:
+            if source_id in given:
+                continue
+            if any(c.covers(source_id) for c in covered):
+                unlisted.append(source_id)
+            else:
+                orphans[source_id] = (digest, fingerprint)
+    moves = find_moves(documents, {**orphans, **state.sources_of(given, origin=ctx.pipeline)}, covered, failures)
     migrated = migrate_ids(moves, store, state, ctx)
     if not migrated:  # nothing renamed in place (a vector was missing): the old ids go, the documents re-index
         moves.gone += list(moves.renamed)
-    everything = state.sources()
+    everything = state.sources_of(given)
     plan = IngestPlan(to_index=[], migrated=migrated)
-    seen: set[str] = set()
     unchanged: list[Document] = []
     for doc in documents:
-        seen.add(doc.source_id)
         previous = everything.get(doc.source_id)
         if previous == (doc.content_hash, ctx.fingerprint):
             unchanged.append(doc)
@@ -131,9 +144,9 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
     # read this run (a touched file with the same content): its new signal spares the next run the read
     state.set_signals({d.source_id: d.signal for d in unchanged if d.text or UNREAD_KEY in d.metadata})
     plan.regranted = regrant(unchanged, store, state, ctx)
-    plan.unchanged = len(unchanged) - plan.regranted
+    plan.unchanged = len(unchanged) - plan.regranted + state.listed_count(ctx.pipeline)
     if params.delete_missing:
-        plan.removed = sorted(set(gone_sources(state.sources(origin=ctx.pipeline), seen, failures, covered))
+        plan.removed = sorted(set(gone_sources(unlisted + list(orphans), given, failures, covered))
                               | set(moves.gone))
     return plan
 

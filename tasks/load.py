@@ -117,13 +117,16 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
     """List source files into Documents, reporting and skipping the ones that cannot be read.
 
     A file whose change signal (size, times, inode) is the one the index state recorded its
-    documents with is not opened: its documents are listed from the state. Any other is read,
+    documents with is not opened: its documents are marked listed in the state (the sink plans over
+    them in SQL: no Document per unchanged source), or, when their access changed, listed from the
+    state to be re-granted. Any other is read,
     hashed and parsed, and (in an engine run) listed without its text (``unread``): the engine reads
     it again batch by batch through ``read`` (only if it changed), so no run holds the corpus's text."""
     known = KnownItems.of(ctx)
     streamed = ctx.project is not None  # run by the engine, which reads listed documents again (``read``)
     roots = _roots(params, ctx.base_dir)
     documents: list[Document] = []
+    unchanged: list[str] = []  # sources marked listed in the state, MARK_BATCH at a time (one commit each)
     discovered = _discover(params, ctx, roots)
     for start in range(0, len(discovered), SIGNAL_BATCH):
         part = discovered[start:start + SIGNAL_BATCH]
@@ -132,7 +135,11 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
         for path, root in part:
             item = root.source_id(path)
             if (listed := known.listed(same.get(item), signals[item], path, root, None, params)) is not None:
-                documents += listed
+                stored = {row[0]: row[4] for row in same[item]}
+                if all(stored[d.source_id] == tuple(sorted(set(d.groups))) for d in listed):
+                    unchanged += [d.source_id for d in listed]  # marked listed in the state, not listed here
+                else:
+                    documents += listed  # its access changed: the sink re-grants it
                 ctx.progress("unchanged", len(listed))
                 continue
             fetched = _read(path, item, params.max_bytes, ctx)
@@ -144,6 +151,9 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
                                  if streamed and document.format != "jsonl" else document)
                 ctx.progress("documents", 1)
                 failpoints.hit("load.after_read")
+        if len(unchanged) >= MARK_BATCH or start + SIGNAL_BATCH >= len(discovered):
+            known.mark(unchanged)
+            unchanged = []
     for spec in params.paths:
         if getattr(spec, "type", "local") != "local":
             documents += _remote_documents(spec, params, ctx, known)
@@ -178,6 +188,7 @@ def read(documents: list[Document], params: Params, ctx: StepContext) -> list[Do
 
 
 SIGNAL_BATCH = 500  # items whose signals are looked up in the state at once
+MARK_BATCH = 5_000  # unchanged sources marked listed in the state per transaction
 
 
 def unread(document: Document, root_index: int, path: str) -> Document:
@@ -212,6 +223,11 @@ class KnownItems:
             return {}
         return self.state.unchanged_items(self.origin, self.fingerprint,
                                           {k: v for k, v in signals.items() if v is not None})
+
+    def mark(self, source_ids: list[str]) -> None:
+        """Tell the state these sources are listed unchanged (the sink plans over them in SQL)."""
+        if self.state is not None and source_ids:
+            self.state.mark_listed(self.origin, source_ids)
 
     def listed(self, rows: list | None, signal: str | None, path: str, root: SourceRoot,
                groups: tuple[str, ...] | None, params: Params) -> list[Document] | None:

@@ -60,6 +60,9 @@ class BM25Spec(BaseModel):
     method: Literal["robertson", "lucene", "bm25l", "bm25+", "atire"] = "lucene"
     stemmer: Literal["english", "none"] = Field("english", description="Snowball stemmer (PyStemmer)")
     stopwords: Literal["en", "none"] = "en"
+    build_batch: int = Field(20_000, ge=1, le=10_000_000,
+                             description="passages a full build tokenizes and writes at a time, each batch a "
+                                         "segment (its memory holds one batch; scores do not depend on it)")
 
 
 
@@ -80,7 +83,7 @@ class BM25Index(Resource):
     MANIFEST = "manifest.json"
     FORMAT = 2  # segments; a version without a manifest is one folder of bm25s files (before segments)
     GRACE_SECONDS = 300.0  # version folders younger than this are never removed, nor what their manifests list
-    MAX_SEGMENTS = 8  # more after a sync: the smallest are merged, down to half
+    MAX_SEGMENTS = 8  # more small segments after a sync: the smallest are merged, down to half
     DELETED_SHARE = 0.3  # a segment with more of its passages deleted is rewritten without them
 
     def __init__(self, spec: BM25Spec, base_dir: Path | None = None):
@@ -100,7 +103,7 @@ class BM25Index(Resource):
 
     @classmethod
     def fingerprint_fields(cls, spec: BM25Spec) -> dict[str, Any]:
-        return spec.model_dump(exclude={"type", "path"})
+        return spec.model_dump(exclude={"type", "path", "build_batch"})
 
     def warm_up(self) -> None:
         """Map the published version and search it once (bm25s and the stemmer load on first use)."""
@@ -180,7 +183,7 @@ class BM25Index(Resource):
     @property
     def settings(self) -> str:
         """What a published version must have been built with (the spec minus its location)."""
-        return self.spec.model_dump_json(exclude={"path"})
+        return self.spec.model_dump_json(exclude={"path", "build_batch"})
 
     def lags(self, state: IndexState) -> bool:
         """True when the published version is not the state's generation built with these settings.
@@ -218,7 +221,7 @@ class BM25Index(Resource):
             if force or not self._update(state):
                 generation = state.generation  # read before the rows: a later write only makes it look older
                 log_id = state.chunk_log_id()
-                self._build(state.chunk_rows(), generation, self.settings, log_id)
+                self._build(state.chunk_row_pages(), generation, self.settings, log_id)
             self._prune_log(state)
         return True
 
@@ -240,11 +243,45 @@ class BM25Index(Resource):
             finally:
                 os.close(fd)  # closing the descriptor releases the flock
 
-    def _build(self, rows: Iterable[tuple[str, str, dict[str, Any]]], generation: int, settings: str,
-               log_id: str | None = None) -> int:
-        rows = list(rows)
-        fresh = _Pending.of(rows, self._tokenize([r[1] for r in rows])) if rows else None
-        return self._publish(generation, settings, log_id, kept=[], fresh=fresh)
+    def _build(self, rows: Iterable[Any], generation: int, settings: str, log_id: str | None = None) -> int:
+        """A full build from (chunk_id, text, metadata) rows, or from pages (lists) of them: tokenized
+        and written ``build_batch`` passages at a time, each batch a segment of its own, so the build holds
+        one batch's tokens, never the corpus's. Scores are exact whatever the segments: the scorer
+        takes document frequencies and lengths over every live passage of the version."""
+        segments: list[Part] = []
+        batch: list[tuple[str, str, dict[str, Any]]] = []
+        try:
+            for item in rows:
+                if isinstance(item, list):
+                    batch += item
+                else:
+                    batch.append(item)
+                while len(batch) >= self.spec.build_batch:
+                    segments.append(self._segment(batch[:self.spec.build_batch]))
+                    del batch[:self.spec.build_batch]
+            if batch and segments:
+                segments.append(self._segment(batch))
+                batch = []
+        except BaseException:
+            for part in segments:  # unpublished: never listed, removed now rather than after the grace period
+                shutil.rmtree(part.segment.folder, ignore_errors=True)
+            raise
+        fresh = _Pending.of(batch, self._tokenize([r[1] for r in batch])) if batch else None
+        return self._publish(generation, settings, log_id, kept=segments, fresh=fresh)
+
+    def _segment(self, rows: list[tuple[str, str, dict[str, Any]]]) -> Part:
+        """One batch of a full build written as a segment folder of its own (listed once published)."""
+        pending = _Pending.of(rows, self._tokenize([r[1] for r in rows]))
+        folder = self.path / f"v-seg-{uuid.uuid4().hex[:12]}"
+        try:
+            folder.mkdir(parents=True)
+            pending.write(folder)
+        except OSError as exc:
+            fault = self._unpublished(exc, folder)
+            if fault is None:
+                raise
+            raise fault from exc
+        return Part(_WrittenSegment(folder, pending.size), None, None)
 
     def _update(self, state: IndexState) -> bool:
         """Publish the state's changes since the published version as a new version: False (nothing
@@ -307,9 +344,13 @@ class BM25Index(Resource):
         """Which kept segments to merge with the new one: those over the deleted share, and, when the
         version would list more than MAX_SEGMENTS, the smallest until it lists half as many."""
         chosen = {i for i, part in enumerate(kept) if part.docs - part.live > self.DELETED_SHARE * part.docs}
-        listed = len(kept) + (1 if fresh else 0)
+        # a segment of half a full build's batch or more is never merged for the count's sake: a merge
+        # holds what it merges, so it stays bounded by the batch, not the corpus (a full build's
+        # segments stay apart; the small ones that incremental runs add are merged among themselves)
+        small = [i for i, part in enumerate(kept) if part.live < self.spec.build_batch // 2 or i in chosen]
+        listed = len(small) + (1 if fresh else 0)
         if listed - len(chosen) + (1 if chosen else 0) > self.MAX_SEGMENTS:
-            for i in sorted(range(len(kept)), key=lambda i: kept[i].live):
+            for i in sorted(small, key=lambda i: kept[i].live):
                 if listed - len(chosen) + 1 <= self.MAX_SEGMENTS // 2:
                     break
                 chosen.add(i)
@@ -575,6 +616,22 @@ class Part:
             self.deleted_file = f"{folder.name}/deleted-{self.segment.folder.name}.npy"
             bm25_segments.pack_deleted(folder.parent / self.deleted_file, self.deleted)
         return {"folder": self.segment.folder.name, "docs": self.docs, "live": self.live, "deleted": self.deleted_file}
+
+
+class _WrittenSegment:
+    """A full build's segment just written: its folder and size; what a merge would read is loaded
+    from the folder on demand (the build keeps none of its batches in memory)."""
+
+    def __init__(self, folder: Path, size: int):
+        self.folder, self.size = folder, size
+        self._loaded: Segment | None = None
+
+    def __getattr__(self, name: str) -> Any:  # postings, ids, meta: the written segment's own
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._loaded is None:
+            self._loaded = Segment.load(self.folder)
+        return getattr(self._loaded, name)
 
 
 @dataclass

@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS lease (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL, host TEXT NOT NULL,
     token TEXT NOT NULL, acquired_at REAL NOT NULL, heartbeat_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS chunk_changes (chunk_id TEXT PRIMARY KEY, generation INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS chunk_changes_by_generation ON chunk_changes(generation);
+CREATE TABLE IF NOT EXISTS listed (source_id TEXT PRIMARY KEY, origin TEXT NOT NULL);
 """
 # Every write to ``chunks`` logs the chunk id with the generation it was written at (before the bump),
 # whoever writes it: BM25 updates itself from this log instead of every row (IndexState.chunk_changes).
@@ -427,6 +429,25 @@ class IndexState(Resource):
         with self._guarded():
             return self._rows(self.reader)
 
+    def chunk_row_pages(self, size: int = 5_000) -> Iterator[list[tuple[str, str, dict[str, Any]]]]:
+        """Every chunk row as ``chunk_rows`` orders them, ``size`` rows at a time (keyset pages, each
+        read on its own): a full BM25 build holds one page, never the corpus. A write between pages
+        is seen in part; the build's generation, read before the first page, is then older than the
+        state's, so the next sync re-reads every chunk the change log names since it."""
+        after = ""
+        while True:
+            with self._guarded():
+                rows = self.reader.execute(
+                    "SELECT chunk_id, text, metadata, source_id, title FROM chunks WHERE chunk_id > ? "
+                    "ORDER BY chunk_id LIMIT ?", (after, size)).fetchall()
+            if not rows:
+                return
+            after = rows[-1][0]
+            yield [(cid, text, {**json.loads(meta), "source_id": sid, "title": title or ""})
+                   for cid, text, meta, sid, title in rows]
+            if len(rows) < size:
+                return
+
     @staticmethod
     def _rows(conn: sqlite3.Connection) -> list[tuple[str, str, dict[str, Any]]]:
         rows = conn.execute("SELECT chunk_id, text, metadata, source_id, title FROM chunks ORDER BY chunk_id").fetchall()
@@ -660,6 +681,53 @@ class IndexState(Resource):
                 raise
             return {}
         return found
+
+    # --- a run's listing, kept here rather than in memory: the sources a source step found unchanged
+    # (from their change signals) are marked ``listed`` batch by batch; the sink's plan reads what is
+    # gone or renamed with SQL over them, so no step holds a Document per unchanged source. Cleared
+    # when a run takes the lease (what a killed run left behind is never read as this run's).
+
+    def mark_listed(self, origin: str, source_ids: Iterable[str]) -> None:
+        rows = [(sid, origin) for sid in source_ids]
+        if rows:
+            with self.transaction() as tx:
+                tx.executemany("INSERT OR REPLACE INTO listed VALUES (?, ?)", rows)
+
+    def clear_listed(self) -> None:
+        with self.transaction() as tx:
+            tx.execute("DELETE FROM listed")
+
+    def listed_count(self, origin: str) -> int:
+        with self._guarded():
+            return self.conn.execute("SELECT COUNT(*) FROM listed WHERE origin=?", (origin,)).fetchone()[0]
+
+    def unlisted_pages(self, origin: str, size: int = 5_000) -> Iterator[list[tuple[str, str, str]]]:
+        """(source_id, content_hash, fingerprint) of this pipeline's indexed sources that its source
+        steps did not mark listed, ``size`` at a time in id order (keyset pages: memory is one page)."""
+        after = ""
+        while True:
+            with self._guarded():
+                rows = self.conn.execute(
+                    "SELECT s.source_id, s.content_hash, s.fingerprint FROM sources s WHERE s.origin=? AND "
+                    "s.source_id > ? AND NOT EXISTS (SELECT 1 FROM listed l WHERE l.source_id = s.source_id) "
+                    "ORDER BY s.source_id LIMIT ?", (origin, after, size)).fetchall()
+            if not rows:
+                return
+            yield [tuple(r) for r in rows]
+            after = rows[-1][0]
+
+    def sources_of(self, source_ids: Iterable[str], origin: str | None = None) -> dict[str, tuple[str, str]]:
+        """``sources`` for these ids only (under ``origin`` when given): source_id -> (hash, fingerprint)."""
+        out: dict[str, tuple[str, str]] = {}
+        with self._guarded():
+            for batch in _batched(list(source_ids), 500):
+                sql = f"SELECT source_id, content_hash, fingerprint FROM sources WHERE source_id IN " \
+                      f"({','.join('?' * len(batch))})"
+                args = tuple(batch)
+                if origin is not None:
+                    sql, args = sql + " AND origin=?", args + (origin,)
+                out.update((r[0], (r[1], r[2])) for r in self.reader.execute(sql, args))
+        return out
 
     def set_signals(self, signals: dict[str, str | None]) -> None:
         """Record the change signal sources were last read with (a touched file whose content is the

@@ -344,3 +344,53 @@ def test_a_deleted_segment_is_reported_and_rebuilt(tmp_path):
     assert index.lags(state) and index.sync(state)  # rebuilt whole from the state
     assert len(index._current().segments) == 1
     assert_same_scores(make(tmp_path), state)
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25+"])
+def test_a_full_build_is_written_batch_by_batch_and_scores_as_one(tmp_path, monkeypatch, method):
+    """A full build tokenizes ``build_batch`` passages at a time, each batch its own segment, reading the
+    state in pages (never every row at once); the scores are those of one index over every chunk, and
+    incremental runs after it merge only the small segments they add, never the build's."""
+    state, index = open_state(tmp_path), make(tmp_path, method=method, build_batch=8)
+    for s in range(25):
+        put(state, f"s{s}", [f"mitochondria cell gene {s}", "volcanic sulfur the", f"penguin {WORDS[s % 20]}"],
+            "de" if s % 3 else "en")
+    monkeypatch.setattr(IndexState, "chunk_rows", lambda self: pytest.fail("read every chunk row at once"))
+    pages = []
+    real = IndexState.chunk_row_pages
+    monkeypatch.setattr(IndexState, "chunk_row_pages",
+                        lambda self, size=5: (pages.append(len(p)) or p for p in real(self, 5)))
+    tokenized = []
+    real_tokenize = BM25Index._tokenize
+    monkeypatch.setattr(BM25Index, "_tokenize", lambda self, texts: tokenized.append(len(texts)) or
+                        real_tokenize(self, texts))
+    index.sync(state)
+    assert pages == [5] * 15 and max(tokenized) == 8  # 75 chunks: 15 pages; no batch over 8 passages
+    assert [s.docs for s in index._current().segments] == [8] * 9 + [3]
+    monkeypatch.undo()
+    assert_same_scores(index, state)
+    assert sorted(index.published_ids()) == sorted(r[0] for r in state.chunk_rows())
+    for run in range(12):  # small runs: their segments merge among themselves, the build's stay apart
+        put(state, f"n{run}", ["quantum particle"])
+        index.sync(state)
+        sizes = [s.docs for s in index._current().segments]
+        assert sizes.count(8) == 9 and sum(1 for n in sizes if n < 4) <= index.MAX_SEGMENTS
+    assert_same_scores(index, state)
+
+
+def test_a_failed_full_build_removes_the_segments_it_wrote(tmp_path, monkeypatch):
+    state, index = open_state(tmp_path), make(tmp_path, build_batch=4)
+    for s in range(6):
+        put(state, f"s{s}", ["mitochondria cell", "volcanic sulfur"])
+    real = IndexState.chunk_row_pages
+
+    def failing(self, size=5_000):
+        for number, page in enumerate(real(self, 3)):
+            if number == 3:
+                raise OSError("disk went away")
+            yield page
+    monkeypatch.setattr(IndexState, "chunk_row_pages", failing)
+    with pytest.raises(OSError):
+        index.sync(state)
+    assert index.published_version() is None
+    assert not [p for p in (tmp_path / "bm25").iterdir() if p.name.startswith("v-")]

@@ -308,3 +308,21 @@ def test_an_item_is_unchanged_only_when_all_its_sources_carry_its_signal(state):
     state.set_signals({"notes/a.jsonl#2": "s2"})  # one record's signal moved: the file is read again
     assert "notes/a.jsonl" not in state.unchanged_items("docs", "fp", {"notes/a.jsonl": "s1"})
     assert state.generation == generation  # a signal is no content: no new generation
+
+
+def test_a_runs_listing_is_planned_in_sql_a_page_at_a_time(state):
+    """Sources marked listed are never read back one by one: what is unlisted (gone or renamed) comes
+    in id order a page at a time, for one pipeline; ``sources_of`` reads only the ids asked for."""
+    state.record("docs", "fp", [doc(f"d{i:02d}") for i in range(12)], [])
+    state.record("other", "fp", [doc("x1")], [])
+    state.mark_listed("docs", [f"d{i:02d}" for i in range(12) if i not in (3, 7, 11)])
+    assert state.listed_count("docs") == 9 and state.listed_count("other") == 0
+    pages = list(state.unlisted_pages("docs", size=2))
+    assert [[r[0] for r in page] for page in pages] == [["d03", "d07"], ["d11"]]
+    assert pages[0][0] == ("d03", "hash-d03-text", "fp")
+    assert set(state.sources_of(["d01", "x1", "nope"])) == {"d01", "x1"}
+    assert set(state.sources_of(["d01", "x1"], origin="other")) == {"x1"}
+    generation = state.generation
+    state.clear_listed()
+    assert state.listed_count("docs") == 0 and len(sum(state.unlisted_pages("docs", size=5), [])) == 12
+    assert state.generation == generation  # a listing is no content: no new generation

@@ -1,0 +1,68 @@
+"""Ingestion memory does not grow with the corpus (issue 22): tracemalloc's peak (Python allocations,
+deterministic) of a whole full ingest, BM25's full build included, and of a whole one-change run, at
+N and 4N documents, with the real loader, chunker, Chroma, BM25 and state and the hash-based stand-in
+embedder (tests/helpers/hash_embed.py).
+
+The slope is checked, the peak's growth per added document, against what a run still holds per
+document by design: a full ingest's work list (an unread Document per changed document, ~1-2 KB,
+no text), a one-change run's listed file paths (~0.2 KB; unchanged sources are marked listed in the
+state and planned in SQL). Before: a full ingest's BM25 build held every chunk's text and tokens
+(~10 KB a chunk, ~4 chunks a document here) and a one-change run a Document and two dictionary
+entries per unchanged document."""
+from __future__ import annotations
+
+import gc
+import os
+import time
+import tracemalloc
+
+import pytest
+
+from ragline.flows.resources import clear_cache
+from tests.helpers.harness import run_index
+from tests.integration.test_streaming_ingest import HASH_EMBED, _corpus
+
+pytestmark = pytest.mark.integration
+
+N = 40
+BUILD_BATCH = 64  # passages per BM25 segment of a full build: 4N documents make ten
+FULL_SLOPE = 4_000  # bytes of peak per added document, full ingest (before: ~40 KB)
+CHANGE_SLOPE = 1_000  # one changed document among N or 4N
+
+
+def peak(project) -> tuple[int, object]:
+    clear_cache()  # every resource opened by the run itself, as in a fresh process
+    gc.collect()
+    tracemalloc.start()
+    try:
+        report = run_index(project)
+        return tracemalloc.get_traced_memory()[1], report
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.timeout(1800)
+def test_ingestion_memory_does_not_grow_with_the_corpus(tmp_path):
+    yaml = HASH_EMBED.replace("sparse:   {type: bm25, path: idx/bm25}",
+                              f"sparse:   {{type: bm25, path: idx/bm25, build_batch: {BUILD_BATCH}}}")
+    assert f"build_batch: {BUILD_BATCH}" in yaml
+    peaks = {}
+    for size in (1, N, 4 * N):  # the first size imports what ingestion uses (converters, tokenizer): not counted
+        base = tmp_path / str(size)
+        base.mkdir()
+        (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
+        (base / "pipelines.yaml").write_text(yaml)
+        _corpus(base / "docs", size, 160)
+        full, report = peak(base / "pipelines.yaml")
+        assert (report.added, report.failed) == (size + 5, 0)  # + the corpus's five JSONL records
+        changed = base / "docs" / "000" / "note00000.md"
+        changed.write_text(changed.read_text() + "A new closing line.\n")
+        then = time.time() - 1800
+        os.utime(changed, (then, then))
+        one, report = peak(base / "pipelines.yaml")
+        assert (report.updated, report.added, report.unchanged) == (1, 0, size + 4)
+        peaks[size] = (full, one, report)
+    slopes = [(peaks[4 * N][i] - peaks[N][i]) / (3 * N) for i in (0, 1)]
+    print(f"peaks (full, one change): N {peaks[N][:2]}, 4N {peaks[4 * N][:2]}; per added document {slopes}")
+    assert slopes[0] < FULL_SLOPE
+    assert slopes[1] < CHANGE_SLOPE
