@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pytrec_eval
@@ -129,14 +129,15 @@ class Params(BaseModel):
                                              "pipeline): pseudo-queries whose pseudo-document the LLM writes, one "
                                              "call each, to decide it on or off; 0: leave such steps as the file "
                                              "has them")
-    query2doc_repeats: list[int] = Field([1, 3, 5], min_length=1, description="query2doc: query_repeats tried")
+    query2doc_repeats: list[Annotated[int, Field(ge=1, le=20)]] = Field([1, 3, 5], min_length=1,
+                                                                        description="query2doc: query_repeats tried")
     context: bool = Field(True, description="decide the expand_context steps of tuned pipelines: the smallest window "
                                              "whose top passages hold the pseudo-query's source chunk within "
                                              "context_margin of the best window")
-    context_neighbours: list[int] = Field([0, 1, 2, 4], min_length=1, description="expand_context: neighbours tried "
-                                                                                   "(0: no expansion)")
-    context_tokens: list[int] = Field([256, 512, 1024], min_length=1,
-                                      description="expand_context: max_tokens tried")
+    context_neighbours: list[Annotated[int, Field(ge=0, le=10_000)]] = Field(
+        [0, 1, 2, 4], min_length=1, description="expand_context: neighbours tried (0: no expansion)")
+    context_tokens: list[Annotated[int, Field(ge=16, le=32_768)]] = Field(
+        [256, 512, 1024], min_length=1, description="expand_context: max_tokens tried")
     context_margin: float = Field(0.02, ge=0.0, le=1.0,
                                   description="expand_context: the smallest window (tokens shown) whose hold rate is "
                                               "within this of the best window's")

@@ -222,6 +222,21 @@ def test_a_wide_margin_trades_the_source_chunk_for_fewer_tokens(project):
     assert few["enabled"] is None and "not decided" in few["reason"] and "fields" not in few
 
 
+def test_a_bad_window_or_repeat_count_is_a_located_error(project):
+    from ragline.flows.spec.compile import validate_file
+
+    for field, value in (("context_neighbours", "[1, -1]"), ("context_tokens", "[8]"), ("query2doc_repeats", "[0]")):
+        project.path.write_text(QUERY2DOC_YAML + f"""  tune:
+    kind: job
+    steps:
+      - {{id: pairs, task: pseudo_queries}}
+      - {{id: tune,  task: tune_retrieval, with: {{{field}: {value}}}}}
+""")
+        [error] = validate_file(project.path)
+        assert (error.pipeline, error.step) == ("tune", "tune") and error.line == QUERY2DOC_YAML.count("\n") + 5
+        assert error.field.startswith(f"with.{field}.") and "(got " in error.message
+
+
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.integration  # `tune` end to end on a real index, scripted LLM over HTTP
 def test_the_tune_job_decides_query2doc_and_the_context_window_and_the_overlay_sets_them(tmp_path):
