@@ -32,6 +32,14 @@ setting and on the best fused one with the same BM25; a step is turned on only f
 gain over the chosen setting without it (the same paired bootstrap). ``dense: true`` and mode llm
 are not replayed: such steps stay as the file has them.
 
+Query2doc (a ``rewrite`` step in mode hyde with ``keyword: true`` on the BM25 side) is decided the
+same way when the tuner has an LLM: the step's own pseudo-documents for a bounded, evenly spread
+sample of ``query2doc_pairs`` pseudo-queries (one call each), appended to the BM25 query for each
+``query_repeats`` tried. The ``expand_context`` window is chosen by a label-free criterion, since it
+changes the text of hits and not their order: how often the expanded top passages hold the chunk a
+pseudo-query was cut from, against the tokens they show (the smallest window within a margin of the
+best).
+
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
 """
