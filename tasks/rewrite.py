@@ -20,6 +20,8 @@ Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instructio
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    enabled: bool = Field(True, description="false: the query passes unchanged (a query2doc step `ragline tune` "
+                                            "turns on or off)")
     mode: Mode = Field("conversational", description="which rewrite this step performs")
     n: int = Field(3, ge=1, le=10, description="multi_query: variants; decompose: at most this many sub-questions")
     include_original: bool = Field(True, description="also search with the request itself")
@@ -44,6 +46,8 @@ class Params(BaseModel):
        prompt_variables=lambda p: ("question", "history") if p.mode == "conversational" else ("question", "n"))
 def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient) -> Query:
     """Rewrite the request for retrieval; the result says what to search and how to answer."""
+    if not params.enabled:
+        return query
     query = query if query.original else query.model_copy(update={"original": query.text})
     question = clip(query.text, params.max_request_chars)
     if params.mode == "conversational":

@@ -32,6 +32,14 @@ setting and on the best fused one with the same BM25; a step is turned on only f
 gain over the chosen setting without it (the same paired bootstrap). ``dense: true`` and mode llm
 are not replayed: such steps stay as the file has them.
 
+Query2doc (a ``rewrite`` step in mode hyde with ``keyword: true`` on the BM25 side) is decided the
+same way when the tuner has an LLM: the step's own pseudo-documents for a bounded, evenly spread
+sample of ``query2doc_pairs`` pseudo-queries (one call each), appended to the BM25 query for each
+``query_repeats`` tried. The ``expand_context`` window is chosen by a label-free criterion, since it
+changes the text of hits and not their order: how often the expanded top passages hold the chunk a
+pseudo-query was cut from, against the tokens they show (the smallest window within a margin of the
+best).
+
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
 """
@@ -40,7 +48,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pytrec_eval
@@ -56,7 +64,9 @@ from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
 from ragline.tasks.answerable import kept_floor, max_cosine, probability
 from ragline.tasks.expand_prf import with_feedback
+from ragline.tasks.expand_context import grow, token_counts
 from ragline.tasks.expand_terms import corpus_terms, with_terms
+from ragline.tasks.rewrite import query2doc
 from ragline.tasks.fuse import fused_order, fused_scores
 from ragline.tasks.pseudo_queries import without
 from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
@@ -122,6 +132,25 @@ class Params(BaseModel):
     related_terms: list[int] = Field([5, 10, 20, 30], min_length=1, description="expand_terms: terms tried")
     related_weight: list[float] = Field([0.1, 0.2, 0.3, 0.5], min_length=1,
                                         description="expand_terms: the added terms' share tried")
+    query2doc_pairs: int = Field(100, ge=0, le=2000,
+                                 description="query2doc (rewrite mode hyde, keyword: true, on the BM25 side of a tuned "
+                                             "pipeline): pseudo-queries whose pseudo-document the LLM writes, one "
+                                             "call each, to decide it on or off; 0: leave such steps as the file "
+                                             "has them")
+    query2doc_repeats: list[Annotated[int, Field(ge=1, le=20)]] = Field([1, 3, 5], min_length=1,
+                                                                        description="query2doc: query_repeats tried")
+    context: bool = Field(True, description="decide the expand_context steps of tuned pipelines: the smallest window "
+                                             "whose top passages hold the pseudo-query's source chunk within "
+                                             "context_margin of the best window")
+    context_neighbours: list[Annotated[int, Field(ge=0, le=10_000)]] = Field(
+        [0, 1, 2, 4], min_length=1, description="expand_context: neighbours tried (0: no expansion)")
+    context_tokens: list[Annotated[int, Field(ge=16, le=32_768)]] = Field(
+        [256, 512, 1024], min_length=1, description="expand_context: max_tokens tried")
+    context_margin: float = Field(0.02, ge=0.0, le=1.0,
+                                  description="expand_context: the smallest window (tokens shown) whose hold rate is "
+                                              "within this of the best window's")
+    context_pairs: int = Field(300, ge=1, le=5000, description="expand_context: pseudo-queries replayed (those "
+                                                                 "cut from a chunk)")
     max_seconds: float | None = Field(600.0, gt=0, description="stop trying BM25 variants after this long")
     write: bool = Field(True, description="write the overlay (false: report only)")
     overlay: str | None = Field(None, description="overlay file; default: <pipelines file stem>.tuned.yaml beside "
@@ -209,7 +238,22 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
         decisions = decide_expansions(expansions, plain, pairs, corpus, cache, chosen, fused, bm25_spec, relevant,
                                       top_k, params, per_query)
         timings["expansions"] = time.perf_counter() - clock
-    overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor, *expansion_entries(expansions, decisions))
+        if any(e.stage == QUERY2DOC for e in expansions):
+            clock = time.perf_counter()
+            decisions[QUERY2DOC] = decide_query2doc(expansions, plain, pairs, corpus, cache, chosen, fused, bm25_spec,
+                                                    relevant, top_k, params, llm)
+            timings["query2doc"] = time.perf_counter() - clock
+    contexts = find_contexts(plain, targets) if params.context else []
+    context_fields: dict[tuple[str, str], dict[str, Any]] = {}
+    if contexts:
+        clock = time.perf_counter()
+        decisions["expand_context"] = decide_context(contexts, pairs, corpus, cache, chosen, top_k, params, state,
+                                                     embedder)
+        if decisions["expand_context"].get("fields"):
+            context_fields = {(c.pipeline, c.step): decisions["expand_context"]["fields"] for c in contexts}
+        timings["expand_context"] = time.perf_counter() - clock
+    steps, own = expansion_entries(expansions, decisions)
+    overrides = overlay_entries(plain, targets, chosen.setting, floor, p_floor, {**steps, **context_fields}, own)
     report = TuneReport(metric=params.metric, pairs=len(pairs), chunks=len(corpus.ids),
                         strategies={s: sum(p.strategy == s for p in pairs) for s in sorted({p.strategy for p in pairs})},
                         candidates=candidates, baseline=baseline, chosen=chosen, reason=reason,
@@ -875,6 +919,7 @@ def summary(report: TuneReport, shown: int = 12) -> str:
 
 # ----------------------------------------------------------------------------- query expansion on or off
 EXPANSION_STAGES = ("expand_prf", "expand_terms")
+QUERY2DOC = "query2doc"  # the decision's name for rewrite steps in mode hyde with keyword: true
 
 
 @dataclass(frozen=True)
@@ -902,8 +947,26 @@ def find_expansions(project: Any, targets: list[Target]) -> list[Expansion]:
                 source = (step.wiring.get("passages") or [None])[0] if step.stage.name == "expand_prf" else None
                 found.append(Expansion(t.pipeline, step.id, step.stage.name, step.params, source,
                                        replay_problem(pipeline, step, source, t)))
+            elif is_query2doc(step):
+                found.append(Expansion(t.pipeline, step.id, QUERY2DOC, step.params, None,
+                                       query2doc_problem(pipeline, step, t)))
             upstream = step.wiring.get("query", [])
     return found
+
+
+def is_query2doc(step: Any) -> bool:
+    """A rewrite step that appends its HyDE pseudo-document to the BM25 query (query2doc)."""
+    return step.stage.name == "rewrite" and step.params.mode == "hyde" and step.params.keyword
+
+
+def query2doc_problem(pipeline: Any, step: Any, target: Target) -> str | None:
+    """Why the tuner cannot replay a query2doc step (None: it can): only its BM25 side is replayed."""
+    upstream = pipeline.step(target.dense).wiring.get("query", [])
+    while upstream:
+        if upstream[0] == step.id:
+            return "its pseudo-document also feeds dense retrieval (HyDE), which the tuner does not replay"
+        upstream = pipeline.step(upstream[0]).wiring.get("query", [])
+    return None
 
 
 def replay_problem(pipeline: Any, step: Any, source: str | None, target: Target) -> str | None:
@@ -1117,3 +1180,186 @@ def strategy_gains(pairs: list[PseudoQuery], per_query: dict[str, np.ndarray], c
     gains = per_query[candidate.name][:, column] - per_query[off.name][:, column]
     return {s: round(float(np.mean([g for g, p in zip(gains, pairs) if p.strategy == s])), 5)
             for s in sorted({p.strategy for p in pairs})}
+
+
+# ----------------------------------------------------------------------------- query2doc on or off
+def sample(n_pairs: int, n: int) -> list[int]:
+    """``n`` pair indexes spread evenly over ``n_pairs`` (all when n >= n_pairs): a fixed, bounded sample."""
+    if n >= n_pairs:
+        return list(range(n_pairs))
+    return sorted({int(round(i * (n_pairs - 1) / max(1, n - 1))) for i in range(n)})
+
+
+def pseudo_documents(llm: LLMClient, project: Any, expansion: Expansion, queries: list[str]) -> list[str]:
+    """The step's own pseudo-document for each query: its prompt, its clipping, its reply length (one call each)."""
+    step = project.pipeline(expansion.pipeline).step(expansion.step)
+    p = step.params
+    prompts = [project.prompts.render(step.prompt, question=clip(q, p.max_request_chars), n=p.n) for q in queries]
+    return llm.map(lambda text: llm.chat(text, max_tokens=p.max_tokens).text.strip(), prompts)
+
+
+def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[PseudoQuery], corpus: Corpus,
+                     cache: Rankings, chosen: Candidate, fused: Candidate | None, spec: Any,
+                     relevant: list[set[int]], top_k: int, params: Params,
+                     llm: LLMClient | None) -> dict[str, Any]:
+    """Query2doc on (with the best ``query_repeats``) only if its BM25 query beats the chosen ranking
+    without it significantly (paired bootstrap, recall guard), as the expansions are decided, on a
+    bounded sample of ``query2doc_pairs`` pseudo-queries (one LLM call each). The pseudo-documents are
+    the step's own (its prompt and reply length) and are searched on the tuner's index (each source
+    without its cut). Only the BM25 side is replayed: a step whose text also feeds dense retrieval is
+    left as the file has it."""
+    steps = [e for e in expansions if e.stage == QUERY2DOC]
+    entry: dict[str, Any] = {"steps": [f"{e.pipeline}.{e.step}" for e in steps], "enabled": None,
+                             "skipped": [f"{e.pipeline}.{e.step}: {e.problem}" for e in steps if e.problem]}
+    replayable = [e for e in steps if e.problem is None]
+    if not replayable:
+        entry["reason"] = "not decided: " + "; ".join(entry["skipped"])
+        return entry
+    if params.query2doc_pairs == 0:
+        entry["reason"] = "not decided: query2doc_pairs is 0"
+        return entry
+    if llm is None:
+        entry["reason"] = "not decided: the tuner has no openai_compatible resource (llm) to write pseudo-documents"
+        return entry
+    bases = [c for c in (chosen, fused) if c is not None and c.setting["dense_weight"] < 1.0]
+    if not bases:
+        entry.update(enabled=False, reason="off: the chosen ranking is dense alone and no fused one was tried")
+        return entry
+    rows = sample(len(pairs), params.query2doc_pairs)
+    clock = time.perf_counter()
+    documents = pseudo_documents(llm, project, replayable[0], [pairs[i].text for i in rows])
+    entry.update(llm_calls=len(rows), llm_seconds=round(time.perf_counter() - clock, 2),
+                 empty=sum(not d for d in documents))
+    depth = max(chosen.setting["depth_sparse"], *params.depths)
+    sub = Rankings(docs=cache.docs, dense=[cache.dense[i] for i in rows], texts=cache.texts, tokens=cache.tokens)
+    sub_relevant = [relevant[i] for i in rows]
+    settings, option_of = [], []
+    for base in list({b.name: b for b in bases}.values()):
+        variant = variant_name(base.setting["bm25"])
+        sub.sparse[variant] = [cache.sparse[variant][i] for i in rows]
+        vspec = spec.model_copy(update=base.setting["bm25"])
+        if vspec.stemmer not in cache.tokens:
+            cache.tokens[vspec.stemmer] = tokenize(cache.texts, vspec.stemmer, spec.stopwords)
+        for repeats in params.query2doc_repeats:
+            texts = [query2doc(pairs[i].text, d, repeats) if d else pairs[i].text for i, d in zip(rows, documents)]
+            name = f"query2doc query_repeats={repeats}"
+            setting = {**base.setting, "expansion": {"stage": QUERY2DOC, "name": name, "enabled": True,
+                                                     "query_repeats": repeats}}
+            sub.sparse[sparse_key(setting)] = sparse_rankings(texts, depth, cache.tokens[vspec.stemmer], vspec)
+            settings.append(setting)
+            option_of.append(repeats)
+    local: dict[str, np.ndarray] = {}
+    [off] = score_settings([chosen.setting], sub, sub_relevant, top_k, local)
+    candidates = score_settings(settings, sub, sub_relevant, top_k, local)
+    intervals = gain_intervals(candidates, off, local, params)
+    metric = params.metric
+    significant = [c for c in candidates if intervals[c.name][0] > 0
+                   and c.scores[metric] - off.scores[metric] > params.min_gain]
+    best = recall_guarded([*significant, off], params)[0]
+    top = max(candidates, key=lambda c: c.scores[metric])
+    shown = best if best is not off else top
+    low, high = intervals[shown.name]
+    gain = shown.scores[metric] - off.scores[metric]
+    sampled = [pairs[i] for i in rows]
+    entry.update(enabled=best is not off, off=off.scores, best={"name": shown.name, **shown.scores},
+                 interval=[round(low, 5), round(high, 5)], pairs=len(rows),
+                 candidates=[{"name": c.name, **c.scores, "fields": c.setting["expansion"]}
+                             for c in sorted(candidates, key=lambda c: -c.scores[metric])],
+                 by_strategy=strategy_gains(sampled, local, shown, off, metric))
+    where = f"on {len(rows)} pseudo-queries, {len(rows)} LLM calls"
+    if best is not off:
+        changed = {k: v for k, v in best.setting.items() if k != "expansion"} != chosen.setting
+        entry.update(fields={"enabled": True, "query_repeats": option_of[candidates.index(best)]},
+                     setting=best.setting, fusion_changed=changed)
+        entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
+                           f"({params.confidence:.0%} interval {low:+.4f} to {high:+.4f}; {where})"
+                           + ("; its pipelines get that fusion, the others keep the chosen one" if changed else ""))
+    else:
+        entry["reason"] = (f"off: no setting beats {chosen.name} without it significantly (best: {top.name}, "
+                           f"{gain:+.4f} {metric}, {params.confidence:.0%} interval {low:+.4f} to {high:+.4f}; "
+                           f"{where})")
+    return entry
+
+
+# ----------------------------------------------------------------------------- context-expansion size
+@dataclass(frozen=True)
+class ContextStep:
+    pipeline: str
+    step: str
+    top_k: int  # hits the step expands
+
+
+def find_contexts(project: Any, targets: list[Target]) -> list[ContextStep]:
+    """The expand_context steps of the tuned pipelines."""
+    return [ContextStep(t.pipeline, s.id, s.params.top_k) for t in targets
+            for s in project.pipeline(t.pipeline).steps if s.stage.name == "expand_context"]
+
+
+def decide_context(contexts: list[ContextStep], pairs: list[PseudoQuery], corpus: Corpus, cache: Rankings,
+                   chosen: Candidate, top_k: int, params: Params, state: IndexState,
+                   embedder: Embedder) -> dict[str, Any]:
+    """The context window (neighbours, max_tokens) by a label-free criterion. Context expansion
+    changes the text of hits, not their ranking, so nDCG cannot choose it. A pseudo-query cut from
+    a chunk (inverse cloze, title) is searched as the tuner ranks it (its source without the cut);
+    its top hits grow as ``expand_context`` grows them (its own ``grow``, on the index state's
+    neighbours and the embedder's token counts), and the query is *held* when one of its expanded
+    top passages contains the chunk it was cut from. Per window: the hold rate and the tokens shown
+    per query; the choice is the window with the fewest tokens whose hold rate is within
+    ``context_margin`` of the best window's (neighbours 0: no expansion, when that is within it)."""
+    entry: dict[str, Any] = {"steps": [f"{c.pipeline}.{c.step}" for c in contexts], "enabled": None}
+    position = {cid: i for i, cid in enumerate(corpus.ids)}
+    cut = [i for i, p in enumerate(pairs) if p.cut and p.chunk_id in position]
+    rows = [cut[i] for i in sample(len(cut), params.context_pairs)]
+    if len(rows) < 20:
+        entry["reason"] = f"not decided: {len(rows)} pseudo-queries cut from a chunk (20 or more decide it)"
+        return entry
+    hits_k = max(c.top_k for c in contexts)
+    setting = chosen.setting
+    variant = variant_name(setting["bm25"])
+    weights = np.array([[setting["dense_weight"], 1 - setting["dense_weight"]]])
+    ks, is_rrf = np.array([[setting["k"]]], dtype=np.float64), np.array([[setting["method"] == "rrf"]])
+    tops: list[list[str]] = []
+    for q in rows:
+        fused = fused_scores([cache.dense[q][:setting["depth_dense"]], cache.sparse[variant][q][:setting["depth_sparse"]]],
+                             weights, ks, is_rrf)
+        order = [] if fused is None else [fused[0][i] for i in fused_order(fused[1][0], fused[2][0], top_k)]
+        tops.append([corpus.ids[c] for c in order[:hits_k]])
+    radius = max(params.context_neighbours)
+    around = state.neighbourhoods(sorted({cid for top in tops for cid in top}), radius)
+    texts = {cid: text for found in around.values() for cid, _, text in found}
+    tokens = dict(zip(texts, token_counts(embedder, list(texts.values()))))
+    options = []
+    for neighbours, budget in itertools.product(sorted(set(params.context_neighbours)),
+                                                sorted(set(params.context_tokens))):
+        if neighbours == 0 and budget != min(params.context_tokens):
+            continue  # no neighbours: every budget shows the hits alone
+        held, spent = 0, 0
+        for q, top in zip(rows, tops):
+            shown: set[str] = set()
+            inside = False
+            for hit in top:
+                if hit in shown:
+                    continue
+                found = around.get(hit) or [(hit, 0, "")]
+                ordinal = next(o for cid, o, _ in found if cid == hit)
+                near = [r for r in found if abs(r[1] - ordinal) <= neighbours]
+                window = [near[i][0] for i in grow(near, hit, tokens, shown, budget)]
+                shown.update(window)
+                spent += sum(tokens.get(cid, 0) for cid in window)
+                inside = inside or pairs[q].chunk_id in window
+            held += inside
+        options.append({"neighbours": neighbours, "max_tokens": budget, "hold": round(held / len(rows), 4),
+                        "tokens": round(spent / len(rows), 1)})
+    best = max(o["hold"] for o in options)
+    pick = min((o for o in options if o["hold"] >= best - params.context_margin),
+               key=lambda o: (o["tokens"], o["neighbours"], o["max_tokens"]))
+    entry.update(enabled=pick["neighbours"] > 0, options=options, chosen=pick, pairs=len(rows),
+                 fields={"neighbours": pick["neighbours"], "max_tokens": pick["max_tokens"]})
+    plain = next((o for o in options if o["neighbours"] == 0), None)
+    versus = (f"; no expansion holds {plain['hold']:.1%} with {plain['tokens']:.0f}" if plain and plain is not pick
+              else "")
+    entry["reason"] = (f"neighbours {pick['neighbours']}, max_tokens {pick['max_tokens']}: its top {hits_k} passages "
+                       f"hold the source chunk of {pick['hold']:.1%} of {len(rows)} pseudo-queries with "
+                       f"{pick['tokens']:.0f} tokens per query, the fewest within {params.context_margin:g} of the "
+                       f"best window ({best:.1%}){versus}")
+    return entry
