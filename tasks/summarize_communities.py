@@ -97,7 +97,8 @@ def summarize_communities(params: Params, ctx: StepContext, store: ChromaStore, 
         ctx.logger.warning("%s; building from scratch", exc)
         previous = None
     fine_k = min(len(ids), params.communities or int(np.clip(round(math.sqrt(len(ids) / 2)), 2, 64)))
-    kept = _kept_centroids(previous, ids, fine_k, vectors.shape[1], params)
+    kept = _kept_centroids(previous, ids, min(len(ids), params.communities) if params.communities else None,
+                           vectors.shape[1], params)  # automatic k: the kept one (a rounding flip re-clusters not)
     if kept is None:
         fine_centroids, top_of = _kmeans_hierarchy(vectors, fine_k, params)
     else:
@@ -165,13 +166,14 @@ def _hash(items: list[str]) -> str:
     return hashlib.sha256("\n".join(items).encode()).hexdigest()
 
 
-def _kept_centroids(previous: SummaryReport | None, ids: list[str], k: int, dim: int,
+def _kept_centroids(previous: SummaryReport | None, ids: list[str], k: int | None, dim: int,
                     params: Params) -> tuple[np.ndarray, np.ndarray] | None:
-    """The published fine centroids and their top community, when the index changed little since."""
+    """The published fine centroids and their top community, when the index changed little since
+    (and the number of communities asked for, if any, is the published one)."""
     if previous is None or params.recluster:
         return None
     fine = [c for c in previous.communities if c.level == 1]
-    if not fine or len(fine) != k or any(len(c.centroid) != dim for c in fine):
+    if not fine or (k is not None and len(fine) != k) or any(len(c.centroid) != dim for c in fine):
         return None
     if params.top_communities is not None and \
             len({c.parent for c in fine}) != min(params.top_communities, k):

@@ -60,6 +60,26 @@ pipelines:
       - {id: summaries, task: retrieve_summaries, with: {level: fine, top_k: null}}
       - {id: insert,    task: insert, with: {order: relevance, max_tokens: 4000, max_documents: 8}}
       - {id: answer,    task: generate_map_reduce, with: {map_prompt: map_summary, score_notes: true, max_notes: 2}}
+  routed:
+    kind: query
+    steps:
+      - id: route
+        task: classify
+        with:
+          default: retrieve
+          min_similarity: 0.3
+          labels:
+            retrieve: {examples: ["Who scored the goal in the final minute?", "How do I bake bread?"]}
+            global:   {examples: ["What are the main themes of these documents?", "Give an overview of the collection."]}
+      - {id: dense,     task: retrieve_dense, with: {k: 10}, when: &retrieve {step: route, label: retrieve}}
+      - {id: fuse,      task: fuse, with: {top_k: 5}, when: *retrieve}
+      - {id: insert,    task: insert, with: {max_documents: 3}, when: *retrieve}
+      - {id: answer,    task: generate, when: *retrieve}
+      - {id: summaries, task: retrieve_summaries, after: [route], when: &global {step: route, label: global}}
+      - {id: notes,     task: insert, after: [summaries], with: {max_tokens: 4000, max_documents: 8}, when: *global}
+      - {id: overview,  task: generate_map_reduce, after: [notes, route], with: {map_prompt: map_summary,
+                                                                                score_notes: true}, when: *global}
+      - {id: out,       task: verify, after: [answer, overview], when: *retrieve}
 """
 
 
@@ -256,3 +276,18 @@ def test_ask_global_without_summaries_says_how_to_build_them(project):
 def test_restricted_requests_read_only_communities_all_of_whose_documents_they_may_read():
     assert _may_read((), frozenset()) and _may_read(("hr",), frozenset({"hr"}))
     assert not _may_read(("hr",), frozenset({"eng"})) and not _may_read(None, frozenset({"hr"}))
+
+
+def test_ask_routed_can_send_corpus_level_questions_to_the_summaries(project):
+    root, llm, load = project
+    build(load)
+    llm.reply = lambda p: summary_reply(p) if is_summarise(p) else (
+        "Several topics.\nScore: 80" if p.rstrip().endswith("Notes:") else "Answer [1].")
+    routed = load().pipeline("routed")
+    overview = engine.run(routed, {"query": {"text": "What are the main themes of this collection?"}},
+                          orchestrate=False)
+    assert {"dense", "answer"} <= set(overview.skipped) and "overview" not in overview.skipped
+    assert overview.sources and all(s.source_id.startswith("community:") for s in overview.sources)
+    local = engine.run(routed, {"query": {"text": "How do I bake a cake?"}}, orchestrate=False)
+    assert {"summaries", "overview"} <= set(local.skipped)
+    assert local.sources and not any(s.source_id.startswith("community:") for s in local.sources)
