@@ -57,7 +57,7 @@ PIPELINES = """
   bench_summaries:
     kind: query
     steps:
-      - {id: summaries, task: retrieve_summaries, with: {level: fine, top_k: 8}}
+      - {id: summaries, task: retrieve_summaries, with: {level: fine, top_k: TOP_K}}
 """
 
 
@@ -94,9 +94,15 @@ def corpus(per_theme: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--per-theme", type=int, default=6)
+    parser.add_argument("--questions", type=int, default=len(QUESTIONS))
+    parser.add_argument("--small", action="store_true", help="CPU budgets for a loaded machine: 3 central chunks "
+                        "of 700 characters per summary, 48-token summaries, 4 summaries of 48-token notes per answer")
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints where a long run is
     from ragline.flows.ops.llm_server import start_vllm
     from ragline.flows.resources import summaries
     from ragline.flows.run import engine
@@ -113,13 +119,21 @@ def main() -> None:
             theme_of = {d["_id"]: d["metadata"]["theme"] for d in docs}
             (work / "corpus").mkdir()
             (work / "corpus" / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-            text = (REPO / "pipelines.yaml").read_text().replace("\npipelines:\n", "\npipelines:\n" + PIPELINES, 1)
+            shown = PIPELINES.replace("TOP_K", "4" if args.small else "8")
+            text = (REPO / "pipelines.yaml").read_text().replace("\npipelines:\n", "\npipelines:\n" + shown, 1)
             text = text.replace("[samples/docs]", "[corpus]")
             (work / "pipelines.yaml").write_text(text)
             (work / "prompts").symlink_to(REPO / "prompts")
             project = load_project(work / "pipelines.yaml")
             engine.run(project.pipeline("index"), orchestrate=False)
+            print(f"indexed {len(docs)} documents; summarising", flush=True)
             build_params = {"summary_tokens": 96}
+            global_params: dict = {}
+            ask_params: dict = {}
+            if args.small:
+                build_params = {"summary_tokens": 48, "member_chunks": 3, "max_chunk_chars": 700}
+                global_params = {"summaries": {"top_k": 4}, "answer": {"map_tokens": 48, "max_tokens": 96}}
+                ask_params = {"answer": {"max_tokens": 64}}
             started = time.perf_counter()
             built = engine.run(project.pipeline("summarize").with_overrides({"summarize": build_params}),
                                orchestrate=False)
@@ -133,13 +147,13 @@ def main() -> None:
             summary_themes = set().union(*(names(c.summary) for c in fine))
             top_themes = set().union(*(names(c.summary) for c in built.communities if c.level == 0))
             rows = []
-            for question in QUESTIONS:
+            for question in QUESTIONS[: args.questions]:
                 found = engine.run(project.pipeline("bench_search"), {"query": {"text": question}}, orchestrate=False)
                 ask_ctx = {source_theme(p.source_id) for p in found}
                 t0 = time.perf_counter()
-                ask = engine.run(project.pipeline("ask"), {"query": {"text": question}}, orchestrate=False)
+                ask = engine.run(project.pipeline("ask").with_overrides(ask_params), {"query": {"text": question}}, orchestrate=False)
                 t1 = time.perf_counter()
-                glob = engine.run(project.pipeline("ask_global"), {"query": {"text": question}}, orchestrate=False)
+                glob = engine.run(project.pipeline("ask_global").with_overrides(global_params), {"query": {"text": question}}, orchestrate=False)
                 t2 = time.perf_counter()
                 got = engine.run(project.pipeline("bench_summaries"), {"query": {"text": question}},
                                  orchestrate=False)
@@ -176,14 +190,16 @@ def main() -> None:
         "majority_themes": sorted(majority), "summary_themes": sorted(summary_themes), "top_themes": sorted(top_themes),
         "incremental": {"changed": changed, "summarised": again.summarised, "reused": len(again.reused),
                         "calls": again.llm_calls, "seconds": again_s, "reclustered": again.reclustered},
-        "questions": rows, "file": str(path.name), "build_params": build_params,
+        "questions": rows, "file": str(path.name), "build_params": build_params, "global_params": global_params,
+        "ask_params": ask_params,
     }
     save("global_questions", result)
     lines = [
         f"{len(docs)} documents of {n} known themes (SciFact: cancer, HIV, diabetes, malaria; RGB news: tennis, "
-        f"video games, films), {built.chunks} chunks; `summarize` (shipped settings, `summary_tokens: 96`) made "
+        f"video games, films), {built.chunks} chunks; `summarize` (shipped settings but {json.dumps(build_params)}) made "
         f"{len(fine)} fine and {len(built.communities) - len(fine)} top communities; SmolLM2-135M on the CPU vLLM, "
-        f"{len(QUESTIONS)} corpus-level questions (`bench/global_questions.py`).",
+        f"{len(rows)} corpus-level question(s) (`bench/global_questions.py{' --small' if args.small else ''}`; "
+        f"ask_global overrides {json.dumps(global_params) or 'none'}, ask overrides {json.dumps(ask_params) or 'none'}).",
         "",
         "| measure | `ask` | `ask_global` |",
         "|---|---|---|",
