@@ -24,6 +24,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -98,6 +99,9 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="CPU budgets for a loaded machine: 3 central chunks "
                         "of 700 characters per summary, 48-token summaries, 4 summaries of 48-token notes per answer")
     parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--clusters-only", action="store_true", help="model-free figures only: the summaries are "
+                        "written by a stand-in server (tests/scripted_llm.py), so only the communities' themes and "
+                        "ask's retrieved themes mean anything; no table is written")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import faulthandler
@@ -109,7 +113,15 @@ def main() -> None:
     from ragline.flows.spec.compile import load_project
 
     server = None
-    if not os.environ.get("RAGLINE_LLM_BASE_URL"):
+    if args.clusters_only:
+        sys.path.insert(0, str(REPO))
+        from tests.scripted_llm import ScriptedLLM
+
+        server = ScriptedLLM(lambda prompt: "A summary. Score: 50").__enter__()
+        server.stop = lambda: server.__exit__(None, None, None)
+        os.environ["RAGLINE_LLM_BASE_URL"] = server.base_url
+        args.no_readme = True
+    elif not os.environ.get("RAGLINE_LLM_BASE_URL"):
         server = start_vllm()
         os.environ["RAGLINE_LLM_BASE_URL"] = server.base_url
     try:
@@ -147,6 +159,15 @@ def main() -> None:
             summary_themes = set().union(*(names(c.summary) for c in fine))
             top_themes = set().union(*(names(c.summary) for c in built.communities if c.level == 0))
             rows = []
+            if args.clusters_only:
+                ctx = [{source_theme(p.source_id) for p in engine.run(project.pipeline("bench_search"),
+                                                                       {"query": {"text": q}}, orchestrate=False)}
+                       for q in QUESTIONS]
+                print(json.dumps({"documents": len(docs), "chunks": built.chunks, "fine": len(fine),
+                                  "majority_themes": sorted(majority), "fine_communities": [
+                                      dict(Counter(source_theme(d) for d in c.documents)) for c in fine],
+                                  "ask_top5_themes": [sorted(c) for c in ctx]}, indent=1))
+                return
             for question in QUESTIONS[: args.questions]:
                 found = engine.run(project.pipeline("bench_search"), {"query": {"text": question}}, orchestrate=False)
                 ask_ctx = {source_theme(p.source_id) for p in found}
