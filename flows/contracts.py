@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 Metadata = dict[str, str | int | float | bool]
 
 
+MEMBERS_KEY = "members"  # a community summary passage's metadata key: its member document ids, one per line
 COLLECTION_KEY = "collection"  # the passage metadata key naming the named collection it came from
 # a listed document's metadata key: read but listed without its text, read again in its batch by its source's
 # ``read`` hook ('<root index>:<file path>'); never reaches a store
@@ -415,6 +416,8 @@ class Source(BaseModel):
     section: str = Field("", description="the passage's section path, 'Heading > Subheading'")
     collection: str = Field("", description="the named collection it came from (pipelines.yaml `collections`); "
                                             "empty when the file declares none")
+    documents: list[str] = Field(default_factory=list, description="a cited community summary's member documents "
+                                                                   "(ask_global); empty for a passage")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -434,7 +437,8 @@ class Source(BaseModel):
                    path=str(meta.get("source", passage.source_id)),
                    url=f"{url}#page={start}" if url and start is not None and "#" not in url else url,
                    passage=passage.text, page_start=start, page_end=end, section=str(meta.get("section", "")),
-                   collection=str(meta.get("collection", "")))
+                   collection=str(meta.get("collection", "")),
+                   documents=[d for d in str(meta.get(MEMBERS_KEY, "")).split("\n") if d])
 
 
 def page_label(start: int | None, end: int | None = None) -> str:
@@ -558,3 +562,40 @@ class AdaptReport(BaseModel):
     seconds: float = 0.0
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
     created: str = ""
+
+
+
+class Community(BaseModel):
+    """One topic community of the summary index: its members, their hash and the LLM's summary."""
+
+    id: str = Field(description="'L<level>-<n>': level 0 is the top, level 1 the fine communities")
+    level: int = Field(ge=0)
+    parent: str | None = Field(None, description="the top community a fine one belongs to")
+    children: list[str] = Field(default_factory=list, description="the fine communities of a top one")
+    chunk_ids: list[str] = Field(default_factory=list, description="member chunks, sorted")
+    documents: list[str] = Field(default_factory=list, description="member documents (source ids), sorted")
+    membership: str = Field(description="content hash of the membership: the sorted chunk ids (chunk ids are "
+                                        "content hashes), or of the children's hashes for a top community")
+    summary: str = ""
+    embedding: list[float] = Field(default_factory=list, description="the summary's embedding (retrieval)")
+    centroid: list[float] = Field(default_factory=list, description="the mean member vector (assignment)")
+    read_chunks: list[str] = Field(default_factory=list, description="the central chunks the summary was made from")
+    reused: bool = Field(False, description="the membership hash was unchanged: the previous summary was kept")
+
+
+class SummaryReport(BaseModel):
+    """What ``summarize_communities`` built; the job runner publishes it (``resources.summaries``)."""
+
+    communities: list[Community] = Field(default_factory=list)
+    generation: int = Field(0, description="the index generation the communities were built from")
+    chunks: int = 0
+    documents: int = 0
+    embedder: str = Field("", description="the model the summary embeddings were made with")
+    reclustered: bool = Field(True, description="k-means ran (else chunks were assigned to the kept centroids)")
+    summarised: list[str] = Field(default_factory=list, description="communities whose summary was (re)written")
+    reused: list[str] = Field(default_factory=list, description="communities whose summary was kept (same hash)")
+    llm_calls: int = 0
+    path: str = Field("", description="the summaries file")
+    written: bool = False
+    write_requested: bool = Field(False, description="the stage asks the job runner to publish the summaries")
+    seconds: float = 0.0

@@ -22,6 +22,8 @@ from ragline.tasks.generate import answer_from, complete, conversation, refusal,
 from ragline.tasks.refine_notes import ask_each_passage
 
 _NOTHING_REPLY = re.compile(r"^\W*nothing relevant\b", re.IGNORECASE)  # what map_passage asks for
+_SCORE = re.compile(r"[\s(*_]*\bscore\W{0,4}(\d{1,3})\b[^\n]*$", re.IGNORECASE)  # map_summary's last line
+UNSCORED = 50
 MAP_VARIABLES = ("question", "passage")
 
 
@@ -31,6 +33,11 @@ class Params(GenerateParams):
     map_prompt: str = Field("map_passage", min_length=1, description="the template of each per-document call")
     map_tokens: int = Field(96, ge=8, le=1024, description="token budget of each document's note")
     max_passage_chars: int = Field(4000, ge=100, description="document text shown to each map call")
+    score_notes: bool = Field(False, description="each note ends with 'Score: N' (0-100, how helpful it is, as "
+                                                 "GraphRAG's global search asks): notes scored 0 are dropped and "
+                                                 "the reduce call reads the best max_notes, best first; a note "
+                                                 "without a score counts as 50")
+    max_notes: int = Field(10, ge=1, le=100, description="with score_notes: the notes the reduce call reads")
 
 
 def _prompts(params: Params) -> dict[str, tuple[str, ...]]:
@@ -74,7 +81,7 @@ def _map(query: Query, documents: list[ContextDocument], params: Params, ctx: St
     failed = [r for r in replies if isinstance(r, RuntimeError)]
     if failed and len(failed) == len(replies):  # the endpoint is down, not the documents irrelevant
         raise failed[0]
-    notes = []
+    notes, scores = [], []
     for document, reply in zip(documents, replies):
         if isinstance(reply, RuntimeError):
             ctx.logger.warning("document %d (%s) left out: its map call failed: %s", document.number,
@@ -83,5 +90,17 @@ def _map(query: Query, documents: list[ContextDocument], params: Params, ctx: St
         note = strip_markup(reply.text).strip()
         if not note or _NOTHING_REPLY.match(note):
             continue
-        notes.append(document.model_copy(update={"passage": document.passage.model_copy(update={"text": note})}))
+        score = UNSCORED
+        if params.score_notes and (found := _SCORE.search(note)):
+            score, note = min(int(found.group(1)), 100), note[: found.start()].strip()
+            if score == 0 or not note:
+                continue
+        notes.append(document.model_copy(update={"passage": document.passage.model_copy(
+            update={"text": note, "score": float(score) if params.score_notes else document.passage.score})}))
+        scores.append(score)
+    if params.score_notes:  # the most helpful first (a stable sort: ties keep the prompt order)
+        order = sorted(range(len(notes)), key=lambda i: -scores[i])[: params.max_notes]
+        if len(order) < len(notes):
+            ctx.logger.info("reduce reads the %d best-scored of %d notes (max_notes)", len(order), len(notes))
+        notes = [notes[i] for i in order]
     return notes

@@ -1,7 +1,7 @@
 """What a job pipeline's report asks for, done by the runner: stages report, the runner writes.
 
-``tune_retrieval`` and ``adapt_embedder`` return a ``TuneReport`` / ``AdaptReport`` that says which
-overlay to write; writing it (and rebuilding BM25 with the tuned settings, under the index lease)
+``tune_retrieval``, ``adapt_embedder`` and ``summarize_communities`` return a ``TuneReport`` /
+``AdaptReport`` / ``SummaryReport`` that says which overlay (or summaries file) to write; writing it (and rebuilding BM25 with the tuned settings, under the index lease)
 is engine work, so the stages never import the engine's configuration modules and a dry run is
 simply a report nobody publishes.
 """
@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ragline.flows.contracts import AdaptReport, TuneReport
+from ragline.flows.contracts import AdaptReport, SummaryReport, TuneReport
+from ragline.flows.resources import summaries
 from ragline.flows.spec import overlay
 from ragline.flows.spec.model import CompiledPipeline
 
@@ -24,7 +25,16 @@ def publish(pipeline: CompiledPipeline, output: Any) -> Any:
         return publish_tuning(pipeline, output)
     if isinstance(output, AdaptReport):
         return publish_adaptation(pipeline, output)
+    if isinstance(output, SummaryReport):
+        return publish_summaries(output)
     return output
+
+
+def publish_summaries(report: SummaryReport) -> SummaryReport:
+    """The community summaries, replaced in one rename (a build killed before this leaves the old ones)."""
+    if not report.write_requested:
+        return report
+    return summaries.publish(Path(report.path), report)
 
 
 def publish_tuning(pipeline: CompiledPipeline, report: TuneReport) -> TuneReport:

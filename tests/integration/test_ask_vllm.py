@@ -98,3 +98,24 @@ def test_pointwise_llm_rerank_scores_from_logprobs(sample_project):
     trace: list = []
     engine.run(pipeline, {"query": "What is reciprocal rank fusion?"}, orchestrate=False, trace=trace)
     assert "rerank" in [step for step, _ in trace]
+
+
+def test_community_summaries_and_ask_global_on_the_real_model(sample_project):
+    """The summarize job with the real model: every document in a community, every summary written;
+    a re-run re-summarises nothing; ask_global answers from the summaries (or refuses), citing
+    summaries whose member documents are indexed ones."""
+    job = sample_project.pipeline("summarize").with_overrides(
+        {"summarize": {"communities": 2, "top_communities": 1, "member_chunks": 2, "summary_tokens": 24}})
+    built = engine.run(job, orchestrate=False)
+    fine = [c for c in built.communities if c.level == 1]
+    assert built.written and len(fine) == 2 and all(c.summary for c in built.communities)
+    assert sorted(d for c in fine for d in c.documents) == sorted(built.communities[0].documents)
+    again = engine.run(job, orchestrate=False)
+    assert again.summarised == [] and again.llm_calls == 0
+    answer = engine.run(sample_project.pipeline("ask_global").with_overrides(
+        {"answer": {"map_tokens": 24, "max_tokens": 32}}), {"query": "What are the main themes of these documents?"},
+        orchestrate=False)
+    indexed = {d for c in fine for d in c.documents}
+    assert answer.text and not set(answer.invalid_citations) & {s.number for s in answer.sources}
+    assert all(s.source_id.startswith("community:") and s.documents and set(s.documents) <= indexed
+               for s in answer.sources)
