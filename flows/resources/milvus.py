@@ -168,9 +168,12 @@ class MilvusStore(Resource):
 
     @classmethod
     def fingerprint_fields(cls, spec: MilvusSpec) -> dict[str, Any]:
-        """What changes indexed content: not where it lives, nor search-time or write-batch settings."""
+        """What changes indexed content: not where it lives, nor search-time or write-batch settings, nor
+        the BM25 settings (a collection made with others is rebuilt from its own rows, ``sync``: changing
+        them, or tuning them, re-embeds nothing)."""
         return spec.model_dump(exclude={"type", "uri", "token_env", "database", "collection", "ef_search",
-                                        "write_batch_size", "timeout_seconds", "retries", "retry_max_seconds"})
+                                        "write_batch_size", "timeout_seconds", "retries", "retry_max_seconds",
+                                        "analyzer", "stemmer", "stopwords", "k1", "b"})
 
     @property
     def server(self) -> str | None:
