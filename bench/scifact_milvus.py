@@ -7,7 +7,8 @@ Both backends search the same chunks and the same vectors: the default backend i
 the ingestion pipeline (``evaluate``), then its chunks, texts, metadata and vectors are copied into Milvus
 with the index state (embedding twice costs hours on a small machine; ingestion through Milvus is what
 tests/integration/test_milvus_store.py checks). What differs is the engine: exact search (milvus-lite has
-no graph index) against Chroma's HNSW, and Milvus's BM25 (its english analyzer) against bm25s.
+no graph index) against Chroma's HNSW, and Milvus's BM25 (over ragline's terms: analyzer `ragline`, the
+default) against bm25s.
 
 ``--docs N``: a sub-corpus of every document judged for the test queries plus the first others up to N
 (0: the whole corpus). Every test query keeps all its relevant documents.
@@ -49,8 +50,8 @@ def sub_corpus(docs: int) -> object:
 
 def milvus_project():
     """pipelines.yaml's index and search pipelines over one milvus resource: `store` becomes milvus, the
-    `sparse` resource goes (the role binds to the one milvus resource), prompts beside it. The other
-    pipelines of the file use stages that read bm25's own statistics or need Chroma (tune, adapt, FLARE)."""
+    `sparse` resource goes (the role binds to the one milvus resource), prompts beside it. Only the
+    pipelines this measures are kept (the others need an LLM or train a model)."""
     import yaml
 
     spec = yaml.safe_load((REPO / "pipelines.yaml").read_text())

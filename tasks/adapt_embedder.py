@@ -86,7 +86,7 @@ class Params(BaseModel):
 
 
 @stage("adapt_embedder", params=Params, produces="adaptation", kind="job",
-       uses={"embedder": ("sentence_transformer",), "sparse": ("bm25",), "state": ("index_state",)})
+       uses={"embedder": ("sentence_transformer",), "sparse": ("bm25", "milvus"), "state": ("index_state",)})
 def adapt_embedder(pairs: list[PseudoQuery], params: Params, ctx: StepContext, embedder: Embedder,
                    sparse: BM25Index, state: IndexState) -> AdaptReport:
     """Fine-tune the embedder on pseudo-query pairs with BM25 hard negatives; save it as a local model."""

@@ -35,7 +35,7 @@ class Params(BaseModel):
     dense: bool = Field(True, description="also give dense retrieval the request followed by the feedback terms")
 
 
-@stage("expand_prf", params=Params, produces="query", kind="query", uses={"sparse": ("bm25",)})
+@stage("expand_prf", params=Params, produces="query", kind="query", uses={"sparse": ("bm25", "milvus")})
 def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: BM25Index,
                ctx: StepContext | None = None) -> Query:
     """Expand the query with the top passages' terms (RM3) for a second retrieval."""

@@ -53,7 +53,7 @@ class Params(BaseModel):
 
 
 @stage("expand_terms", params=Params, produces="query", kind="query",
-       uses={"sparse": ("bm25",), "llm": ("openai_compatible",)},
+       uses={"sparse": ("bm25", "milvus"), "llm": ("openai_compatible",)},
        prompt=lambda p: "expand_terms" if p is not None and p.mode == "llm" else None,
        prompt_variables=("question", "n"))
 def expand_terms(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,

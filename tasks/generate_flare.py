@@ -52,7 +52,7 @@ class Params(SystemPrompt):
 @stage("generate_flare", params=Params, produces="answer", kind="query",
        prompt=lambda p: INSTRUCT_PROMPT if p is not None and p.mode == "instruct" else "flare_continue",
        prompt_variables=("question", "instruction", "documents", "refusal", "draft"), other_prompts=system_templates,
-       uses={"llm": ("openai_compatible",), "store": ("chroma",), "embedder": ("sentence_transformer",)})
+       uses={"llm": ("openai_compatible",), "store": ("chroma", "milvus"), "embedder": ("sentence_transformer",)})
 def generate_flare(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
                    store: ChromaStore, embedder: Embedder) -> Answer:
     """Active retrieval (Jiang et al., 2023): uncertain sentences, or the model's own search requests,

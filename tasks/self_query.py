@@ -93,7 +93,7 @@ class Params(BaseModel):
 
 
 @stage("self_query", params=Params, produces="query", kind="query",
-       uses={"llm": ("openai_compatible",), "sparse": ("bm25",)},
+       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")},
        prompt=lambda p: "self_query" if p is not None and p.mode == "llm" else None,
        prompt_variables=("question", "fields"))
 def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | None = None,

@@ -184,7 +184,7 @@ class Rankings:
 
 
 @stage("tune_retrieval", params=Params, produces="tuning", kind="job",
-       uses={"store": ("chroma",), "embedder": ("sentence_transformer",), "sparse": ("bm25",),
+       uses={"store": ("chroma", "milvus"), "embedder": ("sentence_transformer",), "sparse": ("bm25", "milvus"),
              "state": ("index_state",), "llm": ("openai_compatible",)})
 def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, store: ChromaStore,
                    embedder: Embedder, sparse: BM25Index, state: IndexState,
@@ -201,6 +201,10 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
         raise ValueError("no pseudo-queries to tune on (is the index empty?)")
     timings: dict[str, float] = {}
     bm25_spec = plain.spec.resources[targets[0].sparse_resource]
+    if getattr(bm25_spec, "analyzer", "ragline") != "ragline":  # a milvus resource splitting text itself
+        raise ValueError(f"tune scores BM25 settings on ragline's terms; the milvus resource "
+                         f"'{targets[0].sparse_resource}' splits text with Milvus's {bm25_spec.analyzer!r} analyzer: "
+                         f"set `analyzer: ragline` (the default) to tune it")
     base = current_setting(plain, targets[0], bm25_spec)
     clock = time.perf_counter()
     generation, rows = consistent_read(state, ctx)

@@ -113,8 +113,10 @@ def _state_ids(state: IndexState) -> set[str]:
 def _bm25(sparse: BM25Index, state: IndexState, chunks: int, full: bool) -> list[Finding]:
     problem = sparse.problem(state)
     if problem is not None:
-        return [Finding("bm25", problem.replace(f"; {REMEDY} to rebuild BM25 from the index state", ""),
-                        "rebuild_bm25")]
+        # a milvus collection's schema holds its analyzer: other settings rebuild it (every source re-indexed)
+        repair = sparse.repair_for(problem) if hasattr(sparse, "repair_for") else "rebuild_bm25"
+        return [Finding(sparse.type_name(), problem.replace(f"; {REMEDY} to rebuild BM25 from the index state", ""),
+                        repair)]
     if not full:
         return []
     published = sparse.published_version()

@@ -39,6 +39,7 @@ from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import ConfigError, DependencyUnavailable, InputError
 from ragline.flows.resources import filters
 from ragline.flows.resources.base import Health, Lazy, Resource
+from ragline.flows.resources.bm25 import tokenize
 from ragline.flows.resources.chroma import EmbedderMismatch, chroma_metadata, space_scores
 from ragline.flows.resources.state import REMEDY, IndexState, StoreMissing, store_health
 
@@ -47,7 +48,10 @@ T = TypeVar("T")
 
 TEXT_BYTES = 65_535  # Milvus VARCHAR limit (bytes)
 ID_PAGE = 1_000  # keys per `key in [...]` expression
-META_SUFFIX = "_ragline"  # side collection: embedder key, published generation, BM25 settings
+WEIGHTED_DEPTH = 16_384  # hits per term of a weighted query (Milvus's largest search limit)
+TERMS_FORMAT = 1  # how the `terms` field is written (analyzer ragline); a change rebuilds collections
+META_SUFFIX = "_ragline"
+REBUILD_SUFFIX = "_rebuild"  # the rows while the collection is made again with other BM25 settings  # side collection: embedder key, published generation, BM25 settings
 _METRIC = {"cosine": "COSINE", "ip": "IP", "l2": "L2"}
 
 
@@ -71,10 +75,23 @@ class MilvusSpec(BaseModel):
     ef_construction: int = Field(200, ge=10, description="HNSW build breadth; fixed at creation")
     ef_search: int = Field(200, ge=10, description="HNSW search breadth (recall vs latency)")
     full_text: bool = Field(True, description="BM25 computed by Milvus from the chunk text (the `sparse` role)")
-    analyzer: Literal["english", "standard"] = Field(
-        "english", description="BM25 tokenizer: english stems and drops stop words, as the bm25 index; fixed at creation")
+    analyzer: Literal["ragline", "english", "standard"] = Field(
+        "ragline", description="BM25 terms: `ragline` splits, drops stop words and stems exactly as the bm25 index "
+                               "(bm25s's tokenizer, PyStemmer) and Milvus indexes those terms, so BM25 ranks as the "
+                               "bm25 index does; `english`/`standard` are Milvus's own analyzers on the raw text "
+                               "(they keep one-letter tokens); fixed at creation")
+    stemmer: Literal["english", "none"] = Field("english", description="Snowball stemmer (analyzer `ragline`, as the "
+                                                                       "bm25 index's); fixed at creation")
+    stopwords: Literal["en", "none"] = Field("en", description="stop words (analyzer `ragline`, as the bm25 "
+                                                               "index's); fixed at creation")
     k1: float = Field(1.2, gt=0, le=3, description="BM25 k1 (as the bm25 index); fixed at creation")
     b: float = Field(0.75, ge=0, le=1, description="BM25 b; fixed at creation")
+
+    @property
+    def method(self) -> str:
+        """The bm25s variant Milvus's BM25 ranks as (Lucene's idf and length normalisation), for the
+        stages that score BM25 settings in memory (tune, adapt) as they do on a bm25 index."""
+        return "lucene"
     write_batch_size: int = Field(1000, ge=1, le=10_000, description="chunks per upsert call")
     retries: int = Field(6, ge=0, le=100, description="retries of a server call that failed to connect")
     retry_max_seconds: float = Field(30.0, gt=0, le=3600, description="give up retrying one call after this long")
@@ -151,9 +168,12 @@ class MilvusStore(Resource):
 
     @classmethod
     def fingerprint_fields(cls, spec: MilvusSpec) -> dict[str, Any]:
-        """What changes indexed content: not where it lives, nor search-time or write-batch settings."""
+        """What changes indexed content: not where it lives, nor search-time or write-batch settings, nor
+        the BM25 settings (a collection made with others is rebuilt from its own rows, ``sync``: changing
+        them, or tuning them, re-embeds nothing)."""
         return spec.model_dump(exclude={"type", "uri", "token_env", "database", "collection", "ef_search",
-                                        "write_batch_size", "timeout_seconds", "retries", "retry_max_seconds"})
+                                        "write_batch_size", "timeout_seconds", "retries", "retry_max_seconds",
+                                        "analyzer", "stemmer", "stopwords", "k1", "b"})
 
     @property
     def server(self) -> str | None:
@@ -256,18 +276,29 @@ class MilvusStore(Resource):
                     where = "the collection does not exist" if client else f"there is no store at {self.path}"
                     raise StoreMissing(f"{self.location}: {where}; {REMEDY}")
                 self._create(client, create_dim)
+            elif create_dim is not None and (recorded := self.recorded_settings()) is not None:
+                raise InputError(f"{self.location}: the collection's BM25 was created with {recorded}, pipelines.yaml "
+                                 f"sets {self.settings}; its schema holds them, so writing into it would mix two "
+                                 f"analyzers: run the ingestion pipeline (its integrity check rebuilds the "
+                                 f"collection) or use a new collection name")
             client.load_collection(name)
             self._ready.add(name)
             return name
 
-    def _create(self, client: Any, dim: int) -> None:
+    def _create(self, client: Any, dim: int, name: str | None = None) -> None:
+        """The collection ``name`` (the configured one by default, recording its BM25 settings)."""
         from pymilvus import DataType, Function, FunctionType
 
         schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=64)
         schema.add_field("chunk_id", DataType.VARCHAR, max_length=TEXT_BYTES)
-        schema.add_field("text", DataType.VARCHAR, max_length=TEXT_BYTES, enable_analyzer=self.spec.full_text,
-                         **({"analyzer_params": {"type": self.spec.analyzer}} if self.spec.full_text else {}))
+        own_terms = self.spec.full_text and self.spec.analyzer == "ragline"
+        analyzed = self.spec.full_text and not own_terms
+        schema.add_field("text", DataType.VARCHAR, max_length=TEXT_BYTES, enable_analyzer=analyzed,
+                         **({"analyzer_params": {"type": self.spec.analyzer}} if analyzed else {}))
+        if own_terms:  # ragline's terms, space-separated: Milvus only splits them on whitespace
+            schema.add_field("terms", DataType.VARCHAR, max_length=TEXT_BYTES, enable_analyzer=True,
+                             analyzer_params={"tokenizer": "whitespace"})
         schema.add_field("metadata", DataType.JSON)
         schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
         index = client.prepare_index_params()
@@ -275,13 +306,57 @@ class MilvusStore(Resource):
         if self.spec.full_text:
             schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
             schema.add_function(Function(name="bm25", function_type=FunctionType.BM25,
-                                         input_field_names=["text"], output_field_names=["sparse"]))
+                                         input_field_names=["terms" if own_terms else "text"],
+                                         output_field_names=["sparse"]))
             index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
                             params={"bm25_k1": self.spec.k1, "bm25_b": self.spec.b})
         # Strong: a read sees every write acknowledged before it (a server's default, Bounded, may not).
-        client.create_collection(self.name, schema=schema, index_params=index, consistency_level="Strong")
-        self._put_meta({"settings": self.settings})
-        log.info("%s: created (%d dimensions)", self.location, dim)
+        client.create_collection(name or self.name, schema=schema, index_params=index, consistency_level="Strong")
+        if name is None:
+            self._put_meta({"settings": self.settings})
+            log.info("%s: created (%d dimensions)", self.location, dim)
+
+    def _rebuild(self) -> None:
+        """The collection made again with the configured BM25 settings from its own rows (vectors,
+        text and metadata kept; nothing re-embedded). Milvus fixes a field's analyzer at creation
+        and milvus-lite cannot rename a collection: the rows go to ``<name>_rebuild``, the collection
+        is dropped and created anew, and the rows come back. The new settings are recorded only once
+        the new collection exists, so the old analyzer's rows are never read as the new one's; a crash
+        midway leaves fewer rows than the state names, which the next run's integrity check re-indexes."""
+        client = self._connect()
+        name, temp = self.name, self.name + REBUILD_SUFFIX
+        with self._lock:
+            fields = client.describe_collection(name)["fields"]
+            dim = int(next(f for f in fields if f["name"] == "dense")["params"]["dim"])
+            if client.has_collection(temp):  # a rebuild that crashed: the collection itself is the truth
+                client.drop_collection(temp)
+            self._create(client, dim, temp)
+            client.load_collection(temp)
+            copied = self._copy(name, temp)
+            client.drop_collection(name)
+            self._ready.discard(name)
+            self._create(client, dim)
+            client.load_collection(name)
+            self._ready.add(name)
+            self._copy(temp, name)
+            client.drop_collection(temp)
+        log.warning("%s: rebuilt with BM25 settings %s (%d chunks copied)", self.location, self.settings, copied)
+
+    def _copy(self, source: str, target: str) -> int:
+        """Every row of ``source`` into ``target`` (its terms written anew), in pages."""
+        client = self._connect()
+        iterator = client.query_iterator(source, batch_size=self.spec.write_batch_size, filter="",
+                                         output_fields=["key", "chunk_id", "text", "metadata", "dense"])
+        copied = 0
+        try:
+            while batch := iterator.next():
+                rows = [{f: row[f] for f in ("key", "chunk_id", "text", "metadata", "dense")} for row in batch]
+                self._add_terms(rows)
+                client.upsert(target, rows)
+                copied += len(rows)
+        finally:
+            iterator.close()
+        return copied
 
     def _dense_index(self) -> dict[str, Any]:
         if not self.server or self.spec.index == "FLAT":  # milvus-lite builds FLAT, IVF_FLAT or AUTOINDEX only
@@ -364,14 +439,11 @@ class MilvusStore(Resource):
         with self._lock:
             if self._exists():
                 self._connect().drop_collection(self.name)
+                if self._connect().has_collection(self.name + REBUILD_SUFFIX):
+                    self._connect().drop_collection(self.name + REBUILD_SUFFIX)
             if self._meta_ready(create=False):
                 self._connect().drop_collection(self.meta_collection)
             self._ready.clear()
-
-    def count(self) -> int:
-        name = self._collection()  # first: StoreMissing before any connection (a read creates no file)
-        rows = self._connect().query(name, filter="", output_fields=["count(*)"])
-        return int(rows[0]["count(*)"])
 
     def present(self, ids: list[str]) -> set[str]:
         """Which of these chunk ids the collection holds."""
@@ -407,7 +479,25 @@ class MilvusStore(Resource):
         name = self._collection(create_dim=len(chunks[0].embedding))
         for start in range(0, len(chunks), self.spec.write_batch_size):
             batch = chunks[start:start + self.spec.write_batch_size]
-            self._connect().upsert(name, [_row(c) for c in batch])
+            rows = [_row(c) for c in batch]
+            self._add_terms(rows)
+            self._connect().upsert(name, rows)
+
+    @property
+    def own_terms(self) -> bool:
+        """Whether ragline computes the BM25 terms (analyzer ``ragline``) into the ``terms`` field."""
+        return self.spec.full_text and self.spec.analyzer == "ragline"
+
+    def _add_terms(self, rows: list[dict[str, Any]]) -> None:
+        """Each row's ``terms`` (analyzer ``ragline``): its text's terms, space-separated and padded
+        with a space each side (``document_frequencies`` matches `` term ``)."""
+        if not self.own_terms:
+            return
+        for row, terms in zip(rows, self.terms([r["text"] for r in rows])):
+            row["terms"] = f" {' '.join(terms)} "
+            if len(row["terms"].encode("utf-8")) > TEXT_BYTES:
+                raise InputError(f"chunk {row['chunk_id']!r}: its BM25 terms take over Milvus's {TEXT_BYTES:,} bytes "
+                                 f"per chunk; chunk smaller (the chunk step's size)")
 
     def update_metadata(self, metadatas: dict[str, dict[str, Any]]) -> None:
         """Change stored chunks' metadata, vectors and text kept: the keys given are merged in, a key
@@ -418,6 +508,7 @@ class MilvusStore(Resource):
             meta = {**(row["metadata"] or {}), **metadatas[cid]}
             merged.append({"key": chunk_key(cid), "chunk_id": cid, "text": row["text"], "dense": row["dense"],
                            "metadata": {k: v for k, v in meta.items() if v is not None}})
+        self._add_terms(merged)
         name = self._collection()
         for start in range(0, len(merged), self.spec.write_batch_size):
             self._connect().upsert(name, merged[start:start + self.spec.write_batch_size])
@@ -482,7 +573,10 @@ class MilvusStore(Resource):
     @property
     def settings(self) -> str:
         """The BM25 settings the collection's full-text index was created with (fixed at creation)."""
-        return json.dumps({"analyzer": self.spec.analyzer, "k1": self.spec.k1, "b": self.spec.b}, sort_keys=True)
+        settings: dict[str, Any] = {"analyzer": self.spec.analyzer, "k1": self.spec.k1, "b": self.spec.b}
+        if self.spec.analyzer == "ragline":
+            settings.update(stemmer=self.spec.stemmer, stopwords=self.spec.stopwords, terms=TERMS_FORMAT)
+        return json.dumps(settings, sort_keys=True)
 
     def published_version(self) -> dict[str, Any] | None:
         """The generation of the index state whose writes the collection holds (``sync`` records it
@@ -496,6 +590,11 @@ class MilvusStore(Resource):
     def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None, force: bool = False) -> bool:
         """Record the state's generation: the engine indexed the text as it was written. True if it moved."""
         generation = state.generation
+        if self._exists() and self.recorded_settings() is not None:  # other BM25 settings (e.g. tuned): rebuild
+            self._rebuild()
+            if on_rebuild is not None:
+                on_rebuild()
+            force = True
         published = self.published_version() if self._exists() else None
         if not force and published is not None and published["generation"] == generation:
             return False
@@ -506,11 +605,23 @@ class MilvusStore(Resource):
         """Why the full-text role cannot serve as configured (None: it can)."""
         if not self.spec.full_text:
             return f"{self.location}: full_text is off, so it cannot be the pipeline's sparse index"
-        recorded = self._get_meta().get("settings")
-        if recorded is not None and recorded != self.settings:
+        if (recorded := self.recorded_settings()) is not None:
             return (f"{self.location}: the collection's BM25 was created with {recorded}, pipelines.yaml sets "
-                    f"{self.settings} (fixed at creation): use a new collection name, or drop it and re-index")
+                    f"{self.settings} (fixed at creation): run the ingestion pipeline (e.g. `ragline index`), which "
+                    f"rebuilds the collection, or use a new collection name")
         return None
+
+    def recorded_settings(self) -> str | None:
+        """The BM25 settings the existing collection was created with when they differ from the
+        configured ones (None: they agree, or there is no collection). Its schema holds the analyzer,
+        so it cannot change in place."""
+        recorded = self._get_meta().get("settings")
+        return recorded if recorded is not None and recorded != self.settings else None
+
+    def repair_for(self, problem: str) -> str | None:
+        """How integrity repairs ``problem``: other BM25 settings rebuild the collection from its own
+        rows (``sync``, nothing re-embedded); full_text off is the configuration's to fix."""
+        return "rebuild_bm25" if self.spec.full_text and self.recorded_settings() is not None else None
 
     def published_ids(self) -> list[str]:
         return sorted(self.all_ids())
@@ -526,19 +637,100 @@ class MilvusStore(Resource):
             name = self._collection()
         except StoreMissing:
             return [[] for _ in texts]
-        hits = self._connect().search(name, data=list(texts), anns_field="sparse", limit=k, filter=expression(where),
-                                      search_params={"metric_type": "BM25"},
+        queries = [" ".join(t) for t in self.terms(texts)] if self.own_terms else list(texts)
+        asked = [i for i, q in enumerate(queries) if q.strip()]  # no terms (stop words only): no hits
+        out: list[list[tuple[str, float, dict[str, Any]]]] = [[] for _ in texts]
+        if not asked:
+            return out
+        hits = self._connect().search(name, data=[queries[i] for i in asked], anns_field="sparse", limit=k,
+                                      filter=expression(where), search_params={"metric_type": "BM25"},
                                       output_fields=["chunk_id", "text", "metadata"])
-        out = []
-        for row in hits:
-            found = [(hit["entity"]["chunk_id"], float(hit["distance"]),
+        for i, row in zip(asked, hits):
+            found = [(hit["entity"]["chunk_id"], self._bm25_score(hit["distance"]),
                       {**_shown(hit["entity"]["metadata"]), "text": hit["entity"]["text"]}) for hit in row]
-            out.append(sorted(found, key=lambda h: (-h[1], h[0])))
+            out[i] = sorted(found, key=lambda h: (-h[1], h[0]))
         return out
 
+    def _bm25_score(self, distance: float) -> float:
+        """Milvus's BM25 score as the bm25 index gives it: Milvus multiplies Lucene's by (k1 + 1)."""
+        return float(distance) / (1.0 + self.spec.k1)
+
+    def _terms_role(self, what: str) -> str:
+        """The collection, for a stage that reads ragline's BM25 terms (analyzer ``ragline`` only)."""
+        if problem := self.problem():
+            raise InputError(problem)
+        if not self.own_terms:
+            raise InputError(f"{self.location}: {what} reads the BM25 terms, which analyzer {self.spec.analyzer!r} "
+                             f"keeps inside Milvus; set `analyzer: ragline` (the default) on the milvus resource")
+        return self._collection()
+
     def terms(self, texts: list[str]) -> list[list[str]]:
-        raise InputError(f"{self.location}: query expansion (expand_prf) weighs terms, which Milvus's BM25 "
-                         f"function does not take; use the bm25 index as `sparse` for it")
+        """Texts as this index's terms, as its writes and searches split them (analyzer ``ragline``)."""
+        if not self.own_terms:
+            raise InputError(f"{self.location}: analyzer {self.spec.analyzer!r} splits text inside Milvus, whose "
+                             f"terms ragline cannot read; set `analyzer: ragline` (the default) on the milvus resource")
+        return tokenize(texts, self.spec.stemmer, self.spec.stopwords)
+
+    def count(self, where: dict[str, Any] | None = None) -> int:
+        """How many chunks the collection holds that satisfy ``where`` (all when None)."""
+        try:
+            name = self._collection()  # first: StoreMissing before any connection (a read creates no file)
+        except StoreMissing:
+            if where is None:
+                raise
+            return 0
+        rows = self._connect().query(name, filter=expression(where), output_fields=["count(*)"])
+        return int(rows[0]["count(*)"])
+
+    def document_frequencies(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
+        """How many chunks hold each term (terms no chunk holds are left out), and the chunk count.
+        milvus-lite has no TEXT_MATCH: each term is a ``LIKE "% term %"`` count over the padded
+        ``terms`` field, a scan per term in the engine (the bm25 index reads its postings)."""
+        try:
+            name = self._terms_role("document frequency")
+        except StoreMissing:
+            return {}, 0
+        found: dict[str, int] = {}
+        for term in sorted(set(terms)):
+            if not term or any(c.isspace() for c in term):
+                continue
+            pattern = "% " + re.sub(r"([\\%_])", r"\\\1", term) + " %"
+            rows = self._connect().query(name, filter=f"terms like {literal(pattern)}", output_fields=["count(*)"])
+            if n := int(rows[0]["count(*)"]):
+                found[term] = n
+        return found, self.count()
+
+    def search_weighted(self, queries: list[dict[str, float]], k: int, where: dict[str, Any] | None = None,
+                        ) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        """``search`` for weighted term queries (already this index's terms): a passage scores the
+        weighted sum of its BM25 scores for the terms (RM3-expanded queries), as the bm25 index's.
+        Milvus's BM25 takes text, not weights: each term is searched alone (one call for all of a
+        query's terms) and the per-term scores summed here. Exact while a term is in at most
+        ``WEIGHTED_DEPTH`` chunks (Milvus's largest limit); beyond, the passages past a term's first
+        ``WEIGHTED_DEPTH`` miss that term's share."""
+        try:
+            name = self._terms_role("a weighted (expanded) query")
+        except StoreMissing:
+            return [[] for _ in queries]
+        results = []
+        for weights in queries:
+            known = [(t, w) for t, w in sorted(weights.items()) if w > 0 and t and not any(c.isspace() for c in t)]
+            if not known:
+                results.append([])
+                continue
+            hits = self._connect().search(name, data=[t for t, _ in known], anns_field="sparse", limit=WEIGHTED_DEPTH,
+                                          filter=expression(where), search_params={"metric_type": "BM25"},
+                                          output_fields=["chunk_id"])
+            scores: dict[str, float] = {}
+            for (_, weight), row in zip(known, hits):
+                for hit in row:
+                    cid = hit["entity"]["chunk_id"]
+                    scores[cid] = scores.get(cid, 0.0) + weight * self._bm25_score(hit["distance"])
+            best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
+            rows = self.rows([cid for cid, _ in best], ["text", "metadata"])
+            results.append([(cid, score, {**_shown(rows[cid]["metadata"]), "text": rows[cid]["text"]})
+                            for cid, score in best if cid in rows])
+        return results
 
 
 # ---------------------------------------------------------------------------------------------- rows

@@ -38,3 +38,12 @@ def test_a_milvus_sparse_must_be_the_store_itself(tmp_path):
     check_roles(store, store)
     with pytest.raises(ConfigError, match="name the same milvus resource for both"):
         check_roles(store, other)
+
+
+def test_bm25_settings_leave_the_fingerprint_alone_the_vectors_do_not():
+    """Other BM25 settings rebuild the collection from its own rows (sync): no source is re-indexed for
+    them; the distance or the index is what the vectors were written with."""
+    base = MilvusStore.fingerprint_fields(MilvusSpec(type="milvus"))
+    for change in ({"analyzer": "english"}, {"stemmer": "none"}, {"stopwords": "none"}, {"k1": 1.5}, {"b": 0.5}):
+        assert MilvusStore.fingerprint_fields(MilvusSpec(type="milvus", **change)) == base
+    assert MilvusStore.fingerprint_fields(MilvusSpec(type="milvus", space="ip")) != base
