@@ -184,6 +184,9 @@ def table(result: dict) -> list[str]:
         lines.append(f"| {label} | {p['accuracy']:.2f} | {p['refusal_rate']:.2f} | {p['citation_rate']:.2f} | "
                      f"{p['citation_validity']:.2f} | {n['refusal_rate']:.2f} | {row['median_s']} | {row['p90_s']} | "
                      f"{len(row['failures'])} |")
+    missing = [label for name, (label, *_) in VARIANTS.items() if name not in result["variants"]]
+    if missing:
+        lines += ["", "Not measured in this run (it was stopped first): " + "; ".join(missing) + "."]
     return lines
 
 
