@@ -172,7 +172,7 @@ def table(result: dict) -> list[str]:
              f"model {result['model']} (SmolLM2-135M-Instruct, bf16, vLLM CPU, 2 shared cores), one run. With "
              f"{result['questions']} questions one answer moves a rate by {1 / result['questions']:.2f}. "
              + (f"{workers} questions in flight at once (every variant interleaved on one server): the seconds are "
-                f"under that load, comparable between rows only." if workers > 1 else ""), "",
+                f"under that load (and its changes during the run), not the techniques' own." if workers > 1 else ""), "",
              "| variant | accuracy (answer in refs) | refusal (answer in refs) | cited | citations valid | "
              "refusal (answer not in refs) | s / question median | p90 | errors |",
              "|---|---|---|---|---|---|---|---|---|"]
