@@ -1,6 +1,6 @@
 """Integration tests (all marked `integration`, so `pytest -m "not integration"` leaves this folder out)
 and their real Prefect API servers: the test harness's for the whole integration session, and for the
-modules that serve deployments, one of ragline's own servers per module."""
+modules that serve deployments, one of ragline's own servers per worker, wiped between modules."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,18 +26,63 @@ def prefect_server():
         yield
 
 
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    """A real Prefect server with its scheduler (not the ephemeral test harness, which runs no
-    scheduler): ragline's own `--start-prefect` server, on a temporary database. One per module:
-    each module's project registers its deployments under the same names."""
+def _start_serving_server(tmp_path_factory):
+    """ragline's own `--start-prefect` server (all services, scheduler included; not the test harness,
+    which runs no scheduler) on a temporary database of its own, even when the session's test harness
+    (whose settings name the harness's database, which the server would inherit) is running."""
     from ragline.flows.ops.prefect_server import database_url
     from ragline.flows.serve.service import start_prefect_server
 
     home = tmp_path_factory.mktemp("prefect-home")
-    # its own database even when the session's test harness (whose settings name the harness's
-    # database, which the server would inherit) is running: one module's deployments are not another's
-    server = start_prefect_server(home, database=database_url(home))
+    return start_prefect_server(home, database=database_url(home))
+
+
+@pytest.fixture(scope="session")
+def worker_prefect_api(tmp_path_factory):
+    """One serving Prefect server per pytest(-xdist) worker (30-60 s to start on a loaded 2-core
+    machine), shared by the modules that worker runs one after another through ``prefect_api``."""
+    server = _start_serving_server(tmp_path_factory)
+    try:
+        yield server.api_url
+    finally:
+        server.stop()
+
+
+def forget_everything(api_url: str) -> None:
+    """Delete what `ragline serve` and the tests leave on a Prefect server: deployments (with their
+    schedules and scheduled runs), flow runs (their task runs and logs go with them), flows and
+    global concurrency limits. Events cannot be deleted: a module that reads the Event Feed needs
+    ``own_prefect_api``."""
+    import httpx
+
+    with httpx.Client(base_url=api_url, timeout=60) as client:
+        for kind in ("deployments", "flow_runs", "flows"):
+            while page := client.post(f"/{kind}/filter", json={"limit": 200}).raise_for_status().json():
+                for item in page:
+                    client.delete(f"/{kind}/{item['id']}").raise_for_status()
+        for limit in client.post("/v2/concurrency_limits/filter", json={}).raise_for_status().json():
+            client.delete(f"/v2/concurrency_limits/{limit['id']}").raise_for_status()
+        left = {kind: client.post(f"/{kind}/filter", json={}).raise_for_status().json()
+                for kind in ("deployments", "flow_runs", "flows", "v2/concurrency_limits")}
+        assert not any(left.values()), f"the Prefect server at {api_url} kept {left}"
+
+
+@pytest.fixture(scope="module")
+def prefect_api(worker_prefect_api):
+    """A real Prefect server with its scheduler, empty when the module starts: this worker's server
+    (``worker_prefect_api``), wiped before and after the module (``forget_everything``), so each
+    module's project registers its deployments under the same names as another module's, and no
+    module sees another's runs."""
+    forget_everything(worker_prefect_api)
+    yield worker_prefect_api
+    forget_everything(worker_prefect_api)
+
+
+@pytest.fixture(scope="module")
+def own_prefect_api(tmp_path_factory):
+    """A Prefect server of the module's own (a fresh database): for a module that reads what cannot
+    be wiped (the Event Feed)."""
+    server = _start_serving_server(tmp_path_factory)
     try:
         yield server.api_url
     finally:
