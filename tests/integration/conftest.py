@@ -1,6 +1,7 @@
 """Integration tests (all marked `integration`, so `pytest -m "not integration"` leaves this folder out)
-and their real Prefect API servers: the test harness's for the whole integration session, and for the
-modules that serve deployments, one of ragline's own servers per worker, wiped between modules."""
+and their real Prefect API server: one of ragline's own serving servers per worker, which in-process
+flow runs use for the rest of the session (``prefect_server``) and the modules that serve deployments
+find wiped (``prefect_api``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,11 +20,22 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_server(worker_prefect_api):
+    """This process's Prefect client pointed at this worker's server (``worker_prefect_api``) for the
+    rest of the session, as Prefect's test harness points it at a server of its own: one start per
+    worker instead of two. In-process flow runs, their logs and events go there; child processes
+    get the URL only where a test passes it (``PREFECT_API_URL.value()``)."""
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+    from ragline.flows.ops.prefect_server import _drain_prefect_workers
+
+    with temporary_settings(updates={PREFECT_API_URL: worker_prefect_api}), \
+            prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+        try:
+            yield
+        finally:  # what the log and event workers still hold goes out while the server is up
+            _drain_prefect_workers(10)
 
 
 def _start_serving_server(tmp_path_factory):
@@ -39,8 +51,9 @@ def _start_serving_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def worker_prefect_api(tmp_path_factory):
-    """One serving Prefect server per pytest(-xdist) worker (30-60 s to start on a loaded 2-core
-    machine), shared by the modules that worker runs one after another through ``prefect_api``."""
+    """One serving Prefect server per pytest(-xdist) worker (30 s to start on an idle 2-core machine,
+    100-300 s on a loaded one), shared by the modules that worker runs one after another
+    (``prefect_server``, ``prefect_api``)."""
     server = _start_serving_server(tmp_path_factory)
     try:
         yield server.api_url
