@@ -65,18 +65,36 @@ def forget_everything(api_url: str) -> None:
     """Delete what `ragline serve` and the tests leave on a Prefect server: deployments (with their
     schedules and scheduled runs), flow runs (their task runs and logs go with them), flows and
     global concurrency limits. Events cannot be deleted: a module that reads the Event Feed needs
-    ``own_prefect_api``."""
+    ``own_prefect_api``. Prefect answers 503 on a database conflict (its scheduler or a finishing
+    run writing at the same moment): each request is retried, a 404 is something already gone, and
+    the wipe goes round again until a round finds nothing."""
     import httpx
+    from tenacity import retry, retry_if_result, stop_after_attempt, wait_exponential
+
+    @retry(retry=retry_if_result(lambda r: r.status_code in (409, 503)), stop=stop_after_attempt(12),
+           wait=wait_exponential(multiplier=0.25, max=5), retry_error_callback=lambda state: state.outcome.result())
+    def ask(method: str, path: str, **kwargs) -> httpx.Response:
+        return client.request(method, path, **kwargs)
+
+    def listed(kind: str, limit: int = 200) -> list[dict]:
+        return ask("POST", f"/{kind}/filter", json={"limit": limit} if kind != "v2/concurrency_limits" else {}
+                   ).raise_for_status().json()
 
     with httpx.Client(base_url=api_url, timeout=60) as client:
-        for kind in ("deployments", "flow_runs", "flows"):
-            while page := client.post(f"/{kind}/filter", json={"limit": 200}).raise_for_status().json():
-                for item in page:
-                    client.delete(f"/{kind}/{item['id']}").raise_for_status()
-        for limit in client.post("/v2/concurrency_limits/filter", json={}).raise_for_status().json():
-            client.delete(f"/v2/concurrency_limits/{limit['id']}").raise_for_status()
-        left = {kind: client.post(f"/{kind}/filter", json={}).raise_for_status().json()
-                for kind in ("deployments", "flow_runs", "flows", "v2/concurrency_limits")}
+        for _round in range(5):
+            found = False
+            for kind in ("deployments", "flow_runs", "flows", "v2/concurrency_limits"):
+                while page := listed(kind):
+                    found = True
+                    for item in page:
+                        response = ask("DELETE", f"/{kind}/{item['id']}")
+                        if response.status_code != 404:
+                            response.raise_for_status()
+                    if kind == "v2/concurrency_limits":
+                        break
+            if not found:
+                return
+        left = {kind: listed(kind) for kind in ("deployments", "flow_runs", "flows", "v2/concurrency_limits")}
         assert not any(left.values()), f"the Prefect server at {api_url} kept {left}"
 
 
