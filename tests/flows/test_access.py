@@ -15,6 +15,7 @@ from ragline.flows.contracts import Query
 from ragline.flows.resources.filters import FilterError, matches, validate
 from ragline.flows.spec.compile import validate_file
 from ragline.tasks.load import Params, load
+from tests.helpers.access_site import site_yaml
 
 HR_RULES = [AccessRule(prefix="hr/", groups=["hr"]), AccessRule(prefix="hr/public/", groups=[]),
             AccessRule(prefix="", groups=["everyone", "eng"])]
@@ -133,29 +134,11 @@ def test_a_jsonl_field_names_the_groups_and_is_not_content(tmp_path):
     assert again["kb/c.jsonl#a"].groups == ["eng"]
 
 
-ACCESS_YAML = """
-resources:
-  embedder: {type: sentence_transformer}
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - id: load
-        task: load
-        with:
-          paths:
-            - path: docs
-              access:
-                - {prefix: "hr/", groups: [hr]}
-                - {prefix: "", groups: [GROUP]}
-      - {id: chunk, task: chunk}
-"""
-
-
 @pytest.mark.parametrize("group, words", [("bad group", "group name 'bad group' must be 1-64 characters"),
                                           ("", "group name '' must be")])
 def test_a_bad_rule_in_pipelines_yaml_is_located(make_project, group, words):
-    [error] = validate_file(make_project(ACCESS_YAML.replace("GROUP", repr(group))))
+    rules = f'[{{prefix: "hr/", groups: [hr]}}, {{prefix: "", groups: [{group!r}]}}]'
+    [error] = validate_file(make_project(site_yaml(rules, "").replace("LLM_URL", '"http://127.0.0.1:9/v1"')))
     assert (error.pipeline, error.step) == ("index", "load") and "access" in error.field
     assert error.line and words in error.message
 

@@ -1,5 +1,5 @@
-"""An access site for the document-access tests over HTTP (integration/test_access_paths.py,
-integration/api/test_access_http.py): one folder per group under docs/ (each folder's notes say a
+"""An access site for the document-access tests (integration/test_access.py, and over HTTP
+integration/test_access_paths.py and integration/api/test_access_http.py): one folder per group under docs/ (each folder's notes say a
 word only they say), loaded as root `kb` with per-prefix access rules, indexed with real embeddings,
 Chroma and BM25, and a scripted LLM that cites what it is given."""
 from __future__ import annotations
@@ -32,16 +32,17 @@ pipelines:
               name: kb
               access: ACCESS
       - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 48, overlap: 0}}
+      - {id: chunk,   task: chunk, with: {size: CHUNK_SIZE, overlap: 0}}
       - {id: embed,   task: embed}
       - {id: write,   task: index}
 """
 
 
-def site_yaml(access: str, queries: str) -> str:
-    """pipelines.yaml text with LLM_URL still to fill: the resources, the ingestion with the access
-    rules ``access`` (a YAML flow list) and the query pipelines ``queries``."""
-    return RESOURCES + INDEX.replace("ACCESS", access) + queries
+def site_yaml(access: str, queries: str, chunk_size: int = 48) -> str:
+    """pipelines.yaml text with LLM_URL still to fill: the resources, the ingestion (chunks of
+    ``chunk_size`` tokens) with the access rules ``access`` (a YAML flow list) and the query
+    pipelines ``queries``."""
+    return RESOURCES + INDEX.replace("ACCESS", access).replace("CHUNK_SIZE", str(chunk_size)) + queries
 
 
 @contextmanager

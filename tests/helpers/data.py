@@ -43,6 +43,18 @@ def index_and_search_yaml(batch_size: int = 256, chunk_size: int = 128) -> str:
     return INDEX_AND_SEARCH.replace("BATCH_SIZE", str(batch_size)).replace("CHUNK_SIZE", str(chunk_size))
 
 
+# A hybrid query pipeline whose BM25 side reads an opt-in keyword expansion (off until tuned): the
+# tuning tests (tests/tasks/test_tune_*.py) append it to index_and_search_yaml()'s pipelines.
+SEARCH_TERMS = """  search_terms:
+    kind: query
+    steps:
+      - {id: terms,  task: expand_terms, with: {enabled: false}}
+      - {id: dense,  task: retrieve_dense,  with: {k: 20}, after: []}
+      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: [terms]}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
+"""
+
+
 def scifact_records(n: int, offset: int = 0) -> list[dict]:
     """The first n SciFact corpus records (read from shared data, never copied into the repo)."""
     if not SCIFACT.exists():

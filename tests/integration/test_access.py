@@ -22,7 +22,7 @@ from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks import expand_context as expand_stage
 from ragline.tasks import generate_flare as flare_stage
-from tests.helpers.data import BASE_RESOURCES
+from tests.helpers.access_site import site_yaml, write_pipelines
 from tests.helpers.harness import run_child, run_index, snapshot
 from tests.helpers.llm_stages import REPO_PROMPTS
 from tests.scripted_llm import ScriptedLLM
@@ -32,22 +32,9 @@ pytestmark = pytest.mark.integration
 ENG = access_for({"eng"})
 SECRET = "okapi"  # only hr/ files say it
 
-PIPELINES = BASE_RESOURCES + """
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - id: load
-        task: load
-        with:
-          paths:
-            - path: docs
-              name: kb
-              access: [{prefix: "hr/", groups: HR_GROUPS}, {prefix: "", groups: []}]
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 40, overlap: 0}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
+# the access site's ingestion (tests/helpers/access_site.py) with its LLM never called (FLARE's test
+# brings its own), and the query pipelines of this module
+PIPELINES = site_yaml('[{prefix: "hr/", groups: HR_GROUPS}, {prefix: "", groups: []}]', """
   dense:
     kind: query
     steps:
@@ -70,7 +57,8 @@ pipelines:
       - {id: dense,   task: retrieve_dense, with: {k: 50}}
       - {id: fuse,    task: fuse, with: {top_k: 50}}
       - {id: context, task: expand_context, with: {neighbours: 50, max_tokens: 4000, top_k: 50}}
-"""
+""", chunk_size=40)
+NO_LLM = "http://127.0.0.1:9/v1"
 
 HR_FILES = {
     "hr/salaries.md": "# Salaries\n\n" + " ".join(
@@ -89,8 +77,7 @@ QUESTIONS = [f"{SECRET} salary band for engineers", "performance reviews in Marc
 
 
 def write_project(root, hr_groups: list[str]):
-    (root / "pipelines.yaml").write_text(PIPELINES.replace("HR_GROUPS", repr(hr_groups)))
-    return root / "pipelines.yaml"
+    return write_pipelines(root, PIPELINES.replace("HR_GROUPS", repr(hr_groups)), NO_LLM)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,13 @@ pytestmark = pytest.mark.integration
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
+def prefect_api(own_prefect_api):
+    """A server of this module's own: the dashboard test reads the Event Feed, which keeps every event
+    the server got (events cannot be deleted), so another module's query events would pass it."""
+    return own_prefect_api
+
+
+@pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     return served_project(tmp_path_factory.mktemp("served"))
 

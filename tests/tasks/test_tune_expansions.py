@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-from pathlib import Path
 
 import pytest
 
@@ -23,20 +22,12 @@ from ragline.tasks.expand_terms import Params as TermsParams
 from ragline.tasks.expand_terms import expand_terms
 from ragline.tasks.retrieve_dense import Params as RetrieveParams
 from ragline.tasks.retrieve_sparse import retrieve_sparse
-from tests.helpers.data import index_and_search_yaml
+from tests.helpers.data import REPO, SEARCH_TERMS, index_and_search_yaml
 
-REPO = Path(__file__).resolve().parents[2]
 SPEC = BM25Spec(type="bm25", path="bm25")
 BM25 = {"k1": SPEC.k1, "b": SPEC.b, "stemmer": SPEC.stemmer}
 
-EXPANDED_YAML = index_and_search_yaml() + """  search_terms:
-    kind: query
-    steps:
-      - {id: terms,  task: expand_terms, with: {enabled: false}}
-      - {id: dense,  task: retrieve_dense,  with: {k: 20}, after: []}
-      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: [terms]}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
-  search_prf:
+EXPANDED_YAML = index_and_search_yaml() + SEARCH_TERMS + """  search_prf:
     kind: query
     steps:
       - {id: first_dense,  task: retrieve_dense,  with: {k: 20}}

@@ -23,9 +23,8 @@ from ragline.tasks import answerable
 from ragline.tasks import tune_retrieval as tr
 from ragline.tasks.fuse import Params as FuseParams
 from ragline.tasks.fuse import fuse
-from tests.helpers.data import SCIFACT, index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.data import REPO, SCIFACT, SEARCH_TERMS, index_and_search_yaml, scifact_records, write_jsonl
 
-REPO = Path(__file__).resolve().parents[2]
 BM25 = {"k1": 1.2, "b": 0.75, "stemmer": "english"}
 
 
@@ -157,14 +156,7 @@ pipelines:
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
       - {id: insert, task: insert}
       - {id: gate,   task: answerable}
-  search_terms:
-    kind: query
-    steps:
-      - {id: terms,  task: expand_terms, with: {enabled: false}}
-      - {id: dense,  task: retrieve_dense,  with: {k: 20}, after: []}
-      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: [terms]}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
-  tune:
+""" + SEARCH_TERMS + """  tune:
     kind: job
     steps:
       - {id: pairs, task: pseudo_queries, with: {n: 30}}
