@@ -22,7 +22,7 @@ from prefect.task_runners import TaskRunner
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ragline.flows import settings, telemetry
-from ragline.flows.context import QUERY_VECTORS
+from ragline.flows import context as step_context  # by module, like driver: a ContextVar cannot be pickled
 from ragline.flows.run import artifacts
 from ragline.flows.run import driver as drivers  # by module: the flow is pickled by value into Dask workers
 from ragline.flows.run.driver import DriverHooks
@@ -99,12 +99,12 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     driver = drivers.DRIVER.get()
     progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
     hooks = DriverHooks(progress, driver.on_token, driver.trace)
-    vectors = QUERY_VECTORS.set({} if compiled.kind == PipelineKind.QUERY else None)  # steps in threads share it
+    vectors = step_context.QUERY_VECTORS.set({} if compiled.kind == PipelineKind.QUERY else None)  # shared by steps
     try:
         with _api_for_workers(runner), PrefectExecutor(runner) as executor:
             result = execute_pipeline(compiled, inputs or {}, executor, hooks)
     finally:
-        QUERY_VECTORS.reset(vectors)
+        step_context.QUERY_VECTORS.reset(vectors)
         if isinstance(progress, RunProgress):
             progress.close()
         telemetry.flush()  # a deployment's run is a process of its own, which may exit next

@@ -28,3 +28,14 @@ def test_serializing_a_flow_runs_parameters_imports_no_fastapi():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+def test_the_flow_pickles_as_prefects_runner_and_dask_send_it():
+    """Prefect's runner and a Dask cluster send the flow with cloudpickle, which takes this module's
+    globals by value: a module-level name bound to a ContextVar (not picklable) crashes every served
+    run. Names like that are reached through their module (``step_context.QUERY_VECTORS``)."""
+    import cloudpickle
+
+    from ragline.flows.run.entrypoints import run_pipeline
+
+    assert cloudpickle.loads(cloudpickle.dumps(run_pipeline)).name == run_pipeline.name
