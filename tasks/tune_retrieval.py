@@ -789,6 +789,33 @@ def gain_intervals(candidates: list[Candidate], single: Candidate, per_query: di
     return {c.name: (float(lo), float(hi)) for c, lo, hi in zip(candidates, low, high)}
 
 
+@dataclass(frozen=True)
+class SwitchVerdict:
+    """Whether an opt-in step beats ``off`` (the ranking without it): ``best`` is ``off`` unless a
+    candidate gains significantly; ``shown`` is what the report names (the best, else the top one)."""
+    best: Candidate
+    top: Candidate
+    shown: Candidate
+    low: float
+    high: float
+    gain: float
+
+
+def switch_verdict(candidates: list[Candidate], off: Candidate, per_query: dict[str, np.ndarray],
+                   params: Params) -> SwitchVerdict:
+    """The paired-bootstrap decision for a step that is on or off: on only for a candidate whose
+    interval of gain over ``off`` is above 0 and whose gain exceeds min_gain, recall guard applied."""
+    intervals = gain_intervals(candidates, off, per_query, params)
+    metric = params.metric
+    significant = [c for c in candidates if intervals[c.name][0] > 0
+                   and c.scores[metric] - off.scores[metric] > params.min_gain]
+    best = recall_guarded([*significant, off], params)[0]
+    top = max(candidates, key=lambda c: c.scores[metric])
+    shown = best if best is not off else top
+    low, high = intervals[shown.name]
+    return SwitchVerdict(best, top, shown, low, high, shown.scores[metric] - off.scores[metric])
+
+
 def by_strategy(pairs: list[PseudoQuery], candidates: list[Candidate], per_query: dict[str, np.ndarray],
                 metric: str, shown: dict[str, Candidate | None]) -> dict[str, dict[str, Any]]:
     """Per generator: how many pairs, the figures of the chosen, best single and file's setting
@@ -1149,21 +1176,16 @@ def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[Pse
                 settings.append(setting)
                 option_of.append(p)
         candidates = score_settings(settings, cache, relevant, top_k, per_query)
-        intervals = gain_intervals(candidates, chosen, per_query, params)
         metric = params.metric
-        significant = [c for c in candidates if intervals[c.name][0] > 0
-                       and c.scores[metric] - chosen.scores[metric] > params.min_gain]
-        best = recall_guarded([*significant, chosen], params)[0]
-        top = max(candidates, key=lambda c: c.scores[metric])
-        shown = best if best is not chosen else top
-        low, high = intervals[shown.name]
+        verdict = switch_verdict(candidates, chosen, per_query, params)
+        best, top, shown, low, high = verdict.best, verdict.top, verdict.shown, verdict.low, verdict.high
         entry.update(enabled=best is not chosen, off=chosen.scores, best={"name": shown.name, **shown.scores},
                      interval=[round(low, 5), round(high, 5)],
                      candidates=[{"name": c.name, **c.scores, "fields": c.setting["expansion"]}
                                  for c in sorted(candidates, key=lambda c: -c.scores[metric])],
                      by_strategy=strategy_gains(pairs, per_query, shown, chosen, metric),
                      skipped=[f"{e.pipeline}.{e.step}: {e.problem}" for e in steps if e.problem])
-        gain = shown.scores[metric] - chosen.scores[metric]
+        gain = verdict.gain
         if best is not chosen:
             changed = {k: v for k, v in best.setting.items() if k != "expansion"} != chosen.setting
             entry.update(fields=expansion_fields(stage, option_of[candidates.index(best)]), setting=best.setting,
@@ -1255,15 +1277,10 @@ def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[Pseu
     local: dict[str, np.ndarray] = {}
     [off] = score_settings([chosen.setting], sub, sub_relevant, top_k, local)
     candidates = score_settings(settings, sub, sub_relevant, top_k, local)
-    intervals = gain_intervals(candidates, off, local, params)
     metric = params.metric
-    significant = [c for c in candidates if intervals[c.name][0] > 0
-                   and c.scores[metric] - off.scores[metric] > params.min_gain]
-    best = recall_guarded([*significant, off], params)[0]
-    top = max(candidates, key=lambda c: c.scores[metric])
-    shown = best if best is not off else top
-    low, high = intervals[shown.name]
-    gain = shown.scores[metric] - off.scores[metric]
+    verdict = switch_verdict(candidates, off, local, params)
+    best, top, shown, low, high, gain = (verdict.best, verdict.top, verdict.shown, verdict.low, verdict.high,
+                                         verdict.gain)
     sampled = [pairs[i] for i in rows]
     entry.update(enabled=best is not off, off=off.scores, best={"name": shown.name, **shown.scores},
                  interval=[round(low, 5), round(high, 5)], pairs=len(rows),
