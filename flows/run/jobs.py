@@ -1,9 +1,10 @@
 """What a job pipeline's report asks for, done by the runner: stages report, the runner writes.
 
 ``tune_retrieval``, ``adapt_embedder`` and ``summarize_communities`` return a ``TuneReport`` /
-``AdaptReport`` / ``SummaryReport`` that says which overlay (or summaries file) to write; writing it (and rebuilding BM25 with the tuned settings, under the index lease)
-is engine work, so the stages never import the engine's configuration modules and a dry run is
-simply a report nobody publishes.
+``AdaptReport`` / ``SummaryReport`` that says which overlay (or summaries file) to write; writing
+it (and rebuilding BM25 with the tuned settings, under the index lease) is engine work, so the
+stages never import the engine's configuration modules and a dry run is simply a report nobody
+publishes.
 """
 from __future__ import annotations
 
