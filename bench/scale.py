@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, SCIFACT, save
+from common import OUT, REPO, SCIFACT, save
 
 PIPELINES = """
 resources:
@@ -197,12 +197,22 @@ def main() -> None:
     if args.child:
         child(Path(args.child[0]), args.child[1])
         return
-    rows = []
+    name = "scale" if args.backend == "default" else f"scale_{args.backend}"
+    rows = earlier_rows(name)
     for n in args.sizes + ([300_000] if args.huge else []):
         with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as folder:
-            rows.append(measure(n, Path(folder), args.backend))
-    save("scale" if args.backend == "default" else f"scale_{args.backend}", {"backend": args.backend, "rows": rows})
+            row = measure(n, Path(folder), args.backend)
+        rows = sorted([r for r in rows if r["documents"] != n] + [row], key=lambda r: r["documents"])
+        save(name, {"backend": args.backend, "rows": rows})  # after every size: a long run keeps what it had
     print(table(rows))
+
+
+def earlier_rows(name: str) -> list[dict]:
+    """The saved rows of other sizes, so sizes measured in separate runs (hours each) make one table."""
+    try:
+        return json.loads((OUT / f"{name}.json").read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return []
 
 
 if __name__ == "__main__":
