@@ -75,6 +75,7 @@ class Embedder(Resource):
         self._model = Lazy(self._load)
         self._encode_lock = threading.Lock()
         self._chunking_tokenizer = Lazy(self._load_chunking_tokenizer)
+        self._vector_key = spec.model_dump_json()  # two embedders with one spec share a request's vectors
 
     @classmethod
     def fingerprint_fields(cls, spec: EmbedderSpec) -> dict[str, object]:
@@ -183,7 +184,7 @@ class Embedder(Resource):
         shared = QUERY_VECTORS.get()
         if shared is None or not texts:
             return self._encode([self.spec.query_prefix + t for t in texts])
-        model = self.spec.model_dump_json()
+        model = self._vector_key
         missing = list(dict.fromkeys(t for t in texts if (model, t) not in shared))
         if missing and len(shared) + len(missing) <= MAX_SHARED_QUERIES:
             for text, row in zip(missing, self._encode([self.spec.query_prefix + t for t in missing])):
