@@ -112,27 +112,43 @@ class DocumentSource(ABC):
 
     def fetch_all(self, items: Iterable[Item]) -> Iterator[tuple[Item, Fetched | SourceError]]:
         """Each item with its bytes, or the SourceError saying why not, in the order given. Up to
-        ``fetch_concurrency`` fetches run at once in threads, started ahead of the consumer: at most
-        that many items' bytes are held at a time (a window, never the whole listing's). Any other
-        exception is raised to the consumer, and the fetches under way are finished first."""
+        ``fetch_concurrency`` fetches run at once in threads, started ahead of the consumer, and
+        together they may hold at most ``fetch_window_bytes`` (each item counted at its listed size,
+        or at ``max_bytes`` when the listing gave none; one item always runs): a window, never the
+        whole listing's bytes, and 16 large objects never 16 times ``max_bytes``. Any other exception
+        is raised to the consumer, and the fetches under way are finished first."""
         if self.fetch_concurrency <= 1:
             for item in items:
                 yield item, _outcome(self.fetch, item)
             return
-        pending: deque[tuple[Item, Future]] = deque()
+        pending: deque[tuple[Item, Future, int]] = deque()
+        held = 0
         with ThreadPoolExecutor(self.fetch_concurrency, thread_name_prefix="ragline-fetch") as pool:
             try:
                 for item in items:
-                    if len(pending) >= self.fetch_concurrency:
-                        done, future = pending.popleft()
+                    weight = self._window_weight(item)
+                    while pending and (len(pending) >= self.fetch_concurrency
+                                       or held + weight > self.fetch_window_bytes):
+                        done, future, done_weight = pending.popleft()
+                        held -= done_weight
                         yield done, future.result()
-                    pending.append((item, pool.submit(_outcome, self.fetch, item)))
+                    pending.append((item, pool.submit(_outcome, self.fetch, item), weight))
+                    held += weight
                 while pending:
-                    done, future = pending.popleft()
+                    done, future, _ = pending.popleft()
                     yield done, future.result()
             finally:
-                for _, future in pending:
+                for _, future, _ in pending:
                     future.cancel()
+
+    fetch_window_bytes: ClassVar[int] = 64 * 2**20
+    """What the fetches started ahead of the consumer may hold at once (with ``fetch_concurrency``)."""
+
+    def _window_weight(self, item: Item) -> int:
+        """The bytes an item's fetch may hold: its listed size (an oversize one is refused unread)."""
+        if item.size is None:
+            return self.max_bytes
+        return item.size if item.size <= self.max_bytes else 0
 
     def url(self, key: str) -> str | None:
         """The public URL an item links to, if it has one."""

@@ -69,8 +69,9 @@ class FsspecSpec(BaseModel):
     manifest: NonEmpty | None = Field(None, description="http(s):// prefixes only (HTTP cannot list a folder): "
                                                         "a file below `url` naming one key per line; the listing "
                                                         "is the manifest, so a key taken out of it is deleted")
-    concurrency: int = Field(16, ge=1, le=256, description="objects downloaded at once (each held in memory until "
-                                                           "loaded: at most this many times max_bytes)")
+    concurrency: int = Field(16, ge=1, le=256, description="objects downloaded at once; those started ahead "
+                                                           "of loading hold at most 64 MiB together (one larger "
+                                                           "object runs alone)")
     page_size: int | None = Field(None, ge=1, le=5000, description="objects per listing request on s3://, gs:// "
                                                                    "and az:// (default: the store's own, 1,000 on S3 "
                                                                    "and GCS, 5,000 on Azure)")

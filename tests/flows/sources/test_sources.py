@@ -196,6 +196,26 @@ def test_fetch_all_one_at_a_time_and_an_unexpected_error_reaches_the_consumer():
         list(Slow(3).fetch_all([Item("a"), Item("bug"), Item("c"), Item("d")]))
 
 
+def test_fetch_all_bounds_the_bytes_held_ahead_not_only_the_count(monkeypatch):
+    """16 fetches of 40 MiB objects would hold 640 MiB: the window admits one at a time; 10 MiB objects
+    run six at once (64 MiB); an unsized item counts at max_bytes; an oversize one weighs nothing."""
+    monkeypatch.setattr(Slow, "fetch_window_bytes", 64)
+    big = Slow(16)
+    assert len(list(big.fetch_all([Item(f"b{n}", size=40) for n in range(6)]))) == 6
+    assert big.most == 1
+    medium = Slow(16)
+    for _ in medium.fetch_all([Item(f"m{n}", size=10) for n in range(30)]):
+        time.sleep(0.005)
+        medium.held -= 1
+    assert 1 < medium.most <= 6 and medium.most_held <= 6
+    unsized = Slow(16)  # max_bytes 100 > the window: each runs alone
+    list(unsized.fetch_all([Item(f"u{n}") for n in range(4)]))
+    assert unsized.most == 1
+    oversize = Slow(16)  # refused by fetch before any download: they do not block the window
+    list(oversize.fetch_all([Item(f"o{n}", size=1000) for n in range(8)]))
+    assert oversize.most > 1
+
+
 @pytest.mark.parametrize(("option", "field", "said"), [
     ("concurrency: 0", "concurrency", "greater than or equal to 1"),
     ("concurrency: 100000", "concurrency", "less than or equal to 256"),
