@@ -169,7 +169,7 @@ def _row(outcome: dict, name: str, corpora: list[str], items: list[RgbItem]) -> 
 def table(result: dict) -> list[str]:
     workers = result.get("workers", 1)
     lines = [f"RGB en_fact, a seeded subset of {result['questions']} of the 100 questions (seed {result['seed']}), "
-             f"model {result['model']} (SmolLM2-135M-Instruct, bf16, vLLM CPU, 2 shared cores), one run. With "
+             f"model {result['model']} (SmolLM2-135M-Instruct, fp32, vLLM CPU, 2 shared cores), one run. With "
              f"{result['questions']} questions one answer moves a rate by {1 / result['questions']:.2f}. "
              + (f"{workers} questions in flight at once (every variant interleaved on one server): the seconds are "
                 f"under that load (and its changes during the run), not the techniques' own." if workers > 1 else ""), "",

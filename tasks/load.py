@@ -289,7 +289,13 @@ class SourceRoot:
     def below(self, path: str) -> str:
         if self.remote:
             return path[len(self.location) + 1:] if path.startswith(self.location + "/") else path
-        return posixpath.basename(path) if self.is_file else posixpath.relpath(path, self.location)
+        if self.is_file:
+            return posixpath.basename(path)
+        prefix = self.location.rstrip("/") + "/"
+        rest = path[len(prefix):]
+        if path.startswith(prefix) and rest and not any(odd in f"/{rest}/" for odd in ("/./", "/../", "//")):
+            return rest  # a walked path below the root, already normal: relpath's result without its cost
+        return posixpath.relpath(path, self.location)
 
     def source_id(self, path: str) -> str:
         if self.is_file:

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import io
+import fnmatch
 import json
 import os
+import posixpath
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from pypdf import PdfReader, PdfWriter
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Coverage, Failure, content_hash
-from ragline.tasks.load import Params, load
+from ragline.tasks.load import Params, SourceRoot, _matches, load
 from tests.helpers.documents import make_pdf
 
 
@@ -404,3 +406,26 @@ def test_two_roots_that_would_share_a_name_are_a_clear_root_failure(tmp_path):
     documents, ctx = run([tmp_path / "a" / "docs", tmp_path / "b" / "docs"])
     assert [d.text for d in documents] == ["a"]
     assert [f.root for f in ctx.failures] == [True] and "give one of them a `name`" in ctx.failures[0].reason
+
+
+@pytest.mark.parametrize(("location", "path"), [
+    ("/a/b", "/a/b/c.md"), ("/a/b", "/a/b/x/y/z.md"), ("/a/b", "/a/b/.hidden"), ("/a/b", "/a/b/x/../y.md"),
+    ("/", "/etc/x"), ("/a/b/", "/a/b/c"), ("/a/b", "/a/bc/d"), ("/a/b", "/a/b"), ("/a/b", "/a/b/c/"),
+    ("/a/b", "/a/b//c")])
+def test_a_path_below_a_root_is_what_relpath_says(location, path):
+    """The listing's fast path (a prefix cut) gives relpath's answer, including paths it must not cut."""
+    assert SourceRoot(given="x", location=location, name="n").below(path) == posixpath.relpath(path, location)
+
+
+@pytest.mark.parametrize("path", ["docs/Report.PDF", "a/drafts/x.md", "a/.git/", "notes.txt", "deep/a/b/c.md"])
+def test_include_exclude_patterns_match_as_fnmatch_did(path):
+    """One compiled expression per pattern list answers as fnmatch on the name, the path and its ends."""
+    patterns = ["*.pdf", "drafts/*", "**/.git/**", "*.md", "a/*"]
+    name, lower = path.rstrip("/").rsplit("/", 1)[-1].lower(), path.lower()
+    for pattern in patterns:
+        p = pattern.lower()
+        expected = (fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(lower, p)
+                    or fnmatch.fnmatchcase(lower, "*/" + p))
+        assert _matches(path, [pattern]) == expected, pattern
+    assert _matches(path, patterns) == any(_matches(path, [p]) for p in patterns)
+    assert not _matches(path, [])
