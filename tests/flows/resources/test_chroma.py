@@ -158,6 +158,21 @@ def test_default_hnsw_configuration(store):
         ("cosine", 200, 32, 200)
 
 
+def test_sync_threshold_is_set_at_creation_and_on_an_older_collection_when_written(tmp_path):
+    """A collection saves its HNSW index every ``sync_threshold`` vectors, so a new process replays at most
+    that many unsaved ones when it opens the store; one made with Chroma's default (1,000) is changed by the
+    next writer, and a reader never changes it (queries do not write)."""
+    assert make(tmp_path / "new").collection.configuration["hnsw"]["sync_threshold"] == 100
+    older = make(tmp_path / "old")
+    older.client.create_collection("test", embedding_function=None, configuration={"hnsw": {"space": "cosine"}})
+    assert older.client.get_collection("test").configuration["hnsw"]["sync_threshold"] == 1000
+    run = make(tmp_path / "old", sync_threshold=250)
+    run.count()  # an ingestion run's integrity check reads first (the handle it opens is then written)
+    assert make(tmp_path / "old").client.get_collection("test").configuration["hnsw"]["sync_threshold"] == 1000
+    run.upsert([chunk("e0", basis(0))])
+    assert make(tmp_path / "old").client.get_collection("test").configuration["hnsw"]["sync_threshold"] == 250
+
+
 def test_writes_in_batches(tmp_path):
     store = make(tmp_path, write_batch_size=7)
     rng = np.random.default_rng(0)
