@@ -12,7 +12,8 @@ Two pipelines as the serve integration tests serve them: ``search`` (dense + spa
 ``index`` (load, convert, chunk, embed, index), in one file (compiling either validates both).
 Timed: the process's wall time and CPU time (user + system, which a loaded machine's wait does not
 inflate), and inside it the engine's imports and the compile. Nothing is run and no model loads
-(unchanged by this work).
+(unchanged by this work). Then, in CPU seconds, what the rest of a served search run imports when
+its steps run (Chroma, torch, sentence-transformers): where a flow run's start-up goes now.
 
 Usage: .venv/bin/python bench/flow_run_imports.py [--repeats 5] [--no-readme]
 """
@@ -72,6 +73,44 @@ print(json.dumps({"imports_s": imported - started, "compile_s": compiled - impor
                   "steps": len(pipeline.steps)}))
 """
 
+# What the rest of a served search run imports when its steps run (dense: the embedder and Chroma),
+# in CPU seconds per stage of the import, to show where a flow run's start-up goes after this work.
+BREAKDOWN = """
+import json, sys, time
+from pathlib import Path
+marks = [("interpreter", time.process_time())]
+import prefect.flow_engine
+from ragline.flows.run.entrypoints import run_pipeline
+from ragline.flows.run.steps import PipelineRef, digest_of
+marks.append(("Prefect's flow engine + entrypoints", time.process_time()))
+PipelineRef(sys.argv[1], "search", {}, {}, None, digest_of(Path(sys.argv[1])), None).resolve()
+marks.append(("compile (lazy stages)", time.process_time()))
+import chromadb
+marks.append(("chromadb", time.process_time()))
+import torch
+marks.append(("torch", time.process_time()))
+import sklearn.metrics
+marks.append(("sklearn.metrics (SciPy, pandas), which sentence_transformers imports", time.process_time()))
+import sentence_transformers
+marks.append(("the rest of sentence_transformers (transformers)", time.process_time()))
+print(json.dumps([(what, t - (marks[i - 1][1] if i else 0.0)) for i, (what, t) in enumerate(marks)]))
+"""
+
+
+def breakdown(pipelines: Path, env: dict[str, str], repeats: int) -> list[str]:
+    runs = []
+    for _ in range(repeats):
+        result = subprocess.run([sys.executable, "-c", BREAKDOWN, str(pipelines)], cwd=pipelines.parent, env=env,
+                                capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            raise SystemExit(f"breakdown exited {result.returncode}: {result.stderr[-2000:]}")
+        runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    rows = [(what, statistics.median(run[i][1] for run in runs)) for i, (what, _) in enumerate(runs[0])]
+    total = sum(seconds for _, seconds in rows)
+    return ["", "| a served search run's imports | CPU (s) | share |", "|---|---:|---:|",
+            *[f"| {what} | {seconds:.2f} | {seconds / total:.0%} |" for what, seconds in rows],
+            f"| total | {total:.2f} | |"]
+
 
 def measure(pipelines: Path, variant: str, pipeline: str, env: dict[str, str]) -> dict[str, float]:
     started = time.perf_counter()
@@ -101,6 +140,7 @@ def main() -> None:
                     runs[variant].append(measure(pipelines, variant, pipeline, env))
             results[pipeline] = {variant: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
                                  for variant, rows in runs.items()}
+        where = breakdown(pipelines, env, args.repeats)
     lines = ["| pipeline | variant | process wall (s) | process CPU (s) | engine imports (s) | compile (s) | modules "
              "| stage modules |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for pipeline, variants in results.items():
@@ -111,6 +151,7 @@ def main() -> None:
         eager, lazy = variants["eager"], variants["lazy"]
         lines.append(f"| {pipeline} | eager / lazy | {eager['process_s'] / lazy['process_s']:.2f}x | "
                      f"{eager['cpu_s'] / lazy['cpu_s']:.2f}x | | {eager['compile_s'] / lazy['compile_s']:.2f}x | | |")
+    lines += where
     save("flow_run_imports", {"repeats": args.repeats, "results": results})
     publish("flow_run_imports", lines, readme=not args.no_readme)
 
