@@ -2,10 +2,11 @@
 
 A stage is a plain function with a typed contract: a pydantic ``Params`` model, data inputs
 (its other annotated parameters, wired by name to upstream outputs), resource roles it
-``uses`` and one named output it ``produces``. Builtin stages are registered by importing
-``tasks`` (an explicit list, no import side effects elsewhere); user stages are allowed by
-dotted path only from modules named in an allowlist that lives outside any pipelines file
-(``RAGLINE_ALLOW_MODULES``, ``set_allowed_modules``, ``[tool.ragline] allow_modules``).
+``uses`` and one named output it ``produces``. Builtin stages are declared by ``tasks``'s
+``STAGES`` (an explicit map from stage name to module, no import side effects elsewhere): a
+module is imported when a pipeline names its stage, so a run imports the stages it uses only.
+User stages are allowed by dotted path only from modules named in an allowlist that lives outside
+any pipelines file (``RAGLINE_ALLOW_MODULES``, ``set_allowed_modules``, ``[tool.ragline] allow_modules``).
 """
 from __future__ import annotations
 
@@ -151,6 +152,8 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
                       description=doc.splitlines()[0] if doc else "")
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"stage {name!r} is already registered by {_REGISTRY[name].fn.__module__}")
+        if _DECLARED.get(name, fn.__module__) != fn.__module__:  # declared by a package, not yet imported
+            raise ValueError(f"stage {name!r} is already registered by {_DECLARED[name]}")
         _REGISTRY[name] = entry
         return entry
 
@@ -158,28 +161,61 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
 
 
 BUILTIN_GROUP = "ragline.stages"  # entry-point group of packages that register stages (builtins: `tasks`)
+DECLARATION = "STAGES"  # a package's {stage name: module} map, imported stage by stage when a pipeline names one
+_DECLARED: dict[str, str] = {}  # stage name -> the module that registers it, not necessarily imported yet
 _builtins_loaded = False
 
 
 def load_builtins() -> None:
-    """Import the packages that declare stages through the ``ragline.stages`` entry points: the
-    engine never imports the stage package by name, so stages may import the engine freely."""
+    """Read the packages that declare stages through the ``ragline.stages`` entry points: the
+    engine never imports the stage package by name, so stages may import the engine freely. A
+    package with a ``STAGES`` map (``tasks``) is read, its modules imported by ``get_stage`` when
+    a pipeline names one of its stages; any other entry point is imported, registering its stages."""
     global _builtins_loaded
     if _builtins_loaded:
         return
     from importlib.metadata import entry_points
 
     for entry in entry_points(group=BUILTIN_GROUP):
-        entry.load()
+        declared = getattr(entry.load(), DECLARATION, None)
+        if isinstance(declared, Mapping):
+            declare(declared)
     _builtins_loaded = True
 
 
+def declare(stages: Mapping[str, str]) -> None:
+    """Declare stages by name -> the module that registers it, imported when a pipeline names one."""
+    for name, module in stages.items():
+        if not isinstance(name, str) or not is_module_name(module):
+            raise ValueError(f"stage {name!r}: {module!r} is not a dotted module name")
+        taken = _DECLARED.get(name) or (_REGISTRY[name].fn.__module__ if name in _REGISTRY else module)
+        if taken != module:
+            raise ValueError(f"stage {name!r} is already registered by {taken}")
+        _DECLARED[name] = module
+
+
+def _import_declared(name: str) -> Stage:
+    """Import the module declared for ``name``; its failure is an ImportError naming the stage, so
+    validation reports it on the step's ``task`` line before anything runs."""
+    module = _DECLARED[name]
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        raise ImportError(f"stage '{name}': importing module '{module}' failed: {type(exc).__name__}: {exc}") from exc
+    if name not in _REGISTRY:
+        raise ImportError(f"stage '{name}': module '{module}' does not register it (its @stage name differs)")
+    return _REGISTRY[name]
+
+
 def get_stage(name: str, allowed_modules: Iterable[str] = ()) -> Stage | None:
-    """The stage for a YAML task name: a registered name, or a dotted path to a Stage in a module
-    the caller allows (see ``allowed_modules``); nothing else is ever imported."""
+    """The stage for a YAML task name: a registered name (its module imported now if only declared),
+    or a dotted path to a Stage in a module the caller allows (see ``allowed_modules``); nothing
+    else is ever imported."""
     load_builtins()
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if name in _DECLARED:
+        return _import_declared(name)
     if "." in name:
         module_name, _, attr = name.rpartition(".")
         if not module_allowed(module_name, allowed_modules):
@@ -193,6 +229,15 @@ def get_stage(name: str, allowed_modules: Iterable[str] = ()) -> Stage | None:
         obj = getattr(module, attr, None)
         return obj if isinstance(obj, Stage) else None
     return None
+
+
+def all_stages() -> dict[str, Stage]:
+    """Every stage, each declared module imported (a listing or a test; a run imports only its own)."""
+    load_builtins()
+    for name in list(_DECLARED):
+        if name not in _REGISTRY:
+            _import_declared(name)
+    return dict(_REGISTRY)
 
 
 # ----------------------------------------------------------------------------- module allowlist
@@ -232,5 +277,6 @@ def _checked_names(modules: Iterable[str], origin: str) -> tuple[str, ...]:
 
 
 def stage_names() -> list[str]:
+    """Every stage's name, registered or declared (nothing is imported)."""
     load_builtins()
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *_DECLARED})

@@ -55,7 +55,7 @@ def test_builtin_stages_come_from_the_entry_point_group():
     assert "ragline.tasks" in declared
     names = stage_names()
     for builtin in ("load", "chunk", "embed", "index", "retrieve_dense", "retrieve_sparse", "fuse", "generate"):
-        assert builtin in names and registry._REGISTRY[builtin].fn.__module__.startswith("ragline.tasks.")
+        assert builtin in names and get_stage(builtin).fn.__module__.startswith("ragline.tasks.")
 
 
 DISCOVERY = """
@@ -85,6 +85,108 @@ def test_an_installed_package_declaring_the_entry_point_is_discovered(tmp_path):
                             timeout=300)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"extra": True, "builtin": True, "loaded": True}
+
+
+# ----------------------------------------------------------------------------- declared, imported when used
+def test_every_builtin_module_is_declared_and_registers_the_name_it_is_declared_under():
+    import ragline.tasks as builtins
+
+    modules = {p.stem for p in (REPO / "tasks").glob("*.py") if p.stem != "__init__"}
+    assert modules == {m.rpartition(".")[2] for m in builtins.STAGES.values()} | set(builtins.HELPERS)
+    stages = registry.all_stages()
+    for name, module in builtins.STAGES.items():
+        assert stages[name].fn.__module__ == module, name
+    assert {n for n, s in stages.items() if s.fn.__module__.startswith("ragline.tasks.")} == set(builtins.STAGES)
+
+
+LAZY_PIPELINES = """
+resources:
+  sparse: {type: bm25, path: idx/bm25}
+  state:  {type: index_state, path: idx/state.sqlite}
+pipelines:
+  search:
+    kind: query
+    steps:
+      - {id: sparse, task: retrieve_sparse, uses: {sparse: sparse, state: state}, with: {k: 3}}
+      - {id: fuse, task: fuse, after: [sparse], with: {top_k: 2}}
+"""
+LAZY_PROBE = """
+import json, sys
+from ragline.flows.spec.compile import load_project
+before = sorted(m for m in sys.modules if m.startswith("ragline.tasks."))
+step = load_project("pipelines.yaml").pipeline("search").step("fuse")
+after = sorted(m for m in sys.modules if m.startswith("ragline.tasks."))
+print(json.dumps({"before": before, "after": after, "top_k": step.params.top_k}))
+"""
+
+
+def test_compiling_a_pipeline_imports_only_the_modules_of_its_stages(tmp_path):
+    """In a fresh process (a served flow run is one): the modules of the stages a search names, no other."""
+    (tmp_path / "pipelines.yaml").write_text(LAZY_PIPELINES)
+    result = subprocess.run([sys.executable, "-c", LAZY_PROBE], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["before"] == [] and seen["top_k"] == 2
+    after = set(seen["after"])  # retrieve_sparse imports retrieve_dense (its Params): nothing more
+    assert {"ragline.tasks.fuse", "ragline.tasks.retrieve_sparse"} <= after <= {
+        "ragline.tasks.fuse", "ragline.tasks.retrieve_sparse", "ragline.tasks.retrieve_dense"}
+
+
+def test_every_stage_name_is_suggested_without_importing_its_module():
+    names = stage_names()
+    assert "summarize_communities" in names and "adapt_embedder" in names
+
+
+@pytest.fixture
+def declared_broken(tmp_path, monkeypatch):
+    """Stages declared like the builtins, by a package whose module fails or registers another name."""
+    (tmp_path / "lazy_broken_mod.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "lazy_misnamed_mod.py").write_text(textwrap.dedent("""
+        from ragline.flows.spec.registry import stage
+
+        @stage("lazy_other_name", produces="chunks")
+        def other(chunks: list) -> list:
+            return chunks
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stages = {"lazy_broken": "lazy_broken_mod", "lazy_misnamed": "lazy_misnamed_mod"}
+    registry.declare(stages)
+    yield stages
+    for name in stages:
+        registry._DECLARED.pop(name, None)
+    registry._REGISTRY.pop("lazy_other_name", None)
+
+
+def test_a_declared_stage_whose_module_fails_is_an_error_on_its_task_line_at_compile(declared_broken,
+                                                                                   make_project):
+    with pytest.raises(ImportError, match=r"stage 'lazy_broken': importing module 'lazy_broken_mod' failed: "
+                                          r"ModuleNotFoundError: No module named 'no_such_dependency_xyz'"):
+        get_stage("lazy_broken")
+    path = make_project("""
+        pipelines:
+          search:
+            kind: query
+            steps:
+              - {id: one, task: lazy_broken}
+              - {id: two, task: lazy_misnamed, after: [one]}
+    """)
+    errors = validate_file(path)
+    assert [(e.line, e.field.rpartition(".")[2]) for e in errors] == [(6, "task"), (7, "task")]
+    assert "importing module 'lazy_broken_mod' failed" in errors[0].message
+    assert errors[1].message == ("stage 'lazy_misnamed': module 'lazy_misnamed_mod' does not register it "
+                                 "(its @stage name differs)")
+
+
+def test_a_declared_name_cannot_be_taken_by_another_module_before_its_own_is_imported(declared_broken):
+    def impostor(chunks: list) -> list:
+        return chunks
+
+    impostor.__module__ = "somewhere.else"
+    with pytest.raises(ValueError, match=r"stage 'lazy_broken' is already registered by lazy_broken_mod"):
+        stage("lazy_broken", produces="chunks")(impostor)
+    with pytest.raises(ValueError, match=r"stage 'lazy_broken' is already registered by lazy_broken_mod"):
+        registry.declare({"lazy_broken": "somewhere.else"})
 
 
 # ----------------------------------------------------------------------------- contracts
@@ -125,6 +227,7 @@ def test_one_name_cannot_be_taken_by_two_modules():
         return []
 
     impostor.__module__ = "somewhere.else"
+    get_stage("fuse")
     with pytest.raises(ValueError, match=r"stage 'fuse' is already registered by ragline\.tasks\.fuse"):
         stage("fuse", produces="passages")(impostor)
     assert registry._REGISTRY["fuse"].fn.__module__ == "ragline.tasks.fuse"
@@ -146,6 +249,7 @@ def test_an_unknown_name_is_none_and_the_compile_error_names_it(make_project):
 
 
 def test_a_dotted_name_outside_the_allowlist_is_refused_before_any_import():
+    get_stage("fuse")
     assert "ragline.tasks.fuse" in sys.modules
     with pytest.raises(PermissionError, match=r"module 'json\.decoder' is not allowed: set RAGLINE_ALLOW_MODULES"):
         get_stage("json.decoder.JSONDecoder")
