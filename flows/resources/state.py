@@ -8,6 +8,7 @@ removes whatever the stores hold beyond it.
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import json
 import logging
@@ -664,22 +665,33 @@ class IndexState(Resource):
         (JSONL records, attachments). Items not returned must be read. Read-only; a state without
         the column (from before signals) or without a file knows no item."""
         found: dict[str, list] = {}
-        sql = ("SELECT source_id, content_hash, path, title, acl, signal, fingerprint, origin FROM sources "
-               "WHERE source_id = ? OR (source_id > ? AND source_id < ?)")
+        if not signals:
+            return found
+        items = sorted(signals)
+        # one range read for the batch (a listing's batch is consecutive ids), not one query per item:
+        # ids compare as code points here (SQLite's binary order of UTF-8; PostgreSQL's columns are C)
+        columns = "SELECT source_id, content_hash, path, title, acl, signal, fingerprint, origin FROM sources"
+        cap = 8 * len(items) + 1000  # a batch spanning many other rows (another root's) reads per item
         try:
             with self._guarded():
-                reader = self.reader
-                for item, signal in signals.items():
-                    rows = reader.execute(sql, (item, item + "#", item + "#\U0010ffff")).fetchall()
-                    if rows and all(r[5] == signal and r[6] == fingerprint and r[7] == origin for r in rows):
-                        found[item] = [(r[0], r[1], r[2] or "", r[3] or "", None if r[4] is None else
-                                        tuple(json.loads(r[4]))) for r in rows]
+                rows = self.reader.execute(f"{columns} WHERE source_id >= ? AND source_id < ? ORDER BY source_id "
+                                           f"LIMIT {cap}", (items[0], items[-1] + "#\U0010ffff")).fetchall()
+                if len(rows) == cap:
+                    rows = sorted({r for item in items for r in self.reader.execute(
+                        f"{columns} WHERE source_id = ? OR (source_id > ? AND source_id < ?)",
+                        (item, item + "#", item + "#\U0010ffff")).fetchall()})
         except StoreMissing:
             return {}
         except sqlite3.OperationalError as exc:
             if "no such column" not in str(exc):
                 raise
             return {}
+        ids = [r[0] for r in rows]
+        for item in items:
+            own = _item_rows(rows, ids, item)
+            if own and all(r[5] == signals[item] and r[6] == fingerprint and r[7] == origin for r in own):
+                found[item] = [(r[0], r[1], r[2] or "", r[3] or "", None if r[4] is None else
+                                tuple(json.loads(r[4]))) for r in own]
         return found
 
     # --- a run's listing, kept here rather than in memory: the sources a source step found unchanged
@@ -932,3 +944,11 @@ def _acl_text(groups: Iterable[str]) -> str:
 def _batched(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
+
+
+def _item_rows(rows: list, ids: list[str], item: str) -> list:
+    """The rows (sorted by source id) of one listed item: its own id and '<id>#...' (records, attachments)."""
+    at = bisect.bisect_left(ids, item)
+    own = [rows[at]] if at < len(ids) and ids[at] == item else []
+    start, end = bisect.bisect_right(ids, item + "#"), bisect.bisect_left(ids, item + "#\U0010ffff")
+    return own + rows[start:end]

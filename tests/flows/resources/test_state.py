@@ -310,6 +310,21 @@ def test_an_item_is_unchanged_only_when_all_its_sources_carry_its_signal(state):
     assert state.generation == generation  # a signal is no content: no new generation
 
 
+def test_a_batch_of_items_reads_one_range_and_the_same_rows_when_other_rows_lie_between(state):
+    """The batch's rows come from one range read; siblings sorting between an item and its records
+    ('a.md!') are not its rows, and a batch spanning more other rows than the read's cap (another
+    root's) gets the same answer from per-item reads."""
+    docs = [doc("a.md"), doc("a.md!"), doc("a.md#1"), doc("z.md")] + [doc(f"m/{i:05d}.md") for i in range(1100)]
+    for d in docs:
+        d.signal = "s1"
+    state.record("docs", "fp", docs, [])
+    found = state.unchanged_items("docs", "fp", {"a.md": "s1", "z.md": "s1"})  # 1,100 rows between them
+    assert {k: [r[0] for r in v] for k, v in found.items()} == {"a.md": ["a.md", "a.md#1"], "z.md": ["z.md"]}
+    near = state.unchanged_items("docs", "fp", {"a.md": "s1", "a.md!": "s1", "m/00003.md": "s1"})
+    assert {k: [r[0] for r in v] for k, v in near.items()} == {
+        "a.md": ["a.md", "a.md#1"], "a.md!": ["a.md!"], "m/00003.md": ["m/00003.md"]}
+
+
 def test_a_runs_listing_is_planned_in_sql_a_page_at_a_time(state):
     """Sources marked listed are never read back one by one: what is unlisted (gone or renamed) comes
     in id order a page at a time, for one pipeline; ``sources_of`` reads only the ids asked for."""
