@@ -78,7 +78,7 @@ class SummariesMissing(IndexUnavailable):
        uses={"state": ("index_state",), "embedder": ("sentence_transformer",)}, merges_collections=True)
 def retrieve_summaries(query: Query, params: Params, ctx: StepContext, state: IndexState,
                        embedder: Embedder) -> list[Passage]:
-    """The community summaries of a level, of every collection the request reads, ranked by similarity to the question."""
+    """The community summaries of a level, of each collection the request reads, ranked by similarity to it."""
     filters.validate(query.filters)
     where = filters.normalize({"$and": [f for f in (params.where, query.filters) if f]})
     candidates: list[tuple[str | None, IndexState, Community]] = []
