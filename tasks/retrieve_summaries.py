@@ -135,14 +135,12 @@ def _matching(community: Community, state: IndexState, where: dict[str, Any], ru
     """The member documents with a chunk matching ``where``, in order; None when the community is not
     eligible under ``rule`` (all: every member chunk matches; any: one does). A chunk deleted since
     the build does not match."""
-    rows = state.chunks_by_id(community.chunk_ids)
+    rows = state.chunk_metadata(community.chunk_ids)
     matched: set[str] = set()
     for chunk_id in community.chunk_ids:
-        row = rows.get(chunk_id)
-        ok = row is not None and filters.matches(
-            {**row["metadata"], "source_id": row["source_id"], "title": row["title"]}, where)
-        if ok:
-            matched.add(row["source_id"])
+        meta = rows.get(chunk_id)
+        if meta is not None and filters.matches(meta, where):
+            matched.add(meta["source_id"])
         elif rule == "all":
             return None
     return [d for d in community.documents if d in matched] or None

@@ -222,6 +222,10 @@ def test_summaries_of_a_postgresql_state_are_rows_of_each_collections_schema(tmp
         assert {(p.metadata[COLLECTION_KEY], frozenset(topics_of(p))) for p in found} == {
             ("alpha", frozenset({"astronomy"})), ("alpha", frozenset({"cooking"})), ("beta", frozenset({"football"})),
             ("beta", frozenset({"cooking"}))}
+        # request filters read the member chunks' metadata from the database
+        [astronomy] = ask(project, "overview", filters={"source_id": {"$in": [f"alpha/astronomy{n}.txt"
+                                                                              for n in range(4)]}})
+        assert topics_of(astronomy) == {"astronomy"} and astronomy.metadata[COLLECTION_KEY] == "alpha"
         # an incremental re-run reads the published rows: nothing changed, nothing is summarised
         calls = len(llm.summaries())
         again = engine.run(project.pipeline("summarize@alpha"), orchestrate=False)
