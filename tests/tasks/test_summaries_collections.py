@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from ragline.flows.contracts import COLLECTION_KEY, MEMBERS_KEY
@@ -233,3 +234,29 @@ def test_summaries_of_a_postgresql_state_are_rows_of_each_collections_schema(tmp
         answer = ask(project, "ask_global", access=["eng"])
         assert not answer.refused and answer.sources
         assert not any(d.startswith("beta_hr/") for s in answer.sources for d in s.documents)
+
+
+@pytest.mark.integration
+def test_served_ask_global_takes_the_requests_collections_and_filters(collections):
+    """Over the real HTTP API (uvicorn): a request naming a collection reads its summaries only (before,
+    ask_global searched no named collections and refused the field); a bad filter is a 400 naming it."""
+    from ragline.flows.serve.api import create_app
+    from tests.helpers.api_harness import AUTH, TOKEN, running
+
+    project, llm = collections
+    with running(create_app(str(project.path), token=TOKEN)) as url:
+        def post(body: dict) -> httpx.Response:
+            return httpx.post(f"{url}/v1/query", json={"pipeline": "ask_global", "question": "What are the main "
+                                                                                           "themes?", **body},
+                              headers=AUTH, timeout=120)
+
+        only_beta = post({"collections": ["beta"]})
+        assert only_beta.status_code == 200, only_beta.text
+        sources = only_beta.json()["answer"]["sources"]
+        assert sources and {s["collection"] for s in sources} == {"beta"}
+        both = post({})
+        assert {s["collection"] for s in both.json()["answer"]["sources"]} == {"alpha", "beta"}
+        bad = post({"filters": {"source_id": {"$regex": "x"}}})
+        assert bad.status_code in (400, 422) and "source_id" in bad.text and "$regex" in bad.text
+        unknown = post({"collections": ["gamma"]})
+        assert unknown.status_code == 400 and "collections" in unknown.text
