@@ -260,3 +260,15 @@ def test_served_ask_global_takes_the_requests_collections_and_filters(collection
         assert bad.status_code in (400, 422) and "source_id" in bad.text and "$regex" in bad.text
         unknown = post({"collections": ["gamma"]})
         assert unknown.status_code == 400 and "collections" in unknown.text
+
+
+def test_a_bad_fixed_filter_is_a_located_error_in_pipelines_yaml(tmp_path):
+    from ragline.flows.spec.parse import SpecValidationError
+
+    text = RESOURCES.replace("URL", "http://127.0.0.1:9/v1") + PIPELINES.replace("COMMUNITIES", "2").replace(
+        "with: {level: fine, top_k: null, filter_rule: any}", "with: {where: {year: {$regex: '20.*'}}}")
+    (tmp_path / "pipelines.yaml").write_text(textwrap.dedent(text))
+    with pytest.raises(SpecValidationError) as raised:
+        load_project(tmp_path / "pipelines.yaml")
+    message = str(raised.value)
+    assert "pipelines.yaml:" in message and "overview_any" in message and "$regex" in message and "'year'" in message
