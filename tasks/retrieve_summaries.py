@@ -74,6 +74,10 @@ class SummariesMissing(IndexUnavailable):
     """No summary index has been built for this index yet."""
 
 
+class SummariesStale(IndexUnavailable):
+    """The summaries were embedded by another model than the one queries are embedded with."""
+
+
 @stage("retrieve_summaries", params=Params, produces="passages", kind="query",
        uses={"state": ("index_state",), "embedder": ("sentence_transformer",)}, merges_collections=True)
 def retrieve_summaries(query: Query, params: Params, ctx: StepContext, state: IndexState,
@@ -83,7 +87,7 @@ def retrieve_summaries(query: Query, params: Params, ctx: StepContext, state: In
     where = filters.normalize({"$and": [f for f in (params.where, query.filters) if f]})
     candidates: list[tuple[str | None, IndexState, Community]] = []
     for name, own in by_collection(ctx, "state", state, query.collections).items():
-        for community in _readable(name, own, params, query, ctx):
+        for community in _readable(name, own, params, query, ctx, embedder):
             candidates.append((name, own, community))
     if not candidates:
         return []
@@ -108,13 +112,17 @@ def retrieve_summaries(query: Query, params: Params, ctx: StepContext, state: In
     return kept
 
 
-def _readable(name: str | None, state: IndexState, params: Params, query: Query, ctx: StepContext) -> list[Community]:
+def _readable(name: str | None, state: IndexState, params: Params, query: Query, ctx: StepContext,
+              embedder: Embedder) -> list[Community]:
     """The communities of the level in one collection's published summaries that the request may read."""
     built = summaries.load_for(state)
+    run = f"ragline run summarize --collection {name}" if name else "ragline run summarize"
     if built is None:
-        run = f"ragline run summarize --collection {name}" if name else "ragline run summarize"
         raise SummariesMissing(f"{summaries.location(state)}: no community summaries yet; build them with the "
                                f"summarize job (`{run}`)")
+    if built.embedder and built.embedder != embedder.spec.model:  # their scores would mean nothing (or not fit)
+        raise SummariesStale(f"{summaries.location(state)}: the community summaries were embedded with "
+                             f"'{built.embedder}', queries with '{embedder.spec.model}'; build them again (`{run}`)")
     if built.generation < state.generation:
         ctx.logger.info("the summaries%s were built at index generation %d, the index is at %d: run the summarize "
                         "job to refresh them", f" of collection '{name}'" if name else "", built.generation,

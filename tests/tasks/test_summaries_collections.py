@@ -19,7 +19,7 @@ from ragline.flows.resources import summaries
 from ragline.flows.run import engine
 from ragline.flows.serve.principals import Principal, query_collections
 from ragline.flows.spec.compile import load_project
-from ragline.tasks.retrieve_summaries import SummariesMissing
+from ragline.tasks.retrieve_summaries import SummariesMissing, SummariesStale
 from tests.helpers.data import REPO
 from tests.tasks.test_summarize_communities import TOPICS, Counting, is_summarise, summary_reply
 
@@ -272,3 +272,14 @@ def test_a_bad_fixed_filter_is_a_located_error_in_pipelines_yaml(tmp_path):
         load_project(tmp_path / "pipelines.yaml")
     message = str(raised.value)
     assert "pipelines.yaml:" in message and "overview_any" in message and "$regex" in message and "'year'" in message
+
+
+def test_summaries_embedded_by_another_model_are_a_clear_503_not_a_wrong_ranking(collections):
+    project, llm = collections
+    state = project.resource("state@beta")
+    report = summaries.load_for(state)
+    summaries.publish_to(state, report.model_copy(update={"embedder": "another-model"}))
+    with pytest.raises(Exception, match="embedded with 'another-model'.*summarize --collection beta") as raised:
+        ask(project, "overview")
+    assert isinstance(raised.value.__cause__, SummariesStale) and raised.value.__cause__.http_status == 503
+    assert len(ask(project, "overview", collections=["alpha"])) == 2  # the other collection's still answer
