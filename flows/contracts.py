@@ -595,7 +595,9 @@ class SummaryReport(BaseModel):
     summarised: list[str] = Field(default_factory=list, description="communities whose summary was (re)written")
     reused: list[str] = Field(default_factory=list, description="communities whose summary was kept (same hash)")
     llm_calls: int = 0
-    path: str = Field("", description="the summaries file")
+    path: str = Field("", description="where the summaries are published: the file, or the database state's rows")
+    state_resource: str = Field("", description="the index state resource they belong to (the job runner "
+                                                "publishes them for it: beside it, or in its database)")
     written: bool = False
     write_requested: bool = Field(False, description="the stage asks the job runner to publish the summaries")
     seconds: float = 0.0

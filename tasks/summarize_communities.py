@@ -16,8 +16,9 @@ only communities whose hash changed are summarised again, the others keep their 
 Deleted documents leave their communities' membership, so those are re-summarised without them;
 a community left empty is dropped.
 
-The stage returns a ``SummaryReport``; the job runner publishes it (``flows/run/jobs.py``, one
-atomic rename), so a build killed at any point leaves the previous summaries whole and usable.
+The stage returns a ``SummaryReport``; the job runner publishes it (``flows/run/jobs.py``: one
+atomic rename beside a state file, one transaction in a database state), so a build killed at any
+point leaves the previous summaries whole and usable.
 The stage only reads the index (state, vectors) and the published summaries.
 """
 from __future__ import annotations
@@ -77,22 +78,23 @@ def summarize_communities(params: Params, ctx: StepContext, store: ChromaStore, 
                           state: IndexState, llm: LLMClient) -> SummaryReport:
     """Cluster the chunk vectors into two levels of communities and summarise those whose membership changed."""
     started = time.perf_counter()
-    path = summaries.summaries_path(state.path)
+    where = summaries.location(state)  # a file beside the state, or rows of a database state
     generation, rows = state.snapshot()
     texts = {cid: (text, meta) for cid, text, meta in rows}
     found = store.vectors(sorted(texts))
     ids = sorted(found)
     if len(ids) < len(texts):
         ctx.logger.warning("%d chunks of the state have no stored vector; left out", len(texts) - len(ids))
-    report = SummaryReport(generation=generation, chunks=len(ids), path=str(path), embedder=embedder.spec.model,
-                           write_requested=params.write)
+    own = ctx.project.pipeline(ctx.pipeline).step(ctx.step_id).resources.get("state", "") if ctx.project else ""
+    report = SummaryReport(generation=generation, chunks=len(ids), path=where, embedder=embedder.spec.model,
+                           write_requested=params.write, state_resource=own)
     if not ids:
         ctx.logger.warning("the index is empty: no communities")
         report.seconds = time.perf_counter() - started
         return report
     vectors = _unit(np.stack([found[i] for i in ids]))
     try:
-        previous = summaries.load(path)
+        previous = summaries.load_for(state)
     except ValueError as exc:
         ctx.logger.warning("%s; building from scratch", exc)
         previous = None

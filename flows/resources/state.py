@@ -511,6 +511,18 @@ class IndexState(Resource):
                     out[cid] = {"source_id": sid, "text": text, "title": title or "", "metadata": json.loads(meta)}
         return out
 
+    def chunk_metadata(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Per chunk id: its metadata with ``source_id`` and ``title``, as a retriever's filter sees
+        them, without the text (filters on community summaries read many chunks). Read-only."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._guarded():
+            for batch in _batched(ids, 500):
+                marks = ",".join("?" * len(batch))
+                for cid, sid, title, meta in self.reader.execute(
+                        f"SELECT chunk_id, source_id, title, metadata FROM chunks WHERE chunk_id IN ({marks})", batch):
+                    out[cid] = {**json.loads(meta), "source_id": sid, "title": title or ""}
+        return out
+
     def source_chunks(self, source_ids: Iterable[str]) -> list[tuple[str, str, int, str, str, dict[str, Any]]]:
         """(chunk_id, source_id, ordinal, text, title, metadata) of these sources' chunks."""
         rows = []

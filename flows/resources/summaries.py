@@ -1,16 +1,26 @@
-"""The community summary index (GraphRAG-style): one JSON file beside the index state.
+"""The community summary index (GraphRAG-style): published beside, or in, the index state it was built from.
 
 ``summarize_communities`` (a job stage) builds a ``SummaryReport``; the job runner publishes it
-here with ``publish`` (one atomic rename: a killed build or a failed write leaves the previous
-summaries whole and readable); ``retrieve_summaries`` (a query stage) only ever ``load``s it.
-The file lives beside the state it was built from (``<state>.summaries.json``), so each named
-collection has its own, and moving the data folder moves it too.
+with ``publish_to`` and ``retrieve_summaries`` (a query stage) only ever reads it (``load_for``).
+Where it lives follows the state, so each named collection has its own:
+
+- a state file (SQLite): the file ``<state>.summaries.json`` beside it, replaced in one atomic
+  rename (a killed build or a failed write leaves the previous summaries whole and readable);
+  moving the data folder moves it too;
+- a database state (PostgreSQL, ``url:``): two rows of the state's own ``meta`` table (the report
+  and a version), written in one transaction, so every machine that reads the index reads the
+  same summaries and a collection's schema holds its own (a file path would be one machine's, and
+  the collections of one database share the template's ``path``).
+
+Readers parse a published version once (the file's size and mtime, the row's version).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -19,13 +29,62 @@ from ragline.flows.files import write_atomic
 
 log = logging.getLogger("ragline.summaries")
 SUFFIX = ".summaries.json"
-_cache: dict[Path, tuple[tuple[int, int], SummaryReport]] = {}
+META_KEY = "summaries"  # a database state's meta row holding the report (JSON)
+VERSION_KEY = "summaries_version"  # ... and the row naming its version (read first: cheap)
+_cache: dict[Any, tuple[Any, SummaryReport]] = {}
 _lock = threading.Lock()
 
 
 def summaries_path(state_path: Path) -> Path:
     """Where the summaries of the index whose state is at ``state_path`` live."""
     return state_path.with_name(state_path.stem + SUFFIX)
+
+
+def in_database(state: Any) -> bool:
+    """Whether ``state`` is a database state (its summaries are rows of it, not a file)."""
+    return bool(getattr(state.spec, "url", None))
+
+
+def location(state: Any) -> str:
+    """Where the summaries of ``state``'s index live, for reports and messages (never a password)."""
+    if in_database(state):
+        return f"{state.index_location} (meta row '{META_KEY}')"
+    return str(summaries_path(state.path))
+
+
+def load_for(state: Any) -> SummaryReport | None:
+    """The summaries published for ``state``'s index (None: never built)."""
+    if not in_database(state):
+        return load(summaries_path(state.path))
+    where = location(state)
+    version = state.get_meta(VERSION_KEY)
+    if version is None:
+        return None
+    with _lock:
+        cached = _cache.get(where)
+        if cached and cached[0] == version:
+            return cached[1]
+    text = state.get_meta(META_KEY)
+    if text is None:
+        return None
+    report = _parse(where, text)
+    with _lock:  # a publish between the two reads caches a newer report under the older version: re-read next time
+        _cache[where] = (version, report)
+    return report
+
+
+def publish_to(state: Any, report: SummaryReport) -> SummaryReport:
+    """Publish ``report`` for ``state``'s index: the file beside it, or its database rows in one transaction."""
+    if not in_database(state):
+        return publish(summaries_path(state.path), report)
+    report.path = location(state)
+    report.written = True
+    with state.transaction() as tx:
+        state.set_meta(META_KEY, report.model_dump_json(), tx)
+        state.set_meta(VERSION_KEY, uuid.uuid4().hex, tx)
+    log.info("summaries: %d communities published to %s (%d re-summarised, %d kept)", len(report.communities),
+             report.path, len(report.summarised), len(report.reused))
+    return report
 
 
 def load(path: Path) -> SummaryReport | None:
@@ -40,14 +99,18 @@ def load(path: Path) -> SummaryReport | None:
         cached = _cache.get(path)
         if cached and cached[0] == key:
             return cached[1]
-    try:
-        report = SummaryReport.model_validate_json(path.read_bytes())
-    except (ValidationError, ValueError) as exc:
-        raise ValueError(f"{path}: not a summary index ({str(exc).splitlines()[0]}); run the summarize job "
-                         f"again to rebuild it") from None
+    report = _parse(str(path), path.read_bytes())
     with _lock:
         _cache[path] = (key, report)
     return report
+
+
+def _parse(where: str, data: str | bytes) -> SummaryReport:
+    try:
+        return SummaryReport.model_validate_json(data)
+    except (ValidationError, ValueError) as exc:
+        raise ValueError(f"{where}: not a summary index ({str(exc).splitlines()[0]}); run the summarize job "
+                         f"again to rebuild it") from None
 
 
 def publish(path: Path, report: SummaryReport) -> SummaryReport:

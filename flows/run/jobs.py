@@ -27,14 +27,17 @@ def publish(pipeline: CompiledPipeline, output: Any) -> Any:
     if isinstance(output, AdaptReport):
         return publish_adaptation(pipeline, output)
     if isinstance(output, SummaryReport):
-        return publish_summaries(output)
+        return publish_summaries(pipeline, output)
     return output
 
 
-def publish_summaries(report: SummaryReport) -> SummaryReport:
-    """The community summaries, replaced in one rename (a build killed before this leaves the old ones)."""
+def publish_summaries(pipeline: CompiledPipeline, report: SummaryReport) -> SummaryReport:
+    """The community summaries for the report's index state: replaced in one rename beside a state
+    file, in one transaction in a database state (a build killed before this leaves the old ones)."""
     if not report.write_requested:
         return report
+    if report.state_resource:
+        return summaries.publish_to(pipeline.project.resource(report.state_resource), report)
     return summaries.publish(Path(report.path), report)
 
 

@@ -301,7 +301,7 @@ def _join(values: list[Any]) -> Any:
 def invoke(pipeline: CompiledPipeline, step: CompiledStep, inputs: dict[str, Any], ctx: StepContext,
            params: Any = None, hook: Callable[..., Any] | None = None) -> Any:
     """Call a stage (or one of its hooks) with its inputs, params, resources and context."""
-    if step.collections and hook is None:
+    if step.collections and hook is None and not step.stage.merges_collections:
         return _per_collection(pipeline, step, inputs, ctx, params)
     return _call(pipeline, step, step.resources, inputs, ctx, params, hook)
 

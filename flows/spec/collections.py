@@ -11,7 +11,9 @@ file's only ingestion pipeline, or the one it names):
   template is compiled only for its collections: it is not runnable (nor served) on its own;
 - every retriever (a step producing rankings) of a query pipeline bound to a template's index
   resources searches each of the template's collections (``CompiledStep.collections``); a query
-  selects which (``Query.collections``) and its passages say which one they came from.
+  selects which (``Query.collections``) and its passages say which one they came from. A stage
+  that merges collections itself (``Stage.merges_collections``: the community summaries) is bound
+  the same way but called once, reading each selected collection's index (``tasks.collection_index``).
 
 A job bound to a template's index (``tune``, ``adapt``) is compiled per collection too, as
 ``<job>@<collection>`` over that collection's index, and run for one collection at a time
@@ -215,14 +217,15 @@ def _steps(checker: Any, loc: tuple, collection: CollectionSpec, template: Compi
 
 
 def _fan_out(project: Project) -> None:
-    """Every retriever of a query pipeline bound to a template's index searches its collections."""
+    """Every retriever of a query pipeline bound to a template's index searches its collections (as
+    does a stage that merges them itself, ``Stage.merges_collections``: ``retrieve_summaries``)."""
     if not project.collections:
         return
     for pipeline in project.pipelines.values():
         if pipeline.kind != PipelineKind.QUERY:
             continue
         for step in pipeline.steps:
-            if step.stage.produces != "rankings":
+            if step.stage.produces != "rankings" and not step.stage.merges_collections:
                 continue
             bound = set(step.resources.values())
             step.collections = {

@@ -34,7 +34,8 @@ class CompiledStep:
     wiring: dict[str, list[str]]  # input -> producer step ids; [] means a pipeline input
     prompt: str | None
     # A retriever over named collections (flows.spec.collections): collection -> its role -> resource
-    # bindings; the step runs once per collection a query selects. Empty: it runs once, over ``resources``.
+    # bindings; the step runs once per collection a query selects (a stage that merges collections
+    # itself, ``Stage.merges_collections``, runs once and reads them). Empty: it runs once, over ``resources``.
     collections: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property

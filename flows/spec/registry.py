@@ -66,6 +66,11 @@ class Stage:
     labels: Callable[[Any], list[str]] | None = None
     # params -> the named collections it routes requests to, by label: checked against the file's `collections`
     routes: Callable[[Any], dict[str, list[str]]] | None = None
+    # A query stage bound to an index that reads every named collection the request selects itself
+    # (``tasks.collection_index``) and merges them into one output (``retrieve_summaries``): checked
+    # and authorised as a retriever over those collections (``CompiledStep.collections``), but called
+    # once, not once per collection
+    merges_collections: bool = False
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -139,6 +144,7 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           shaping_roles: Callable[[Any], set[str]] | None = None,
           labels: Callable[[Any], list[str]] | None = None,
           routes: Callable[[Any], dict[str, list[str]]] | None = None,
+          merges_collections: bool = False,
           ) -> Callable[[Callable[..., Any]], Stage]:
     """Declare a function as a stage under ``name``. A stage that renders prompts declares the
     variables it passes (``prompt_variables``, ``other_prompts``) so templates are checked up front."""
@@ -148,7 +154,7 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
         entry = Stage(name=name, fn=fn, params=params, produces=produces, uses=dict(uses or {}),
                       kind=kind, prompt=prompt, prompt_variables=prompt_variables,
                       other_prompts=other_prompts or {}, version=version, ignores=ignores, shaping_roles=shaping_roles,
-                      labels=labels, routes=routes,
+                      labels=labels, routes=routes, merges_collections=merges_collections,
                       description=doc.splitlines()[0] if doc else "")
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"stage {name!r} is already registered by {_REGISTRY[name].fn.__module__}")

@@ -119,3 +119,58 @@ def test_community_summaries_and_ask_global_on_the_real_model(sample_project):
     assert answer.text and not set(answer.invalid_citations) & {s.number for s in answer.sources}
     assert all(s.source_id.startswith("community:") and s.documents and set(s.documents) <= indexed
                for s in answer.sources)
+
+
+def test_ask_global_across_named_collections_on_the_real_model(tmp_path, vllm_server):
+    """Two collections (the shipped file's `collections:` block), each summarised by its own job with the
+    real model; ask_global reads both (or the one a request names), and every cited summary's documents
+    are its own collection's."""
+    import os
+    import textwrap
+
+    from ragline.flows.run.query_runner import STEP_OUTPUTS
+
+    shutil.copytree(REPO / "prompts", tmp_path / "prompts")
+    docs = sorted((REPO / "samples" / "docs").iterdir())
+    for name, part in (("guides", docs[:2]), ("notes", docs[2:])):
+        (tmp_path / name).mkdir()
+        for doc in part:
+            shutil.copy(doc, tmp_path / name / doc.name)
+    text = (REPO / "pipelines.yaml").read_text() + textwrap.dedent("""
+        collections:
+          guides: {paths: [guides]}
+          notes:  {paths: [notes]}
+        """)
+    (tmp_path / "pipelines.yaml").write_text(text)
+    os.environ["RAGLINE_LLM_BASE_URL"], os.environ["RAGLINE_LLM_MODEL"] = vllm_server.base_url, vllm_server.model
+    try:
+        project = load_project(tmp_path / "pipelines.yaml")
+    finally:
+        del os.environ["RAGLINE_LLM_BASE_URL"], os.environ["RAGLINE_LLM_MODEL"]
+    indexed = {}
+    for name in ("guides", "notes"):
+        engine.run(project.pipeline(f"index@{name}"), orchestrate=False)
+        built = engine.run(project.pipeline(f"summarize@{name}").with_overrides(
+            {"summarize": {"communities": 2, "top_communities": 1, "member_chunks": 2, "summary_tokens": 24}}),
+            orchestrate=False)
+        assert built.written and all(c.summary for c in built.communities)
+        indexed[name] = {d for c in built.communities for d in c.documents}
+    assert all(d.startswith(f"{name}/") for name, found in indexed.items() for d in found)
+    # every summary retrieved, two read by the model (a CPU model answers few map calls in its timeout)
+    ask_global = project.pipeline("ask_global").with_overrides({"summaries": {"top_k": None},
+                                                                "insert": {"max_documents": 2},
+                                                                "answer": {"map_tokens": 16, "max_tokens": 24}})
+    outputs: dict = {}
+    token = STEP_OUTPUTS.set(outputs)
+    try:
+        both = engine.run(ask_global, {"query": {"text": "What are the main themes of these documents?"}},
+                          orchestrate=False)
+    finally:
+        STEP_OUTPUTS.reset(token)
+    # the summaries step read both collections' fine communities, whatever the model answers
+    assert {p.metadata["collection"] for p in outputs["summaries"]} == {"guides", "notes"}
+    assert both.text and all(s.collection in indexed and set(s.documents) <= indexed[s.collection]
+                             for s in both.sources)
+    one = engine.run(ask_global, {"query": {"text": "What are the main themes?", "collections": ["notes"]}},
+                     orchestrate=False)
+    assert all(s.collection == "notes" and set(s.documents) <= indexed["notes"] for s in one.sources)
