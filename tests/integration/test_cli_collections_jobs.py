@@ -16,7 +16,7 @@ from ragline.flows.errors import EX_USAGE
 from ragline.flows.resources import clear_cache
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
-from tests.helpers.data import SCIFACT, index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.data import index_and_search_yaml, require_scifact, scifact_records, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -37,8 +37,7 @@ pipelines:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    if not SCIFACT.exists():
-        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    require_scifact()
     root = tmp_path_factory.mktemp("jobs")
     write_jsonl(root / "alpha" / "corpus.jsonl", scifact_records(20))
     write_jsonl(root / "beta" / "corpus.jsonl", scifact_records(10, offset=20))

@@ -20,7 +20,7 @@ from ragline.tasks import adapt_embedder as ae
 from ragline.tasks.pseudo_queries import Params as PairParams
 from ragline.tasks.pseudo_queries import pseudo_queries
 from ragline.tasks.tune_retrieval import Corpus
-from tests.helpers.data import SCIFACT, scifact_records, write_jsonl
+from tests.helpers.data import require_scifact, scifact_records, write_jsonl
 
 pytest.importorskip("datasets", reason="training needs sentence-transformers[train] (datasets, accelerate)")
 pytest.importorskip("accelerate", reason="training needs sentence-transformers[train] (datasets, accelerate)")
@@ -63,8 +63,7 @@ TEXTS = ["cerebral white matter in preterm newborns", "vitamin D deficiency and 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """SciFact's first abstracts indexed in a project with an `adapt` job pipeline."""
-    if not SCIFACT.exists():
-        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    require_scifact()
     root = tmp_path_factory.mktemp("adapt")
     write_jsonl(root / "dataset" / "corpus.jsonl", scifact_records(DOCS))
     (root / "pipelines.yaml").write_text(ADAPT_YAML)

@@ -21,7 +21,7 @@ from ragline.flows.spec.overlay import write_overlay
 from ragline.tasks import tune_retrieval as tr
 from ragline.tasks.rewrite import Params as RewriteParams
 from ragline.tasks.rewrite import rewrite
-from tests.helpers.data import SCIFACT, index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.data import index_and_search_yaml, require_scifact, scifact_records, write_jsonl
 from tests.scripted_llm import ScriptedLLM
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,8 +240,7 @@ def test_a_bad_window_or_repeat_count_is_a_located_error(project):
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.integration  # `tune` end to end on a real index, scripted LLM over HTTP
 def test_the_tune_job_decides_query2doc_and_the_context_window_and_the_overlay_sets_them(tmp_path):
-    if not SCIFACT.exists():
-        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    require_scifact()
     write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(30))
     yaml = QUERY2DOC_YAML.replace("size: 128", "size: 48") + """  tune:
     kind: job

@@ -23,7 +23,7 @@ from ragline.tasks import answerable
 from ragline.tasks import tune_retrieval as tr
 from ragline.tasks.fuse import Params as FuseParams
 from ragline.tasks.fuse import fuse
-from tests.helpers.data import REPO, SCIFACT, SEARCH_TERMS, index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.data import REPO, SEARCH_TERMS, index_and_search_yaml, require_scifact, scifact_records, write_jsonl
 
 BM25 = {"k1": 1.2, "b": 0.75, "stemmer": "english"}
 
@@ -168,8 +168,7 @@ pipelines:
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory):
     """A BEIR-layout folder (corpus, queries, qrels) inside a project that indexes its corpus."""
-    if not SCIFACT.exists():
-        pytest.skip(f"SciFact data not found at {SCIFACT}")
+    require_scifact()
     root = tmp_path_factory.mktemp("tune")
     dataset = root / "dataset"
     write_jsonl(dataset / "corpus.jsonl", scifact_records(30))
