@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
@@ -219,7 +219,7 @@ class LLMClient(Resource):
             completions = [Completion(text=c.message.content or "", tokens=_tokens(c.logprobs),
                                       finish_reason=c.finish_reason) for c in choices]
             call.done(completions, getattr(response, "usage", None))
-        return completions * wanted if sampling.n == 1 else completions
+        return [replace(completions[0]) for _ in range(wanted)] if sampling.n < wanted else completions
 
     def stream(self, prompt: str | list[dict[str, str]], *, on_token: Callable[[str], None] | None = None,
                max_tokens: int | None = None, temperature: float | None = None, logprobs: bool = False,
