@@ -191,8 +191,8 @@ class LLMClient(Resource):
              seed: int | None | Literal["resource"] = RESOURCE) -> Completion:
         """One chat completion; ``prompt`` is a user message or a full message list. ``temperature``
         and ``seed`` override the resource's for this call only."""
-        return self.samples(prompt, 1, max_tokens=max_tokens, temperature=temperature, logprobs=logprobs,
-                            top_logprobs=top_logprobs, stop=stop, json_schema=json_schema, seed=seed)[0]
+        return self._complete(prompt, Sampling(temperature=temperature, seed=seed), max_tokens, logprobs, top_logprobs,
+                              stop, json_schema)[0]
 
     def samples(self, prompt: str | list[dict[str, str]], n: int, *, max_tokens: int | None = None,
                 temperature: float | None = None, logprobs: bool = False, top_logprobs: int = 0,
@@ -204,7 +204,12 @@ class LLMClient(Resource):
         temperature 0 they are all the same text: greedy decoding is asked for once and repeated (vLLM
         refuses ``n`` > 1 with greedy sampling, and N copies of one decoding would cost N for nothing).
         ``n``, ``temperature`` and ``seed`` are checked (``Sampling``) and hold for this call only."""
-        sampling = Sampling(n=n, temperature=temperature, seed=seed)
+        return self._complete(prompt, Sampling(n=n, temperature=temperature, seed=seed), max_tokens, logprobs,
+                              top_logprobs, stop, json_schema)
+
+    def _complete(self, prompt, sampling: Sampling, max_tokens, logprobs, top_logprobs, stop,
+                  json_schema) -> list[Completion]:
+        """``chat`` and ``samples``: one request (wrapping either from outside never wraps the other)."""
         wanted = sampling.n
         if (self.spec.temperature if sampling.temperature is None else sampling.temperature) == 0:
             sampling = sampling.model_copy(update={"n": 1})

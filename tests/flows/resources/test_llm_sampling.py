@@ -67,3 +67,16 @@ def test_greedy_samples_are_one_decoding_repeated():
         assert [c.text for c in llm.samples("q", 3)] == ["the same"] * 3
         assert [c.text for c in llm.samples("q", 2, temperature=0.0)] == ["the same"] * 2
     assert all("n" not in sent for sent in server.requests) and len(server.requests) == 2
+
+
+def test_chat_and_samples_are_separate_requests_so_wrapping_one_never_counts_the_other():
+    """A wrapper around ``samples`` on the instance (the benches' memo) must not see ``chat``'s calls."""
+    with ScriptedLLM(lambda p: "x") as server:
+        llm = client(server)
+        seen = []
+        real = llm.samples
+        llm.samples = lambda *a, **k: seen.append(a) or real(*a, **k)
+        llm.chat("q")
+        assert seen == []
+        llm.samples("q", 2, temperature=0.5)
+        assert len(seen) == 1 and len(server.requests) == 2
