@@ -327,7 +327,8 @@ def table(result: dict) -> list[str]:
                                          f"{sc['seconds_mean']:.1f} s, {sc['distinct_mean']:.1f} distinct on average")
         lines += ["", f"{title}: the first {r['queries']} queries over {r['documents']:,} documents; SmolLM2-135M "
                       f"pseudo-documents ({g['words_mean']:.0f} words on average, {g['seconds_mean']:.1f} s each, 4 in flight per "
-                      f"collection{sampled}); Δ: paired 95 % bootstrap interval against the default (* when it excludes 0):",
+                      f"collection{sampled}); Δ: paired 95 % bootstrap interval against the default "
+                      f"(* when it excludes 0):",
                   "", "| retrieval | nDCG@10 | Δ nDCG@10 | Recall@100 | Δ Recall@100 | ms/query |",
                   "|---|---|---|---|---|---|"]
         for row in r["rows"]:
