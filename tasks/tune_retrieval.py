@@ -38,9 +38,9 @@ sample of ``query2doc_pairs`` pseudo-queries (one call each), appended to the BM
 ``query_repeats`` tried (a step with ``samples`` > 1: its samples, one call of ``n`` completions
 each, and every ``query2doc_agreement`` tried on them for free; ``query2doc_samples`` also tries
 self-consistency on a step of one sample, for one more call per pseudo-query). The
-``expand_context`` window is chosen by a label-free criterion, since it changes the text of hits and not their order: how often the expanded top passages hold the chunk a
-pseudo-query was cut from, against the tokens they show (the smallest window within a margin of the
-best).
+``expand_context`` window is chosen by a label-free criterion, since it changes the text of hits
+and not their order: how often the expanded top passages hold the chunk a pseudo-query was cut
+from, against the tokens they show (the smallest window within a margin of the best).
 
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
