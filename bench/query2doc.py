@@ -2,7 +2,7 @@
 `ragline tune` decides without labels about query2doc and the context-expansion window.
 
 Usage: .venv/bin/python bench/query2doc.py [--limit 25] [--others 100] [--pairs 15] [--no-rgb] [--no-scifact]
-                                           [--no-readme] [--table-only]
+                                           [--no-readme] [--table-only] [--self-consistency]
 
 Per collection (SciFact test over the sub-corpus of bench/techniques.py: every judged abstract plus
 the first ``--others``; the RGB-built collection of bench/tuning.py), on one index in a private
@@ -20,6 +20,11 @@ workspace, the first ``--limit`` queries through:
    document its best top-10 passage holds (bench/techniques.py's coverage) and the words shown; the
    same rule (fewest words within 2 points of the best coverage) gives the labelled choice.
 Every row: nDCG@10, Recall@100 and the paired 95 % bootstrap interval of its difference to `search`.
+
+The self-consistent row (``SAMPLES`` pseudo-documents of one call at temperature ``TEMPERATURE``,
+the BM25 query the request 5 times and the terms at least ``AGREEMENT`` of them share; dense on the
+request) runs beside query2doc's single greedy one. ``--self-consistency`` runs only those rows and
+the default (no tuner, no context windows), into their own table (``query2doc-sc``).
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from ragline.flows.spec.compile import load_project
 
 WORK = OUT / "query2doc"
 TOKENS = 64  # pseudo-document length (the stage's default is 128; the shared CPU writes ~2-4 tokens/s)
+SAMPLES, TEMPERATURE, AGREEMENT = 5, 0.7, 0.6  # query2doc with self-consistency
 EXTRA = """
   q_hyde:
     kind: query
@@ -57,6 +63,14 @@ EXTRA = """
     kind: query
     steps:
       - {id: q2d,    task: rewrite, with: {mode: hyde, keyword: true, enabled: ENABLED, max_tokens: TOKENS}}
+      - {id: dense,  task: retrieve_dense,  with: {k: 100}, after: []}
+      - {id: sparse, task: retrieve_sparse, with: {k: 100}, after: [q2d]}
+      - {id: fuse,   task: fuse, after: [dense, sparse], with: {method: rrf, k: 60, top_k: 100}}
+  q_sc:
+    kind: query
+    steps:
+      - {id: q2d,    task: rewrite, with: {mode: hyde, keyword: true, max_tokens: TOKENS, samples: SAMPLES,
+                                           temperature: TEMPERATURE, min_agreement: AGREEMENT}}
       - {id: dense,  task: retrieve_dense,  with: {k: 100}, after: []}
       - {id: sparse, task: retrieve_sparse, with: {k: 100}, after: [q2d]}
       - {id: fuse,   task: fuse, after: [dense, sparse], with: {method: rrf, k: 60, top_k: 100}}
@@ -85,20 +99,29 @@ EXTRA = """
 
 
 class Memo:
-    """The LLM client's ``chat`` answering a prompt it has seen with the reply it got (temperature 0:
-    the same reply), and recording how long each real call took."""
+    """The LLM client's ``chat`` and ``samples`` answering a request they have seen (the same prompt,
+    ``n`` and sampling) with the reply it got (seeded: the same reply), and recording how long each
+    real call took."""
 
     def __init__(self, llm):
-        self.llm, self.real, self.seen, self.seconds, self.lock = llm, llm.chat, {}, {}, threading.Lock()
-        llm.chat = self.chat
+        self.llm, self.seen, self.seconds, self.lock = llm, {}, {}, threading.Lock()
+        self.real_chat, self.real_samples = llm.chat, llm.samples
+        llm.chat, llm.samples = self.chat, self.samples
 
     def chat(self, prompt, **kwargs):
-        key = (str(prompt), json.dumps(kwargs, sort_keys=True, default=str))
+        return self._memo(("chat", str(prompt), json.dumps(kwargs, sort_keys=True, default=str)),
+                          lambda: self.real_chat(prompt, **kwargs))
+
+    def samples(self, prompt, n, **kwargs):
+        return self._memo(("samples", str(prompt), n, json.dumps(kwargs, sort_keys=True, default=str)),
+                          lambda: self.real_samples(prompt, n, **kwargs))
+
+    def _memo(self, key, call):
         with self.lock:
             if key in self.seen:
                 return self.seen[key]
         started = time.perf_counter()
-        reply = self.real(prompt, **kwargs)
+        reply = call()
         with self.lock:
             self.seen[key], self.seconds[key] = reply, time.perf_counter() - started
         return reply
@@ -107,7 +130,8 @@ class Memo:
 def project_file(name: str, pairs: int, enabled: bool):
     folder = WORK / name
     folder.mkdir(parents=True, exist_ok=True)
-    extra = EXTRA.replace("PAIRS", str(pairs)).replace("TOKENS", str(TOKENS))
+    extra = EXTRA.replace("PAIRS", str(pairs)).replace("TOKENS", str(TOKENS)).replace("SAMPLES", str(SAMPLES))
+    extra = extra.replace("TEMPERATURE", str(TEMPERATURE)).replace("AGREEMENT", str(AGREEMENT))
     extra = extra.replace("ENABLED", "true" if enabled else "false")
     shipped = (REPO / "pipelines.yaml").read_text().replace("timeout_seconds: 120", "timeout_seconds: 1800")
     assert "timeout_seconds: 1800" in shipped  # a loaded CPU writes a pseudo-document in minutes
@@ -118,19 +142,35 @@ def project_file(name: str, pairs: int, enabled: bool):
 
 
 def pseudo_documents(project, memo: Memo, queries: list[str]) -> dict:
-    """Every query's pseudo-document from the real model, as the rewrite stage asks for it, 4 at a time."""
+    """Every query's pseudo-document from the real model, as the rewrite stage asks for it, 4 at a time;
+    then its ``SAMPLES`` self-consistent ones (one call each), as the q_sc step asks for them."""
     step = project.pipeline("q_both").step("q2d")
     prompts = [project.prompts.render(step.prompt, question=clip(q, step.params.max_request_chars), n=step.params.n)
                for q in queries]
     started = time.perf_counter()
     with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(lambda p: memo.chat(p, max_tokens=step.params.max_tokens).text, prompts))
+        replies = list(pool.map(lambda p: memo.chat(p, max_tokens=step.params.max_tokens, temperature=None).text,
+                                prompts))
     wall = time.perf_counter() - started
     calls = list(memo.seconds.values())
-    return {"calls": len(calls), "seconds_mean": round(statistics.mean(calls), 2), "wall_seconds": round(wall, 1),
-            "empty": sum(not r.strip() for r in replies), "words_mean": round(statistics.mean(len(r.split())
-                                                                                         for r in replies), 1),
-            "example": {"query": queries[0], "document": replies[0]}}
+    single = {"calls": len(calls), "seconds_mean": round(statistics.mean(calls), 2), "wall_seconds": round(wall, 1),
+              "empty": sum(not r.strip() for r in replies), "words_mean": round(statistics.mean(len(r.split())
+                                                                                           for r in replies), 1),
+              "example": {"query": queries[0], "document": replies[0]}}
+    sc = project.pipeline("q_sc").step("q2d").params
+    started = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        samples = list(pool.map(lambda p: memo.samples(p, sc.samples, max_tokens=sc.max_tokens,
+                                                       temperature=sc.temperature), prompts))
+    wall = time.perf_counter() - started
+    seconds = [v for k, v in memo.seconds.items() if k[0] == "samples"]
+    texts = [[c.text.strip() for c in s] for s in samples]
+    single["self_consistent"] = {
+        "calls": len(seconds), "seconds_mean": round(statistics.mean(seconds), 2), "wall_seconds": round(wall, 1),
+        "samples": sc.samples, "temperature": sc.temperature, "min_agreement": sc.min_agreement,
+        "distinct_mean": round(statistics.mean(len(set(t)) for t in texts), 2),
+        "example": {"query": queries[0], "documents": texts[0]}}
+    return single
 
 
 def coverage(project, dataset, limit: int, windows: list[dict]) -> list[dict]:
@@ -164,7 +204,7 @@ def labelled_choice(options: list[dict], margin: float = 0.02) -> dict:
                key=lambda o: (o["words"], o["neighbours"], o["max_tokens"]))
 
 
-def measure(name: str, dataset, limit: int, pairs: int) -> dict:
+def measure(name: str, dataset, limit: int, pairs: int, only_sc: bool = False) -> dict:
     file = project_file(name, pairs, enabled=True)
     plain = load_project(file, tuned=False)
     workspace = eval_workspace(plain, dataset, "index")
@@ -189,17 +229,28 @@ def measure(name: str, dataset, limit: int, pairs: int) -> dict:
     writer.shutdown()
     print(f"{name}: {generation['calls']} pseudo-documents, {generation['seconds_mean']} s each "
           f"({generation['wall_seconds']} s wall)", flush=True)
-    rows = run_rows(plain, dataset, [("hybrid RRF (default `search`)", "search", {}),
-                                     ("HyDE: pseudo-document as a second dense query", "q_hyde", {}),
-                                     ("query2doc: pseudo-document appended to the BM25 query (repeats 5)", "q_q2d", {}),
-                                     ("HyDE + query2doc", "q_both", {})])
+    sc_label = (f"query2doc, self-consistent: the terms of >= {AGREEMENT:.0%} of {SAMPLES} samples at temperature "
+                f"{TEMPERATURE:g} (repeats 5)")
+    chosen = [("hybrid RRF (default `search`)", "search", {}),
+              ("HyDE: pseudo-document as a second dense query", "q_hyde", {}),
+              ("query2doc: pseudo-document appended to the BM25 query (repeats 5)", "q_q2d", {}),
+              (sc_label, "q_sc", {}),
+              ("HyDE + query2doc", "q_both", {})]
+    if only_sc:
+        chosen = [chosen[0], chosen[2], chosen[3]]
+    rows = run_rows(plain, dataset, chosen)
     for row in rows[1:]:
-        row["query_ms"] = round(row["query_ms"] + 1000 * generation["seconds_mean"], 1)
+        seconds = generation["self_consistent"]["seconds_mean"] if row["pipeline"] == "q_sc" \
+            else generation["seconds_mean"]
+        row["query_ms"] = round(row["query_ms"] + 1000 * seconds, 1)
     base = rows[0]["per_query"]
     for row in rows:
         row["versus_default"] = {m: interval([a - b for a, b in zip(row["per_query"][m], base[m])])
                                  for m in ("ndcg@10", "recall@100")}
         del row["per_query"]
+    documents = sum(1 for line in open(dataset.corpus, encoding="utf-8") if line.strip())
+    if only_sc:
+        return {"documents": documents, "queries": len(dataset.queries), "rows": rows, "generation": generation}
     tune_project = load_project(project_file(name, pairs, enabled=False), tuned=False).relocated(workspace)
     calls_before = len(memo.seconds)
     tune_memo = Memo(tune_project.resource("llm"))
@@ -212,7 +263,6 @@ def measure(name: str, dataset, limit: int, pairs: int) -> dict:
     windows = [{"neighbours": o["neighbours"], "max_tokens": o["max_tokens"]} for o in context.get("options", [])]
     labelled = coverage(plain, dataset, limit, windows) if windows else []
     choice = labelled_choice(labelled) if labelled else None
-    documents = sum(1 for line in open(dataset.corpus, encoding="utf-8") if line.strip())
     return {"documents": documents, "queries": len(dataset.queries), "rows": rows, "generation": generation,
             "llm_calls_rows": calls_before, "tune_seconds": round(wall, 1), "tune_llm_calls": len(tune_memo.seconds),
             "chosen": tuning.chosen.name, "query2doc": {k: v for k, v in q2d.items() if k != "setting"},
@@ -220,11 +270,11 @@ def measure(name: str, dataset, limit: int, pairs: int) -> dict:
             "context_labelled_choice": choice, "tune_timings": tuning.timings}
 
 
-def merged(result: dict, name: str, figures: dict) -> dict:
+def merged(result: dict, name: str, figures: dict, saved: str = "query2doc") -> dict:
     """The saved results with this collection's (a run per collection may go on beside another)."""
-    path = OUT / "query2doc.json"
+    path = OUT / f"{saved}.json"
     result = {**result, **(json.loads(path.read_text()) if path.exists() else {}), name: figures}
-    save("query2doc", result)
+    save(saved, result)
     return result
 
 
@@ -237,11 +287,14 @@ def main() -> None:
     parser.add_argument("--no-scifact", action="store_true")
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--self-consistency", action="store_true",
+                        help="only the default, query2doc and its self-consistent row: no tuner, no context windows")
     args = parser.parse_args()
+    saved = "query2doc_sc" if args.self_consistency else "query2doc"
     if args.table_only:
-        result = json.loads((OUT / "query2doc.json").read_text())
+        result = json.loads((OUT / f"{saved}.json").read_text())
     else:
-        result = json.loads((OUT / "query2doc.json").read_text()) if (OUT / "query2doc.json").exists() else {}
+        result = json.loads((OUT / f"{saved}.json").read_text()) if (OUT / f"{saved}.json").exists() else {}
         from ragline.flows.ops.llm_server import start_vllm
 
         server = None
@@ -251,14 +304,15 @@ def main() -> None:
         try:
             result["machine"] = platform.processor() or platform.machine()
             if not args.no_scifact:
-                result = merged(result, "scifact", measure("scifact", sub_corpus(args.others), args.limit, args.pairs))
+                result = merged(result, "scifact", measure("scifact", sub_corpus(args.others), args.limit, args.pairs,
+                                                           args.self_consistency), saved)
             if not args.no_rgb:
                 result = merged(result, "rgb", measure("rgb", load_beir(rgb_as_beir(OUT / "rgb-beir"), "test"),
-                                                       args.limit, args.pairs))
+                                                       args.limit, args.pairs, args.self_consistency), saved)
         finally:
             if server is not None:
                 server.stop()
-    publish("query2doc", table(result), readme=not args.no_readme)
+    publish("query2doc-sc" if args.self_consistency else "query2doc", table(result), readme=not args.no_readme)
 
 
 def table(result: dict) -> list[str]:
@@ -268,9 +322,13 @@ def table(result: dict) -> list[str]:
         if r is None:
             continue
         g = r["generation"]
+        sc = g.get("self_consistent")
+        sampled = "" if sc is None else (f"; {sc['samples']} samples at temperature {sc['temperature']:g} in one call: "
+                                         f"{sc['seconds_mean']:.1f} s, {sc['distinct_mean']:.1f} distinct on average")
         lines += ["", f"{title}: the first {r['queries']} queries over {r['documents']:,} documents; SmolLM2-135M "
                       f"pseudo-documents ({g['words_mean']:.0f} words on average, {g['seconds_mean']:.1f} s each, 4 in flight per "
-                      f"collection, both at once); Δ: paired 95 % bootstrap interval against the default (* when it excludes 0):",
+                      f"collection{sampled}); Δ: paired 95 % bootstrap interval against the default "
+                      f"(* when it excludes 0):",
                   "", "| retrieval | nDCG@10 | Δ nDCG@10 | Recall@100 | Δ Recall@100 | ms/query |",
                   "|---|---|---|---|---|---|"]
         for row in r["rows"]:
@@ -280,6 +338,8 @@ def table(result: dict) -> list[str]:
                 star = "*" if v["low"] > 0 or v["high"] < 0 else ""
                 cells.append(f"{row[m]:.3f} | {v['mean']:+.3f} [{v['low']:+.3f}, {v['high']:+.3f}]{star}")
             lines.append(f"| {row['label']} | " + " | ".join(cells) + f" | {row['query_ms']:.0f} |")
+        if "query2doc" not in r:  # --self-consistency: no tuner, no windows
+            continue
         q = r["query2doc"]
         lines += ["", f"Tuner ({r['tune_seconds']:.0f} s, {r['tune_llm_calls']} LLM calls): query2doc "
                       f"{' '.join(q.get('reason', 'not decided').split())}."]

@@ -204,6 +204,9 @@ class Query(BaseModel):
                           "and the earlier ones relevant to the request, in conversation order; None: none chose")
 
     hyde_only: bool = Field(False, description="dense retrieval uses only the hypothetical documents")
+    hypothetical_mean: bool = Field(False, description="dense retrieval searches once, with the mean embedding of "
+                                    "the hypothetical documents (and of the search texts unless hyde_only), as "
+                                    "HyDE with several samples does")
     keyword_texts: list[str] = Field(default_factory=list, description="BM25 search texts when they differ from "
                                      "the search texts (query2doc: the request repeated, then the pseudo-document)")
     feedback: Feedback | None = Field(None, description="pseudo-relevance feedback terms (expand_prf)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows.access import Access, restrict
@@ -52,6 +53,8 @@ def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: Chroma
     try:
         store.check_embedder(embedder.spec.vectors_key(), embedder.spec.model)
         vectors = embedder.encode_queries(texts)
+        if query.hypothetical_mean and query.hypothetical:
+            texts, vectors = pooled(query, texts, vectors, embedder.spec.normalize)
         results = store.query(vectors, params.k, where=where, retriever=ctx.step_id)
         if not any(results) and store.count() == 0:
             _empty_store(store, ctx)
@@ -68,6 +71,17 @@ def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: Chroma
         store_fault(ctx, _unreadable(store, exc))
         results = [[] for _ in texts]
     return [Ranking(retriever=ctx.step_id, query=t, passages=r) for t, r in zip(texts, results)]
+
+
+def pooled(query: Query, texts: list[str], vectors: np.ndarray, normalize: bool) -> tuple[list[str], np.ndarray]:
+    """HyDE with several samples (Gao et al., 2022): the request's and the pseudo-documents' vectors
+    averaged into one query vector (unit length again when the embedder's are), searched once; the
+    feedback query (PRF), when there is one, stays a search of its own. Its ranking is named by the request."""
+    n = len(query.hypothetical) + (0 if query.hyde_only else len(query.search_texts()))
+    mean = vectors[:n].mean(axis=0)
+    if normalize and np.linalg.norm(mean) > 0:
+        mean = mean / np.linalg.norm(mean)
+    return [query.text, *texts[n:]], np.vstack([mean[None, :].astype(vectors.dtype), vectors[n:]])
 
 
 def _empty_store(store: ChromaStore, ctx: StepContext) -> None:

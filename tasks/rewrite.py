@@ -1,10 +1,28 @@
 """Request rewriting (RETA-LLM and the RAG literature): conversational rewrite, multi-query
 (RAG-fusion), HyDE (with ``keyword``, query2doc: its pseudo-document also expands the BM25 query),
-decomposition, and separating an answer-format instruction from the search."""
+decomposition, and separating an answer-format instruction from the search.
+
+HyDE and query2doc with self-consistency (``samples`` > 1): one request asks the LLM for ``samples``
+pseudo-documents at ``temperature`` (OpenAI ``n``: vLLM decodes them as one batch, so N samples cost
+far less than N calls). A single pseudo-document from a small model carries its own inventions (a
+wrong year, a made-up drug) as much as the answer's vocabulary; what several independent samples
+agree on is more likely the topic's real vocabulary. So:
+
+- the BM25 side (``keyword: true``, "query2doc2keyword with self-consistency") appends only the terms
+  found in at least ``min_agreement`` of the samples, each once (counted with the BM25 index's own
+  tokenizer, so a term is what the index searches; the request's own terms are left out: the request
+  opens the query ``query_repeats`` times already), written as in the first sample that has it;
+- the dense side searches with the mean of the embeddings of the request and the samples, as the HyDE
+  paper does (``Query.hypothetical_mean``): averaging cancels what each sample invented, and it is one
+  dense search, not N.
+
+The samples use the resource's seed, so the same request gets the same samples (and the same
+ranking) again. ``samples: 1`` is the single greedy pseudo-document, exactly as before.
+"""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -12,9 +30,12 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.resources.llm_output import clip, parse_json, parse_lines
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import LLMClient
+from ragline.flows.resources.bm25 import BM25Index
+from ragline.flows.resources.llm import MAX_SAMPLES, LLMClient
 
 Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]
+SAMPLE_TEMPERATURE = 0.7  # several samples' temperature when the step sets none (the HyDE paper's)
+WORD = re.compile(r"(?u)\b\w\w+\b")  # bm25s's token pattern: the words a term can come from
 
 
 class Params(BaseModel):
@@ -33,18 +54,37 @@ class Params(BaseModel):
     query_repeats: int = Field(5, ge=1, le=20, description="hyde with keyword: times the request opens the BM25 "
                                                           "query, so its own terms outweigh the pseudo-document's")
 
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES,
+                         description="hyde: pseudo-documents asked for in one call (self-consistency); 1: one, "
+                                     "greedy, as without it")
+    temperature: float | None = Field(None, ge=0, le=2, description="hyde: the pseudo-documents' sampling "
+                                      "temperature; unset: the llm resource's for one sample, 0.7 for several")
+    min_agreement: float = Field(0.6, gt=0, le=1, description="hyde with keyword and samples > 1: a term joins the "
+                                                              "BM25 query when at least this share of the samples "
+                                                              "holds it")
+
     @model_validator(mode="after")
     def _keyword_needs_hyde(self) -> "Params":
         if self.keyword and self.mode != "hyde":
             raise ValueError(f"keyword (query2doc) appends the HyDE pseudo-document; mode is {self.mode!r}, "
                              f"not 'hyde'")
+        for name in ("samples", "temperature"):
+            if name in self.model_fields_set and self.mode != "hyde" and getattr(self, name) not in (None, 1):
+                raise ValueError(f"{name} applies to the HyDE pseudo-documents; mode is {self.mode!r}, not 'hyde'")
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(f"samples: {self.samples} at temperature 0 are {self.samples} copies of one "
+                             f"pseudo-document: give temperature > 0 (e.g. 0.7) or samples: 1")
+        if "min_agreement" in self.model_fields_set and (self.samples == 1 or not self.keyword):
+            raise ValueError("min_agreement filters the terms of several pseudo-documents for the BM25 query: it "
+                             "needs samples > 1 and keyword: true")
         return self
 
 
-@stage("rewrite", params=Params, produces="query", kind="query", uses={"llm": ("openai_compatible",)},
+@stage("rewrite", params=Params, produces="query", kind="query",
+       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")},
        prompt=lambda p: f"rewrite_{p.mode}",
        prompt_variables=lambda p: ("question", "history") if p.mode == "conversational" else ("question", "n"))
-def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient) -> Query:
+def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient, sparse: BM25Index | None = None) -> Query:
     """Rewrite the request for retrieval; the result says what to search and how to answer."""
     if not params.enabled:
         return query
@@ -52,7 +92,10 @@ def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient) -> Q
     question = clip(query.text, params.max_request_chars)
     if params.mode == "conversational":
         return _conversational(query, question, params, ctx, llm)
-    reply = llm.chat(ctx.prompt(question=question, n=params.n), max_tokens=params.max_tokens).text
+    if params.mode == "hyde" and params.samples > 1:
+        return _self_consistent(query, question, params, ctx, llm, sparse)
+    reply = llm.chat(ctx.prompt(question=question, n=params.n), max_tokens=params.max_tokens,
+                     temperature=params.temperature).text
     if params.mode in ("multi_query", "decompose"):
         found = [q for q in parse_lines(reply, params.n) if q.lower() != query.text.lower()]
         variants = ([query.text] if params.include_original else []) + found
@@ -64,6 +107,55 @@ def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient) -> Q
         return query.model_copy(update={"hypothetical": [document] if document else [],
                                         "hyde_only": not params.include_original, "keyword_texts": keyword})
     return _instruction(query, reply, ctx)
+
+
+def _self_consistent(query: Query, question: str, params: Params, ctx: StepContext, llm: LLMClient,
+                     sparse: BM25Index | None) -> Query:
+    """HyDE / query2doc over ``samples`` pseudo-documents of one call (see the module's docstring)."""
+    if params.keyword and sparse is None:
+        raise ValueError("rewrite with keyword: true and samples > 1 counts the samples' terms with the BM25 "
+                         "index's tokenizer: the pipelines file needs a bm25 (or milvus) resource for it")
+    temperature = SAMPLE_TEMPERATURE if params.temperature is None else params.temperature
+    replies = llm.samples(ctx.prompt(question=question, n=params.n), params.samples, max_tokens=params.max_tokens,
+                          temperature=temperature)
+    documents = [r.text.strip() for r in replies if r.text.strip()]
+    if not documents:
+        ctx.logger.warning("the LLM wrote %d empty pseudo-documents; searching with the request as written",
+                           params.samples)
+        return query
+    keyword = []
+    if params.keyword:
+        own = {t for terms in sparse.terms(query.search_texts()) for t in terms}
+        words = agreed_terms(documents, sparse.terms, params.min_agreement, own, params.samples)
+        ctx.logger.info("%d of %d samples agree on: %s", len(documents), params.samples, " ".join(words) or "nothing")
+        keyword = [query2doc(t, " ".join(words), params.query_repeats) if words else t for t in query.search_texts()]
+    return query.model_copy(update={"hypothetical": documents, "hypothetical_mean": True,
+                                    "hyde_only": not params.include_original, "keyword_texts": keyword})
+
+
+def agreed_terms(documents: list[str], terms_of: Callable[[list[str]], list[list[str]]], min_agreement: float,
+                 exclude: set[str], samples: int | None = None) -> list[str]:
+    """The words whose index term occurs in at least ``min_agreement`` of the ``samples`` pseudo-documents
+    (default: as many as there are; an empty sample counts against every term), one word per term (as
+    the first sample that has the term writes it), most agreed first, then in order of first
+    appearance; terms in ``exclude`` (the request's own) are left out. Deterministic given the samples."""
+    total = samples or len(documents)
+    words = [WORD.findall(d) for d in documents]
+    vocabulary = list(dict.fromkeys(w for ws in words for w in ws))
+    term_of = dict(zip(vocabulary, terms_of(vocabulary))) if vocabulary else {}
+    count: dict[str, int] = {}
+    written: dict[str, str] = {}
+    for ws in words:
+        held = set()
+        for word in ws:
+            for term in term_of[word][:1]:  # the pattern is bm25s's token: a word is one term or none
+                written.setdefault(term, word)
+                held.add(term)
+        for term in held:
+            count[term] = count.get(term, 0) + 1
+    order = {t: i for i, t in enumerate(written)}
+    kept = [t for t in written if t not in exclude and count[t] >= min_agreement * total - 1e-9]
+    return [written[t] for t in sorted(kept, key=lambda t: (-count[t], order[t]))]
 
 
 def query2doc(text: str, document: str, repeats: int) -> str:

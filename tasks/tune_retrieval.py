@@ -35,10 +35,12 @@ are not replayed: such steps stay as the file has them.
 Query2doc (a ``rewrite`` step in mode hyde with ``keyword: true`` on the BM25 side) is decided the
 same way when the tuner has an LLM: the step's own pseudo-documents for a bounded, evenly spread
 sample of ``query2doc_pairs`` pseudo-queries (one call each), appended to the BM25 query for each
-``query_repeats`` tried. The ``expand_context`` window is chosen by a label-free criterion, since it
-changes the text of hits and not their order: how often the expanded top passages hold the chunk a
-pseudo-query was cut from, against the tokens they show (the smallest window within a margin of the
-best).
+``query_repeats`` tried (a step with ``samples`` > 1: its samples, one call of ``n`` completions
+each, and every ``query2doc_agreement`` tried on them for free; ``query2doc_samples`` also tries
+self-consistency on a step of one sample, for one more call per pseudo-query). The
+``expand_context`` window is chosen by a label-free criterion, since it changes the text of hits
+and not their order: how often the expanded top passages hold the chunk a pseudo-query was cut
+from, against the tokens they show (the smallest window within a margin of the best).
 
 The choice goes into the overlay beside the pipelines file (``flows.overlay``), which every
 command applies on top of it; pipelines.yaml itself is never written.
@@ -66,7 +68,7 @@ from ragline.tasks.answerable import kept_floor, max_cosine, probability
 from ragline.tasks.expand_prf import with_feedback
 from ragline.tasks.expand_context import grow, token_counts
 from ragline.tasks.expand_terms import corpus_terms, with_terms
-from ragline.tasks.rewrite import query2doc
+from ragline.tasks.rewrite import SAMPLE_TEMPERATURE, agreed_terms, query2doc
 from ragline.tasks.fuse import fused_order, fused_scores
 from ragline.tasks.pseudo_queries import without
 from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
@@ -139,6 +141,12 @@ class Params(BaseModel):
                                              "has them")
     query2doc_repeats: list[Annotated[int, Field(ge=1, le=20)]] = Field([1, 3, 5], min_length=1,
                                                                         description="query2doc: query_repeats tried")
+    query2doc_agreement: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        [0.4, 0.6, 0.8], min_length=1, description="query2doc with samples > 1 (self-consistency): min_agreement "
+                                                   "tried, on the same samples (no further LLM call)")
+    query2doc_samples: int = Field(0, ge=0, le=16, description="also try query2doc with self-consistency on a step "
+                                                               "of one sample: this many samples (one more LLM call "
+                                                               "per pseudo-query); 0 or 1: only the step's own")
     context: bool = Field(True, description="decide the expand_context steps of tuned pipelines: the smallest window "
                                              "whose top passages hold the pseudo-query's source chunk within "
                                              "context_margin of the best window")
@@ -1216,12 +1224,45 @@ def sample(n_pairs: int, n: int) -> list[int]:
     return sorted({int(round(i * (n_pairs - 1) / max(1, n - 1))) for i in range(n)})
 
 
-def pseudo_documents(llm: LLMClient, project: Any, expansion: Expansion, queries: list[str]) -> list[str]:
-    """The step's own pseudo-document for each query: its prompt, its clipping, its reply length (one call each)."""
+def pseudo_documents(llm: LLMClient, project: Any, expansion: Expansion, queries: list[str],
+                     samples: int | None = None) -> list[list[str]]:
+    """The step's own pseudo-documents for each query: its prompt, its clipping, its reply length and its
+    sampling (one call each; ``samples``: that many instead of the step's, at its temperature or 0.7)."""
     step = project.pipeline(expansion.pipeline).step(expansion.step)
     p = step.params
+    n = p.samples if samples is None else samples
     prompts = [project.prompts.render(step.prompt, question=clip(q, p.max_request_chars), n=p.n) for q in queries]
-    return llm.map(lambda text: llm.chat(text, max_tokens=p.max_tokens).text.strip(), prompts)
+    if n == 1:
+        return llm.map(lambda text: [llm.chat(text, max_tokens=p.max_tokens, temperature=p.temperature).text.strip()],
+                       prompts)
+    temperature = SAMPLE_TEMPERATURE if p.temperature is None else p.temperature
+    return llm.map(lambda text: [c.text.strip() for c in llm.samples(text, n, max_tokens=p.max_tokens,
+                                                                     temperature=temperature)], prompts)
+
+
+def query2doc_options(project: Any, expansion: Expansion, params: Params) -> list[int]:
+    """The sample counts tried: the step's own, and ``query2doc_samples`` where the step has one sample
+    (and a temperature that can sample)."""
+    p = project.pipeline(expansion.pipeline).step(expansion.step).params
+    extra = params.query2doc_samples > 1 and p.samples == 1 and p.temperature != 0
+    return [p.samples] + ([params.query2doc_samples] if extra else [])
+
+
+def query2doc_texts(query: str, documents: list[str], samples: int, repeats: int, agreement: float | None,
+                    vspec: Any) -> str:
+    """The BM25 text the rewrite step would search: the request and its one pseudo-document, or the
+    terms ``agreement`` of its ``samples`` share (counted with the tuned BM25 variant's tokenizer)."""
+    kept = [d for d in documents if d]
+    if not kept:
+        return query
+    if agreement is None:
+        return query2doc(query, kept[0], repeats)
+
+    def terms(texts: list[str]) -> list[list[str]]:
+        return tokenize(texts, vspec.stemmer, vspec.stopwords)
+
+    words = agreed_terms(kept, terms, agreement, set(terms([query])[0]), samples)
+    return query2doc(query, " ".join(words), repeats) if words else query
 
 
 def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[PseudoQuery], corpus: Corpus,
@@ -1253,9 +1294,10 @@ def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[Pseu
         return entry
     rows = sample(len(pairs), params.query2doc_pairs)
     clock = time.perf_counter()
-    documents = pseudo_documents(llm, project, replayable[0], [pairs[i].text for i in rows])
-    entry.update(llm_calls=len(rows), llm_seconds=round(time.perf_counter() - clock, 2),
-                 empty=sum(not d for d in documents))
+    counts = query2doc_options(project, replayable[0], params)
+    written = {n: pseudo_documents(llm, project, replayable[0], [pairs[i].text for i in rows], n) for n in counts}
+    entry.update(llm_calls=len(rows) * len(counts), llm_seconds=round(time.perf_counter() - clock, 2),
+                 empty=sum(not any(d) for d in written[counts[0]]))
     depth = max(chosen.setting["depth_sparse"], *params.depths)
     sub = Rankings(docs=cache.docs, dense=[cache.dense[i] for i in rows], texts=cache.texts, tokens=cache.tokens)
     sub_relevant = [relevant[i] for i in rows]
@@ -1266,14 +1308,18 @@ def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[Pseu
         vspec = spec.model_copy(update=base.setting["bm25"])
         if vspec.stemmer not in cache.tokens:
             cache.tokens[vspec.stemmer] = tokenize(cache.texts, vspec.stemmer, spec.stopwords)
-        for repeats in params.query2doc_repeats:
-            texts = [query2doc(pairs[i].text, d, repeats) if d else pairs[i].text for i, d in zip(rows, documents)]
-            name = f"query2doc query_repeats={repeats}"
-            setting = {**base.setting, "expansion": {"stage": QUERY2DOC, "name": name, "enabled": True,
-                                                     "query_repeats": repeats}}
-            sub.sparse[sparse_key(setting)] = sparse_rankings(texts, depth, cache.tokens[vspec.stemmer], vspec)
-            settings.append(setting)
-            option_of.append(repeats)
+        for n, repeats in itertools.product(counts, params.query2doc_repeats):
+            for agreement in (params.query2doc_agreement if n > 1 else [None]):
+                texts = [query2doc_texts(pairs[i].text, d, n, repeats, agreement, vspec)
+                         for i, d in zip(rows, written[n])]
+                fields = {"query_repeats": repeats}
+                if n > 1:
+                    fields.update(samples=n, min_agreement=agreement)
+                name = "query2doc " + " ".join(f"{k}={v}" for k, v in fields.items())
+                setting = {**base.setting, "expansion": {"stage": QUERY2DOC, "name": name, "enabled": True, **fields}}
+                sub.sparse[sparse_key(setting)] = sparse_rankings(texts, depth, cache.tokens[vspec.stemmer], vspec)
+                settings.append(setting)
+                option_of.append(fields)
     local: dict[str, np.ndarray] = {}
     [off] = score_settings([chosen.setting], sub, sub_relevant, top_k, local)
     candidates = score_settings(settings, sub, sub_relevant, top_k, local)
@@ -1287,10 +1333,10 @@ def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[Pseu
                  candidates=[{"name": c.name, **c.scores, "fields": c.setting["expansion"]}
                              for c in sorted(candidates, key=lambda c: -c.scores[metric])],
                  by_strategy=strategy_gains(sampled, local, shown, off, metric))
-    where = f"on {len(rows)} pseudo-queries, {len(rows)} LLM calls"
+    where = f"on {len(rows)} pseudo-queries, {entry['llm_calls']} LLM calls"
     if best is not off:
         changed = {k: v for k, v in best.setting.items() if k != "expansion"} != chosen.setting
-        entry.update(fields={"enabled": True, "query_repeats": option_of[candidates.index(best)]},
+        entry.update(fields={"enabled": True, **option_of[candidates.index(best)]},
                      setting=best.setting, fusion_changed=changed)
         entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
                            f"({params.confidence:.0%} interval {low:+.4f} to {high:+.4f}; {where})"

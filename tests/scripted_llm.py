@@ -34,14 +34,18 @@ class ScriptedLLM:
     from them); without it each token's top list is the token itself.
 
     ``cut_at_max_tokens``: a (non-streamed) reply longer than the request's ``max_tokens`` words is cut
-    there and finishes with ``"length"``, as a real server does; off, every reply is whole."""
+    there and finishes with ``"length"``, as a real server does; off, every reply is whole.
+
+    ``"n": N`` is answered with N choices, ``reply`` asked for each; ``ignore_n`` answers one whatever
+    ``n`` says (a server without it)."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "ok", delay: float = 0.0, status: int = 200,
                  logprob: float = -0.1, tokenize: Callable[[dict], tuple[int, dict] | None] | None = None,
                  chunk_delay: float = 0.0, hung: bool = False, hang_after_chunks: int | None = None,
                  malformed: bool = False, cut_after_chunks: int | None = None,
-                 top: Callable[[str], dict[str, float]] | None = None, cut_at_max_tokens: bool = False):
-        self.top, self.cut_at_max_tokens = top, cut_at_max_tokens
+                 top: Callable[[str], dict[str, float]] | None = None, cut_at_max_tokens: bool = False,
+                 ignore_n: bool = False):
+        self.top, self.cut_at_max_tokens, self.ignore_n = top, cut_at_max_tokens, ignore_n
         self.reply, self.delay, self.status, self.logprob = reply, delay, status, logprob
         self.malformed, self.cut_after_chunks = malformed, cut_after_chunks
         self.hung, self.hang_after_chunks = hung, hang_after_chunks
@@ -77,25 +81,28 @@ class ScriptedLLM:
                     self._send(200, {"count": len(body["prompt"].split()), "max_model_len": 2048})
                     return
                 prompt = body["messages"][-1]["content"]
-                text = server.reply(prompt)
-                lp = server.logprob
-                pieces = [w + " " for w in text.split(" ")[:-1]] + text.split(" ")[-1:]
-                finish = "stop"
-                if server.cut_at_max_tokens and body.get("max_tokens") and len(pieces) > body["max_tokens"]:
-                    pieces, finish = pieces[: body["max_tokens"]], "length"
-                    text = "".join(pieces)
-                if body.get("stream"):
-                    self._stream(body, pieces, lp)
-                    return
-                logprobs = {"content": [{"token": w, "logprob": lp, "top_logprobs": [{"token": w, "logprob": lp}]}
-                                        for w in pieces]} if body.get("logprobs") else None
-                if logprobs and server.top is not None:
-                    logprobs["content"][0]["top_logprobs"] = [{"token": t, "logprob": v}
-                                                              for t, v in server.top(prompt).items()]
+                choices, produced = [], []
+                for index in range(1 if server.ignore_n else body.get("n") or 1):  # `n`: reply() asked anew each
+                    text = server.reply(prompt)
+                    lp = server.logprob
+                    pieces = [w + " " for w in text.split(" ")[:-1]] + text.split(" ")[-1:]
+                    finish = "stop"
+                    if server.cut_at_max_tokens and body.get("max_tokens") and len(pieces) > body["max_tokens"]:
+                        pieces, finish = pieces[: body["max_tokens"]], "length"
+                        text = "".join(pieces)
+                    if body.get("stream"):
+                        self._stream(body, pieces, lp)
+                        return
+                    logprobs = {"content": [{"token": w, "logprob": lp, "top_logprobs": [{"token": w, "logprob": lp}]}
+                                            for w in pieces]} if body.get("logprobs") else None
+                    if logprobs and server.top is not None:
+                        logprobs["content"][0]["top_logprobs"] = [{"token": t, "logprob": v}
+                                                                  for t, v in server.top(prompt).items()]
+                    choices.append({"index": index, "finish_reason": finish, "logprobs": logprobs,
+                                    "message": {"role": "assistant", "content": text}})
+                    produced += pieces
                 self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                 "choices": [{"index": 0, "finish_reason": finish, "logprobs": logprobs,
-                                              "message": {"role": "assistant", "content": text}}],
-                                 "usage": _usage(body, pieces)})
+                                 "choices": choices, "usage": _usage(body, produced)})
 
             def do_GET(self):
                 server.paths.append(self.path)

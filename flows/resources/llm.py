@@ -9,6 +9,11 @@ request would take as long again). Concurrent requests are capped and served old
 two lanes (long generations; short checks and /tokenize: see ``FairSlots``). Also: token logprobs
 where a stage asks for them, streaming, and token counting with the served model's own tokenizer
 (vLLM /tokenize, else a local copy of it; an estimate only where the spec opts in).
+
+Sampling is the resource's (``temperature``, ``seed``) unless a call asks for its own: ``chat`` and
+``stream`` take ``temperature`` and ``seed``, and ``samples`` asks for ``n`` completions of one prompt
+in one request (OpenAI's ``n``, which vLLM serves as one batch), validated by ``Sampling``; the
+resource's defaults stay as they are for every other caller.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
@@ -67,6 +72,21 @@ class LLMSpec(BaseModel):
     chars_per_token: float | None = Field(
         None, gt=0, description="opt-in estimate (e.g. 4) when the server has no /tokenize and no local tokenizer "
                                 "exists; unset, that is an error, since token budgets would be guesses")
+
+
+MAX_SAMPLES = 16  # completions one request may ask for (``n``): a bound on what one call costs
+RESOURCE = "resource"  # a per-call ``seed`` left to the resource's
+
+
+class Sampling(BaseModel):
+    """A call's own sampling, checked before anything is sent: ``n`` completions (1..16) at
+    ``temperature`` (None: the resource's) with ``seed`` (``"resource"``: the resource's; None: none)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="completions of the one prompt")
+    temperature: float | None = Field(None, ge=0, le=2, description="None: the resource's")
+    seed: int | None | Literal["resource"] = Field(RESOURCE, description="'resource': the resource's; None: unseeded")
 
 
 class LLMUnavailable(DependencyUnavailable):
@@ -167,23 +187,51 @@ class LLMClient(Resource):
     # ------------------------------------------------------------------ generation
     def chat(self, prompt: str | list[dict[str, str]], *, max_tokens: int | None = None,
              temperature: float | None = None, logprobs: bool = False, top_logprobs: int = 0,
-             stop: list[str] | None = None, json_schema: dict[str, Any] | None = None) -> Completion:
-        """One chat completion; ``prompt`` is a user message or a full message list."""
-        kwargs = self._request(prompt, max_tokens, temperature, logprobs, top_logprobs, stop, json_schema)
-        lane = self._short if kwargs["max_tokens"] <= SHORT_CALL_TOKENS else self._long
+             stop: list[str] | None = None, json_schema: dict[str, Any] | None = None,
+             seed: int | None | Literal["resource"] = RESOURCE) -> Completion:
+        """One chat completion; ``prompt`` is a user message or a full message list. ``temperature``
+        and ``seed`` override the resource's for this call only."""
+        return self._complete(prompt, Sampling(temperature=temperature, seed=seed), max_tokens, logprobs, top_logprobs,
+                              stop, json_schema)[0]
+
+    def samples(self, prompt: str | list[dict[str, str]], n: int, *, max_tokens: int | None = None,
+                temperature: float | None = None, logprobs: bool = False, top_logprobs: int = 0,
+                stop: list[str] | None = None, json_schema: dict[str, Any] | None = None,
+                seed: int | None | Literal["resource"] = RESOURCE) -> list[Completion]:
+        """``n`` completions of one prompt in one request (OpenAI ``n``), in the server's order, each
+        with its own text, logprobs and finish reason (with ``json_schema`` each is held to it). With
+        a seed (the resource's by default) the same request gives the same samples again; at
+        temperature 0 they are all the same text: greedy decoding is asked for once and repeated (vLLM
+        refuses ``n`` > 1 with greedy sampling, and N copies of one decoding would cost N for nothing).
+        ``n``, ``temperature`` and ``seed`` are checked (``Sampling``) and hold for this call only."""
+        return self._complete(prompt, Sampling(n=n, temperature=temperature, seed=seed), max_tokens, logprobs,
+                              top_logprobs, stop, json_schema)
+
+    def _complete(self, prompt, sampling: Sampling, max_tokens, logprobs, top_logprobs, stop,
+                  json_schema) -> list[Completion]:
+        """``chat`` and ``samples``: one request (wrapping either from outside never wraps the other)."""
+        wanted = sampling.n
+        if (self.spec.temperature if sampling.temperature is None else sampling.temperature) == 0:
+            sampling = sampling.model_copy(update={"n": 1})
+        kwargs = self._request(prompt, max_tokens, sampling, logprobs, top_logprobs, stop, json_schema)
+        lane = self._short if kwargs["max_tokens"] <= SHORT_CALL_TOKENS and sampling.n == 1 else self._long
         with self._observed("chat", kwargs) as call:
             response = self._call(lambda: self.client.chat.completions.create(**kwargs), lane)
-            choice = response.choices[0]
-            completion = Completion(text=choice.message.content or "", tokens=_tokens(choice.logprobs),
-                                    finish_reason=choice.finish_reason)
-            call.done(completion, getattr(response, "usage", None))
-        return completion
+            choices = sorted(response.choices, key=lambda c: getattr(c, "index", None) or 0)
+            if len(choices) != sampling.n:
+                raise LLMUnavailable(f"{self.location} answered {len(choices)} completion(s) where {sampling.n} "
+                                     f"were asked for (n): the server does not serve `n`")
+            completions = [Completion(text=c.message.content or "", tokens=_tokens(c.logprobs),
+                                      finish_reason=c.finish_reason) for c in choices]
+            call.done(completions, getattr(response, "usage", None))
+        return [replace(completions[0]) for _ in range(wanted)] if sampling.n < wanted else completions
 
     def stream(self, prompt: str | list[dict[str, str]], *, on_token: Callable[[str], None] | None = None,
                max_tokens: int | None = None, temperature: float | None = None, logprobs: bool = False,
-               stop: list[str] | None = None) -> Completion:
+               stop: list[str] | None = None, seed: int | None | Literal["resource"] = RESOURCE) -> Completion:
         """A streamed chat completion: ``on_token`` sees each piece as it arrives."""
-        kwargs = self._request(prompt, max_tokens, temperature, logprobs, 0, stop, None)
+        kwargs = self._request(prompt, max_tokens, Sampling(temperature=temperature, seed=seed), logprobs, 0, stop,
+                               None)
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}  # vLLM's token counts, in a last chunk
         pieces: list[str] = []
@@ -217,7 +265,7 @@ class LLMClient(Resource):
                 call.slot(waited)
                 finish = self._retrying(read, "", final=lambda exc: bool(pieces))
             completion = Completion(text="".join(pieces), tokens=tokens, finish_reason=finish)
-            call.done(completion, usage[-1] if usage else None)
+            call.done([completion], usage[-1] if usage else None)
         return completion
 
     def _observed(self, call: str, kwargs: dict[str, Any]) -> "_ObservedCall":
@@ -237,15 +285,19 @@ class LLMClient(Resource):
         finally:  # after a failure, the items not started yet are not started at all
             pool.shutdown(cancel_futures=True)
 
-    def _request(self, prompt, max_tokens, temperature, logprobs, top_logprobs, stop, json_schema) -> dict[str, Any]:
+    def _request(self, prompt, max_tokens, sampling: Sampling, logprobs, top_logprobs, stop,
+                 json_schema) -> dict[str, Any]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         kwargs: dict[str, Any] = {
             "model": self.spec.model, "messages": messages,
             "max_tokens": max_tokens or self.spec.max_tokens,
-            "temperature": self.spec.temperature if temperature is None else temperature,
+            "temperature": self.spec.temperature if sampling.temperature is None else sampling.temperature,
         }
-        if self.spec.seed is not None:
-            kwargs["seed"] = self.spec.seed
+        if sampling.n > 1:  # one sample: no `n` at all, the request as it always was
+            kwargs["n"] = sampling.n
+        seed = self.spec.seed if sampling.seed == RESOURCE else sampling.seed
+        if seed is not None:
+            kwargs["seed"] = seed
         if logprobs:
             kwargs.update(logprobs=True, top_logprobs=top_logprobs or None)
         if stop:
@@ -554,17 +606,19 @@ class _ObservedCall:
         if self.span is not None:
             self.span.set_attribute("gen_ai.response.time_to_first_token_seconds", time.perf_counter() - self.in_slot)
 
-    def done(self, completion: "Completion", usage: Any) -> None:
+    def done(self, completions: list["Completion"], usage: Any) -> None:
+        """Every completion of the call (``n`` samples: usage counts their tokens together)."""
         prompt = getattr(usage, "prompt_tokens", None)
         produced = getattr(usage, "completion_tokens", None)
-        if produced is None and completion.tokens:
-            produced = len(completion.tokens)
+        if produced is None and any(c.tokens for c in completions):
+            produced = sum(len(c.tokens) for c in completions)
         telemetry.llm_call_done(self.model, self.call, time.perf_counter() - self.in_slot, prompt, produced)
         if self.span is not None:
             self.span.set_attributes(telemetry.clean({
                 "gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": produced,
-                "gen_ai.response.finish_reasons": [completion.finish_reason or ""],
-                "gen_ai.completion": completion.text if telemetry.content_on() else None}))
+                "gen_ai.response.finish_reasons": [c.finish_reason or "" for c in completions],
+                "gen_ai.completion": (completions[0].text if len(completions) == 1 else json.dumps(
+                    [c.text for c in completions], ensure_ascii=False)) if telemetry.content_on() else None}))
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.__exit__(*exc)

@@ -78,3 +78,42 @@ def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=4)
     assert err.value.status_code == 404
+
+
+# ----------------------------------------------------------------------------- samples (n) through ragline's client
+PASSAGE = [{"role": "user", "content": "Write a short passage that answers: does aspirin prevent heart attacks?"}]
+
+
+@pytest.fixture(scope="module")
+def llm(vllm_server):
+    from ragline.flows.resources.llm import LLMClient, LLMSpec
+
+    client = LLMClient(LLMSpec(type="openai_compatible", base_url=vllm_server.base_url, model=vllm_server.model,
+                               timeout_seconds=600))
+    yield client
+    client.close()
+
+
+def test_samples_differ_above_temperature_zero_and_repeat_with_the_seed(llm):
+    samples = llm.samples(PASSAGE, 4, max_tokens=24, temperature=1.0)
+    texts = [s.text for s in samples]
+    assert len(texts) == 4 and all(t.strip() for t in texts)
+    assert len(set(texts)) >= 3, texts  # four draws of 24 tokens at temperature 1: (nearly) all differ
+    assert all(s.finish_reason in {"stop", "length"} for s in samples)
+    assert [s.text for s in llm.samples(PASSAGE, 4, max_tokens=24, temperature=1.0)] == texts  # the resource's seed
+
+
+def test_samples_at_temperature_zero_are_one_text_and_the_resource_keeps_its_defaults(llm):
+    greedy = llm.samples(PASSAGE, 3, max_tokens=16, temperature=0)
+    assert len({s.text for s in greedy}) == 1 and greedy[0].text.strip()
+    assert llm.chat(PASSAGE, max_tokens=16).text == greedy[0].text  # the resource's temperature 0, no `n`
+
+
+def test_each_sample_is_held_to_the_json_schema(llm):
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 20}},
+              "required": ["answer"], "additionalProperties": False}
+    samples = llm.samples([{"role": "user", "content": "Answer as JSON: the capital of France?"}], 2,
+                          max_tokens=32, temperature=0.8, json_schema=schema)
+    assert len(samples) == 2
+    for sample in samples:
+        assert set(json.loads(sample.text)) == {"answer"}

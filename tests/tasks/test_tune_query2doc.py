@@ -157,6 +157,49 @@ def test_the_overlay_turns_query2doc_on_and_a_disabled_rewrite_passes_the_query_
     assert "query2doc (search_q2d.q2d, search_hyde.q2d): on:" in tr.summary(report)
 
 
+def test_self_consistency_is_tried_where_asked_and_the_overlay_sets_samples_and_agreement(project):
+    """query2doc_samples: 5 asks each pseudo-query once more, for 5 samples; here the greedy single
+    pseudo-document is noise and the samples agree on the target's word, so only the self-consistent
+    option can win, and its fields (samples, min_agreement) go into the overlay as a valid step."""
+    rng, calls = random.Random(3), []
+
+    def reply(prompt: str) -> str:
+        calls.append(prompt)
+        if len(calls) <= 10:  # the step's own single pseudo-documents come first, one call per pseudo-query
+            return filler(rng, 12)
+        return f"{knows_the_synonym(prompt)} {filler(rng, 6)}"  # each sample: the word, and noise of its own
+
+    chosen, decision, prompts = decide(project, reply, query2doc_samples=5, query2doc_agreement=[0.6, 1.0])
+    assert decision["llm_calls"] == len(prompts) == 20 and len(calls) == 10 + 10 * 5
+    names = {c["name"].split("query2doc ")[-1] for c in decision["candidates"]}
+    assert {"query_repeats=1", "query_repeats=3 samples=5 min_agreement=0.6",
+            "query_repeats=5 samples=5 min_agreement=1.0"} <= names and len(names) == 3 * 3
+    assert decision["enabled"] is True, decision["reason"]
+    fields = decision["fields"]
+    assert fields["samples"] == 5 and fields["min_agreement"] in (0.6, 1.0), fields
+    targets = tr.find_targets(project, TARGETS, RESOURCES)
+    steps, own = tr.expansion_entries(tr.find_expansions(project, targets), {"query2doc": decision})
+    report = TuneReport(metric="ndcg@10", pairs=24, chosen=chosen, baseline=chosen,
+                        overrides=tr.overlay_entries(project, targets, chosen.setting, expansions=steps,
+                                                     own_settings=own), expansions={"query2doc": decision})
+    write_overlay(project, project.base_dir / "pipelines.tuned.yaml", report)
+    tuned = load_project(project.path, tuned=True).pipeline("search_q2d").step("q2d").params
+    assert (tuned.enabled, tuned.samples, tuned.min_agreement) == (True, 5, fields["min_agreement"])
+
+
+def test_a_step_with_samples_is_replayed_with_its_samples_and_one_call_each(project):
+    text = project.path.read_text().replace("{mode: hyde, keyword: true, enabled: false}",
+                                            "{mode: hyde, keyword: true, enabled: false, samples: 3}")
+    project.path.write_text(text)
+    sampled = load_project(project.path, tuned=False)
+    rng = random.Random(4)
+    chosen, decision, prompts = decide(sampled, lambda p: f"{knows_the_synonym(p)} {filler(rng, 6)}",
+                                       query2doc_samples=5)  # the step samples already: nothing more is asked
+    assert decision["llm_calls"] == len(prompts) == 10
+    assert all("samples=3" in c["name"] for c in decision["candidates"])
+    assert decision["enabled"] is True and decision["fields"]["samples"] == 3, decision["reason"]
+
+
 # ----------------------------------------------------------------------------- context-expansion window
 def chain_state(project, documents: int = 30, chunks_per_doc: int = 5):
     """Documents of ``chunks_per_doc`` chunks in the project's real index state (ordinals 0..n-1)."""

@@ -1,0 +1,129 @@
+"""Query2doc and HyDE with self-consistency (``rewrite`` mode hyde, ``samples`` > 1): the agreement
+filter on the BM25 index's own terms (a fake LLM hands the samples: the counting is what is tested),
+the mean HyDE vector, and the located validation. The samples of a real model: test_vllm_server.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragline.flows.context import StepContext
+from ragline.flows.contracts import Query
+from ragline.flows.resources.bm25 import tokenize
+from ragline.flows.resources.llm import Completion
+from ragline.flows.spec.compile import validate_file
+from ragline.flows.spec.prompts import PromptLibrary
+from ragline.tasks.retrieve_dense import pooled
+from ragline.tasks.rewrite import Params, agreed_terms, rewrite
+from tests.tasks.test_llm_stages import REPO_PROMPTS
+
+SAMPLES = ["Aspirin lowers the risk of heart attacks in adults.",
+           "In adults, aspirin reduced heart attack risk by a third.",
+           "Daily aspirin prevents strokes and heart attacks.",
+           "The drug was studied in 1994.",
+           ""]
+
+
+def terms(texts: list[str]) -> list[list[str]]:
+    return tokenize(texts, "english", "en")  # what the shipped bm25 index searches with
+
+
+class FakeSparse:
+    terms = staticmethod(terms)
+
+
+class FakeLLM:
+    """Hands back scripted samples; records what each call asked for."""
+
+    def __init__(self, samples: list[str]):
+        self.replies, self.calls = samples, []
+
+    def samples(self, prompt, n, **kwargs):
+        self.calls.append(("samples", n, kwargs))
+        return [Completion(text=t) for t in self.replies[:n]]
+
+    def chat(self, prompt, **kwargs):
+        self.calls.append(("chat", 1, kwargs))
+        return Completion(text=self.replies[0])
+
+
+def run(llm: FakeLLM, query: Query, **params) -> Query:
+    ctx = StepContext(pipeline="t", step_id="rw", prompt_name="rewrite_hyde", render_prompt=PromptLibrary(REPO_PROMPTS).render)
+    return rewrite.fn(query=query, params=Params(mode="hyde", **params), ctx=ctx, llm=llm, sparse=FakeSparse())
+
+
+def test_agreement_keeps_the_terms_most_samples_share_counted_as_the_index_counts_them():
+    # "attacks"/"attack" and "lowers"/"reduced" differ: the stemmer decides, as the index does
+    # written as the first sample holding the term writes it; most agreed first, then by first appearance
+    assert agreed_terms(SAMPLES, terms, 0.6, set(), 5) == ["Aspirin", "heart", "attacks"]  # 3 of 5 (empty counts)
+    assert agreed_terms(SAMPLES, terms, 0.4, set(), 5) == ["Aspirin", "heart", "attacks", "risk", "adults"]
+    assert agreed_terms(SAMPLES, terms, 0.6, {"aspirin"}, 5) == ["heart", "attacks"]  # the request's own: out
+    assert agreed_terms(SAMPLES, terms, 1.0, set(), 5) == []
+    assert agreed_terms(SAMPLES[:4], terms, 0.75, set()) == ["Aspirin", "heart", "attacks"]  # 3 of the 4 given
+    assert agreed_terms(list(reversed(SAMPLES)), terms, 0.6, set(), 5) == ["aspirin", "heart", "attacks"]
+    assert agreed_terms(["", ""], terms, 0.5, set()) == []
+
+
+def test_samples_one_call_the_agreed_terms_expand_bm25_and_dense_searches_their_mean():
+    llm = FakeLLM(SAMPLES)
+    query = run(llm, Query(text="Does aspirin help?"), keyword=True, samples=5, query_repeats=2)
+    assert llm.calls == [("samples", 5, {"max_tokens": 128, "temperature": 0.7})]
+    assert query.keyword_texts == ["Does aspirin help? Does aspirin help? heart attacks"]
+    assert query.hypothetical == SAMPLES[:4] and query.hypothetical_mean  # the empty sample is dropped
+    assert query.dense_texts() == ["Does aspirin help?", *SAMPLES[:4]]
+    again = run(FakeLLM(SAMPLES), Query(text="Does aspirin help?"), keyword=True, samples=5, query_repeats=2)
+    assert again == query  # deterministic given the samples
+    cold = FakeLLM(SAMPLES)
+    run(cold, Query(text="q"), samples=3, temperature=1.2)  # HyDE alone: no BM25 terms needed
+    assert cold.calls == [("samples", 3, {"max_tokens": 128, "temperature": 1.2})]
+
+
+def test_one_sample_is_the_single_pseudo_document_as_before():
+    llm = FakeLLM(SAMPLES)
+    query = run(llm, Query(text="Does aspirin help?"), keyword=True, query_repeats=2)
+    assert llm.calls == [("chat", 1, {"max_tokens": 128, "temperature": None})]
+    assert query.keyword_texts == [f"Does aspirin help? Does aspirin help? {SAMPLES[0]}"]
+    assert query.hypothetical == [SAMPLES[0]] and not query.hypothetical_mean
+    nothing = run(FakeLLM(["", "  "]), Query(text="q"), keyword=True, samples=2)
+    assert nothing.keyword_search_texts() == ["q"] and nothing.hypothetical == []
+
+
+def test_keyword_samples_without_a_bm25_index_name_the_missing_resource():
+    ctx = StepContext(pipeline="t", step_id="rw", prompt_name="rewrite_hyde", render_prompt=PromptLibrary(REPO_PROMPTS).render)
+    with pytest.raises(ValueError, match="needs a bm25 \\(or milvus\\) resource"):
+        rewrite.fn(query=Query(text="q"), params=Params(mode="hyde", keyword=True, samples=3), ctx=ctx,
+                   llm=FakeLLM(SAMPLES), sparse=None)
+
+
+def test_the_mean_vector_is_one_unit_search_and_feedback_stays_its_own():
+    query = Query(text="q", hypothetical=["a", "b"], hypothetical_mean=True)
+    vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]], dtype=np.float32)
+    texts, out = pooled(query, ["q", "a", "b"], vectors, normalize=True)
+    assert texts == ["q"] and out.shape == (1, 2) and out.dtype == np.float32
+    assert np.allclose(out[0], np.array([1.0, 2.0]) / np.sqrt(5))
+    only = query.model_copy(update={"hyde_only": True})
+    texts, out = pooled(only, ["a", "b", "feedback"], np.array([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]]), normalize=False)
+    assert texts == ["q", "feedback"] and np.allclose(out, [[0.5, 0.5], [5.0, 5.0]])
+
+
+@pytest.mark.parametrize(("step", "message"), [
+    ("{mode: multi_query, samples: 3}", "samples applies to the HyDE pseudo-documents"),
+    ("{mode: conversational, temperature: 0.5}", "temperature applies to the HyDE pseudo-documents"),
+    ("{mode: hyde, samples: 3, temperature: 0}", "samples: 3 at temperature 0 are 3 copies"),
+    ("{mode: hyde, keyword: true, min_agreement: 0.5}", "min_agreement filters the terms"),
+    ("{mode: hyde, samples: 3, min_agreement: 0.5}", "min_agreement filters the terms"),
+    ("{mode: hyde, samples: 17}", "with.samples: Input should be less than or equal to 16"),
+    ("{mode: hyde, keyword: true, samples: 3, min_agreement: 0}", "with.min_agreement: Input should be greater than 0"),
+])
+def test_sampling_params_are_located_errors(make_project, step, message):
+    path = make_project(f"""
+resources:
+  llm: {{type: openai_compatible, base_url: "http://127.0.0.1:9/v1"}}
+pipelines:
+  p:
+    kind: query
+    steps:
+      - {{id: rw, task: rewrite, with: {step}}}
+""")
+    [error] = validate_file(path)
+    assert (error.pipeline, error.step, error.line) == ("p", "rw", 8)
+    assert message in f"{error.field}: {error.message}" if error.field else message in error.message
