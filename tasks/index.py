@@ -156,8 +156,12 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
         previous_of = state.sources_of(d.source_id for d in listed)
         same = [d for d in listed if previous_of.get(d.source_id) == (d.content_hash, ctx.fingerprint)]
         plan.queued += len(listed) - len(same)
-        kept += len(same) - unchanged_kept(same, plan, store, state, ctx)
-        state.dequeue(d.source_id for d in same)
+        regranted = regrant(same, store, state, ctx)
+        plan.regranted += regranted
+        kept += len(same) - regranted
+        read = {d.source_id for d in same if d.text or UNREAD_KEY in d.metadata}
+        state.hold_signals(read)  # recorded at finalize, once every batch is (``IndexState.hold_signals``)
+        state.dequeue(d.source_id for d in same if d.source_id not in read)
     plan.unchanged = kept + state.listed_count(ctx.pipeline)
     if params.delete_missing:
         plan.removed = sorted(set(gone_sources(unlisted + list(orphans), given, failures, covered))
@@ -248,6 +252,7 @@ def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: Ste
     set the answerability floor of the published index; record every stage's failures (the engine
     collects them: load's, and those of the batches' steps, which plan could not know)."""
     record_failures(state, ctx.pipeline, failures)
+    state.record_held_signals(ctx.pipeline)
     removed_ids = state.chunk_ids(plan.removed)
     state.forget(plan.removed)
     failpoints.hit("finalize.after_forget")

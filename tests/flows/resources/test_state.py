@@ -336,6 +336,7 @@ def test_a_runs_work_list_is_kept_in_the_state_and_read_a_page_at_a_time(state):
     queued = [doc(f"d{i:02d}", text="new") for i in (1, 3, 4)] + [doc("n1", text="")]
     queued[0].metadata = {"root": "notes", "_unread": "0:/x/d01"}
     queued[0].groups = ["staff"]
+    queued[1].signal = "s2"
     state.queue("docs", "load", queued[:2])
     state.queue("docs", "load2", queued[2:])
     state.queue("other", "load", [doc("x9")])
@@ -347,8 +348,12 @@ def test_a_runs_work_list_is_kept_in_the_state_and_read_a_page_at_a_time(state):
     assert [d.source_id for _, d in next(state.queued_pages("docs", size=10, after="d03"))] == ["d04", "n1"]
     assert [r[0] for page in state.unlisted_pages("docs") for r in page] == ["d00", "d02", "d05"]
     generation = state.generation
-    state.dequeue(["d03", "n1"])
+    state.dequeue(["n1"])
+    state.hold_signals(["d03"])  # unchanged, read this run: off the list, its signal kept for the end
     assert [d.source_id for page in state.queued_pages("docs") for _, d in page] == ["d01", "d04"]
+    assert state.queued_count("docs") == 2 and state.unchanged_items("docs", "fp", {"d03": "s2"}) == {}
+    state.record_held_signals("docs")  # at finalize: every batch is recorded
+    assert set(state.unchanged_items("docs", "fp", {"d03": "s2"})) == {"d03"}
     state.clear_listed()
     assert state.queued_count("docs") == 0 and state.queued_count("other") == 0
     assert state.generation == generation  # a work list is no content: no new generation
