@@ -148,7 +148,11 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
             continue
         plan.to_index.append(doc)
         (plan.updated if previous else plan.new).add(doc.source_id)
-    kept = len(unchanged) - unchanged_kept(unchanged, plan, store, state, ctx)
+    plan.regranted = regrant(unchanged, store, state, ctx)
+    kept = len(unchanged) - plan.regranted
+    read = [d for d in unchanged if d.text or UNREAD_KEY in d.metadata]
+    state.queue(ctx.pipeline, "", read)  # their new signals wait for finalize, as the work list's do
+    state.hold_signals(d.source_id for d in read)
     # the work list, a page at a time: the unchanged leave it (a touched file, a re-grant), the rest
     # stay on it for the engine's batches (``pending``)
     for page in state.queued_pages(ctx.pipeline):
@@ -167,17 +171,6 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
         plan.removed = sorted(set(gone_sources(unlisted + list(orphans), given, failures, covered))
                               | set(moves.gone))
     return plan
-
-
-def unchanged_kept(unchanged: list[Document], plan: IngestPlan, store: ChromaStore, state: IndexState,
-                   ctx: StepContext) -> int:
-    """Unchanged documents: those read this run (a touched file with the same content) record their
-    new signal, which spares the next run the read; those whose access changed are re-granted
-    (counted in ``plan.regranted``, and returned)."""
-    state.set_signals({d.source_id: d.signal for d in unchanged if d.text or UNREAD_KEY in d.metadata})
-    regranted = regrant(unchanged, store, state, ctx)
-    plan.regranted += regranted
-    return regranted
 
 
 @index.on_pending
