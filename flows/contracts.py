@@ -492,6 +492,16 @@ class IngestPlan:
     unchanged: int = 0
     migrated: int = 0  # sources renamed to root-relative ids, their vectors kept
     regranted: int = 0  # unchanged sources whose access changed: metadata updated in place
+    queued: int = 0  # documents to index on the sink's work list, beside ``to_index`` (taken by ``pending``)
+
+
+@dataclass
+class WorkPage:
+    """One batch of a sink's work list: the documents to index, each with the id of the source step
+    that listed it (whose ``read`` hook reads it again), in source-id order."""
+
+    documents: list[Document] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
 
 
 class StepResult:

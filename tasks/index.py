@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows import access, failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
-from ragline.flows.contracts import UNREAD_KEY, IngestPlan
+from ragline.flows.contracts import UNREAD_KEY, IngestPlan, WorkPage
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources import integrity
@@ -31,7 +31,7 @@ from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.milvus import check_roles
 from ragline.flows.resources.integrity import reconcile
 from ragline.flows.resources.state import IndexState, LeaseHolder
-from ragline.flows.resources.source_ids import Moves, find_moves, move_chunks
+from ragline.flows.resources.source_ids import Moves, find_moves, may_move, move_chunks, move_tails
 from ragline.tasks.answerable import record_floor
 
 DIRTY = "dirty"
@@ -114,8 +114,10 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
     state.set_meta(DIRTY, "1")
     record_failures(state, ctx.pipeline, failures)
     # planned in SQL over the state: the sources the listing marked unchanged (``IndexState.mark_listed``)
-    # are never Documents here; only those not marked (gone, renamed, or listed as Documents) are read,
-    # a page at a time, and only the orphans a current root does not cover are kept (renames)
+    # are never Documents here, and those it listed to read are on the state's work list
+    # (``IndexState.queue``), read a page at a time; only the sources in neither (gone, renamed, or
+    # given here as Documents) are read, a page at a time, and only the orphans a current root does
+    # not cover are kept (renames)
     given = {d.source_id for d in documents}
     unlisted: list[str] = []
     orphans: dict[str, tuple[str, str]] = {}
@@ -127,12 +129,17 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
                 unlisted.append(source_id)
             else:
                 orphans[source_id] = (digest, fingerprint)
-    moves = find_moves(documents, {**orphans, **state.sources_of(given, origin=ctx.pipeline)}, covered, failures)
+    candidates = list(documents)
+    if orphans:  # only documents that could pair with an orphan are kept from the work list
+        tails = move_tails(orphans, covered)
+        candidates += [d for page in state.queued_pages(ctx.pipeline) for _, d in page if may_move(d, tails)]
+    moves = find_moves(candidates, {**orphans, **state.sources_of({d.source_id for d in candidates},
+                                                                  origin=ctx.pipeline)}, covered, failures)
     migrated = migrate_ids(moves, store, state, ctx)
     if not migrated:  # nothing renamed in place (a vector was missing): the old ids go, the documents re-index
         moves.gone += list(moves.renamed)
-    everything = state.sources_of(given)
     plan = IngestPlan(to_index=[], migrated=migrated)
+    everything = state.sources_of(given)
     unchanged: list[Document] = []
     for doc in documents:
         previous = everything.get(doc.source_id)
@@ -141,14 +148,36 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
             continue
         plan.to_index.append(doc)
         (plan.updated if previous else plan.new).add(doc.source_id)
-    # read this run (a touched file with the same content): its new signal spares the next run the read
-    state.set_signals({d.source_id: d.signal for d in unchanged if d.text or UNREAD_KEY in d.metadata})
     plan.regranted = regrant(unchanged, store, state, ctx)
-    plan.unchanged = len(unchanged) - plan.regranted + state.listed_count(ctx.pipeline)
+    kept = len(unchanged) - plan.regranted
+    read = [d for d in unchanged if d.text or UNREAD_KEY in d.metadata]
+    state.queue(ctx.pipeline, "", read)  # their new signals wait for finalize, as the work list's do
+    state.hold_signals(d.source_id for d in read)
+    # the work list, a page at a time: the unchanged leave it (a touched file, a re-grant), the rest
+    # stay on it for the engine's batches (``pending``)
+    for page in state.queued_pages(ctx.pipeline):
+        listed = [d for _, d in page]
+        previous_of = state.sources_of(d.source_id for d in listed)
+        same = [d for d in listed if previous_of.get(d.source_id) == (d.content_hash, ctx.fingerprint)]
+        plan.queued += len(listed) - len(same)
+        regranted = regrant(same, store, state, ctx)
+        plan.regranted += regranted
+        kept += len(same) - regranted
+        read = {d.source_id for d in same if d.text or UNREAD_KEY in d.metadata}
+        state.hold_signals(read)  # recorded at finalize, once every batch is (``IndexState.hold_signals``)
+        state.dequeue(d.source_id for d in same if d.source_id not in read)
+    plan.unchanged = kept + state.listed_count(ctx.pipeline)
     if params.delete_missing:
         plan.removed = sorted(set(gone_sources(unlisted + list(orphans), given, failures, covered))
                               | set(moves.gone))
     return plan
+
+
+@index.on_pending
+def pending(after: str, size: int, ctx: StepContext, state: IndexState) -> WorkPage:
+    """The next batch of the work list the plan left (documents to index, after source id ``after``)."""
+    page = next(state.queued_pages(ctx.pipeline, size=size, after=after), [])
+    return WorkPage(documents=[d for _, d in page], steps=[step for step, _ in page])
 
 
 def migrate_ids(moves: Moves, store: ChromaStore, state: IndexState, ctx: StepContext) -> int:
@@ -216,6 +245,7 @@ def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: Ste
     set the answerability floor of the published index; record every stage's failures (the engine
     collects them: load's, and those of the batches' steps, which plan could not know)."""
     record_failures(state, ctx.pipeline, failures)
+    state.record_held_signals(ctx.pipeline)
     removed_ids = state.chunk_ids(plan.removed)
     state.forget(plan.removed)
     failpoints.hit("finalize.after_forget")

@@ -16,12 +16,12 @@ import json
 import os
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import quote
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from ragline.flows import access, failpoints, formats
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import UNREAD_KEY, Document, Metadata, content_hash
@@ -90,6 +90,11 @@ class Params(BaseModel):
     jsonl_text_fields: list[NonEmpty] = Field(["text"], min_length=1,
                                               description="JSONL record fields joined into the document text")
     jsonl_title_field: NonEmpty = Field("title", description="JSONL record field holding the title")
+    jsonl_version_field: NonEmpty | None = Field(
+        None, description="JSONL record field holding the record's own version (e.g. 'updated_at': a string or "
+                          "number): in a changed file, a record whose version is the one it was indexed with is "
+                          "skipped without hashing or indexing it, even if its text changed; a record without the "
+                          "field is hashed as usual")
     ocr: bool = Field(True, description="read PDF pages without a text layer (scans) and images (.png, .jpg, "
                                         ".tif; add them to `include`) by OCR, with Debian's tesseract-ocr; "
                                         "without it they are reported with the reason")
@@ -102,6 +107,15 @@ class Params(BaseModel):
                                                           "one of its 'metadata'), a converted file's metadata; it "
                                                           "overrides the root's `access` rules. Not part of the "
                                                           "content hash: a change re-grants without re-embedding")
+
+    @model_validator(mode="after")
+    def _version_field_apart(self) -> "Params":
+        field = self.jsonl_version_field
+        if field is not None and field in (self.jsonl_id_field, *self.jsonl_text_fields):
+            role = "id field" if field == self.jsonl_id_field else "a text field"
+            raise ValueError(f"jsonl_version_field {field!r} is the {role}: a record's version must be a field of "
+                             f"its own (e.g. 'updated_at')")
+        return self
 
     @field_validator("encoding")
     @classmethod
@@ -126,7 +140,9 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
     known = KnownItems.of(ctx)
     streamed = ctx.project is not None  # run by the engine, which reads listed documents again (``read``)
     roots = _roots(params, ctx.base_dir)
-    documents: list[Document] = []
+    # what to read goes on the state's work list, QUEUE_BATCH at a time (an engine run with a sink's
+    # state): the sink plans over it and the engine takes it a batch at a time; else it is returned
+    out = _Listing(known, ctx.step_id, queued=streamed and known.queues)
     unchanged: list[str] = []  # sources marked listed in the state, MARK_BATCH at a time (one commit each)
     discovered = _discover(params, ctx, roots)
     for start in range(0, len(discovered), SIGNAL_BATCH):
@@ -140,25 +156,61 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
                 if all(stored[d.source_id] == tuple(sorted(set(d.groups))) for d in listed):
                     unchanged += [d.source_id for d in listed]  # marked listed in the state, not listed here
                 else:
-                    documents += listed  # its access changed: the sink re-grants it
+                    out.extend(listed)  # its access changed: the sink re-grants it
                 ctx.progress("unchanged", len(listed))
                 continue
             fetched = _read(path, item, params.max_bytes, ctx)
-            for document in _load_file(path, root, *fetched[:2], params, ctx) if fetched else []:
+            versions = known.versions(item, root, path, params) if fetched else None
+            for document in _load_file(path, root, *fetched[:2], params, ctx, versions=versions) if fetched else []:
                 document.signal = fetched[2]
                 # a JSONL file's records keep their text: reading the file again in each of its batches
                 # would cost its size times its batches (a one-file corpus: quadratic)
-                documents.append(unread(document, roots.index(root), path)
-                                 if streamed and document.format != "jsonl" else document)
+                out.append(unread(document, roots.index(root), path)
+                           if streamed and document.format != "jsonl" else document)
                 ctx.progress("documents", 1)
                 failpoints.hit("load.after_read")
+            if versions is not None and versions.skipped:
+                unchanged += versions.skipped  # records whose version is the recorded one: never parsed further
+                ctx.progress("unchanged", len(versions.skipped))
         if len(unchanged) >= MARK_BATCH or start + SIGNAL_BATCH >= len(discovered):
             known.mark(unchanged)
             unchanged = []
     for spec in params.paths:
         if getattr(spec, "type", "local") != "local":
-            documents += _remote_documents(spec, params, ctx, known)
-    return sorted(documents, key=lambda d: d.source_id)
+            out.extend(_remote_documents(spec, params, ctx, known))
+    return out.done()
+
+
+QUEUE_BATCH = 1_000  # listed documents written to the state's work list per transaction
+
+
+class _Listing:
+    """Where ``load`` puts the documents it lists: the state's work list (``IndexState.queue``),
+    a transaction per QUEUE_BATCH, so a full ingest holds one such batch, never the corpus's list;
+    without a sink's state (``load`` alone), a list returned sorted by source id."""
+
+    def __init__(self, known: "KnownItems", step: str, queued: bool):
+        self.known, self.step, self.queued = known, step, queued
+        self.documents: list[Document] = []
+
+    def append(self, document: Document) -> None:
+        self.documents.append(document)
+        if self.queued and len(self.documents) >= QUEUE_BATCH:
+            self._flush()
+
+    def extend(self, documents: list[Document]) -> None:
+        for document in documents:
+            self.append(document)
+
+    def _flush(self) -> None:
+        self.known.state.queue(self.known.origin, self.step, self.documents)
+        self.documents = []
+
+    def done(self) -> list[Document]:
+        if self.queued:
+            self._flush()
+            return []
+        return sorted(self.documents, key=lambda d: d.source_id)
 
 
 @load.on_read
@@ -210,20 +262,30 @@ class KnownItems:
     origin: str = ""
     fingerprint: str = ""
     failed: tuple[str, ...] = ()
+    queues: bool = False  # the sink takes a work list from its state (``IndexState.queue``, ``on_pending``)
 
     @classmethod
     def of(cls, ctx: StepContext) -> "KnownItems":
-        state = _sink_state(ctx)
+        sink = _sink(ctx)
+        state = ctx.project.resource(sink.resources["state"]) if sink is not None else None
         if state is None or not state.exists():
             return cls()
         failed = json.loads(state.get_meta(f"failures:{ctx.pipeline}") or "{}")
-        return cls(state, ctx.pipeline, ctx.fingerprint, tuple(sorted(failed)))
+        return cls(state, ctx.pipeline, ctx.fingerprint, tuple(sorted(failed)), sink.stage.pending is not None)
 
     def unchanged(self, signals: dict[str, str | None]) -> dict[str, list]:
         if self.state is None:
             return {}
         return self.state.unchanged_items(self.origin, self.fingerprint,
                                           {k: v for k, v in signals.items() if v is not None})
+
+    def versions(self, item: str, root: "SourceRoot", path: str, params: Params) -> "RecordVersions | None":
+        """What a JSONL file's records were indexed with, when records carry their own version
+        (``jsonl_version_field``) and the file did not fail last run: see ``RecordVersions``."""
+        if (params.jsonl_version_field is None or self.state is None or FORMATS.get(Path(path).suffix.lower())
+                != "jsonl" or self._failed(item)):
+            return None
+        return RecordVersions(self.state.item_sources(self.origin, self.fingerprint, item), root.groups(path))
 
     def mark(self, source_ids: list[str]) -> None:
         """Tell the state these sources are listed unchanged (the sink plans over them in SQL)."""
@@ -252,16 +314,40 @@ class KnownItems:
         return at < len(self.failed) and (self.failed[at] == item or self.failed[at].startswith((item + "#", item + ":")))
 
 
-def _sink_state(ctx: StepContext) -> Any:
-    """The index state of this pipeline's ingestion sink, when it has one."""
+@dataclass
+class RecordVersions:
+    """A changed JSONL file's records as indexed (source id -> content hash, groups; under this
+    pipeline and fingerprint): a record whose version hash and groups are the recorded ones is
+    skipped (``skipped``: marked listed, no Document); the rest are read as usual."""
+
+    stored: dict[str, tuple[str, tuple[str, ...] | None]]
+    fallback: tuple[str, ...]
+    skipped: list[str] = field(default_factory=list)
+
+    def unchanged(self, source_id: str, digest: str, record: dict[str, Any], params: Params) -> bool:
+        known = self.stored.get(source_id)
+        if known is None or known[0] != digest or known[1] is None:
+            return False
+        own, _ = _record_groups(record, params)
+        try:
+            groups = self.fallback if own is None else access.parse_groups(own, "")
+        except ValueError:
+            return False  # read as usual, which reports it
+        if tuple(sorted(set(groups))) != known[1]:
+            return False  # its access changed: read, so the sink re-grants it
+        self.skipped.append(source_id)
+        return True
+
+
+def _sink(ctx: StepContext) -> Any:
+    """This pipeline's ingestion sink with an index state, when it has one."""
     if ctx.project is None:
         return None
     try:
         steps = ctx.project.pipeline(ctx.pipeline).steps
     except (KeyError, ValueError):
         return None
-    sink = next((s for s in steps if s.stage.plan is not None and "state" in s.resources), None)
-    return ctx.project.resource(sink.resources["state"]) if sink is not None else None
+    return next((s for s in steps if s.stage.plan is not None and "state" in s.resources), None)
 
 
 # --- finding files -------------------------------------------------------------------------
@@ -490,11 +576,12 @@ def _pattern_matchers(patterns: tuple[str, ...]) -> tuple[Callable, Callable]:
 # --- reading one file ----------------------------------------------------------------------
 
 def _load_file(path: str, root: SourceRoot, data: bytes, mtime: float, params: Params, ctx: StepContext,
-               media_type: str | None = None, groups: tuple[str, ...] | None = None) -> list[Document]:
+               media_type: str | None = None, groups: tuple[str, ...] | None = None,
+               versions: RecordVersions | None = None) -> list[Document]:
     """All Documents of one item's bytes (one, or one per JSONL record); [] when it was reported as
     failed. ``media_type``: the Content-Type a web page came with (its URL often has no suffix);
     ``groups``: who may read it when its source says (an upload), else the root's access rules."""
-    documents = _read_documents(path, root, data, mtime, params, ctx, media_type)
+    documents = _read_documents(path, root, data, mtime, params, ctx, media_type, versions)
     fallback = root.groups(path) if groups is None else groups
     out = []
     for document in documents:
@@ -518,7 +605,7 @@ def _granted(document: Document, fallback: tuple[str, ...], params: Params) -> D
 
 
 def _read_documents(path: str, root: SourceRoot, data: bytes, mtime: float, params: Params, ctx: StepContext,
-                    media_type: str | None) -> list[Document]:
+                    media_type: str | None, versions: RecordVersions | None = None) -> list[Document]:
     fmt = FORMATS.get(Path(path).suffix.lower()) or MEDIA_FORMATS.get((media_type or "").split(";")[0].strip(),
                                                                        "text")
     where = root.source_id(path)
@@ -536,7 +623,7 @@ def _read_documents(path: str, root: SourceRoot, data: bytes, mtime: float, para
         ctx.fail(where, "empty document")
         return []
     if fmt == "jsonl":
-        return _jsonl_documents(path, root, text, mtime, params, ctx)
+        return _jsonl_documents(path, root, text, mtime, params, ctx, versions)
     title = _markdown_title(text) if fmt == "markdown" else _html_title(text) if fmt == "html" else ""
     return [_document(path, root, fmt, text, title or Path(path).stem, mtime)]
 
@@ -759,8 +846,9 @@ def _attachment_documents(path: str, root: SourceRoot, where: str, name: str, da
 # --- JSONL ---------------------------------------------------------------------------------
 
 def _jsonl_documents(path: str, root: SourceRoot, text: str, mtime: float, params: Params,
-                     ctx: StepContext) -> list[Document]:
-    """One Document per BEIR-style record; a bad line is reported as 'path:line' and the rest load."""
+                     ctx: StepContext, versions: RecordVersions | None = None) -> list[Document]:
+    """One Document per BEIR-style record; a bad line is reported as 'path:line' and the rest load.
+    With ``versions``, a record whose version is the one it was indexed with makes none."""
     documents: list[Document] = []
     first_seen: dict[str, int] = {}
     # split on "\n" only: str.splitlines would also split on U+2028 inside JSON strings
@@ -772,7 +860,11 @@ def _jsonl_documents(path: str, root: SourceRoot, text: str, mtime: float, param
             record_id, record = _parse_record(line, params)
             if record_id in first_seen:
                 raise ValueError(f"duplicate record id {record_id!r}, first seen on line {first_seen[record_id]}")
-            documents.append(_record_document(path, root, record_id, record, mtime, params))
+            version = _record_version(record, params)
+            source_id = f"{root.source_id(path)}#{record_id}"
+            if not (versions is not None and version is not None
+                    and versions.unchanged(source_id, version, record, params)):
+                documents.append(_record_document(path, root, record_id, record, mtime, params, version))
         except ValueError as exc:
             ctx.fail(where, str(exc))
             continue
@@ -794,8 +886,21 @@ def _parse_record(line: str, params: Params) -> tuple[str, dict[str, Any]]:
     return str(record_id), record
 
 
+def _record_version(record: dict[str, Any], params: Params) -> str | None:
+    """A record's content hash from its own version field (None: no field configured, or the record
+    has none: its content is hashed); a version that is not a string or number is an error naming it."""
+    name = params.jsonl_version_field
+    if name is None or record.get(name) is None:
+        return None
+    value = record[name]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
+        raise ValueError(f"field {name!r} (jsonl_version_field) must be a non-empty string or number, "
+                         f"not {JSON_TYPES.get(type(value), 'value')} {json.dumps(value)[:40]}")
+    return content_hash(json.dumps({"version_field": name, "version": value}, ensure_ascii=False))
+
+
 def _record_document(path: str, root: SourceRoot, record_id: str, record: dict[str, Any], mtime: float,
-                     params: Params) -> Document:
+                     params: Params, version: str | None = None) -> Document:
     parts = [record.get(field) for field in params.jsonl_text_fields]
     text = "\n\n".join(part for part in parts if isinstance(part, str) and part.strip())
     if not text:
@@ -807,12 +912,12 @@ def _record_document(path: str, root: SourceRoot, record_id: str, record: dict[s
     # canonical JSON: any change to the record (text, title, metadata) re-indexes it, key order does not;
     # its access field is not content: a change of rights re-grants its chunks without re-embedding them
     groups, hashed = _record_groups(record, params)
-    canonical = json.dumps(hashed, sort_keys=True, ensure_ascii=False)
     own = {} if groups is None else {params.acl_field: ",".join(
         access.parse_groups(groups, f"record {record_id!r} field {params.acl_field!r}"))}
     return Document(source_id=f"{root.source_id(path)}#{record_id}", path=_shown(path, root), format="jsonl",
                     title=title.strip() if isinstance(title, str) else "", modified=mtime,
-                    content_hash=content_hash(canonical), text=text,
+                    content_hash=version or content_hash(json.dumps(hashed, sort_keys=True, ensure_ascii=False)),
+                    text=text,
                     metadata={**_scalar_metadata(record.get("metadata")), **own, **base})
 
 

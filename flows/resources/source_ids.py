@@ -56,6 +56,24 @@ def find_moves(documents: list[Document], indexed: dict[str, tuple[str, str]], c
     return moves
 
 
+def move_tails(indexed: dict[str, tuple[str, str]], covered: list[Coverage]) -> set[str]:
+    """The ids a document must have (its own, or its path below its root) for ``find_moves`` to pair
+    it with one of these indexed sources: a work list read a page at a time keeps only those."""
+    tails: set[str] = set()
+    for orphan in indexed:
+        if not any(c.covers(orphan) for c in covered):
+            path = orphan
+            tails.add(path)
+            while "/" in path:  # as find_moves's by_tail
+                path = path.split("/", 1)[1]
+                tails.add(path)
+    return tails
+
+
+def may_move(doc: Document, tails: set[str]) -> bool:
+    return doc.source_id in tails or _below_root(doc) in tails
+
+
 def _below_root(doc: Document) -> str:
     name = str(doc.metadata.get("root", "."))
     return doc.source_id if name == "." else doc.source_id.removeprefix(name + "/")

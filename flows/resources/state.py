@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS lease (
 CREATE TABLE IF NOT EXISTS chunk_changes (chunk_id TEXT PRIMARY KEY, generation INTEGER NOT NULL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS chunk_changes_by_generation ON chunk_changes(generation);
 CREATE TABLE IF NOT EXISTS listed (source_id TEXT PRIMARY KEY, origin TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS queued (
+    source_id TEXT PRIMARY KEY, origin TEXT NOT NULL, step TEXT NOT NULL, document TEXT NOT NULL,
+    signal TEXT, unchanged INTEGER NOT NULL);
 """
 # Every write to ``chunks`` logs the chunk id with the generation it was written at (before the bump),
 # whoever writes it: BM25 updates itself from this log instead of every row (IndexState.chunk_changes).
@@ -706,6 +709,20 @@ class IndexState(Resource):
                                 tuple(json.loads(r[4]))) for r in own]
         return found
 
+    def item_sources(self, origin: str, fingerprint: str, item: str
+                     ) -> dict[str, tuple[str, tuple[str, ...] | None]]:
+        """The sources read from one item ('<id>' and '<id>#...') recorded under this pipeline and
+        fingerprint: source_id -> (content_hash, groups). Read-only; {} without a state file."""
+        sql = ("SELECT source_id, content_hash, acl FROM sources WHERE (source_id = ? OR (source_id > ? AND "
+               "source_id < ?)) AND origin = ? AND fingerprint = ?")
+        try:
+            with self._guarded():
+                args = (item, item + "#", item + "#\U0010ffff", origin, fingerprint)
+                rows = self.reader.execute(sql, args).fetchall()
+                return {r[0]: (r[1], None if r[2] is None else tuple(json.loads(r[2]))) for r in rows}
+        except StoreMissing:
+            return {}
+
     # --- a run's listing, kept here rather than in memory: the sources a source step found unchanged
     # (from their change signals) are marked ``listed`` batch by batch; the sink's plan reads what is
     # gone or renamed with SQL over them, so no step holds a Document per unchanged source. Cleared
@@ -720,6 +737,7 @@ class IndexState(Resource):
     def clear_listed(self) -> None:
         with self.transaction() as tx:
             tx.execute("DELETE FROM listed")
+            tx.execute("DELETE FROM queued")
 
     def listed_count(self, origin: str) -> int:
         with self._guarded():
@@ -734,11 +752,70 @@ class IndexState(Resource):
                 rows = self.conn.execute(
                     "SELECT s.source_id, s.content_hash, s.fingerprint FROM sources s WHERE s.origin=? AND "
                     "s.source_id > ? AND NOT EXISTS (SELECT 1 FROM listed l WHERE l.source_id = s.source_id) "
+                    "AND NOT EXISTS (SELECT 1 FROM queued q WHERE q.source_id = s.source_id) "
                     "ORDER BY s.source_id LIMIT ?", (origin, after, size)).fetchall()
             if not rows:
                 return
             yield [tuple(r) for r in rows]
             after = rows[-1][0]
+
+    # --- a run's work list, kept here like ``listed``: the documents a source step listed to be read
+    # (new, changed, or whose access changed), each with the step that reads it again in its batch.
+    # The sink's plan drops the unchanged ones (``dequeue``; ``hold_signals`` keeps those read this
+    # run until ``record_held_signals``); the engine takes the rest a batch at a time
+    # (``queued_pages``), so no step holds a Document per document of the corpus.
+
+    def queue(self, origin: str, step: str, documents: Iterable[Document]) -> None:
+        rows = [(d.source_id, origin, step, d.model_dump_json(), d.signal, 0) for d in documents]
+        if rows:
+            with self.transaction() as tx:
+                tx.executemany("INSERT OR REPLACE INTO queued VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def queued_count(self, origin: str) -> int:
+        """Documents of the work list still to index (not found unchanged)."""
+        with self._guarded():
+            return self.conn.execute("SELECT COUNT(*) FROM queued WHERE origin=? AND unchanged=0",
+                                     (origin,)).fetchone()[0]
+
+    def hold_signals(self, source_ids: Iterable[str]) -> None:
+        """Unchanged documents read this run (a touched file, the same bytes): off the work list, their
+        new signal kept for ``record_held_signals``. Not recorded now: a file's other sources may
+        still be to index (a record added to a JSONL file), and a crash before they are would leave
+        the file's recorded signals all new, so the next run would never read it."""
+        rows = [(sid,) for sid in source_ids]
+        if rows:
+            with self.transaction() as tx:
+                tx.executemany("UPDATE queued SET unchanged=1 WHERE source_id=?", rows)
+
+    def record_held_signals(self, origin: str) -> None:
+        """Record the signals ``hold_signals`` kept (every batch of the run is recorded by now): the
+        next run skips those files without reading them."""
+        with self.transaction() as tx:
+            tx.execute("UPDATE sources SET signal = (SELECT q.signal FROM queued q WHERE q.source_id = "
+                       "sources.source_id) WHERE source_id IN (SELECT source_id FROM queued WHERE origin=? AND "
+                       "unchanged=1)", (origin,))
+            tx.execute("DELETE FROM queued WHERE origin=? AND unchanged=1", (origin,))
+
+    def queued_pages(self, origin: str, size: int = 1_000, after: str = ""
+                     ) -> Iterator[list[tuple[str, Document]]]:
+        """(step, Document) of this pipeline's work list, ``size`` at a time in id order from after
+        ``after`` (keyset pages: memory is one page; rows dropped behind the cursor do not move it)."""
+        while True:
+            with self._guarded():
+                rows = self.conn.execute(
+                    "SELECT source_id, step, document FROM queued WHERE origin=? AND unchanged=0 AND "
+                    "source_id > ? ORDER BY source_id LIMIT ?", (origin, after, size)).fetchall()
+            if not rows:
+                return
+            yield [(step, Document.model_validate_json(document)) for _, step, document in rows]
+            after = rows[-1][0]
+
+    def dequeue(self, source_ids: Iterable[str]) -> None:
+        """Take documents off the work list (the plan found them unchanged)."""
+        rows = [(sid,) for sid in source_ids]
+        if rows:
+            with self.transaction() as tx:
+                tx.executemany("DELETE FROM queued WHERE source_id=?", rows)
 
     def sources_of(self, source_ids: Iterable[str], origin: str | None = None) -> dict[str, tuple[str, str]]:
         """``sources`` for these ids only (under ``origin`` when given): source_id -> (hash, fingerprint)."""

@@ -22,9 +22,25 @@ from ragline.flows.spec.model import CompiledPipeline, CompiledStep
 from ragline.flows.run.steps import PipelineRef, invoke
 
 
-def _batches(documents: list[Document], size: int) -> Iterator[list[Document]]:
-    for start in range(0, len(documents), size):
-        yield documents[start:start + size]
+def _batches(run: Run, sink: CompiledStep | None, plan: IngestPlan, origin: dict[str, str], size: int
+             ) -> Iterator[tuple[list[Document], list[str]]]:
+    """The batches to index, each document with the source step that listed it: the plan's own
+    list, then the sink's work list a page at a time (``pending``: kept in its state, so the run
+    holds a batch of it, never the corpus's list)."""
+    for start in range(0, len(plan.to_index), size):
+        batch = plan.to_index[start:start + size]
+        yield batch, [origin.get(d.source_id, "") for d in batch]
+    if not plan.queued or sink is None or sink.stage.pending is None:
+        return
+    after, number = "", 0
+    while True:
+        number += 1
+        page = run.result(run.submit(sink, {}, label=f"{sink.id}.pending[page {number}]", hook="pending",
+                                     inputs={"after": [StepResult(after)], "size": [StepResult(size)]})).value
+        if not page.documents:
+            return
+        yield page.documents, page.steps
+        after = page.documents[-1].source_id
 
 
 def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = None) -> IndexReport:
@@ -63,14 +79,15 @@ def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexRe
         plan, failures = plan_result.value, failures + plan_result.failures
     report = IndexReport(unchanged=plan.unchanged, migrated=plan.migrated, regranted=plan.regranted)
     if progress is not None:
-        progress.start(len(plan.to_index))
+        progress.start(len(plan.to_index) + plan.queued)
     _phase(progress, "indexing")  # batches: converted, chunked, embedded and written, pipelined
     in_flight: deque[tuple[list[Document], dict[str, Any]]] = deque()
     previous: dict[str, Any] = {}
-    for number, batch in enumerate(_batches(plan.to_index, pipeline.spec.batch_size)):
+    batches = _batches(run, sink, plan, origin, pipeline.spec.batch_size)
+    for number, (batch, listed_by) in enumerate(batches):
         # Pipelined: each step takes the batches in order, but different steps overlap, so batch
         # n+1 is chunked (and batch n-1 written) while batch n is embedded. Two batches in flight.
-        sources = {sid: _read(run, step, [d for d in batch if origin.get(d.source_id) == sid], number)
+        sources = {sid: _read(run, step, [d for d, by in zip(batch, listed_by) if by == sid], number)
                    for sid, step in steps_by_id.items()}
         for step in middle:
             sources[step.id] = run.submit(step, sources, label=f"{step.id}[batch {number}]",

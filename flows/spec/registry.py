@@ -55,6 +55,7 @@ class Stage:
     finalize: Callable[..., Any] | None = None
     session: Callable[..., Any] | None = None
     read: Callable[..., Any] | None = None  # a source stage's: the full documents of unread ones it listed
+    pending: Callable[..., Any] | None = None  # a sink's: the next page of its work list (``on_pending``)
     # (params, wiring) -> the upstream step ids this step would ignore as configured (fuse: those it
     # weighs 0); a step whose output every consumer ignores is not run
     ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None
@@ -123,6 +124,13 @@ class Stage:
     def on_read(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register the hook a source stage reads listed-but-unread documents with, one batch at a time."""
         self.read = fn
+        return fn
+
+    def on_pending(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register the hook an ingestion sink hands out its work list with, a batch at a time: the
+        documents to index that the source steps queued in its state (``after``: the last source id
+        of the previous batch; ``size``: the batch size), as ``WorkPage``."""
+        self.pending = fn
         return fn
 
     def on_session(self, fn: Callable[..., Any]) -> Callable[..., Any]:

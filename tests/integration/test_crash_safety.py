@@ -1,6 +1,7 @@
 """kill -9 at every write boundary (and at random moments), then re-run: the index must equal a clean build."""
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import signal
@@ -125,3 +126,35 @@ def test_random_kills_converge(changed_project, clean):
         child.join()
     assert run_child(changed_project).returncode == 0
     assert snapshot(changed_project) == clean
+
+
+def test_a_record_added_to_a_file_is_indexed_after_a_kill_before_its_batch(tmp_path):
+    """A JSONL file gains a record: its other records are unchanged, read this run with the file's
+    new signal. Killed before the new record's batch is recorded, the next run must still read the
+    file: the unchanged records' new signal is recorded only at finalize (``hold_signals``), never
+    at plan, where it would make every recorded source of the file vouch for bytes whose new
+    record was never indexed (the file would be skipped until it changed again)."""
+    from tests.integration.test_streaming_ingest import HASH_EMBED, _age, _text
+
+    (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
+    project = tmp_path / "pipelines.yaml"
+    project.write_text(HASH_EMBED)
+    corpus = tmp_path / "docs" / "records.jsonl"
+    corpus.parent.mkdir()
+    rows = [{"_id": f"r{i}", "text": _text(i)} for i in range(3)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _age(corpus, 3600)
+    assert run_child(project).returncode == 0
+    rows.append({"_id": "added", "text": "A record added later, about okapis."})
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _age(corpus, 1800)
+    crashed = run_child(project, failpoints="index.after_forget")  # the added record's batch
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    recovered = run_child(project)
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    clear_cache()
+    loaded = load_project(project)
+    state = loaded.resource(loaded.pipeline("index").step("write").resources["state"])
+    assert sorted(state.sources()) == [f"docs/records.jsonl#{i}" for i in ("added", "r0", "r1", "r2")]
+    again = run_index(project)
+    assert (again.added, again.updated, again.unchanged) == (0, 0, 4)

@@ -153,3 +153,50 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
           f"its text {len(_text(0, 160))} bytes")
     assert per_doc[0] < 4000  # a full ingest: a listed record per document, no text held past its batch (before: 15 KB)
     assert per_doc[1] < 2500  # an unchanged run: a small record per listed document, no text
+
+
+@pytest.mark.parametrize("state_backend", ["sqlite", "postgres"], indirect=True)
+def test_a_records_own_version_decides_whether_it_is_indexed_again(tmp_path, make_project, opened):
+    """``jsonl_version_field``: in a changed file, a record whose version is the one it was indexed
+    with is skipped without being hashed or indexed, even with its text edited (the documented
+    trade-off: the version is trusted); a bumped version re-indexes it; a record without the field
+    is hashed as before; a record gone from the file is deleted. On both state backends (the
+    work list, ``IndexState.queue``, lives in the state)."""
+    (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
+    project = make_project(HASH_EMBED.replace("with: {paths: [docs]}",
+                                              "with: {paths: [docs], jsonl_version_field: updated_at}"))
+    rows = [{"_id": f"r{i}", "title": f"R{i}", "text": _text(1000 + i), "updated_at": f"2024-01-0{i + 1}"}
+            for i in range(4)] + [{"_id": "plain", "text": _text(2000)}]
+    corpus = tmp_path / "docs" / "records.jsonl"
+    corpus.parent.mkdir()
+
+    def write(age: float) -> None:
+        corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        _age(corpus, age)
+
+    write(3600)
+    first = run_index(project)
+    assert (first.added, first.failed) == (5, 0)
+    rows[0]["text"] = "Edited without a new version: a zebra."  # the trade-off: kept as indexed
+    rows[1]["text"], rows[1]["updated_at"] = "A new version about a giraffe.", "2024-03-01"
+    rows[4]["text"] = "No version field: hashed, so this edit about an okapi is seen."
+    del rows[2]
+    write(1800)
+    opened.clear()
+    report = run_index(project)
+    assert (report.updated, report.deleted, report.unchanged, report.added, report.failed) == (2, 1, 2, 0, 0)
+    assert Counter(opened) == {"records.jsonl": 1}
+    clear_cache()
+    texts = [(row[1], row[3]) for row in _state_chunks(project)]
+    assert not any("zebra" in t for s, t in texts if s.endswith("#r0"))
+    assert any("giraffe" in t for s, t in texts if s.endswith("#r1"))
+    assert any("okapi" in t for s, t in texts if s.endswith("#plain"))
+    assert not any(s.endswith("#r2") for s, _ in texts) and any(s.endswith("#r3") for s, _ in texts)
+
+
+def _state_chunks(project) -> list[tuple]:
+    from ragline.flows.spec.compile import load_project
+
+    loaded = load_project(project)
+    state = loaded.resource(loaded.pipeline("index").step("write").resources["state"])
+    return state.source_chunks(state.sources())

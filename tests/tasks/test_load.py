@@ -1,8 +1,8 @@
 """Unit tests for the ``load`` stage: formats, JSONL records, discovery, and per-file failures."""
 from __future__ import annotations
 
-import io
 import fnmatch
+import io
 import json
 import os
 import posixpath
@@ -429,3 +429,34 @@ def test_include_exclude_patterns_match_as_fnmatch_did(path):
         assert _matches(path, [pattern]) == expected, pattern
     assert _matches(path, patterns) == any(_matches(path, [p]) for p in patterns)
     assert not _matches(path, [])
+
+
+def test_jsonl_version_field_hashes_the_version_not_the_record(tmp_path):
+    """With ``jsonl_version_field`` a record's content hash is its version's: an edit that keeps the
+    version keeps the hash (the record's own change signal), a new version changes it, a record
+    without the field is hashed whole, and a version that is no string or number is reported
+    naming the field and its line."""
+    corpus = tmp_path / "v.jsonl"
+    rows = [{"_id": "a", "text": "alpha", "updated_at": "2024-01-01"}, {"_id": "b", "text": "beta"},
+            {"_id": "c", "text": "gamma", "updated_at": {"at": 1}}, {"_id": "d", "text": "delta", "updated_at": 3}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, ctx = run([corpus], jsonl_version_field="updated_at")
+    assert [d.source_id for d in first] == ["v.jsonl#a", "v.jsonl#b", "v.jsonl#d"]
+    assert set(failures(ctx)) == {"v.jsonl:3"} and "'updated_at'" in failures(ctx)["v.jsonl:3"]
+    rows[0]["text"], rows[1]["text"] = "alpha edited", "beta edited"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    edited, _ = run([corpus], jsonl_version_field="updated_at")
+    assert edited[0].text == "alpha edited" and edited[0].content_hash == first[0].content_hash
+    assert edited[1].content_hash != first[1].content_hash  # no version: its content is hashed
+    rows[0]["updated_at"] = "2024-02-01"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bumped, _ = run([corpus], jsonl_version_field="updated_at")
+    assert bumped[0].content_hash != first[0].content_hash
+    plain, _ = run([corpus])
+    assert plain[0].content_hash not in {d.content_hash for d in bumped}  # the option off: the record's hash
+
+
+def test_jsonl_version_field_must_be_a_field_of_its_own(tmp_path):
+    for clash, role in (("_id", "id field"), ("text", "a text field")):
+        with pytest.raises(ValidationError, match=f"jsonl_version_field '{clash}' is the {role}"):
+            Params(paths=[str(tmp_path)], jsonl_version_field=clash)

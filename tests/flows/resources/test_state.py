@@ -341,3 +341,45 @@ def test_a_runs_listing_is_planned_in_sql_a_page_at_a_time(state):
     state.clear_listed()
     assert state.listed_count("docs") == 0 and len(sum(state.unlisted_pages("docs", size=5), [])) == 12
     assert state.generation == generation  # a listing is no content: no new generation
+
+
+def test_a_runs_work_list_is_kept_in_the_state_and_read_a_page_at_a_time(state):
+    """The documents a listing queued to read (``queue``) come back whole, with the step that listed
+    them, a page at a time in id order from any cursor, for one pipeline; they are no unlisted
+    source (the plan does not take them for gone), leave with ``dequeue`` and with a new run's lease."""
+    state.record("docs", "fp", [doc(f"d{i:02d}") for i in range(6)], [])
+    queued = [doc(f"d{i:02d}", text="new") for i in (1, 3, 4)] + [doc("n1", text="")]
+    queued[0].metadata = {"root": "notes", "_unread": "0:/x/d01"}
+    queued[0].groups = ["staff"]
+    queued[1].signal = "s2"
+    state.queue("docs", "load", queued[:2])
+    state.queue("docs", "load2", queued[2:])
+    state.queue("other", "load", [doc("x9")])
+    assert state.queued_count("docs") == 4 and state.queued_count("other") == 1
+    pages = list(state.queued_pages("docs", size=3))
+    assert [[(step, d.source_id) for step, d in page] for page in pages] == [
+        [("load", "d01"), ("load", "d03"), ("load2", "d04")], [("load2", "n1")]]
+    assert pages[0][0][1] == queued[0]  # the whole Document, metadata and groups included
+    assert [d.source_id for _, d in next(state.queued_pages("docs", size=10, after="d03"))] == ["d04", "n1"]
+    assert [r[0] for page in state.unlisted_pages("docs") for r in page] == ["d00", "d02", "d05"]
+    generation = state.generation
+    state.dequeue(["n1"])
+    state.hold_signals(["d03"])  # unchanged, read this run: off the list, its signal kept for the end
+    assert [d.source_id for page in state.queued_pages("docs") for _, d in page] == ["d01", "d04"]
+    assert state.queued_count("docs") == 2 and state.unchanged_items("docs", "fp", {"d03": "s2"}) == {}
+    state.record_held_signals("docs")  # at finalize: every batch is recorded
+    assert set(state.unchanged_items("docs", "fp", {"d03": "s2"})) == {"d03"}
+    state.clear_listed()
+    assert state.queued_count("docs") == 0 and state.queued_count("other") == 0
+    assert state.generation == generation  # a work list is no content: no new generation
+
+
+def test_an_items_sources_are_read_with_their_hash_and_groups(state):
+    """A JSONL file's records as recorded under one pipeline and fingerprint (versions compare with these)."""
+    records = [doc("a.jsonl#1"), doc("a.jsonl#2"), doc("a.jsonl-b.md"), doc("a.jsonl")]
+    records[1].groups = ["staff", "hr"]
+    state.record("docs", "fp", records, [])
+    found = state.item_sources("docs", "fp", "a.jsonl")
+    assert found == {"a.jsonl": ("hash-a.jsonl-text", ()), "a.jsonl#1": ("hash-a.jsonl#1-text", ()),
+                     "a.jsonl#2": ("hash-a.jsonl#2-text", ("hr", "staff"))}
+    assert state.item_sources("docs", "fp2", "a.jsonl") == {} and state.item_sources("other", "fp", "a.jsonl") == {}
