@@ -32,6 +32,7 @@ from ragline.flows.resources.llm_output import clip, parse_json, parse_lines
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.llm import MAX_SAMPLES, LLMClient
+from ragline.tasks.verify import content, stems, tokens
 
 Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]
 SAMPLE_TEMPERATURE = 0.7  # several samples' temperature when the step sets none (the HyDE paper's)
@@ -50,6 +51,10 @@ class Params(BaseModel):
     max_request_chars: int = Field(2000, ge=100, description="longer requests are clipped inside the prompt")
     history_turns: int = Field(6, ge=1, description="conversational: turns of history shown to the LLM (after "
                                                     "recall_history: the turns it chose instead)")
+    min_kept: float = Field(0.5, ge=0, le=1, description="conversational: the share of the request's content words "
+                                                         "the rewrite must keep; below it (a model that answered an "
+                                                         "earlier turn's question instead, or echoed its prompt) "
+                                                         "the request is searched as written")
     keyword: bool = Field(False, description="hyde: also append the pseudo-document to the BM25 query (query2doc)")
     query_repeats: int = Field(5, ge=1, le=20, description="hyde with keyword: times the request opens the BM25 "
                                                           "query, so its own terms outweigh the pseudo-document's")
@@ -176,7 +181,21 @@ def _conversational(query: Query, question: str, params: Params, ctx: StepContex
     if not rewritten:
         ctx.logger.warning("empty conversational rewrite; searching with the request as written")
         return query
-    return query.model_copy(update={"text": rewritten})
+    if (kept := kept_share(question, rewritten)) < params.min_kept:
+        ctx.logger.warning("conversational rewrite %r keeps %.0f%% of the request's words (min_kept %.2f); "
+                           "searching with the request as written", rewritten[:120], 100 * kept, params.min_kept)
+        return query
+    searched = [rewritten] + ([query.text] if params.include_original and rewritten != query.text else [])
+    return query.model_copy(update={"text": rewritten, "variants": query.variants or searched})
+
+
+def kept_share(request: str, rewritten: str) -> float:
+    """The share of the request's content words (stems) the rewrite still has: a follow-up ('How about the
+    School of Economics?') keeps its few words and gains the subject; the 135M model, shown ten unrelated
+    turns, answered 'Who directed The Avengers?' for six of eight RGB questions (0%). A request with no
+    content word ('and then?') keeps everything."""
+    asked = set(stems(content(tokens(request))))
+    return len(asked & set(stems(content(tokens(rewritten))))) / len(asked) if asked else 1.0
 
 
 def _instruction(query: Query, reply: str, ctx: StepContext) -> Query:
