@@ -40,6 +40,8 @@ def _batches(run: Run, sink: CompiledStep | None, plan: IngestPlan, origin: dict
         if not page.documents:
             return
         yield page.documents, page.steps
+        if len(page.documents) < size:  # a short page is the last: no empty page to ask for (a task run each)
+            return
         after = page.documents[-1].source_id
 
 

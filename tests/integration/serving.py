@@ -132,8 +132,12 @@ def _create_flow_run(prefect_api: str, deployment_id: str, body: dict) -> str:
 
 def _wait_flow_run(prefect_api: str, run_id: str, timeout: float = 180) -> dict:
     deadline = time.monotonic() + timeout
+    run: dict = {"state": "not read yet"}
     while time.monotonic() < deadline:
-        run = httpx.get(f"{prefect_api}/flow_runs/{run_id}", timeout=30).json()
+        try:  # a starved Prefect server may answer one poll late: the deadline decides, not one read
+            run = httpx.get(f"{prefect_api}/flow_runs/{run_id}", timeout=30).json()
+        except httpx.TimeoutException:
+            continue
         if run["state"]["type"] in FINAL:
             return run
         time.sleep(0.5)

@@ -349,14 +349,14 @@ def test_the_dashboard_shows_scheduled_runs_their_task_runs_the_schedule_and_que
             # the run's page, Task Runs tab: one task run per step (and batch), all completed
             _visible_text(page, f"{root}/runs/flow-run/{run['id']}", "Task Runs", "auto-scheduled")
             page.get_by_text("Task Runs", exact=True).first.click()
-            steps = ("load", "write.plan", "load.read[batch 0]", "convert[batch 0]", "chunk[batch 0]",
-                     "embed[batch 0]", "write[batch 0]", "write.finalize")
+            steps = ("load", "write.plan", "write.pending[page 1]", "load.read[batch 0]", "convert[batch 0]",
+                     "chunk[batch 0]", "embed[batch 0]", "write[batch 0]", "write.finalize")
             deadline = time.monotonic() + 90
             while not all(page.get_by_text(s, exact=True).count() for s in steps) and time.monotonic() < deadline:
                 page.wait_for_timeout(500)
             task_runs = page.inner_text("body")
             assert all(step in task_runs for step in steps), task_runs[:3000]
-            assert "8 Task runs" in task_runs and "(8 Completed)" in task_runs, task_runs[:3000]
+            assert "9 Task runs" in task_runs and "(9 Completed)" in task_runs, task_runs[:3000]
             if os.environ.get("RAGLINE_SCREENSHOTS") == "1":  # the README's picture
                 DASHBOARD_PNG.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(DASHBOARD_PNG))
