@@ -4,7 +4,6 @@ and streamed) or `/v1/chat/completions` (streamed), with or without its own filt
 citation or stream frame carries a document its groups may not read; the query log names who asked."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ from ragline.flows.serve.keys import KeyStore, keys_file
 from ragline.flows.serve.service import api_app
 from tests.helpers.access_site import citing_llm, index_site, site_yaml, write_notes, write_pipelines
 from tests.helpers.api_harness import running
+from tests.helpers.query_log import logged_entry
 
 pytestmark = pytest.mark.integration
 
@@ -141,14 +141,8 @@ def test_the_query_log_names_the_key_that_asked_and_that_it_was_restricted(serve
     reply = httpx.post(f"{served}/v1/query", json={"pipeline": "search", "question": "narwhal"},
                        headers={"Authorization": f"Bearer {key}"}, timeout=60)
     answer_id = reply.json()["answer_id"]
-    log = project.parent / ".ragline" / "query-log" / "queries.jsonl"
-    for _ in range(100):
-        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-        mine = [e for e in entries if e["answer_id"] == answer_id]
-        if mine:
-            break
-        import time
-        time.sleep(0.05)
+    entry = logged_entry(project.parent, answer_id)
     key_id = key.split("_")[1]
-    assert mine and mine[0]["principal"] == f"key:{key_id}" and mine[0]["restricted"] is True
+    assert entry["principal"] == f"key:{key_id}" and entry["restricted"] is True
+    log = project.parent / ".ragline" / "query-log" / "queries.jsonl"
     assert key not in log.read_text()  # the secret is never logged

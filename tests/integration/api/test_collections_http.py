@@ -6,9 +6,7 @@ collection never sees the other, and asking for it is 403 naming it; an unknown 
 field. The OpenAI-compatible surface carries the collection in its sources too."""
 from __future__ import annotations
 
-import json
 import shutil
-import time
 from pathlib import Path
 
 import httpx
@@ -20,6 +18,7 @@ from ragline.flows.serve.service import api_app
 from tests.helpers.api_harness import Script, running
 from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
 from tests.helpers.data import REPO
+from tests.helpers.query_log import logged_entry
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration
@@ -117,22 +116,11 @@ def test_by_default_a_query_searches_every_collection(served, keys):
 def test_a_key_scoped_to_one_collection_searches_only_it_and_is_refused_the_other(served, keys, project):
     reply = query(served, keys["handbook"])
     assert collections_in(reply) == {"handbook": {"handbook"}}
-    assert logged(project, reply.json()["answer_id"])["collections"] == ["handbook"]  # the audit says which
+    assert logged_entry(project.parent, reply.json()["answer_id"])["collections"] == ["handbook"]  # the audit says which
     refused = query(served, keys["handbook"], collections=["papers"])
     assert refused.status_code == 403 and "'papers'" in refused.json()["error"]["message"]
     models = httpx.get(f"{served}/v1/models", headers={"Authorization": f"Bearer {keys['handbook']}"}).json()
     assert {m["id"] for m in models["data"]} == {"search", "flare", "ask"}  # it may query one of their collections
-
-
-def logged(project: Path, answer_id: str) -> dict:
-    log = project.parent / ".ragline" / "query-log" / "queries.jsonl"
-    for _ in range(200):  # written off the response path
-        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-        mine = [e for e in entries if e["answer_id"] == answer_id]
-        if mine:
-            return mine[0]
-        time.sleep(0.05)
-    raise AssertionError(f"answer {answer_id} is not in the query log")
 
 
 def test_an_unknown_collection_is_a_bad_request_naming_the_field(served, keys):
