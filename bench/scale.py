@@ -12,7 +12,7 @@ metadata filter. Prints a Markdown table; bench/out/scale.json keeps the figures
 ``--backend milvus``: the same runs with one milvus resource (embedded milvus-lite ``.db``) as both `store`
 and `sparse` (only the resource lines change), saved as bench/out/scale_milvus.json.
 
-Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus]  (--huge adds 300000)
+Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus] [--keep DIR]  (--huge adds 300000)
 """
 from __future__ import annotations
 
@@ -192,6 +192,8 @@ def main() -> None:
     parser.add_argument("--huge", action="store_true", help="add 300,000 documents (hours on 2 cores)")
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="default",
                         help="milvus: one embedded milvus-lite resource as store and sparse")
+    parser.add_argument("--keep", type=Path, help="build each size's corpus and index in PATH/<size> and keep "
+                        "them (to profile runs on them afterwards)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -200,8 +202,12 @@ def main() -> None:
     name = "scale" if args.backend == "default" else f"scale_{args.backend}"
     rows = earlier_rows(name)
     for n in args.sizes + ([300_000] if args.huge else []):
-        with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as folder:
-            row = measure(n, Path(folder), args.backend)
+        if args.keep:
+            (args.keep / str(n)).mkdir(parents=True)  # an existing one is refused: its index is not fresh
+            row = measure(n, args.keep / str(n), args.backend)
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as folder:
+                row = measure(n, Path(folder), args.backend)
         rows = sorted([r for r in rows if r["documents"] != n] + [row], key=lambda r: r["documents"])
         save(name, {"backend": args.backend, "rows": rows})  # after every size: a long run keeps what it had
     print(table(rows))
