@@ -12,11 +12,18 @@ metadata filter. Prints a Markdown table; bench/out/scale.json keeps the figures
 ``--backend milvus``: the same runs with one milvus resource (embedded milvus-lite ``.db``) as both `store`
 and `sparse` (only the resource lines change), saved as bench/out/scale_milvus.json.
 
-Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus] [--keep DIR]  (--huge adds 300000)
+``--backend managed``: the default resources, with the store's folder served by the managed ``chroma run``
+that ``ragline serve`` starts (flows/ops/chroma_server.py): as scheduled re-indexing runs under the
+service, each run's process talks HTTP to the server, which holds the HNSW index. The process's own
+peak RSS and the server's resident memory after each run are reported apart; CPU is both together.
+Saved as bench/out/scale_managed.json.
+
+Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus|managed] [--keep DIR]  (--huge adds 300000)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -55,7 +62,7 @@ QUERIES = ["protein folding in yeast", "vitamin D deficiency and bone density", 
 STORE_LINES = """  store:    {type: chroma, path: idx/chroma, collection: scale}
   sparse:   {type: bm25, path: idx/bm25}
 """
-BACKENDS = {"default": STORE_LINES, "milvus": """  store:    &engine {type: milvus, uri: idx/milvus.db, collection: scale}
+BACKENDS = {"default": STORE_LINES, "managed": STORE_LINES, "milvus": """  store:    &engine {type: milvus, uri: idx/milvus.db, collection: scale}
   sparse:   *engine
 """}
 FILTER = {"file_name": {"$in": [f"d{i:06d}.md" for i in range(0, 25_000, 500)]}}  # 50 documents' chunks
@@ -131,14 +138,27 @@ def engine_usage() -> tuple[float, int]:
     return cpu, rss
 
 
-def measured(project: Path, mode: str) -> dict:
+def process_usage(pid: int) -> tuple[float, int]:
+    """A process's CPU seconds so far and its resident memory now (MB), from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:"))) // 1024
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), rss
+
+
+def measured(project: Path, mode: str, server_pid: int | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), RAGLINE_DATA_DIR=str(SCIFACT.parent))
+    server_cpu = process_usage(server_pid)[0] if server_pid else 0.0
     done = subprocess.run([sys.executable, __file__, "--child", str(project), mode], capture_output=True,
                           text=True, env=env, cwd=project.parent)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"{mode} run failed:\n{done.stderr[-3000:]}")
-    return json.loads(line[7:])
+    out = json.loads(line[7:])
+    if server_pid:  # the managed server did this run's store work: its CPU counts, its memory is shown apart
+        cpu, rss = process_usage(server_pid)
+        out.update(process_cpu=out["cpu"], cpu=round(out["cpu"] + cpu - server_cpu, 2), server_rss_mb=rss)
+    return out
 
 
 def measure(n: int, folder: Path, backend: str = "default") -> dict:
@@ -147,21 +167,32 @@ def measure(n: int, folder: Path, backend: str = "default") -> dict:
     (folder / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
     docs = folder / "docs"
     write_corpus(docs, n)
+    with contextlib.ExitStack() as stack:
+        server = None
+        if backend == "managed":
+            from ragline.flows.ops.chroma_server import ManagedChroma
+
+            server = ManagedChroma(folder / "idx" / "chroma", logs=folder / "logs").start()
+            stack.callback(server.stop)
+        return runs(n, project, docs, server.process.pid if server else None)
+
+
+def runs(n: int, project: Path, docs: Path, server_pid: int | None) -> dict:
     source = abstracts()
     row: dict = {"documents": n, "load_average": os.getloadavg()[0]}
-    row["full"] = measured(project, "index")
-    row["unchanged"] = measured(project, "index")
+    row["full"] = measured(project, "index", server_pid)
+    row["unchanged"] = measured(project, "index", server_pid)
     changed = docs / "f000" / "d000003.md"
     changed.write_text(document(3, source, " Edited."))
     age(changed, 1800)
-    row["changed"] = measured(project, "index")
+    row["changed"] = measured(project, "index", server_pid)
     added = docs / "f000" / "added.md"
     added.write_text(document(n + 1, source))
     age(added, 1800)
-    row["added"] = measured(project, "index")
+    row["added"] = measured(project, "index", server_pid)
     (docs / "f000" / "d000005.md").unlink()
-    row["deleted"] = measured(project, "index")
-    row["queries"] = measured(project, "search")
+    row["deleted"] = measured(project, "index", server_pid)
+    row["queries"] = measured(project, "search", server_pid)
     print(json.dumps(row), flush=True)
     return row
 
@@ -176,14 +207,21 @@ def table(rows: list[dict]) -> str:
     for kind in ("changed", "added", "deleted", "unchanged"):
         line(f"one document {kind}: wall / CPU / peak RSS" if kind != "unchanged" else
              "unchanged re-run: wall / CPU / peak RSS",
-             lambda r, k=kind: f"{r[k]['wall']} s / {r[k]['cpu']} s / {r[k]['rss_mb']} MB")
+             lambda r, k=kind: f"{r[k]['wall']} s / {r[k]['cpu']} s / {memory(r[k])}")
     line("full ingest: wall / CPU", lambda r: f"{r['full']['wall']} s / {r['full']['cpu']} s")
     line("full ingest CPU per chunk", lambda r: f"{1000 * r['full']['cpu'] / max(1, r['full']['chunks']):.2f} ms")
-    line("full ingest peak RSS", lambda r: f"{r['full']['rss_mb']} MB")
+    line("full ingest peak RSS", lambda r: memory(r["full"]))
     line("BM25 query median: unfiltered / filtered",
          lambda r: f"{r['queries']['unfiltered']} / {r['queries']['filtered']} ms")
     line("load average (1 min) at start", lambda r: f"{r['load_average']:.1f}")
     return "\n".join(lines)
+
+
+def memory(run: dict) -> str:
+    """The run's peak RSS; with a managed server, the process's and the server's after the run."""
+    if "server_rss_mb" in run:
+        return f"{run['rss_mb']} MB + server {run['server_rss_mb']} MB"
+    return f"{run['rss_mb']} MB"
 
 
 def main() -> None:
@@ -191,7 +229,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[25_000, 100_000])
     parser.add_argument("--huge", action="store_true", help="add 300,000 documents (hours on 2 cores)")
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="default",
-                        help="milvus: one embedded milvus-lite resource as store and sparse")
+                        help="milvus: one embedded milvus-lite resource as store and sparse; managed: the "
+                        "store served by the managed chroma run, as under ragline serve")
     parser.add_argument("--keep", type=Path, help="build each size's corpus and index in PATH/<size> and keep "
                         "them (to profile runs on them afterwards)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
