@@ -387,10 +387,18 @@ class ChromaStore(Resource):
             f"the embedder back at the model the index was built with")
 
     def all_ids(self) -> set[str]:
+        """Every chunk id the collection holds; none when there is no store or collection (as Milvus).
+        Read-only: ``ragline check`` lists them, and a check creates nothing and changes no setting."""
         ids: set[str] = set()
         offset, page = 0, 20_000
         while True:
-            got = self._call("list ids", lambda c: c.get(include=[], limit=page, offset=offset)["ids"])
+            try:
+                got = self._call("list ids", lambda c: c.get(include=[], limit=page, offset=offset)["ids"],
+                                 create=False)
+            except StoreMissing:
+                if offset:  # dropped while listed: a partial list would pass for the whole
+                    raise
+                return ids
             ids.update(got)
             if len(got) < page:
                 return ids
