@@ -85,8 +85,17 @@ class Params(BaseModel):
         return self
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The BM25 index is read only by self-consistent query2doc (hyde, ``keyword: true``, ``samples`` > 1),
+    to count the samples' terms: every other mode validates without one (and with several, names none)."""
+    if params.mode == "hyde" and params.keyword and params.samples > 1:
+        return {"sparse": ("keyword", f"keyword: true with samples: {params.samples} counts the samples' terms "
+                                      f"with the BM25 index's own tokenizer")}
+    return {}
+
+
 @stage("rewrite", params=Params, produces="query", kind="query",
-       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")},
+       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")}, reads_roles=reads_roles,
        prompt=lambda p: f"rewrite_{p.mode}",
        prompt_variables=lambda p: ("question", "history") if p.mode == "conversational" else ("question", "n"))
 def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient, sparse: BM25Index | None = None) -> Query:

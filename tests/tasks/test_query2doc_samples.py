@@ -10,7 +10,7 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.resources.bm25 import tokenize
 from ragline.flows.resources.llm import Completion
-from ragline.flows.spec.compile import validate_file
+from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks.retrieve_dense import pooled
 from ragline.tasks.rewrite import Params, agreed_terms, rewrite
@@ -127,3 +127,41 @@ pipelines:
     [error] = validate_file(path)
     assert (error.pipeline, error.step, error.line) == ("p", "rw", 8)
     assert message in f"{error.field}: {error.message}" if error.field else message in error.message
+
+
+REWRITE_FILE = """
+resources:
+  llm: {{type: openai_compatible, base_url: "http://127.0.0.1:9/v1"}}
+{bm25}pipelines:
+  p:
+    kind: query
+    steps:
+      - {{id: rw, task: rewrite, with: {step}}}
+"""
+TWO_BM25 = "  bm_a: {type: bm25, path: idx/a}\n  bm_b: {type: bm25, path: idx/b}\n"
+
+
+@pytest.mark.parametrize("step", ["{mode: conversational}", "{mode: multi_query, n: 3}", "{mode: decompose}",
+                                  "{mode: instruction}", "{mode: hyde}", "{mode: hyde, keyword: true}",
+                                  "{mode: hyde, samples: 3}"])
+@pytest.mark.parametrize("bm25", ["", TWO_BM25], ids=["no-bm25", "two-bm25"])
+def test_a_rewrite_that_reads_no_bm25_validates_without_one_and_binds_none(make_project, step, bm25):
+    """Only self-consistent query2doc reads the BM25 index: every other rewrite validates with none, and
+    with two it names none (it failed: "needs a bm25/milvus resource for 'sparse' ... several resources")."""
+    path = make_project(REWRITE_FILE.format(bm25=bm25, step=step))
+    assert validate_file(path) == []
+    assert load_project(path).pipelines["p"].steps[0].resources == {"llm": "llm"}
+
+
+def test_self_consistent_query2doc_without_a_bm25_index_fails_validation_at_keyword(make_project):
+    path = make_project(REWRITE_FILE.format(bm25="", step="{mode: hyde, samples: 3,\n                                           keyword: true}"))
+    [error] = validate_file(path)
+    assert (error.pipeline, error.step, error.field, error.line) == ("p", "rw", "with.keyword", 9)
+    assert str(path) in str(error) and "keyword: true with samples: 3" in error.message
+    assert "needs a bm25/milvus resource for 'sparse' and the file has none" in error.message
+    one = make_project(REWRITE_FILE.format(bm25="  sparse: {type: bm25, path: idx/s}\n",
+                                           step="{mode: hyde, samples: 3, keyword: true}"), name="one.yaml")
+    assert load_project(one).pipelines["p"].steps[0].resources == {"llm": "llm", "sparse": "sparse"}
+    named = make_project(REWRITE_FILE.format(bm25=TWO_BM25, step="{mode: hyde, samples: 3, keyword: true}, "
+                                                                 "uses: {sparse: bm_b}"), name="named.yaml")
+    assert load_project(named).pipelines["p"].steps[0].resources == {"llm": "llm", "sparse": "bm_b"}
