@@ -172,15 +172,15 @@ class Checker:
                 bound[role] = role  # several fit: the one named after the role (store: &m {...}, sparse: *m)
             elif len(candidates) == 1:
                 bound[role] = candidates[0]
+            elif not candidates and optional and role not in (reads or {}):
+                continue  # the stage works without it (e.g. an LLM only some of its modes need)
             elif not candidates and self.spec._invalid_resources:
                 ok = False  # probably the invalid resource, whose own error is reported
-            elif not candidates and reads is not None and role in reads:
+            elif not candidates and role in (reads or {}):
                 field, why = reads[role]
                 self.error(loc + ("with", field), f"{why}: task '{step.task}' needs a {'/'.join(types)} resource "
                                                   f"for '{role}' and the file has none")
                 ok = False
-            elif not candidates and optional:
-                continue  # the stage works without it (e.g. an LLM only some of its modes need)
             else:
                 problem = "no resource" if not candidates else f"several resources ({', '.join(candidates)})"
                 self.error(loc + ("uses",), f"task '{step.task}' needs a {'/'.join(types)} resource for "
