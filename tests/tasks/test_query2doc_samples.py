@@ -3,6 +3,8 @@ filter on the BM25 index's own terms (a fake LLM hands the samples: the counting
 the mean HyDE vector, and the located validation. The samples of a real model: test_vllm_server.py."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -61,6 +63,28 @@ def test_agreement_keeps_the_terms_most_samples_share_counted_as_the_index_count
     assert agreed_terms(SAMPLES[:4], terms, 0.75, set()) == ["Aspirin", "heart", "attacks"]  # 3 of the 4 given
     assert agreed_terms(list(reversed(SAMPLES)), terms, 0.6, set(), 5) == ["aspirin", "heart", "attacks"]
     assert agreed_terms(["", ""], terms, 0.5, set()) == []
+
+
+def whole_words(texts: list[str]) -> list[list[str]]:
+    """An index tokenizer that splits otherwise than bm25s's pattern: hyphenated and apostrophe words are
+    one term, letters and digits apart ("h1n1": h, 1, n, 1), stop words kept."""
+    return [re.findall(r"[a-z]+(?:[-'][a-z]+|-\d+)*|\d+", t.lower()) for t in texts]
+
+
+PIECES = ["COVID-19 spreads fast; O'Brien's team said so.", "covid-19 spreads in winter, O'Brien's paper says",
+          "The COVID vaccine: 19 doses of H1N1 serum.", "A covid-19 study, 2021."]
+
+
+def test_a_term_is_counted_as_the_index_splits_it_and_written_as_a_sample_writes_it():
+    # this index: "covid-19" 3 of 4 samples, "o'brien's" and "spreads" 2; "covid" and "19" alone once each
+    assert agreed_terms(PIECES, whole_words, 0.5, set()) == ["COVID-19", "spreads", "O'Brien's"]
+    assert agreed_terms(PIECES, whole_words, 0.5, {"covid-19"}) == ["spreads", "O'Brien's"]
+    every = agreed_terms(PIECES, whole_words, 0.25, set())  # all, most agreed first: "covid" and "19" once each
+    assert every[:3] == ["COVID-19", "spreads", "O'Brien's"] and {"COVID", "19", "h", "1", "n"} <= set(every[3:])
+    # bm25s (the shipped index): "COVID-19" is two terms, both in all 4 samples; "O'Brien's" is "brien"
+    shipped = agreed_terms(PIECES, terms, 0.5, set())
+    assert shipped == ["COVID", "19", "spreads", "O'Brien's"]
+    assert [terms([w])[0] for w in shipped] == [["covid"], ["19"], ["spread"], ["brien"]]  # each word: one term
 
 
 def test_samples_one_call_the_agreed_terms_expand_bm25_and_dense_searches_their_mean():
