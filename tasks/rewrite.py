@@ -36,7 +36,7 @@ from ragline.tasks.verify import content, stems, tokens
 
 Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]
 SAMPLE_TEMPERATURE = 0.7  # several samples' temperature when the step sets none (the HyDE paper's)
-WORD = re.compile(r"(?u)\b\w\w+\b")  # bm25s's token pattern: the words a term can come from
+EDGES = re.compile(r"^\W+|\W+$")  # the punctuation around a whitespace-separated piece
 
 
 class Params(BaseModel):
@@ -85,8 +85,17 @@ class Params(BaseModel):
         return self
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The BM25 index is read only by self-consistent query2doc (hyde, ``keyword: true``, ``samples`` > 1),
+    to count the samples' terms: every other mode validates without one (and with several, names none)."""
+    if params.mode == "hyde" and params.keyword and params.samples > 1:
+        return {"sparse": ("keyword", f"keyword: true with samples: {params.samples} counts the samples' terms "
+                                      f"with the BM25 index's own tokenizer")}
+    return {}
+
+
 @stage("rewrite", params=Params, produces="query", kind="query",
-       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")},
+       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")}, reads_roles=reads_roles,
        prompt=lambda p: f"rewrite_{p.mode}",
        prompt_variables=lambda p: ("question", "history") if p.mode == "conversational" else ("question", "n"))
 def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient, sparse: BM25Index | None = None) -> Query:
@@ -143,24 +152,40 @@ def agreed_terms(documents: list[str], terms_of: Callable[[list[str]], list[list
     """The words whose index term occurs in at least ``min_agreement`` of the ``samples`` pseudo-documents
     (default: as many as there are; an empty sample counts against every term), one word per term (as
     the first sample that has the term writes it), most agreed first, then in order of first
-    appearance; terms in ``exclude`` (the request's own) are left out. Deterministic given the samples."""
+    appearance; terms in ``exclude`` (the request's own) are left out. Deterministic given the samples.
+    A sample holds the terms ``terms_of`` (the BM25 index's own tokenizer) makes of it, so a term is
+    counted exactly as the index counts it, whatever it does with hyphens, apostrophes or digits."""
     total = samples or len(documents)
-    words = [WORD.findall(d) for d in documents]
-    vocabulary = list(dict.fromkeys(w for ws in words for w in ws))
-    term_of = dict(zip(vocabulary, terms_of(vocabulary))) if vocabulary else {}
+    held = [list(dict.fromkeys(terms)) for terms in terms_of(documents)] if documents else []
     count: dict[str, int] = {}
-    written: dict[str, str] = {}
-    for ws in words:
-        held = set()
-        for word in ws:
-            for term in term_of[word][:1]:  # the pattern is bm25s's token: a word is one term or none
-                written.setdefault(term, word)
-                held.add(term)
-        for term in held:
+    for terms in held:
+        for term in terms:
             count[term] = count.get(term, 0) + 1
-    order = {t: i for i, t in enumerate(written)}
-    kept = [t for t in written if t not in exclude and count[t] >= min_agreement * total - 1e-9]
-    return [written[t] for t in sorted(kept, key=lambda t: (-count[t], order[t]))]
+    order = {t: i for i, t in enumerate(dict.fromkeys(t for terms in held for t in terms))}
+    kept = sorted((t for t in order if t not in exclude and count[t] >= min_agreement * total - 1e-9),
+                  key=lambda t: (-count[t], order[t]))
+    written = _written(documents, held, set(kept), terms_of)
+    return [written.get(t, t) for t in kept]
+
+
+def _written(documents: list[str], held: list[list[str]], wanted: set[str],
+             terms_of: Callable[[list[str]], list[list[str]]]) -> dict[str, str]:
+    """Each wanted term as the first document holding it writes it: the first of its pieces (a
+    whitespace-separated piece without the punctuation around it, then that piece's runs of word
+    characters) of which the index makes exactly that one term, so the BM25 query it joins searches
+    just that term. (A term no piece makes alone, from an index that reads words in context, is
+    written as the term.)"""
+    pieces = [[p for chunk in d.split() if (word := EDGES.sub("", chunk))
+               for p in (word, *re.findall(r"\w+", word))] for d in documents]
+    vocabulary = list(dict.fromkeys(p for ps in pieces for p in ps))
+    term_of = {p: ts[0] for p, ts in zip(vocabulary, terms_of(vocabulary) if vocabulary else []) if len(ts) == 1}
+    written: dict[str, str] = {}
+    for ps, terms in zip(pieces, map(set, held)):
+        for piece in ps:
+            term = term_of.get(piece)
+            if term in wanted and term in terms:
+                written.setdefault(term, piece)
+    return written
 
 
 def query2doc(text: str, document: str, repeats: int) -> str:

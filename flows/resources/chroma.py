@@ -114,7 +114,7 @@ class ChromaStore(Resource):
     def __init__(self, spec: ChromaSpec, base_dir: Path | None = None):
         super().__init__(spec, base_dir)
         self._collection = None
-        self._aligned = None  # the collection handle whose sync_threshold this process has checked
+        self._writable = False  # the cached handle was opened by a writer (created if absent, aligned)
         self._lock = threading.RLock()
         self._client = Lazy(self._new_client, self._lock)
         self._max_batch: int | None = None
@@ -200,24 +200,25 @@ class ChromaStore(Resource):
 
     def _open(self, create: bool = True):
         """The collection; ``create=False`` (read paths) creates nothing: no store folder, no
-        collection, StoreMissing naming them instead."""
+        collection, StoreMissing naming them instead. A writer's handle is opened once (a handle a
+        read opened is replaced by one at the first write) and aligned as it is opened."""
         with self._lock:
-            if self._collection is None:
-                self._collection = self._connect().get_or_create_collection(
-                    self.spec.collection, embedding_function=None, configuration=self._configuration()) \
-                    if create else self._existing()
-            if create and self._collection is not self._aligned:
-                self._align_sync_threshold(self._collection)
-                self._aligned = self._collection
+            if self._collection is None or (create and not self._writable):
+                self._collection = self._writer_handle() if create else self._existing()
+                self._writable = create
             return self._collection
 
-    def _align_sync_threshold(self, collection) -> None:
-        """A collection created with another ``sync_threshold`` (Chroma's default of 1,000, before this
-        option) is set to this one by its first writer (a reader changes nothing); Chroma allows it after
-        creation, and the next process that opens the store uses it."""
+    def _writer_handle(self):
+        """The collection, created if absent, with ``sync_threshold`` set: a collection created with
+        another one (Chroma's default of 1,000, before this option) is set to this one by its first
+        writer (a reader changes nothing); Chroma allows it after creation, and the next process that
+        opens the store uses it."""
+        collection = self._connect().get_or_create_collection(
+            self.spec.collection, embedding_function=None, configuration=self._configuration())
         saved = ((collection.configuration or {}).get("hnsw") or {}).get("sync_threshold")
         if saved is not None and saved != self.spec.sync_threshold:
             collection.modify(configuration={"hnsw": {"sync_threshold": self.spec.sync_threshold}})
+        return collection
 
     def _existing(self):
         from chromadb.errors import NotFoundError
@@ -387,10 +388,18 @@ class ChromaStore(Resource):
             f"the embedder back at the model the index was built with")
 
     def all_ids(self) -> set[str]:
+        """Every chunk id the collection holds; none when there is no store or collection (as Milvus).
+        Read-only: ``ragline check`` lists them, and a check creates nothing and changes no setting."""
         ids: set[str] = set()
         offset, page = 0, 20_000
         while True:
-            got = self._call("list ids", lambda c: c.get(include=[], limit=page, offset=offset)["ids"])
+            try:
+                got = self._call("list ids", lambda c: c.get(include=[], limit=page, offset=offset)["ids"],
+                                 create=False)
+            except StoreMissing:
+                if offset:  # dropped while listed: a partial list would pass for the whole
+                    raise
+                return ids
             ids.update(got)
             if len(got) < page:
                 return ids

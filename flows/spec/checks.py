@@ -78,7 +78,7 @@ class Checker:
                 continue
             params = self._params(loc, step, stage) if "with" not in step._invalid else None
             self._routes(loc, stage, params)
-            resources = self._resources(loc, step, stage) if "uses" not in step._invalid else None
+            resources = self._resources(loc, step, stage, params) if "uses" not in step._invalid else None
             prompt = self._prompt(loc, step, stage, params) if "prompt" not in step._invalid else None
             if params is not None and resources is not None:
                 compiled[step.id] = CompiledStep(step, stage, params, resources, upstream, {}, prompt)
@@ -136,8 +136,10 @@ class Checker:
                     self.error(loc + ("with", "labels", label, "collections", j),
                                f"unknown collection '{name}'{suggest(name, declared)}; {known}")
 
-    def _resources(self, loc, step: StepSpec, stage: Stage) -> dict[str, str] | None:
+    def _resources(self, loc, step: StepSpec, stage: Stage, params: BaseModel | None) -> dict[str, str] | None:
         declared = self.spec.resources
+        # the optional roles this configuration reads ({role: (the `with` field, why)}); None: all of them
+        reads = dict(stage.reads_roles(params)) if stage.reads_roles is not None and params is not None else None
         bound: dict[str, str] = {}
         ok = True
         pairs = list(step.uses.items()) if isinstance(step.uses, dict) else [(None, n) for n in step.uses]
@@ -162,15 +164,23 @@ class Checker:
         for role, types in stage.uses.items():
             if role in bound:
                 continue
+            optional = role in stage.optional_roles
+            if optional and stage.reads_roles is not None and role not in (reads or {}):
+                continue  # not read as configured (or the params are invalid: their errors are reported)
             candidates = [n for n, r in declared.items() if r.type in types]
             if len(candidates) > 1 and role in candidates:
                 bound[role] = role  # several fit: the one named after the role (store: &m {...}, sparse: *m)
             elif len(candidates) == 1:
                 bound[role] = candidates[0]
-            elif not candidates and role in stage.optional_roles:
+            elif not candidates and optional and role not in (reads or {}):
                 continue  # the stage works without it (e.g. an LLM only some of its modes need)
             elif not candidates and self.spec._invalid_resources:
                 ok = False  # probably the invalid resource, whose own error is reported
+            elif not candidates and role in (reads or {}):
+                field, why = reads[role]
+                self.error(loc + ("with", field), f"{why}: task '{step.task}' needs a {'/'.join(types)} resource "
+                                                  f"for '{role}' and the file has none")
+                ok = False
             else:
                 problem = "no resource" if not candidates else f"several resources ({', '.join(candidates)})"
                 self.error(loc + ("uses",), f"task '{step.task}' needs a {'/'.join(types)} resource for "

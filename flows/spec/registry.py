@@ -62,6 +62,12 @@ class Stage:
     # params -> the resource roles that shape the output as configured (None: every bound one); the
     # others stay out of the index fingerprint (enrich: an LLM bound but unused re-indexes nothing)
     shaping_roles: Callable[[Any], set[str]] | None = None
+    # params -> the optional roles (see ``optional_roles``) the step reads as configured, each with the
+    # ``with`` field that makes it read and why (None: every optional role, bound when the file has a
+    # fitting resource). The others are left unbound (a rewrite that never reads BM25 does not make a
+    # file with two BM25 indexes name one); a read one the file lacks is an error at that field, before
+    # anything runs
+    reads_roles: Callable[[Any], Mapping[str, tuple[str, str]]] | None = None
     # params -> every label the step can give (a classifier, ``classify``): a later step's ``when``
     # may name it, and the checker holds that ``when`` to these labels
     labels: Callable[[Any], list[str]] | None = None
@@ -150,6 +156,7 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           version: int = 1,
           ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None,
           shaping_roles: Callable[[Any], set[str]] | None = None,
+          reads_roles: Callable[[Any], Mapping[str, tuple[str, str]]] | None = None,
           labels: Callable[[Any], list[str]] | None = None,
           routes: Callable[[Any], dict[str, list[str]]] | None = None,
           merges_collections: bool = False,
@@ -162,6 +169,7 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
         entry = Stage(name=name, fn=fn, params=params, produces=produces, uses=dict(uses or {}),
                       kind=kind, prompt=prompt, prompt_variables=prompt_variables,
                       other_prompts=other_prompts or {}, version=version, ignores=ignores, shaping_roles=shaping_roles,
+                      reads_roles=reads_roles,
                       labels=labels, routes=routes, merges_collections=merges_collections,
                       description=doc.splitlines()[0] if doc else "")
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:

@@ -3,6 +3,8 @@ filter on the BM25 index's own terms (a fake LLM hands the samples: the counting
 the mean HyDE vector, and the located validation. The samples of a real model: test_vllm_server.py."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.resources.bm25 import tokenize
 from ragline.flows.resources.llm import Completion
-from ragline.flows.spec.compile import validate_file
+from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks.retrieve_dense import pooled
 from ragline.tasks.rewrite import Params, agreed_terms, rewrite
@@ -61,6 +63,28 @@ def test_agreement_keeps_the_terms_most_samples_share_counted_as_the_index_count
     assert agreed_terms(SAMPLES[:4], terms, 0.75, set()) == ["Aspirin", "heart", "attacks"]  # 3 of the 4 given
     assert agreed_terms(list(reversed(SAMPLES)), terms, 0.6, set(), 5) == ["aspirin", "heart", "attacks"]
     assert agreed_terms(["", ""], terms, 0.5, set()) == []
+
+
+def whole_words(texts: list[str]) -> list[list[str]]:
+    """An index tokenizer that splits otherwise than bm25s's pattern: hyphenated and apostrophe words are
+    one term, letters and digits apart ("h1n1": h, 1, n, 1), stop words kept."""
+    return [re.findall(r"[a-z]+(?:[-'][a-z]+|-\d+)*|\d+", t.lower()) for t in texts]
+
+
+PIECES = ["COVID-19 spreads fast; O'Brien's team said so.", "covid-19 spreads in winter, O'Brien's paper says",
+          "The COVID vaccine: 19 doses of H1N1 serum.", "A covid-19 study, 2021."]
+
+
+def test_a_term_is_counted_as_the_index_splits_it_and_written_as_a_sample_writes_it():
+    # this index: "covid-19" 3 of 4 samples, "o'brien's" and "spreads" 2; "covid" and "19" alone once each
+    assert agreed_terms(PIECES, whole_words, 0.5, set()) == ["COVID-19", "spreads", "O'Brien's"]
+    assert agreed_terms(PIECES, whole_words, 0.5, {"covid-19"}) == ["spreads", "O'Brien's"]
+    every = agreed_terms(PIECES, whole_words, 0.25, set())  # all, most agreed first: "covid" and "19" once each
+    assert every[:3] == ["COVID-19", "spreads", "O'Brien's"] and {"COVID", "19", "h", "1", "n"} <= set(every[3:])
+    # bm25s (the shipped index): "COVID-19" is two terms, both in all 4 samples; "O'Brien's" is "brien"
+    shipped = agreed_terms(PIECES, terms, 0.5, set())
+    assert shipped == ["COVID", "19", "spreads", "O'Brien's"]
+    assert [terms([w])[0] for w in shipped] == [["covid"], ["19"], ["spread"], ["brien"]]  # each word: one term
 
 
 def test_samples_one_call_the_agreed_terms_expand_bm25_and_dense_searches_their_mean():
@@ -127,3 +151,41 @@ pipelines:
     [error] = validate_file(path)
     assert (error.pipeline, error.step, error.line) == ("p", "rw", 8)
     assert message in f"{error.field}: {error.message}" if error.field else message in error.message
+
+
+REWRITE_FILE = """
+resources:
+  llm: {{type: openai_compatible, base_url: "http://127.0.0.1:9/v1"}}
+{bm25}pipelines:
+  p:
+    kind: query
+    steps:
+      - {{id: rw, task: rewrite, with: {step}}}
+"""
+TWO_BM25 = "  bm_a: {type: bm25, path: idx/a}\n  bm_b: {type: bm25, path: idx/b}\n"
+
+
+@pytest.mark.parametrize("step", ["{mode: conversational}", "{mode: multi_query, n: 3}", "{mode: decompose}",
+                                  "{mode: instruction}", "{mode: hyde}", "{mode: hyde, keyword: true}",
+                                  "{mode: hyde, samples: 3}"])
+@pytest.mark.parametrize("bm25", ["", TWO_BM25], ids=["no-bm25", "two-bm25"])
+def test_a_rewrite_that_reads_no_bm25_validates_without_one_and_binds_none(make_project, step, bm25):
+    """Only self-consistent query2doc reads the BM25 index: every other rewrite validates with none, and
+    with two it names none (it failed: "needs a bm25/milvus resource for 'sparse' ... several resources")."""
+    path = make_project(REWRITE_FILE.format(bm25=bm25, step=step))
+    assert validate_file(path) == []
+    assert load_project(path).pipelines["p"].steps[0].resources == {"llm": "llm"}
+
+
+def test_self_consistent_query2doc_without_a_bm25_index_fails_validation_at_keyword(make_project):
+    path = make_project(REWRITE_FILE.format(bm25="", step="{mode: hyde, samples: 3,\n                                           keyword: true}"))
+    [error] = validate_file(path)
+    assert (error.pipeline, error.step, error.field, error.line) == ("p", "rw", "with.keyword", 9)
+    assert str(path) in str(error) and "keyword: true with samples: 3" in error.message
+    assert "needs a bm25/milvus resource for 'sparse' and the file has none" in error.message
+    one = make_project(REWRITE_FILE.format(bm25="  sparse: {type: bm25, path: idx/s}\n",
+                                           step="{mode: hyde, samples: 3, keyword: true}"), name="one.yaml")
+    assert load_project(one).pipelines["p"].steps[0].resources == {"llm": "llm", "sparse": "sparse"}
+    named = make_project(REWRITE_FILE.format(bm25=TWO_BM25, step="{mode: hyde, samples: 3, keyword: true}, "
+                                                                 "uses: {sparse: bm_b}"), name="named.yaml")
+    assert load_project(named).pipelines["p"].steps[0].resources == {"llm": "llm", "sparse": "bm_b"}

@@ -173,6 +173,23 @@ def test_sync_threshold_is_set_at_creation_and_on_an_older_collection_when_writt
     assert make(tmp_path / "old").client.get_collection("test").configuration["hnsw"]["sync_threshold"] == 250
 
 
+def test_a_writer_opens_and_aligns_its_handle_once(tmp_path, monkeypatch):
+    """The sync_threshold is set where a writer's handle is opened, not looked at again per write; a
+    handle a read opened is replaced at the first write, and a later read keeps the writer's."""
+    make(tmp_path).collection  # an earlier run made the collection
+    store = make(tmp_path)
+    opened = []
+    original = store.client.get_or_create_collection
+    monkeypatch.setattr(store.client, "get_or_create_collection",
+                        lambda *a, **k: opened.append(a) or original(*a, **k))
+    assert store.count() == 0  # a read opens a read handle
+    assert opened == []
+    for i in range(3):
+        store.upsert([chunk(f"e{i}", basis(i))])
+        store.count()
+    assert opened == [("test",)] and store.count() == 3
+
+
 def test_writes_in_batches(tmp_path):
     store = make(tmp_path, write_batch_size=7)
     rng = np.random.default_rng(0)
