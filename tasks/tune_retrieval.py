@@ -116,7 +116,9 @@ class Params(BaseModel):
                                                               "beats it by more than this on the metric")
     confidence: float = Field(0.95, gt=0.5, lt=1.0,
                               description="leave the best single retriever only for a candidate whose paired-"
-                                          "bootstrap interval of the gain over it, at this confidence, is above 0")
+                                          "bootstrap interval of the gain over it, at this confidence, is above 0; "
+                                          "an opt-in step (expansions, query2doc) is turned on only where an "
+                                          "interval simultaneous over all its settings tried is")
     bootstrap: int = Field(1000, ge=100, le=100_000, description="bootstrap resamples of the pseudo-queries")
     seed: int = Field(0, description="bootstrap seed: the same pairs give the same choice")
     recall_margin: float = Field(0.01, ge=0.0, le=1.0,
