@@ -847,7 +847,7 @@ def switch_verdict(candidates: list[Candidate], off: Candidate, per_query: dict[
     interval of gain over ``off`` is above 0 and whose gain exceeds min_gain, recall guard applied.
     The intervals are simultaneous over all the candidates (max-T): picking the best of k settings
     must not turn a step on by the luck of one of k tries, so "off" is wrongly left with a chance of
-    at most (1 - confidence) / 2 for the whole family, not for each setting."""
+    about (1 - confidence) / 2 for the whole family (as for one setting alone), not for each setting."""
     intervals = gain_intervals(candidates, off, per_query, params, simultaneous=True)
     metric = params.metric
     significant = [c for c in candidates if intervals[c.name][0] > 0
