@@ -116,7 +116,9 @@ class Params(BaseModel):
                                                               "beats it by more than this on the metric")
     confidence: float = Field(0.95, gt=0.5, lt=1.0,
                               description="leave the best single retriever only for a candidate whose paired-"
-                                          "bootstrap interval of the gain over it, at this confidence, is above 0")
+                                          "bootstrap interval of the gain over it, at this confidence, is above 0; "
+                                          "an opt-in step (expansions, query2doc) is turned on only where an "
+                                          "interval simultaneous over all its settings tried is")
     bootstrap: int = Field(1000, ge=100, le=100_000, description="bootstrap resamples of the pseudo-queries")
     seed: int = Field(0, description="bootstrap seed: the same pairs give the same choice")
     recall_margin: float = Field(0.01, ge=0.0, le=1.0,
@@ -776,9 +778,12 @@ def recall_guarded(pool: list[Candidate], params: Params) -> list[Candidate]:
 
 
 def gain_intervals(candidates: list[Candidate], single: Candidate, per_query: dict[str, np.ndarray],
-                   params: Params) -> dict[str, tuple[float, float]]:
+                   params: Params, simultaneous: bool = False) -> dict[str, tuple[float, float]]:
     """Per candidate, the paired-bootstrap interval of its mean gain over ``single`` on the metric:
-    the same resampled pseudo-queries for every candidate, from a fixed seed."""
+    the same resampled pseudo-queries for every candidate, from a fixed seed. Per candidate (each
+    interval alone at ``confidence``: the percentile interval), or ``simultaneous``: all of them at
+    once (max-T), so that the chance that *any* of the k intervals misses its candidate's true gain
+    stays within 1 - confidence whatever k; see ``simultaneous_intervals``."""
     if not candidates or single.name not in per_query:
         return {}
     column = METRICS.index(params.metric)
@@ -786,34 +791,64 @@ def gain_intervals(candidates: list[Candidate], single: Candidate, per_query: di
     n = len(base)
     if n == 0:
         return {c.name: (0.0, 0.0) for c in candidates}
-    rng = np.random.default_rng(params.seed)
-    counts = np.zeros((params.bootstrap, n))
-    for row in range(params.bootstrap):
-        counts[row] = np.bincount(rng.integers(0, n, n), minlength=n)
+    # each resample's count of every pseudo-query, drawn in one call (the same stream as a draw per resample)
+    drawn = np.random.default_rng(params.seed).integers(0, n, (params.bootstrap, n))
+    offsets = n * np.arange(params.bootstrap)[:, None]
+    counts = np.bincount((drawn + offsets).ravel(), minlength=params.bootstrap * n).reshape(params.bootstrap, n)
     gains = np.stack([per_query[c.name][:, column] - base for c in candidates], axis=1)  # (n, candidates)
     means = counts @ gains / n  # (resamples, candidates)
     tail = 100 * (1 - params.confidence) / 2
-    low, high = np.percentile(means, [tail, 100 - tail], axis=0)
+    if simultaneous:
+        low, high = simultaneous_intervals(means, gains.mean(axis=0), tail)
+    else:
+        low, high = np.percentile(means, [tail, 100 - tail], axis=0)
     return {c.name: (float(lo), float(hi)) for c, lo, hi in zip(candidates, low, high)}
+
+
+def simultaneous_intervals(means: np.ndarray, observed: np.ndarray, tail: float) -> tuple[np.ndarray, np.ndarray]:
+    """Max-T bootstrap intervals of k mean gains that hold together: ``means`` (resamples x k) are
+    the resampled means, ``observed`` the k means of the pseudo-queries themselves. Each candidate's
+    deviation is standardised by its bootstrap standard error (so that the noisiest candidate does
+    not set the bar for a steady one); per resample, the largest standardised deviation over the k
+    candidates upwards (and, for the upper ends, downwards); its 100 - ``tail`` percentile ``c`` gives
+    every candidate ``observed - c * se`` as its lower end (``observed + c' * se`` its upper end).
+    Every lower end is then above the true gain in at most ``tail`` % of samples for all k at once,
+    as one candidate's percentile interval is alone. With k = 1 it is the basic bootstrap interval.
+    A candidate whose gain does not vary over the resamples (the same figure on every pseudo-query,
+    e.g. a setting that changes no ranking) has its observed gain as both ends."""
+    se = means.std(axis=0)
+    varies = se > 1e-12
+    low, high = observed.astype(float).copy(), observed.astype(float).copy()
+    if varies.any():
+        z = (means[:, varies] - observed[varies]) / se[varies]  # (resamples, varying candidates)
+        up, down = np.percentile(z.max(axis=1), 100 - tail), np.percentile((-z).max(axis=1), 100 - tail)
+        low[varies] = observed[varies] - up * se[varies]
+        high[varies] = observed[varies] + down * se[varies]
+    return low, high
 
 
 @dataclass(frozen=True)
 class SwitchVerdict:
     """Whether an opt-in step beats ``off`` (the ranking without it): ``best`` is ``off`` unless a
-    candidate gains significantly; ``shown`` is what the report names (the best, else the top one)."""
+    candidate gains significantly; ``shown`` is what the report names (the best, else the top one);
+    ``low``..``high`` its interval, simultaneous over the ``family`` candidates tried."""
     best: Candidate
     top: Candidate
     shown: Candidate
     low: float
     high: float
     gain: float
+    family: int
 
 
 def switch_verdict(candidates: list[Candidate], off: Candidate, per_query: dict[str, np.ndarray],
                    params: Params) -> SwitchVerdict:
     """The paired-bootstrap decision for a step that is on or off: on only for a candidate whose
-    interval of gain over ``off`` is above 0 and whose gain exceeds min_gain, recall guard applied."""
-    intervals = gain_intervals(candidates, off, per_query, params)
+    interval of gain over ``off`` is above 0 and whose gain exceeds min_gain, recall guard applied.
+    The intervals are simultaneous over all the candidates (max-T): picking the best of k settings
+    must not turn a step on by the luck of one of k tries, so "off" is wrongly left with a chance of
+    about (1 - confidence) / 2 for the whole family (as for one setting alone), not for each setting."""
+    intervals = gain_intervals(candidates, off, per_query, params, simultaneous=True)
     metric = params.metric
     significant = [c for c in candidates if intervals[c.name][0] > 0
                    and c.scores[metric] - off.scores[metric] > params.min_gain]
@@ -821,7 +856,12 @@ def switch_verdict(candidates: list[Candidate], off: Candidate, per_query: dict[
     top = max(candidates, key=lambda c: c.scores[metric])
     shown = best if best is not off else top
     low, high = intervals[shown.name]
-    return SwitchVerdict(best, top, shown, low, high, shown.scores[metric] - off.scores[metric])
+    return SwitchVerdict(best, top, shown, low, high, shown.scores[metric] - off.scores[metric], len(candidates))
+
+
+def interval_words(params: Params, verdict: SwitchVerdict) -> str:
+    """How a switch's interval is named in its reason: simultaneous over its k settings."""
+    return f"{params.confidence:.0%} interval simultaneous over {verdict.family} settings"
 
 
 def by_strategy(pairs: list[PseudoQuery], candidates: list[Candidate], per_query: dict[str, np.ndarray],
@@ -1188,7 +1228,7 @@ def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[Pse
         verdict = switch_verdict(candidates, chosen, per_query, params)
         best, top, shown, low, high = verdict.best, verdict.top, verdict.shown, verdict.low, verdict.high
         entry.update(enabled=best is not chosen, off=chosen.scores, best={"name": shown.name, **shown.scores},
-                     interval=[round(low, 5), round(high, 5)],
+                     interval=[round(low, 5), round(high, 5)], interval_family=verdict.family,
                      candidates=[{"name": c.name, **c.scores, "fields": c.setting["expansion"]}
                                  for c in sorted(candidates, key=lambda c: -c.scores[metric])],
                      by_strategy=strategy_gains(pairs, per_query, shown, chosen, metric),
@@ -1199,11 +1239,11 @@ def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[Pse
             entry.update(fields=expansion_fields(stage, option_of[candidates.index(best)]), setting=best.setting,
                          fusion_changed=changed)
             entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
-                               f"({params.confidence:.0%} interval {low:+.4f} to {high:+.4f})"
+                               f"({interval_words(params, verdict)} {low:+.4f} to {high:+.4f})"
                                + ("; its pipelines get that fusion, the others keep the chosen one" if changed else ""))
         else:
             entry["reason"] = (f"off: no setting beats {chosen.name} without it significantly (best: {top.name}, "
-                               f"{gain:+.4f} {metric}, {params.confidence:.0%} interval {low:+.4f} to {high:+.4f})")
+                               f"{gain:+.4f} {metric}, {interval_words(params, verdict)} {low:+.4f} to {high:+.4f})")
     return decisions
 
 
@@ -1329,7 +1369,7 @@ def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[Pseu
                                          verdict.gain)
     sampled = [pairs[i] for i in rows]
     entry.update(enabled=best is not off, off=off.scores, best={"name": shown.name, **shown.scores},
-                 interval=[round(low, 5), round(high, 5)], pairs=len(rows),
+                 interval=[round(low, 5), round(high, 5)], interval_family=verdict.family, pairs=len(rows),
                  candidates=[{"name": c.name, **c.scores, "fields": c.setting["expansion"]}
                              for c in sorted(candidates, key=lambda c: -c.scores[metric])],
                  by_strategy=strategy_gains(sampled, local, shown, off, metric))
@@ -1339,11 +1379,11 @@ def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[Pseu
         entry.update(fields={"enabled": True, **option_of[candidates.index(best)]},
                      setting=best.setting, fusion_changed=changed)
         entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
-                           f"({params.confidence:.0%} interval {low:+.4f} to {high:+.4f}; {where})"
+                           f"({interval_words(params, verdict)} {low:+.4f} to {high:+.4f}; {where})"
                            + ("; its pipelines get that fusion, the others keep the chosen one" if changed else ""))
     else:
         entry["reason"] = (f"off: no setting beats {chosen.name} without it significantly (best: {top.name}, "
-                           f"{gain:+.4f} {metric}, {params.confidence:.0%} interval {low:+.4f} to {high:+.4f}; "
+                           f"{gain:+.4f} {metric}, {interval_words(params, verdict)} {low:+.4f} to {high:+.4f}; "
                            f"{where})")
     return entry
 

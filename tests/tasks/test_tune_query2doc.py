@@ -130,6 +130,55 @@ def test_query2doc_stays_off_where_the_pseudo_document_says_nothing_useful(proje
     assert "fields" not in decision and len(prompts) == 20
 
 
+def exchangeable_corpus() -> tuple[list[tuple[str, str, dict]], list[PseudoQuery]]:
+    """Per topic, four documents made alike (the query's word once, and corpus words of random length);
+    one of them, drawn at random, is the target. Off ranks the target anywhere among the four, and a
+    reply that does not know which is the target moves it up as often as down among them (and lets
+    other topics' documents in above all four): no true gain, at most a loss. (Over the
+    synonym corpus, where off never reaches a target, any reply's gain is 0 or more: words drawn from
+    the corpus's vocabulary there gain by chance, truly, and a correct test may find it.)"""
+    rng = random.Random(6)
+    rows, pairs = [], []
+    for topic in range(24):
+        word, target = f"alpha{topic}", rng.randrange(4)
+        for d in range(4):
+            source = f"doc{topic:02d}x{d}"
+            rows.append((f"{source}#0", f"{word} {filler(rng, rng.randint(15, 45))}", {"source_id": source}))
+        pairs.append(PseudoQuery(text=f"{word} claim", source_id=f"doc{topic:02d}x{target}",
+                                 chunk_id=f"doc{topic:02d}x{target}#0", strategy="keywords"))
+    return rows, pairs
+
+
+def test_query2doc_stays_off_for_a_reply_of_corpus_words_over_twenty_seeds(project, monkeypatch):
+    """The noise CI caught: a reply of words from the corpus's own vocabulary, the same per prompt
+    (random.Random(seed, prompt)), 20 pseudo-queries, the best of 6 settings (3 query_repeats x 2
+    fusions). The switch's interval is simultaneous over the 6, so luck in one of them does not turn
+    query2doc on, for any of 20 seeds; the per-setting intervals (the old rule) are counted too."""
+    seen: list[tuple] = []
+    verdict = tr.switch_verdict
+
+    def spy(candidates, off, per_query, params):
+        seen.append((candidates, off, dict(per_query), params))
+        return verdict(candidates, off, per_query, params)
+
+    monkeypatch.setattr(tr, "switch_verdict", spy)
+    turned_on, old_rule = [], 0
+    for seed in range(20):
+        def reply(prompt: str, seed: int = seed) -> str:
+            return filler(random.Random(f"{seed} {prompt}"), 12)
+
+        _, decision, prompts = decide(project, reply, pairs_to_ask=20, rows_pairs=exchangeable_corpus())
+        assert decision["interval_family"] == 6 and len(prompts) == 20
+        assert "interval simultaneous over 6 settings" in decision["reason"]
+        if decision["enabled"]:
+            turned_on.append((seed, decision["reason"]))
+        candidates, off, per_query, params = seen[-1]
+        alone = tr.gain_intervals(candidates, off, per_query, params)
+        old_rule += any(alone[c.name][0] > 0 and c.scores["ndcg@10"] > off.scores["ndcg@10"] for c in candidates)
+    print(f"corpus-word replies switched on: simultaneous {len(turned_on)}/20, per-setting {old_rule}/20")
+    assert turned_on == []
+
+
 def test_query2doc_is_not_decided_without_an_llm_or_with_zero_pairs(project):
     rows, pairs = synonym_corpus()
     corpus = tr.Corpus.from_rows(rows)
