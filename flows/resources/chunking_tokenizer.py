@@ -52,7 +52,10 @@ def load_chunking_tokenizer(folder: Path) -> ChunkingTokenizer | None:
         return None
     from tokenizers import Tokenizer  # imported where used: the stages' modules load without it
 
-    tokenizer = Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # noqa: BLE001 - the Rust loader's errors are plain Exceptions; transformers says why
+        return None
     if tokenizer.get_vocab_size(with_added_tokens=True) > MAX_VOCAB:
         return None
     added = tokenizer.get_added_tokens_decoder()
@@ -62,7 +65,7 @@ def load_chunking_tokenizer(folder: Path) -> ChunkingTokenizer | None:
     named = [config] if "added_tokens_decoder" in config else [config, special_map]
     contents = {token.content for token in added.values()}
     if not all(_content(token) in contents for source in named for token in _special_tokens(source)):
-        return None  # transformers would add it as a special token: "[UNK]" in a text would stay whole
+        return None  # transformers would add it, as a special token (a new id, never split)
     return ChunkingTokenizer(tokenizer)
 
 
@@ -83,7 +86,8 @@ class ChunkingTokenizer:
 
     def __call__(self, text: str | list[str], *, add_special_tokens: bool = True,
                  return_offsets_mapping: bool = False, truncation: bool = False,
-                 verbose: bool = True) -> Encoded:  # noqa: ARG002 - verbose: transformers' too-long warning
+                 verbose: bool = True) -> Encoded:
+        del verbose  # transformers' warning about texts over the model's length: chunking reads them whole
         if truncation:
             raise ValueError("the chunking tokenizer does not truncate (chunks are cut by the chunker)")
         single = isinstance(text, str)

@@ -195,3 +195,10 @@ print(type(embedder.tokenizer).__name__, sorted({m.split(".")[0] for m in sys.mo
                             cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["ChunkingTokenizer", "[]"]
+
+
+def test_a_tokenizer_json_the_rust_loader_refuses_falls_back(tmp_path):
+    """transformers then loads it or says why, as before the shortcut."""
+    folder = model_copy(tmp_path)
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nonexistent"}}')
+    assert load_chunking_tokenizer(folder) is None
