@@ -18,7 +18,7 @@ service, each run's process talks HTTP to the server, which holds the HNSW index
 peak RSS and the server's resident memory after each run are reported apart; CPU is both together.
 Saved as bench/out/scale_managed.json.
 
-Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus|managed] [--keep DIR]  (--huge adds 300000)
+Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus|managed] [--keep DIR [--again]]  (--huge adds 300000)
 """
 from __future__ import annotations
 
@@ -161,12 +161,16 @@ def measured(project: Path, mode: str, server_pid: int | None = None) -> dict:
     return out
 
 
-def measure(n: int, folder: Path, backend: str = "default") -> dict:
+def measure(n: int, folder: Path, backend: str = "default", again: bool = False) -> dict:
+    """A size's runs; ``again``: the incremental runs only, on a kept folder whose full ingest was
+    measured before (its row is kept beside it), with documents no earlier round changed."""
     project = folder / "pipelines.yaml"
-    project.write_text(PIPELINES.replace(STORE_LINES, BACKENDS[backend]))
-    (folder / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
     docs = folder / "docs"
-    write_corpus(docs, n)
+    saved = folder / "row.json"
+    if not again:
+        project.write_text(PIPELINES.replace(STORE_LINES, BACKENDS[backend]))
+        (folder / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
+        write_corpus(docs, n)
     with contextlib.ExitStack() as stack:
         server = None
         if backend == "managed":
@@ -174,23 +178,27 @@ def measure(n: int, folder: Path, backend: str = "default") -> dict:
 
             server = ManagedChroma(folder / "idx" / "chroma", logs=folder / "logs").start()
             stack.callback(server.stop)
-        return runs(n, project, docs, server.process.pid if server else None)
+        earlier = json.loads(saved.read_text()) if again else None
+        row = runs(n, project, docs, server.process.pid if server else None, earlier)
+    saved.write_text(json.dumps(row))
+    return row
 
 
-def runs(n: int, project: Path, docs: Path, server_pid: int | None) -> dict:
+def runs(n: int, project: Path, docs: Path, server_pid: int | None, earlier: dict | None = None) -> dict:
     source = abstracts()
-    row: dict = {"documents": n, "load_average": os.getloadavg()[0]}
-    row["full"] = measured(project, "index", server_pid)
+    round_ = earlier.get("round", 0) + 1 if earlier else 0  # each round edits, adds and deletes other documents
+    row: dict = {"documents": n, "load_average": os.getloadavg()[0], "round": round_}
+    row["full"] = earlier["full"] if earlier else measured(project, "index", server_pid)
     row["unchanged"] = measured(project, "index", server_pid)
-    changed = docs / "f000" / "d000003.md"
-    changed.write_text(document(3, source, " Edited."))
+    changed = docs / "f000" / f"d{3 + 10 * round_:06d}.md"
+    changed.write_text(document(3 + 10 * round_, source, " Edited."))
     age(changed, 1800)
     row["changed"] = measured(project, "index", server_pid)
-    added = docs / "f000" / "added.md"
-    added.write_text(document(n + 1, source))
+    added = docs / "f000" / ("added.md" if not round_ else f"added{round_}.md")
+    added.write_text(document(n + 1 + round_, source))
     age(added, 1800)
     row["added"] = measured(project, "index", server_pid)
-    (docs / "f000" / "d000005.md").unlink()
+    (docs / "f000" / f"d{5 + 10 * round_:06d}.md").unlink()
     row["deleted"] = measured(project, "index", server_pid)
     row["queries"] = measured(project, "search", server_pid)
     print(json.dumps(row), flush=True)
@@ -233,6 +241,8 @@ def main() -> None:
                         "store served by the managed chroma run, as under ragline serve")
     parser.add_argument("--keep", type=Path, help="build each size's corpus and index in PATH/<size> and keep "
                         "them (to profile runs on them afterwards)")
+    parser.add_argument("--again", action="store_true", help="with --keep: the incremental runs again on each "
+                        "kept size (its full ingest's figures are the earlier ones)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -242,8 +252,9 @@ def main() -> None:
     rows = earlier_rows(name)
     for n in args.sizes + ([300_000] if args.huge else []):
         if args.keep:
-            (args.keep / str(n)).mkdir(parents=True)  # an existing one is refused: its index is not fresh
-            row = measure(n, args.keep / str(n), args.backend)
+            if not args.again:
+                (args.keep / str(n)).mkdir(parents=True)  # an existing one is refused: its index is not fresh
+            row = measure(n, args.keep / str(n), args.backend, again=args.again)
         else:
             with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as folder:
                 row = measure(n, Path(folder), args.backend)
