@@ -177,7 +177,11 @@ class Embedder(Resource):
             config = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return config if isinstance(config, dict) and set(config) <= {"max_seq_length", "do_lower_case"} else None
+        if not isinstance(config, dict) or not set(config) <= {"max_seq_length", "do_lower_case"}:
+            return None
+        # do_lower_case true: sentence-transformers puts a Lowercase normalizer in front of the model's
+        # tokenizer, which tokenizer.json alone does not have (a cased model would count other tokens)
+        return None if config.get("do_lower_case") else config
 
     @property
     def dimension(self) -> int:

@@ -1,6 +1,8 @@
 """Unit tests for the sentence-transformers embedder (flows.resources.embedder) with the packaged MiniLM."""
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +172,22 @@ def test_a_model_config_with_tokenizer_arguments_loads_the_model_for_its_tokeniz
     (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 128, "tokenizer_args": {}}')
     embedder = Embedder(EmbedderSpec(type="sentence_transformer", model=str(folder)))
     assert embedder.max_seq_length == 128 and embedder._model.loaded
+
+
+def test_a_model_that_lowercases_its_input_chunks_with_the_models_own_tokenizer(tmp_path, minilm):
+    """do_lower_case: sentence-transformers lowercases in front of the tokenizer, which the model
+    folder's tokenizer.json does not: the chunker must count the tokens the model will see."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model_path("all-MiniLM-L6-v2"), folder)
+    config = folder / "sentence_bert_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "do_lower_case": True}))
+    embedder = Embedder(EmbedderSpec(type="sentence_transformer", model=str(folder)))
+    text = "KAPOW İstanbul DNA"
+    got = embedder.tokenizer([text], add_special_tokens=False)["input_ids"][0]
+    assert embedder._model.loaded
+    assert got == embedder.model.tokenizer([text], add_special_tokens=False)["input_ids"][0]
 
 
 
