@@ -139,11 +139,12 @@ class Embedder(Resource):
         return int(self.model.max_seq_length)
 
     def _load_chunking_tokenizer(self):
-        """The model's tokenizer, loaded on its own unless the model already is (or its config asks
-        for tokenizer arguments this shortcut would not pass): the folder's ``tokenizer.json`` with the
-        Rust ``tokenizers`` package where that gives what ``PreTrainedTokenizerFast`` would (importing
-        ``transformers`` was ~1 s CPU of every incremental ingestion run), else ``transformers``'."""
-        folder = None if self._model.loaded else self._transformer_folder()
+        """The model's tokenizer, loaded on its own (unless its config asks for tokenizer arguments this
+        shortcut would not pass): the folder's ``tokenizer.json`` with the Rust ``tokenizers`` package
+        where that gives what ``PreTrainedTokenizerFast`` would (importing ``transformers`` was ~1 s CPU
+        of every incremental ingestion run), else ``transformers``'. Also when the model is loaded: the
+        same document must chunk the same whether or not this process embedded something first."""
+        folder = self._transformer_folder()
         if folder is None or self._transformer_config() is None:
             return copy.deepcopy(self.model.tokenizer)
         if (shortcut := load_chunking_tokenizer(folder)) is not None:

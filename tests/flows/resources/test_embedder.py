@@ -163,6 +163,17 @@ def test_chunking_needs_the_tokenizer_not_the_model(minilm):
     assert got["input_ids"] == want["input_ids"] and got["offset_mapping"] == want["offset_mapping"]
 
 
+def test_the_chunking_tokenizer_does_not_depend_on_whether_the_model_was_loaded_first(minilm):
+    """A process that embedded before it chunks (the second batch of a run) must chunk as one that did
+    not: the same tokenizer.json, not a copy of the loaded model's tokenizer (which transformers may
+    rebuild from vocab.txt)."""
+    from ragline.flows.resources.chunking_tokenizer import ChunkingTokenizer
+
+    warm = Embedder(EmbedderSpec(type="sentence_transformer"))
+    warm.encode_documents(["loaded first"])
+    assert warm._model.loaded and isinstance(warm.tokenizer, ChunkingTokenizer)
+
+
 def test_a_model_config_with_tokenizer_arguments_loads_the_model_for_its_tokenizer(tmp_path, minilm):
     """The shortcut reproduces only max_seq_length and do_lower_case; other arguments mean the model's own."""
     import shutil
