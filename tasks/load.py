@@ -420,7 +420,8 @@ class SourceRoot:
             return posixpath.basename(path)
         prefix = self.location.rstrip("/") + "/"
         rest = path[len(prefix):]
-        if path.startswith(prefix) and rest and not any(odd in f"/{rest}/" for odd in ("/./", "/../", "//")):
+        wrapped = f"/{rest}/"
+        if path.startswith(prefix) and rest and "//" not in wrapped and "/./" not in wrapped and "/../" not in wrapped:
             return rest  # a walked path below the root, already normal: relpath's result without its cost
         return posixpath.relpath(path, self.location)
 

@@ -720,8 +720,13 @@ class IndexState(Resource):
         at = 0
         for item in items:
             own, at = _item_rows(rows, ids, item, at)
+            if not own:
+                continue
             signal = signals[item]
-            if own and all(r[tail] == signal and r[tail + 1] == fingerprint and r[tail + 2] == origin for r in own):
+            for r in own:
+                if r[tail] != signal or r[tail + 1] != fingerprint or r[tail + 2] != origin:
+                    break
+            else:
                 found[item] = own if full else [(r[0], r[1], r[2]) for r in own]
         return found
 
