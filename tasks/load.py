@@ -173,6 +173,7 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
         if len(unchanged) >= MARK_BATCH or start + SIGNAL_BATCH >= len(discovered):
             known.mark(unchanged)
             unchanged = []
+            failpoints.hit("load.after_mark")  # a kill here: the next run's listing starts afresh (``clear_listed``)
     for spec in params.paths:
         if getattr(spec, "type", "local") != "local":
             out.extend(_remote_documents(spec, params, ctx, known))
