@@ -147,17 +147,15 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
     discovered = _discover(params, ctx, roots)
     for start in range(0, len(discovered), SIGNAL_BATCH):
         part = discovered[start:start + SIGNAL_BATCH]
-        signals = {root.source_id(path): stat_signal(path) for path, root in part}
-        same = known.unchanged(signals)
-        for path, root in part:
-            item = root.source_id(path)
-            if (listed := known.listed(same.get(item), signals[item], path, root, None, params)) is not None:
-                stored = {row[0]: row[4] for row in same[item]}
-                if all(stored[d.source_id] == tuple(sorted(set(d.groups))) for d in listed):
-                    unchanged += [d.source_id for d in listed]  # marked listed in the state, not listed here
+        signals = {item: stat_signal(path) for item, path, _ in part}
+        same = known.unchanged_acls(signals)
+        for item, path, root in part:
+            if (kept := known.kept(same.get(item), signals[item], item, path, root, params)) is not None:
+                if kept.regrant:
+                    out.extend(kept.regrant)  # its access changed: the sink re-grants it
                 else:
-                    out.extend(listed)  # its access changed: the sink re-grants it
-                ctx.progress("unchanged", len(listed))
+                    unchanged += kept.ids  # marked listed in the state, not listed here
+                ctx.progress("unchanged", len(kept.ids))
                 continue
             fetched = _read(path, item, params.max_bytes, ctx)
             versions = known.versions(item, root, path, params) if fetched else None
@@ -175,6 +173,7 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
         if len(unchanged) >= MARK_BATCH or start + SIGNAL_BATCH >= len(discovered):
             known.mark(unchanged)
             unchanged = []
+            failpoints.hit("load.after_mark")  # a kill here: the next run's listing starts afresh (``clear_listed``)
     for spec in params.paths:
         if getattr(spec, "type", "local") != "local":
             out.extend(_remote_documents(spec, params, ctx, known))
@@ -279,6 +278,35 @@ class KnownItems:
         return self.state.unchanged_items(self.origin, self.fingerprint,
                                           {k: v for k, v in signals.items() if v is not None})
 
+    def unchanged_acls(self, signals: dict[str, str | None]) -> dict[str, list[tuple[str, str, str | None]]]:
+        if self.state is None:
+            return {}
+        return self.state.unchanged_acls(self.origin, self.fingerprint,
+                                         {k: v for k, v in signals.items() if v is not None})
+
+    def kept(self, rows: list[tuple[str, str, str | None]] | None, signal: str | None, item: str, path: str,
+             root: "SourceRoot", params: Params) -> "Kept | None":
+        """A local file that need not be read (``listed``'s rules), as its source ids, with its
+        documents listed only when their access changed (the sink re-grants them); else None.
+        ``rows``: ``IndexState.unchanged_acls``'s. Its groups are compared as the state's text
+        first, so an unchanged file costs no Document and no JSON decoding."""
+        if not rows or signal is None or self._failed(item):
+            return None
+        fallback = tuple(root.groups(path)) if root.access else ()
+        own_field = params.acl_field is not None
+        if own_field and (fallback or any(r[2] is None for r in rows)):
+            return None  # whether a document has its own groups or the root's is only in its content
+        ids = [r[0] for r in rows]
+        want = _acl_text(fallback)
+        for _, _, acl in rows:
+            if acl == want:  # the recorded text of these very groups
+                continue
+            stored = None if acl is None else tuple(json.loads(acl))
+            if stored is None or stored != tuple(sorted(set(stored if own_field else fallback))):
+                return Kept(ids, self.listed([(r[0], r[1], "", "", None if r[2] is None else tuple(json.loads(r[2])))
+                                              for r in rows], signal, path, root, fallback, params) or [])
+        return Kept(ids, [])
+
     def versions(self, item: str, root: "SourceRoot", path: str, params: Params) -> "RecordVersions | None":
         """What a JSONL file's records were indexed with, when records carry their own version
         (``jsonl_version_field``) and the file did not fail last run: see ``RecordVersions``."""
@@ -312,6 +340,20 @@ class KnownItems:
     def _failed(self, item: str) -> bool:
         at = bisect.bisect_left(self.failed, item)
         return at < len(self.failed) and (self.failed[at] == item or self.failed[at].startswith((item + "#", item + ":")))
+
+
+@dataclass
+class Kept:
+    """An unchanged local file: its sources' ids, and its documents when their access changed."""
+
+    ids: list[str]
+    regrant: list[Document]
+
+
+@functools.lru_cache(maxsize=256)
+def _acl_text(groups: tuple[str, ...]) -> str:
+    """Groups as the index state records them (``flows/resources/state.py``'s ``_acl_text``)."""
+    return json.dumps(sorted(set(groups)))
 
 
 @dataclass
@@ -379,7 +421,8 @@ class SourceRoot:
             return posixpath.basename(path)
         prefix = self.location.rstrip("/") + "/"
         rest = path[len(prefix):]
-        if path.startswith(prefix) and rest and not any(odd in f"/{rest}/" for odd in ("/./", "/../", "//")):
+        wrapped = f"/{rest}/"
+        if path.startswith(prefix) and rest and "//" not in wrapped and "/./" not in wrapped and "/../" not in wrapped:
             return rest  # a walked path below the root, already normal: relpath's result without its cost
         return posixpath.relpath(path, self.location)
 
@@ -429,8 +472,9 @@ def _default_name(location: str, base: str) -> str:
     return posixpath.basename(location.rstrip("/")) or "root"
 
 
-def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot]) -> list[tuple[str, SourceRoot]]:
-    """The files of every root, each once (under the outermost root that lists it), by source id.
+def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot]) -> list[tuple[str, str, SourceRoot]]:
+    """The files of every root, each once (under the outermost root that lists it), as (source id,
+    path, root) in source id order.
 
     Every root listed completely is declared with ``ctx.cover``; one that cannot be reached is a
     root failure (the run deletes nothing), and an unreadable subfolder protects what is under it.
@@ -446,28 +490,30 @@ def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot]) -> list
             ctx.fail(root.covered, f"root {root.given!r} has the same name {root.name!r} as {other.given!r}: "
                                    f"give one of them a `name`", root=True)
             continue
-        for path in _root_files(root, params, ctx):
-            if not root.follow_links and _may_escape(path, root) and not _within(os.path.realpath(path), inside):
+        for path, link in _root_files(root, params, ctx):
+            if not root.follow_links and _may_escape(path, root, link) and not _within(os.path.realpath(path), inside):
                 ctx.fail(root.source_id(path), "symbolic link to a file outside every source root: skipped (set "
                                                "follow_links: true on the root to index it)", skipped=True)
                 continue
             if path not in found or len(root.location) < len(found[path].location):
                 found[path] = root
-    return sorted(found.items(), key=lambda item: item[1].source_id(item[0]))
+    return sorted((root.source_id(path), path, root) for path, root in found.items())
 
 
-def _may_escape(path: str, root: SourceRoot) -> bool:
+def _may_escape(path: str, root: SourceRoot, link: bool | None = None) -> bool:
     """Whether a listed file's real path may lie outside its root. A folder root's walk does not enter
-    linked folders (unless it follows links), so only a file that is itself a link can: one lstat
-    instead of resolving every file's path (the listing's largest cost at 10,000 files)."""
-    return bool(root.pattern) or root.is_file or os.path.islink(path)
+    linked folders (unless it follows links), so only a file that is itself a link can: the walk's
+    word for it (``link``: its directory entry's type, no system call), else one lstat, instead of
+    resolving every file's path (the listing's largest cost at 10,000 files)."""
+    return bool(root.pattern) or root.is_file or (os.path.islink(path) if link is None else link)
 
 
 def _within(real: str, roots: list[str]) -> bool:
     return any(real == root or real.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def _root_files(root: SourceRoot, params: Params, ctx: StepContext) -> list[str]:
+def _root_files(root: SourceRoot, params: Params, ctx: StepContext) -> list[tuple[str, bool | None]]:
+    """A root's files, each with whether it is a symbolic link (None: not known from the walk)."""
     expanded = posixpath.join(root.location, root.pattern) if root.pattern else root.location
     if root.pattern:
         return _glob_root(expanded, root, params, ctx)
@@ -477,7 +523,7 @@ def _root_files(root: SourceRoot, params: Params, ctx: StepContext) -> list[str]
     if os.path.isdir(expanded):
         return _folder_root(root, params, ctx)
     ctx.cover("file", root.covered)
-    return [] if _matches(expanded, params.exclude) else [expanded]  # a file named directly skips `include`
+    return [] if _matches(expanded, params.exclude) else [(expanded, None)]  # a file named directly skips `include`
 
 
 def _unreachable(path: str) -> str | None:
@@ -491,7 +537,7 @@ def _unreachable(path: str) -> str | None:
     return None
 
 
-def _glob_root(pattern: str, root: SourceRoot, params: Params, ctx: StepContext) -> list[str]:
+def _glob_root(pattern: str, root: SourceRoot, params: Params, ctx: StepContext) -> list[tuple[str, bool | None]]:
     """Files matching a glob; its fixed folder must exist, else nothing under it counts as deleted."""
     if not os.path.isdir(root.location):
         ctx.fail(root.covered, f"the folder of pattern {root.given!r} does not exist", root=True)
@@ -499,10 +545,12 @@ def _glob_root(pattern: str, root: SourceRoot, params: Params, ctx: StepContext)
     found: set[str] = set()
     for match in glob.glob(pattern, recursive=True):
         match = Path(os.path.abspath(match)).as_posix()
-        found.update(_folder_files(match, root, params, ctx) if os.path.isdir(match) else
-                     ([match] if _matches(match, params.include) and not _matches(match, params.exclude) else []))
+        if os.path.isdir(match):
+            found.update(path for path, _ in _folder_files(match, root, params, ctx))
+        elif _matches(match, params.include) and not _matches(match, params.exclude):
+            found.add(match)
     ctx.cover("glob", root.covered)
-    return sorted(found)
+    return [(path, None) for path in sorted(found)]  # a glob's files are all resolved: they may lead anywhere
 
 
 def _glob_base(pattern: str) -> str:
@@ -512,7 +560,7 @@ def _glob_base(pattern: str) -> str:
     return "/".join(parts[:fixed]) or "/"
 
 
-def _folder_root(root: SourceRoot, params: Params, ctx: StepContext) -> list[str]:
+def _folder_root(root: SourceRoot, params: Params, ctx: StepContext) -> list[tuple[str, bool | None]]:
     """Files under a folder root; a root that cannot be listed is a root failure."""
     try:
         os.scandir(root.location).close()
@@ -524,24 +572,55 @@ def _folder_root(root: SourceRoot, params: Params, ctx: StepContext) -> list[str
     return files
 
 
-def _folder_files(folder: str, root: SourceRoot, params: Params, ctx: StepContext) -> Iterator[str]:
-    """Files below ``folder`` that pass include/exclude; an unreadable subfolder is reported (which
-    protects what was indexed from it) instead of being skipped silently. Folder links are walked
-    only when the root follows links, each real folder once (a link loop ends)."""
+def _folder_files(folder: str, root: SourceRoot, params: Params, ctx: StepContext) -> Iterator[tuple[str, bool]]:
+    """Files below ``folder`` that pass include/exclude, each with whether it is a symbolic link (from
+    its directory entry: no lstat per file); an unreadable subfolder is reported (which protects what
+    was indexed from it) instead of being skipped silently. Folder links are walked only when the
+    root follows links, each real folder once (a link loop ends). ``os.walk``'s order and rules
+    (top-down, a folder whose type cannot be read is a file), keeping scandir's entries it drops."""
     def unreadable(exc: OSError) -> None:
         ctx.fail(root.source_id(Path(exc.filename or folder).as_posix()), f"cannot list folder: {exc.strerror or exc}")
 
     seen = {os.path.realpath(folder)}
-    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=root.follow_links):
+    include, exclude = params.include, params.exclude
+    stack = [folder if os.sep == "/" else Path(folder).as_posix()]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as listing:
+                entries = list(listing)
+        except OSError as exc:
+            unreadable(exc)
+            continue
+        folders: list[str] = []
+        files: list[tuple[str, bool]] = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                # a linked folder is entered only when the root follows links (os.walk's followlinks)
+                if root.follow_links or not _is_link(entry):
+                    folders.append(entry.name)
+            else:
+                files.append((entry.name, _is_link(entry)))
         # prune excluded folders (.git, node_modules) instead of walking and filtering them
-        dirpath = dirpath if os.sep == "/" else Path(dirpath).as_posix()
-        dirnames[:] = sorted(d for d in dirnames if not _matches(f"{dirpath}/{d}/", params.exclude))
+        folders = sorted(d for d in folders if not _matches(f"{top}/{d}/", exclude))
         if root.follow_links:
-            dirnames[:] = [d for d in dirnames if _first_visit(os.path.join(dirpath, d), seen)]
-        for name in sorted(filenames):
-            full = f"{dirpath}/{name}"
-            if _matches(full, params.include) and not _matches(full, params.exclude):
-                yield full
+            folders = [d for d in folders if _first_visit(os.path.join(top, d), seen)]
+        for name, link in sorted(files):
+            full = f"{top}/{name}"
+            if _matches(full, include) and not _matches(full, exclude):
+                yield full, link
+        stack.extend(f"{top}/{d}" for d in reversed(folders))
+
+
+def _is_link(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_symlink()
+    except OSError:
+        return True  # unknown: judged as a link (its real path is checked)
 
 
 def _first_visit(folder: str, seen: set[str]) -> bool:
@@ -558,19 +637,27 @@ def _matches(path: str, patterns: list[str]) -> bool:
     so '**/.git/**' prunes the folder itself."""
     if not patterns:
         return False
-    by_name, by_path = _pattern_matchers(tuple(patterns))
-    path = path.lower()
-    return bool(by_name(path.rstrip("/").rsplit("/", 1)[-1]) or by_path(path))
+    return _pattern_matcher(tuple(patterns))(path.lower())
 
 
 @functools.lru_cache(maxsize=64)
-def _pattern_matchers(patterns: tuple[str, ...]) -> tuple[Callable, Callable]:
-    """One compiled regular expression for the names and one for the paths (fnmatch's own
-    translation of each pattern, joined): a listing matches every file against them."""
+def _pattern_matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a lowered path matches any of the patterns: one compiled regular expression for the
+    names and one for the paths (fnmatch's own translation of each pattern, joined), or, when every
+    pattern is '*' and a literal (the default `include`: '*.md', ...), the same answer by suffix: a
+    listing matches every file against them."""
     lowered = [p.lower() for p in patterns]
-    by_name = "|".join(fnmatch.translate(p) for p in lowered)
-    by_path = "|".join(fnmatch.translate(q) for p in lowered for q in (p, "*/" + p))
-    return re.compile(by_name).match, re.compile(by_path).match
+    if all(p.startswith("*") and p[1:] and not GLOB_CHARS & set(p[1:]) for p in lowered):
+        # '*<lit>' matches a name, a path, or '*/*<lit>' a path, exactly when it ends with <lit>
+        suffixes = tuple(p[1:] for p in lowered)
+        return lambda path: path.endswith(suffixes) or _name(path).endswith(suffixes)
+    by_name = re.compile("|".join(fnmatch.translate(p) for p in lowered)).match
+    by_path = re.compile("|".join(fnmatch.translate(q) for p in lowered for q in (p, "*/" + p))).match
+    return lambda path: bool(by_name(_name(path)) or by_path(path))
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 # --- reading one file ----------------------------------------------------------------------

@@ -679,20 +679,34 @@ class IndexState(Resource):
         (source_id, content_hash, path, title, groups). An item's sources are its id and '<id>#...'
         (JSONL records, attachments). Items not returned must be read. Read-only; a state without
         the column (from before signals) or without a file knows no item."""
+        return {item: [(r[0], r[1], r[2] or "", r[3] or "", None if r[4] is None else tuple(json.loads(r[4])))
+                       for r in own]
+                for item, own in self._unchanged_rows(origin, fingerprint, signals, full=True).items()}
+
+    def unchanged_acls(self, origin: str, fingerprint: str, signals: dict[str, str]
+                       ) -> dict[str, list[tuple[str, str, str | None]]]:
+        """``unchanged_items`` as little as a listing needs, its rows as stored: (source_id,
+        content_hash, acl) with acl the recorded groups' JSON text (None: unknown). A listing asks
+        this of every file, so nothing is decoded here (its callers compare the text first)."""
+        return self._unchanged_rows(origin, fingerprint, signals, full=False)
+
+    def _unchanged_rows(self, origin: str, fingerprint: str, signals: dict[str, str], full: bool
+                        ) -> dict[str, list[tuple]]:
         found: dict[str, list] = {}
         if not signals:
             return found
         items = sorted(signals)
         # one range read for the batch (a listing's batch is consecutive ids), not one query per item:
         # ids compare as code points here (SQLite's binary order of UTF-8; PostgreSQL's columns are C)
-        columns = "SELECT source_id, content_hash, path, title, acl, signal, fingerprint, origin FROM sources"
+        columns = ("SELECT source_id, content_hash, path, title, acl, signal, fingerprint, origin FROM sources" if full
+                   else "SELECT source_id, content_hash, acl, signal, fingerprint, origin FROM sources")
         cap = 8 * len(items) + 1000  # a batch spanning many other rows (another root's) reads per item
         try:
             with self._guarded():
                 rows = self.reader.execute(f"{columns} WHERE source_id >= ? AND source_id < ? ORDER BY source_id "
                                            f"LIMIT {cap}", (items[0], items[-1] + "#\U0010ffff")).fetchall()
                 if len(rows) == cap:
-                    rows = sorted({r for item in items for r in self.reader.execute(
+                    rows = sorted({tuple(r) for item in items for r in self.reader.execute(
                         f"{columns} WHERE source_id = ? OR (source_id > ? AND source_id < ?)",
                         (item, item + "#", item + "#\U0010ffff")).fetchall()})
         except StoreMissing:
@@ -702,11 +716,18 @@ class IndexState(Resource):
                 raise
             return {}
         ids = [r[0] for r in rows]
+        tail = 5 if full else 3  # where (signal, fingerprint, origin) start
+        at = 0
         for item in items:
-            own = _item_rows(rows, ids, item)
-            if own and all(r[5] == signals[item] and r[6] == fingerprint and r[7] == origin for r in own):
-                found[item] = [(r[0], r[1], r[2] or "", r[3] or "", None if r[4] is None else
-                                tuple(json.loads(r[4]))) for r in own]
+            own, at = _item_rows(rows, ids, item, at)
+            if not own:
+                continue
+            signal = signals[item]
+            for r in own:
+                if r[tail] != signal or r[tail + 1] != fingerprint or r[tail + 2] != origin:
+                    break
+            else:
+                found[item] = own if full else [(r[0], r[1], r[2]) for r in own]
         return found
 
     def item_sources(self, origin: str, fingerprint: str, item: str
@@ -1035,9 +1056,15 @@ def _batched(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[start:start + size]
 
 
-def _item_rows(rows: list, ids: list[str], item: str) -> list:
-    """The rows (sorted by source id) of one listed item: its own id and '<id>#...' (records, attachments)."""
-    at = bisect.bisect_left(ids, item)
+def _item_rows(rows: list, ids: list[str], item: str, lo: int = 0) -> tuple[list, int]:
+    """The rows (sorted by source id) of one listed item: its own id and '<id>#...' (records,
+    attachments), and where it is (no row of a later item lies before ``lo``: items are asked in order)."""
+    at = bisect.bisect_left(ids, item, lo)
     own = [rows[at]] if at < len(ids) and ids[at] == item else []
-    start, end = bisect.bisect_right(ids, item + "#"), bisect.bisect_left(ids, item + "#\U0010ffff")
-    return own + rows[start:end]
+    start, prefix = at + len(own), item + "#"
+    if start < len(ids) and ids[start] < prefix:  # ids between the item and its records ('a.md!')
+        start = bisect.bisect_left(ids, prefix, start)
+    while start < len(ids) and ids[start].startswith(prefix) and ids[start] < prefix + "\U0010ffff":
+        own.append(rows[start])
+        start += 1
+    return own, at

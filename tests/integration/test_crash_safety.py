@@ -19,7 +19,7 @@ from tests.helpers.harness import default_corpus, forked_children, run_child, ru
 
 pytestmark = pytest.mark.integration
 
-FAILPOINTS = ["index.after_forget:2", "index.after_delete:2", "index.after_upsert:2", "index.after_record:2",
+FAILPOINTS = ["load.after_mark", "index.after_forget:2", "index.after_delete:2", "index.after_upsert:2", "index.after_record:2",
               "finalize.after_forget", "finalize.after_delete", "bm25.before_pointer", "finalize.after_publish"]
 
 

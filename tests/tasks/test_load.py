@@ -460,3 +460,145 @@ def test_jsonl_version_field_must_be_a_field_of_its_own(tmp_path):
     for clash, role in (("_id", "id field"), ("text", "a text field")):
         with pytest.raises(ValidationError, match=f"jsonl_version_field '{clash}' is the {role}"):
             Params(paths=[str(tmp_path)], jsonl_version_field=clash)
+
+
+# --- issue 22: the listing's cost per unchanged file (scandir walk, suffix patterns, kept files) ----
+
+def _os_walk_listing(folder: Path, follow: bool, include: list[str], exclude: list[str]) -> list[str]:
+    """What the listing found with os.walk before it kept scandir's entries: the reference."""
+    seen, out = {os.path.realpath(folder)}, []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=follow):
+        dirnames[:] = sorted(d for d in dirnames if not _matches(f"{dirpath}/{d}/", exclude))
+        if follow:
+            kept = []
+            for d in dirnames:
+                real = os.path.realpath(os.path.join(dirpath, d))
+                if real not in seen:
+                    seen.add(real)
+                    kept.append(d)
+            dirnames[:] = kept
+        out += [f"{dirpath}/{n}" for n in sorted(filenames)
+                if _matches(f"{dirpath}/{n}", include) and not _matches(f"{dirpath}/{n}", exclude)]
+    return out
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_the_walk_lists_the_files_os_walk_listed(tmp_path, follow):
+    """Nested, excluded, hidden and non-ASCII folders, file and folder links (inside, outside, a loop,
+    broken): the scandir walk finds the files os.walk did, in the same order, and says which are links."""
+    docs, outside = tmp_path / "docs", tmp_path / "outside"
+    for folder in ("a/b/c", ".hidden", "drafts/x", "Ünï cödé", "node_modules/m"):
+        (docs / folder).mkdir(parents=True)
+        (docs / folder / "f.md").write_text(folder)
+        (docs / folder / "g.TXT").write_text(folder)
+        (docs / folder / "skip.bin").write_text(folder)
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "o.md").write_text("outside")
+    (docs / "link.md").symlink_to("a/b/c/f.md")
+    (docs / "out.md").symlink_to(outside / "deep" / "o.md")
+    (docs / "broken.md").symlink_to(tmp_path / "nowhere.md")
+    (docs / "outdir").symlink_to(outside, target_is_directory=True)
+    (docs / "a" / "loop").symlink_to(docs / "a", target_is_directory=True)
+    include, exclude = ["*.md", "*.txt"], ["drafts/*", "**/node_modules/**"]
+    root = SourceRoot(given=str(docs), location=docs.as_posix(), name="docs", follow_links=follow)
+    ctx = StepContext(pipeline="t", step_id="load")
+    from ragline.tasks.load import _folder_files
+
+    walked = list(_folder_files(docs.as_posix(), root, Params(paths=[str(docs)], include=include, exclude=exclude), ctx))
+    assert [path for path, _ in walked] == _os_walk_listing(docs, follow, include, exclude)
+    assert {posixpath.relpath(p, docs) for p, link in walked if link} == {"link.md", "out.md", "broken.md"}
+    assert any("Ünï cödé" in p for p, _ in walked) and not any("drafts" in p or "node_modules" in p for p, _ in walked)
+    assert any("/outdir/" in p for p, _ in walked) == follow and not ctx.failures
+
+
+def test_walked_files_are_judged_links_by_their_entry_and_an_escaping_one_is_still_refused(tmp_path, monkeypatch):
+    """No lstat per walked file (the directory entry's type says which is a link), and a file link out
+    of every root is still skipped with its reason, one that stays inside still listed."""
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.md").write_text("the secret")
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "ok.md").write_text("fine")
+    (docs / "secret.md").symlink_to("../outside/secret.md")
+    (docs / "sub" / "alias.md").symlink_to("../ok.md")
+    real_islink = os.path.islink
+    walked = set()
+
+    def islink(path):
+        walked.add(str(path))
+        return real_islink(path)
+
+    monkeypatch.setattr(os.path, "islink", islink)
+    documents, ctx = run([docs])
+    assert sorted(d.source_id for d in documents) == ["docs/ok.md", "docs/sub/alias.md"]
+    assert {f.source_id for f in ctx.failures} == {"docs/secret.md"} and ctx.failures[0].skipped
+    assert "outside every source root" in ctx.failures[0].reason
+    assert not {p for p in walked if p.endswith(".md")}  # no file was lstat-ed to learn it is a link
+
+
+def test_suffix_patterns_answer_as_the_compiled_expressions(tmp_path):
+    """Patterns that are all '*<literal>' (the default include) are matched by suffix: the same answer
+    as fnmatch's translation on names, paths and folder paths ('x.md/'), for random paths."""
+    import random
+    import re
+    rng = random.Random(22)
+    alpha = "aB./#\\x-"
+    for _ in range(20_000):
+        patterns = ["*" + "".join(rng.choice(alpha) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
+        path = "/" + "".join(rng.choice(alpha + "/") for _ in range(rng.randint(1, 12))) + rng.choice(["", "/"])
+        lowered = [p.lower() for p in patterns]
+        by_name = re.compile("|".join(fnmatch.translate(p) for p in lowered)).match
+        by_path = re.compile("|".join(fnmatch.translate(q) for p in lowered for q in (p, "*/" + p))).match
+        low = path.lower()
+        expected = bool(by_name(low.rstrip("/").rsplit("/", 1)[-1]) or by_path(low))
+        assert _matches(path, patterns) == expected, (path, patterns)
+    assert _matches("/d/notes.MD/", ["*.md"]) and not _matches("/d/notes.md.bak", ["*.md"])
+
+
+def test_an_unchanged_file_is_kept_as_ids_without_a_document_unless_its_access_changed(tmp_path):
+    """``KnownItems.kept``: an unchanged file's sources come back as ids only; a changed rule, an
+    unknown grant (a re-grant a crash interrupted) or groups recorded in another spelling are judged
+    on the decoded groups; a file that failed last run, or has no signal, is read."""
+    from ragline.flows.contracts import Document
+    from ragline.flows.resources.state import IndexState, StateSpec
+    from ragline.tasks.load import KnownItems
+
+    state = IndexState(StateSpec(type="index_state", path="s.sqlite"), base_dir=tmp_path)
+    state.conn
+    docs = [Document(source_id=s, text="", content_hash=f"h-{s}", signal="s1", groups=g)
+            for s, g in (("kb/a.md", []), ("kb/hr/b.jsonl#1", ["hr"]), ("kb/hr/b.jsonl#2", ["hr"]),
+                         ("kb/c.md", []), ("kb/d.md", ["x", "y"]))]
+    state.record("t", "fp", docs, [])
+    state.forget_access(["kb/c.md"])
+    with state.transaction() as tx:
+        tx.execute("UPDATE sources SET acl='[\"x\",\"y\"]' WHERE source_id='kb/d.md'")  # no space: another spelling
+    known = KnownItems(state, "t", "fp", failed=("kb/e.md",))
+    folder = (tmp_path / "kb").as_posix()
+    rules = [{"prefix": "hr/", "groups": ["hr"]}, {"prefix": "d.md", "groups": ["y", "x"]}]
+    params = Params(paths=[{"path": folder, "access": rules}])
+    root = SourceRoot(given=folder, location=folder, name="kb", access=tuple(params.paths[0].access))
+    items = ["kb/a.md", "kb/hr/b.jsonl", "kb/c.md", "kb/d.md", "kb/e.md"]
+    same = known.unchanged_acls({i: "s1" for i in items})
+    assert set(same) == {"kb/a.md", "kb/hr/b.jsonl", "kb/c.md", "kb/d.md"}
+
+    def kept(item, signal="s1", params=params, root=root):
+        return known.kept(same.get(item), signal, item, f"{folder}/{item[3:]}", root, params)
+
+    assert (kept("kb/a.md").ids, kept("kb/a.md").regrant) == (["kb/a.md"], [])
+    assert (kept("kb/hr/b.jsonl").ids, kept("kb/hr/b.jsonl").regrant) == (["kb/hr/b.jsonl#1", "kb/hr/b.jsonl#2"], [])
+    assert kept("kb/d.md").regrant == []  # the same groups, recorded without spaces
+    unknown = kept("kb/c.md")  # its grant was forgotten: re-granted with the root's groups
+    assert [(d.source_id, d.groups, d.content_hash, d.signal) for d in unknown.regrant] == [
+        ("kb/c.md", [], "h-kb/c.md", "s1")]
+    assert kept("kb/a.md", signal=None) is None and kept("kb/e.md") is None
+    moved = [{"prefix": "", "groups": ["eng"]}]  # every rule changed: each file's documents are re-granted
+    params2 = Params(paths=[{"path": folder, "access": moved}])
+    root2 = SourceRoot(given=folder, location=folder, name="kb", access=tuple(params2.paths[0].access))
+    changed = kept("kb/hr/b.jsonl", params=params2, root=root2)
+    assert [(d.source_id, d.groups) for d in changed.regrant] == [("kb/hr/b.jsonl#1", ["eng"]),
+                                                                    ("kb/hr/b.jsonl#2", ["eng"])]
+    own = Params(paths=[folder], acl_field="groups")  # groups of their own: kept while recorded, else read
+    plain = SourceRoot(given=folder, location=folder, name="kb")
+    assert kept("kb/hr/b.jsonl", params=own, root=plain).regrant == [] and kept("kb/c.md", params=own, root=plain) is None
+    assert kept("kb/hr/b.jsonl", params=own, root=root) is None  # a rule matches too: only the content says whose
+    state.close()

@@ -1,6 +1,7 @@
 """Unit tests for the SQLite index state record (flows.resources.state), on a real file in tmp_path."""
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -323,6 +324,28 @@ def test_a_batch_of_items_reads_one_range_and_the_same_rows_when_other_rows_lie_
     near = state.unchanged_items("docs", "fp", {"a.md": "s1", "a.md!": "s1", "m/00003.md": "s1"})
     assert {k: [r[0] for r in v] for k, v in near.items()} == {
         "a.md": ["a.md", "a.md#1"], "a.md!": ["a.md!"], "m/00003.md": ["m/00003.md"]}
+
+
+def test_a_listings_rows_are_the_unchanged_items_rows_as_stored(state):
+    """``unchanged_acls`` (what a listing asks of every file) answers as ``unchanged_items`` does, its
+    rows (source_id, content_hash, acl) with the groups' text undecoded (None: unknown), over items
+    whose records and prefix-sharing siblings interleave."""
+    docs = [doc("a.md"), doc("a.md!"), doc("a.md#1"), doc("a.md#2"), doc("b.md"), doc("c.md"), doc("c.md#x")]
+    for d in docs:
+        d.signal, d.groups = "s1", ["hr", "eng"] if d.source_id.startswith("a") else []
+    docs[6].signal = "s2"  # one record of c.md moved: c.md is read
+    state.record("docs", "fp", docs, [])
+    state.forget_access(["b.md"])
+    signals = {"a.md": "s1", "a.md!": "s1", "b.md": "s1", "c.md": "s1", "d.md": "s1"}
+    rows = state.unchanged_acls("docs", "fp", signals)
+    assert rows == {"a.md": [("a.md", "hash-a.md-text", '["eng", "hr"]'), ("a.md#1", "hash-a.md#1-text", '["eng", "hr"]'),
+                             ("a.md#2", "hash-a.md#2-text", '["eng", "hr"]')],
+                    "a.md!": [("a.md!", "hash-a.md!-text", '["eng", "hr"]')], "b.md": [("b.md", "hash-b.md-text", None)]}
+    full = state.unchanged_items("docs", "fp", signals)
+    assert {k: [(r[0], r[1], r[4]) for r in v] for k, v in full.items()} == {
+        k: [(sid, digest, None if acl is None else tuple(json.loads(acl))) for sid, digest, acl in v]
+        for k, v in rows.items()}
+    assert state.unchanged_acls("docs", "fp2", signals) == {} and state.unchanged_acls("docs", "fp", {}) == {}
 
 
 def test_a_runs_listing_is_planned_in_sql_a_page_at_a_time(state):
