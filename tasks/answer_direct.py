@@ -26,7 +26,13 @@ class Params(SystemPrompt):
     max_history: int = Field(6, ge=0, le=50, description="latest chat turns shown to the LLM")
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The LLM unless the step answers with its fixed ``reply``."""
+    return {} if params.reply else {"llm": ("reply", "without `reply` the LLM answers")}
+
+
 @stage("answer_direct", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
+       reads_roles=reads_roles,
        prompt=lambda p: None if p is not None and p.reply else "answer_direct",
        prompt_variables=("question", "history"), other_prompts=system_templates)
 def answer_direct(query: Query, params: Params, ctx: StepContext, llm: LLMClient | None = None) -> Answer:

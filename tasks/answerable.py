@@ -60,8 +60,23 @@ class Scores(BaseModel):
     probability: float | None = None
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str] | None]:
+    """The embedder for a similarity floor (``auto``: only where the file has one; without it there is
+    no floor to read), the LLM for ``min_probability``; a check set to 0 reads nothing."""
+    reads: dict[str, tuple[str, str] | None] = {}
+    if params.min_similarity == "auto":
+        reads["embedder"] = None
+    elif params.min_similarity > 0:
+        reads["embedder"] = ("min_similarity", f"min_similarity: {params.min_similarity:g} compares the question "
+                                               f"with the passages by the embedder's cosine")
+    if params.min_probability > 0:
+        reads["llm"] = ("min_probability", f"min_probability: {params.min_probability:g} asks the LLM whether the "
+                                           f"documents answer")
+    return reads
+
+
 @stage("answerable", params=Params, produces="context", kind="query",
-       uses={"embedder": ("sentence_transformer",), "llm": ("openai_compatible",)},
+       uses={"embedder": ("sentence_transformer",), "llm": ("openai_compatible",)}, reads_roles=reads_roles,
        prompt="answerable", prompt_variables=("question", "documents"))
 def answerable(query: Query, context: Context, params: Params, ctx: StepContext, embedder: Embedder | None = None,
                llm: LLMClient | None = None) -> Context:

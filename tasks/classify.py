@@ -90,10 +90,18 @@ def declared_labels(params: Params) -> list[str]:
     return list(params.labels)
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """Each mode reads one resource: the examples' embedder, or the LLM that picks (the other is left
+    unbound, so a file with two of its type need not name one)."""
+    if params.mode == "llm":
+        return {"llm": ("mode", "mode 'llm' asks the LLM for the label")}
+    return {"embedder": ("mode", "mode 'embedding' embeds the labels' examples and the request")}
+
+
 @stage("classify", params=Params, produces="query", kind="query",
        uses={"embedder": ("sentence_transformer",), "llm": ("openai_compatible",)},
        prompt=lambda p: "classify" if p is not None and p.mode == "llm" else None,
-       prompt_variables=("question", "labels", "default"), labels=declared_labels,
+       prompt_variables=("question", "labels", "default"), labels=declared_labels, reads_roles=reads_roles,
        routes=lambda p: {name: spec.collections for name, spec in p.labels.items() if spec.collections})
 def classify(query: Query, params: Params, ctx: StepContext, embedder: Embedder | None = None,
              llm: LLMClient | None = None) -> Query:

@@ -62,7 +62,8 @@ class Params(BaseModel):
 @stage("enrich", params=Params, produces="chunks", kind="ingestion",
        uses={"embedder": ("sentence_transformer",), "llm": ("openai_compatible",)},
        prompt=lambda p: "enrich_context" if p is not None and p.context == "llm" else None,
-       prompt_variables=("passage", "title"), shaping_roles=lambda params: _shaping_roles(params))
+       prompt_variables=("passage", "title"), shaping_roles=lambda params: _shaping_roles(params),
+       reads_roles=lambda params: reads_roles(params))
 def enrich(chunks: list[Chunk], params: Params, ctx: StepContext, embedder: Embedder | None = None,
            llm: LLMClient | None = None) -> list[Chunk]:
     """Add each document's keywords (metadata) and context (what the embedder sees) to its chunks."""
@@ -90,6 +91,16 @@ def enrich(chunks: list[Chunk], params: Params, ctx: StepContext, embedder: Embe
         enriched.append(c.model_copy(update={"metadata": {**c.metadata, **meta}, "context": context}))
     ctx.progress("enriched", len(documents))
     return enriched
+
+
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The embedder for keywords, the LLM for its context sentence; neither otherwise."""
+    reads = {}
+    if params.keywords:
+        reads["embedder"] = ("keywords", f"keywords: {params.keywords} ranks phrases with the embedder")
+    if params.context == "llm":
+        reads["llm"] = ("context", "context 'llm' has the LLM write a sentence per document")
+    return reads
 
 
 def _shaping_roles(params: Params) -> set[str]:

@@ -52,8 +52,16 @@ class Params(BaseModel):
     max_request_chars: int = Field(1000, ge=100, description="llm: longer requests are clipped in the prompt")
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The LLM only in mode llm, when the step is on (``--set`` or the tuned overlay
+    that turns it on binds it then, or says the file has none)."""
+    if params.enabled and params.mode == "llm":
+        return {"llm": ("mode", "mode 'llm' asks the LLM for related terms")}
+    return {}
+
+
 @stage("expand_terms", params=Params, produces="query", kind="query",
-       uses={"sparse": ("bm25", "milvus"), "llm": ("openai_compatible",)},
+       uses={"sparse": ("bm25", "milvus"), "llm": ("openai_compatible",)}, reads_roles=reads_roles,
        prompt=lambda p: "expand_terms" if p is not None and p.mode == "llm" else None,
        prompt_variables=("question", "n"))
 def expand_terms(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,

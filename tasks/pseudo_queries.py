@@ -87,8 +87,15 @@ class Params(BaseModel):
         return self
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The LLM only for the ``llm`` strategy."""
+    if "llm" in params.strategies:
+        return {"llm": ("strategies", "strategy 'llm' has the LLM write a question per passage")}
+    return {}
+
+
 @stage("pseudo_queries", params=Params, produces="pairs", kind="job",
-       uses={"state": ("index_state",), "llm": ("openai_compatible",)},
+       uses={"state": ("index_state",), "llm": ("openai_compatible",)}, reads_roles=reads_roles,
        prompt=lambda p: "pseudo_query" if p is not None and "llm" in p.strategies else None,
        prompt_variables=("passage", "title"))
 def pseudo_queries(params: Params, ctx: StepContext, state: IndexState,

@@ -92,8 +92,19 @@ class Params(BaseModel):
         return self
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The LLM in mode llm; the BM25 index (its metadata counts) for ``fallback: unfiltered``."""
+    reads = {}
+    if params.mode == "llm":
+        reads["llm"] = ("mode", "mode 'llm' asks the LLM for the filter")
+    if params.fallback == "unfiltered":
+        reads["sparse"] = ("fallback", "fallback 'unfiltered' counts the filter's matches in the BM25 index's "
+                                       "metadata")
+    return reads
+
+
 @stage("self_query", params=Params, produces="query", kind="query",
-       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")},
+       uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")}, reads_roles=reads_roles,
        prompt=lambda p: "self_query" if p is not None and p.mode == "llm" else None,
        prompt_variables=("question", "fields"))
 def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | None = None,

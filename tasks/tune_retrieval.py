@@ -193,9 +193,21 @@ class Rankings:
     tokens: dict[str, list[list[str]]] = field(default_factory=dict)  # those texts' BM25 terms, by stemmer
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str] | None]:
+    """The LLM calibrates the gates' ``min_probability`` (``gate_llm_pairs`` > 0 with ``gate_keep``: needed),
+    and writes query2doc's pseudo-documents (``expansions`` with ``query2doc_pairs`` > 0: where the file
+    has one; without it those steps are left undecided, as the report says); nothing otherwise."""
+    if params.gate_llm_pairs and params.gate_keep is not None:
+        return {"llm": ("gate_llm_pairs", f"gate_llm_pairs: {params.gate_llm_pairs} asks the LLM about that many "
+                                          f"pseudo-queries")}
+    if params.expansions and params.query2doc_pairs:
+        return {"llm": None}
+    return {}
+
+
 @stage("tune_retrieval", params=Params, produces="tuning", kind="job",
        uses={"store": ("chroma", "milvus"), "embedder": ("sentence_transformer",), "sparse": ("bm25", "milvus"),
-             "state": ("index_state",), "llm": ("openai_compatible",)})
+             "state": ("index_state",), "llm": ("openai_compatible",)}, reads_roles=reads_roles)
 def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, store: ChromaStore,
                    embedder: Embedder, sparse: BM25Index, state: IndexState,
                    llm: LLMClient | None = None) -> TuneReport:

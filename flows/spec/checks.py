@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from ragline.flows.spec import registry
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.sources import source_types
-from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
+from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project, fitting, missing_read, several
 from ragline.flows.spec.prompts import library, template_problems
 from ragline.flows.spec.registry import ALLOW_HINT, Stage, module_allowed
 from ragline.flows.spec.parse import (
@@ -138,7 +138,8 @@ class Checker:
 
     def _resources(self, loc, step: StepSpec, stage: Stage, params: BaseModel | None) -> dict[str, str] | None:
         declared = self.spec.resources
-        # the optional roles this configuration reads ({role: (the `with` field, why)}); None: all of them
+        # the optional roles this configuration reads ({role: (the `with` field, why), or None where it
+        # reads one only if the file has it}); None: all of them
         reads = dict(stage.reads_roles(params)) if stage.reads_roles is not None and params is not None else None
         bound: dict[str, str] = {}
         ok = True
@@ -167,24 +168,21 @@ class Checker:
             optional = role in stage.optional_roles
             if optional and stage.reads_roles is not None and role not in (reads or {}):
                 continue  # not read as configured (or the params are invalid: their errors are reported)
-            candidates = [n for n, r in declared.items() if r.type in types]
-            if len(candidates) > 1 and role in candidates:
-                bound[role] = role  # several fit: the one named after the role (store: &m {...}, sparse: *m)
-            elif len(candidates) == 1:
-                bound[role] = candidates[0]
-            elif not candidates and optional and role not in (reads or {}):
+            # read as configured, and needed: (the `with` field, why); None: read where the file has one
+            needed = (reads or {}).get(role) if optional else None
+            name, candidates = fitting(declared, role, types)
+            if name is not None:
+                bound[role] = name
+            elif not candidates and optional and needed is None:
                 continue  # the stage works without it (e.g. an LLM only some of its modes need)
             elif not candidates and self.spec._invalid_resources:
                 ok = False  # probably the invalid resource, whose own error is reported
-            elif not candidates and role in (reads or {}):
-                field, why = reads[role]
-                self.error(loc + ("with", field), f"{why}: task '{step.task}' needs a {'/'.join(types)} resource "
-                                                  f"for '{role}' and the file has none")
+            elif not candidates and needed is not None:
+                field, why = needed
+                self.error(loc + ("with", field), missing_read(step.task, role, types, why))
                 ok = False
             else:
-                problem = "no resource" if not candidates else f"several resources ({', '.join(candidates)})"
-                self.error(loc + ("uses",), f"task '{step.task}' needs a {'/'.join(types)} resource for "
-                                            f"'{role}' and the file has {problem}: name one in `uses`")
+                self.error(loc + ("uses",), several(step.task, role, types, candidates))
                 ok = False
         return bound if ok else None
 

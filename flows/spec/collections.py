@@ -40,7 +40,7 @@ from pydantic import TypeAdapter, ValidationError
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import InputError
 from ragline.flows.resources import ResourceSpec
-from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project
+from ragline.flows.spec.model import CompiledPipeline, CompiledStep, Project, with_read_roles
 from ragline.flows.spec.parse import CollectionSpec, pydantic_message, suggest
 
 INDEX_TYPES = ("chroma", "milvus", "bm25", "index_state")
@@ -211,6 +211,12 @@ def _steps(checker: Any, loc: tuple, collection: CollectionSpec, template: Compi
                 ok = False
                 continue
             prompt = step.spec.prompt or step.stage.default_prompt(params)
+            declared = {n: r for n, r in template.project.file_resources().items() if n not in renamed.values()}
+            bound, unfilled = with_read_roles(step.stage, step.spec.task, params, step.resources, declared)
+            for field, problem in unfilled:  # a role its own parameters read and the template's do not
+                checker.error(where + field[1:], problem)
+                ok = False
+            step = CompiledStep(step.spec, step.stage, step.params, bound, step.upstream, step.wiring, step.prompt)
         resources = {role: renamed.get(resource, resource) for role, resource in step.resources.items()}
         steps.append(CompiledStep(step.spec, step.stage, params, resources, list(step.upstream), step.wiring, prompt))
     return steps if ok else None

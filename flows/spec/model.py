@@ -24,6 +24,48 @@ from ragline.flows.spec.overlay import apply_overlay
 from ragline.flows.resources import resource_type
 
 
+def fitting(declared: Any, role: str, types: tuple[str, ...]) -> tuple[str | None, list[str]]:
+    """The resource a role binds to by itself (the one resource of its types, or of several the one
+    named after the role: ``store: &m {...}``, ``sparse: *m``), and every resource of its types."""
+    candidates = [name for name, spec in declared.items() if spec.type in types]
+    if len(candidates) > 1 and role in candidates:
+        return role, candidates
+    return (candidates[0] if len(candidates) == 1 else None), candidates
+
+
+def missing_read(task: str, role: str, types: tuple[str, ...], why: str) -> str:
+    """The error for an optional role the configuration reads (``Stage.reads_roles``) and no resource fills."""
+    return f"{why}: task '{task}' needs a {'/'.join(types)} resource for '{role}' and the file has none"
+
+
+def several(task: str, role: str, types: tuple[str, ...], candidates: list[str]) -> str:
+    problem = "no resource" if not candidates else f"several resources ({', '.join(candidates)})"
+    return f"task '{task}' needs a {'/'.join(types)} resource for '{role}' and the file has {problem}: name one in `uses`"
+
+
+def with_read_roles(stage: Stage, task: str, params: BaseModel, resources: dict[str, str],
+                    declared: Any) -> tuple[dict[str, str], list[tuple[tuple[str, ...], str]]]:
+    """``resources`` plus the optional roles ``params`` read (``Stage.reads_roles``) that are not bound
+    yet, for a step whose params changed after it was checked (``--set``, the tuned
+    overlay, a collection's own parameters): bound as the checker binds them. With the problems, each
+    (the field under the step, message): a role read and not filled, or several fitting and none named."""
+    if stage.reads_roles is None:
+        return resources, []
+    bound, problems = dict(resources), []
+    for role, how in stage.reads_roles(params).items():
+        if role in bound or role not in stage.uses:
+            continue
+        types = stage.uses[role]
+        name, candidates = fitting(declared, role, types)
+        if name is not None:
+            bound[role] = name
+        elif how is not None and not candidates:
+            problems.append((("with", how[0]), missing_read(task, role, types, how[1])))
+        elif candidates:
+            problems.append((("uses",), several(task, role, types, candidates)))
+    return bound, problems
+
+
 @dataclass
 class CompiledStep:
     spec: StepSpec
@@ -90,7 +132,12 @@ class CompiledPipeline:
                 if problems:
                     raise SpecValidationError([SpecError(str(self.project.path), None, problem, self.name, s.id,
                                                          "prompt") for problem in problems])
-                s = CompiledStep(s.spec, s.stage, params, s.resources, s.upstream, s.wiring, prompt, s.collections)
+                resources, unfilled = with_read_roles(s.stage, s.spec.task, params, s.resources,
+                                                      self.project.file_resources())
+                if unfilled:
+                    raise SpecValidationError([SpecError(str(self.project.path), None, problem, self.name, s.id,
+                                                         ".".join(field)) for field, problem in unfilled])
+                s = CompiledStep(s.spec, s.stage, params, resources, s.upstream, s.wiring, prompt, s.collections)
             steps.append(s)
         unknown = set(overrides) - {s.id for s in self.steps}
         if unknown:
@@ -117,6 +164,12 @@ class Project:
     overlay: Any = None  # the AppliedOverlay, when an overlay file was found
     source: Path | None = None  # where the file's text was read from, when pinned (serve's snapshot)
     collections: dict[str, Any] = field(default_factory=dict)  # name -> spec.collections.Collection
+
+    def file_resources(self) -> dict[str, Any]:
+        """The resources the file declares, as the checker binds roles among them (without the copies
+        each named collection derives of its template's index: ``sparse@docs``)."""
+        derived = {own for c in self.collections.values() for own in c.resources.values()}
+        return {name: spec for name, spec in self.spec.resources.items() if name not in derived}
 
     @property
     def base_dir(self) -> Path:

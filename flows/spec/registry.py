@@ -66,8 +66,9 @@ class Stage:
     # ``with`` field that makes it read and why (None: every optional role, bound when the file has a
     # fitting resource). The others are left unbound (a rewrite that never reads BM25 does not make a
     # file with two BM25 indexes name one); a read one the file lacks is an error at that field, before
-    # anything runs
-    reads_roles: Callable[[Any], Mapping[str, tuple[str, str]]] | None = None
+    # anything runs. A role mapped to None is read where the file has one and done without otherwise
+    # (answerable's embedder for ``min_similarity: auto``): bound as if there were no hook
+    reads_roles: Callable[[Any], Mapping[str, tuple[str, str] | None]] | None = None
     # params -> every label the step can give (a classifier, ``classify``): a later step's ``when``
     # may name it, and the checker holds that ``when`` to these labels
     labels: Callable[[Any], list[str]] | None = None
@@ -156,7 +157,7 @@ def stage(name: str, *, params: type[BaseModel] = NoParams, produces: str,
           version: int = 1,
           ignores: Callable[[Any, Mapping[str, list[str]]], set[str]] | None = None,
           shaping_roles: Callable[[Any], set[str]] | None = None,
-          reads_roles: Callable[[Any], Mapping[str, tuple[str, str]]] | None = None,
+          reads_roles: Callable[[Any], Mapping[str, tuple[str, str] | None]] | None = None,
           labels: Callable[[Any], list[str]] | None = None,
           routes: Callable[[Any], dict[str, list[str]]] | None = None,
           merges_collections: bool = False,

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from ragline.flows.run import engine
-from ragline.flows.spec.compile import load_project
+from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.contracts import Context
 from ragline.flows.resources import clear_cache
 from ragline.tasks.answerable import FLOOR_KEY, read_floor
 from tests.helpers.llm_stages import chat_prompts, project_for, run
+from tests.helpers.reads_roles import BM25, EMBEDDER, LLM, STATE, TWO_EMBEDDERS, TWO_LLMS, error_at, pipelines_file
 from tests.scripted_llm import ScriptedLLM
 
 ZEBRAFISH = "Zebrafish regenerate their heart muscle after injury by dedifferentiation of cardiomyocytes."
@@ -201,3 +202,39 @@ def test_the_gate_reads_the_stored_vectors_instead_of_encoding_every_passage_aga
     assert answer.refused and encoded == []
     passages = [p.text for p in engine.run(project.pipeline("search"), {"query": OFF_TOPIC[0]}, orchestrate=False)[:5]]
     assert f"(similarity {similarity(embedder, OFF_TOPIC[0], passages):.2f} <" in answer.reason
+
+
+# ----------------------------------------------------------------------------- resources read (validate)
+GATE_STEP = """      - id: gate
+        task: answerable
+        with:
+          min_similarity: 0.3
+          min_probability: 0.5
+"""
+
+
+@pytest.mark.parametrize("resources, field, why", [
+    (EMBEDDER, "with.min_probability", "min_probability: 0.5 asks the LLM whether the documents answer"),
+    (LLM, "with.min_similarity", "min_similarity: 0.3 compares the question with the passages")])
+def test_answerable_says_at_validate_which_resource_its_thresholds_read(make_project, resources, field, why):
+    """min_probability reads the LLM, a similarity floor the embedder: a file without one validated and
+    failed only when a question came; now `ragline validate` names the line and the field."""
+    error = error_at(make_project(pipelines_file(resources, GATE_STEP)), "gate", field)
+    assert why in error.message
+
+
+def test_answerable_binds_what_it_reads_and_auto_reads_an_embedder_only_where_there_is_one(make_project):
+    """Thresholds at 0 read nothing (two embedders and two LLMs need no name); ``auto`` binds the
+    file's embedder and validates without one."""
+    before = ("      - {id: ret, task: retrieve_sparse}\n      - {id: fuse, task: fuse}\n"
+              "      - {id: insert, task: insert, uses: {llm: LLM_NAME}}\n")
+    off = before.replace("LLM_NAME", "llm_a") + GATE_STEP.replace("0.3", "0").replace("0.5", "0")
+    path = make_project(pipelines_file(STATE + BM25 + TWO_EMBEDDERS + TWO_LLMS, off))
+    assert validate_file(path) == []
+    assert load_project(path).pipeline("p").step("gate").resources == {}
+    auto = before.replace("LLM_NAME", "llm") + GATE_STEP.replace("0.3", "auto").replace("0.5", "0")
+    bound = load_project(make_project(pipelines_file(STATE + BM25 + EMBEDDER + LLM, auto), name="auto.yaml"))
+    assert bound.pipeline("p").step("gate").resources == {"embedder": "embedder"}
+    without = load_project(make_project(pipelines_file(STATE + BM25 + LLM, auto.replace(": 0\n", ": 0.5\n")),
+                                        name="no.yaml"))
+    assert without.pipeline("p").step("gate").resources == {"llm": "llm"}

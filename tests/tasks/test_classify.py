@@ -20,10 +20,11 @@ from ragline.flows.contracts import Query
 from ragline.flows.errors import ConfigError
 from ragline.flows.resources import clear_cache
 from ragline.flows.run import engine
-from ragline.flows.spec.compile import load_project
+from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks.classify import Params, classify, parse_label
 from tests.helpers.llm_stages import REPO_PROMPTS, chat_prompts
+from tests.helpers.reads_roles import EMBEDDER, LLM, TWO_EMBEDDERS, TWO_LLMS, error_at, pipelines_file
 from tests.scripted_llm import ScriptedLLM
 
 REPO = Path(__file__).resolve().parents[2]
@@ -229,3 +230,49 @@ def test_answer_direct_replies_with_its_text_or_the_llms_without_references():
     assert said.text == "Thanks, Ada!" and not said.sources
     assert messages[0] == {"role": "system", "content": "Be terse."}
     assert "user: I am Ada" in messages[1]["content"] and messages[1]["content"].rstrip().endswith("User: thank you\nReply:")
+
+
+# ----------------------------------------------------------------------------- resources read (validate)
+CLASSIFY_STEP = """      - id: route
+        task: classify
+        with:
+          labels: {a: {examples: [hello there]}, b: {examples: [what is X]}}
+          mode: {mode}
+"""
+
+
+def test_classify_reads_the_resource_of_its_mode_and_validate_says_which_is_missing(make_project):
+    """Each mode reads one resource: mode llm without an LLM (and mode embedding without an embedder)
+    validated and failed only when a request came; now `ragline validate` names the line and with.mode."""
+
+    error = error_at(make_project(pipelines_file(EMBEDDER, CLASSIFY_STEP.replace("{mode}", "llm"))), "route",
+                     "with.mode")
+    assert "mode 'llm' asks the LLM for the label" in error.message and "openai_compatible" in error.message
+    error = error_at(make_project(pipelines_file(LLM, CLASSIFY_STEP.replace("{mode}", "embedding")), name="e.yaml"),
+                     "route", "with.mode")
+    assert "mode 'embedding' embeds" in error.message and "sentence_transformer" in error.message
+
+
+@pytest.mark.parametrize("mode", ["llm", "embedding"])
+def test_classify_binds_only_its_modes_resource_so_two_of_the_other_need_no_name(make_project, mode):
+
+    own, others = (LLM, TWO_EMBEDDERS) if mode == "llm" else (EMBEDDER, TWO_LLMS)
+    path = make_project(pipelines_file(own + others, CLASSIFY_STEP.replace("{mode}", mode)))
+    assert validate_file(path) == []
+    role = "llm" if mode == "llm" else "embedder"
+    assert load_project(path).pipeline("p").step("route").resources == {role: role}
+
+
+ANSWER_DIRECT_STEP = """      - id: direct
+        task: answer_direct
+        with: {max_tokens: 40}
+"""
+
+
+def test_answer_direct_without_reply_needs_an_llm_and_with_reply_binds_none(make_project):
+
+    error = error_at(make_project(pipelines_file(EMBEDDER, ANSWER_DIRECT_STEP)), "direct", "with.reply", needle="with:")
+    assert "without `reply` the LLM answers" in error.message
+    fixed = make_project(pipelines_file(TWO_LLMS, ANSWER_DIRECT_STEP.replace("{max_tokens: 40}", "{reply: Hi!}")),
+                         name="reply.yaml")
+    assert validate_file(fixed) == [] and load_project(fixed).pipeline("p").step("direct").resources == {}

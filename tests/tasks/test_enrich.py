@@ -19,6 +19,7 @@ from ragline.tasks.embed import embed
 from ragline.tasks.enrich import Params, enrich, mmr
 from tests.helpers.data import BASE_RESOURCES
 from tests.helpers.hostile import HOSTILE
+from tests.helpers.reads_roles import EMBEDDER, LLM, TWO_EMBEDDERS, TWO_LLMS, error_at, pipelines_file
 from tests.scripted_llm import ScriptedLLM
 
 REPO_PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
@@ -217,3 +218,38 @@ def test_enrich_params_and_only_the_resources_it_uses_enter_the_fingerprint(make
     prints = {name: fingerprint(make_project, text, f"{name}.yaml") for name, text in variants.items()}
     assert len({prints["plain"], prints["on"], prints["more"], prints["llm"], prints["llm_other"]}) == 5
     assert prints["other_llm"] == prints["on"]  # an LLM bound but unused by this configuration re-indexes nothing
+
+
+# ----------------------------------------------------------------------------- resources read (validate)
+ENRICH_STEPS = """      - {id: load,   task: load, with: {paths: [docs]}}
+      - {id: chunk,  task: chunk, uses: {embedder: EMBEDDER}, with: {size: 48, overlap: 8}}
+      - id: enrich
+        task: enrich
+        with:
+          keywords: 3
+          context: llm
+"""
+
+
+def test_enrich_with_an_llm_context_and_no_llm_fails_validation_at_context(make_project):
+    """An LLM context reads the LLM: a file without one validated and failed only when ingestion ran;
+    now `ragline validate` names the line and with.context."""
+    error = error_at(make_project(pipelines_file(EMBEDDER, ENRICH_STEPS.replace("EMBEDDER", "embedder"),
+                                                 kind="ingestion")), "enrich", "with.context")
+    assert "context 'llm' has the LLM write a sentence per document" in error.message
+
+
+def test_enrich_binds_the_embedder_and_llm_only_where_its_keywords_and_context_read_them(make_project):
+    """Two embedders and two LLMs in the file: an enrich step that reads neither needs no name; one
+    that reads the embedder for keywords is asked to name one, as before."""
+    steps = ENRICH_STEPS.replace("EMBEDDER", "emb_a")
+    neither = steps.replace("keywords: 3", "keywords: 0").replace("context: llm", "context: title")
+    path = make_project(pipelines_file(TWO_EMBEDDERS + TWO_LLMS, neither, kind="ingestion"))
+    assert validate_file(path) == []
+    assert load_project(path).pipeline("p").step("enrich").resources == {}
+    keywords = make_project(pipelines_file(TWO_EMBEDDERS + LLM, steps, kind="ingestion"), name="kw.yaml")
+    [error] = validate_file(keywords)
+    assert (error.step, error.field) == ("enrich", "uses") and "several resources (emb_a, emb_b)" in error.message
+    both = make_project(pipelines_file(EMBEDDER + LLM, steps.replace("emb_a", "embedder"), kind="ingestion"),
+                        name="both.yaml")
+    assert load_project(both).pipeline("p").step("enrich").resources == {"embedder": "embedder", "llm": "llm"}

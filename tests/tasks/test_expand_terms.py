@@ -14,13 +14,15 @@ from ragline.flows.contracts import Chunk, Document, Feedback, Query
 from ragline.flows.resources.bm25 import BM25Index, BM25Spec
 from ragline.flows.resources.llm import LLMClient, LLMSpec
 from ragline.flows.resources.state import IndexState, StateSpec
-from ragline.flows.spec.compile import validate_file
+from ragline.flows.spec.compile import load_project, validate_file
+from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks.expand_terms import Params, expand_terms, merged
 from ragline.tasks.retrieve_dense import Params as RetrieveParams
 from ragline.tasks.retrieve_sparse import retrieve_sparse
 from tests.helpers.data import scifact_records
 from tests.helpers.llm_stages import REPO_PROMPTS
+from tests.helpers.reads_roles import BM25, LLM, TWO_LLMS, error_at, pipelines_file
 from tests.scripted_llm import ScriptedLLM
 
 CLAIM = "Vitamin D deficiency increases the risk of tuberculosis."
@@ -171,3 +173,36 @@ pipelines:
 """)
     [error] = validate_file(path)
     assert (error.pipeline, error.step, error.field, error.line) == ("p", "terms", field, 8)
+
+
+# ----------------------------------------------------------------------------- resources read (validate)
+EXPAND_STEP = """      - id: expand
+        task: expand_terms
+        with:
+          mode: llm
+"""
+
+
+def test_expand_terms_in_mode_llm_without_an_llm_fails_validation_at_mode(make_project):
+    """Mode llm validated without an LLM and failed only when a request came; now `ragline validate`
+    names the line and with.mode."""
+    error = error_at(make_project(pipelines_file(BM25, EXPAND_STEP)), "expand", "with.mode")
+    assert "mode 'llm' asks the LLM for related terms" in error.message
+
+
+def test_expand_terms_binds_an_llm_only_in_mode_llm_when_on_and_an_override_that_turns_it_on_binds_it(make_project):
+    """Mode corpus, or a step that is off, reads no LLM: two need no name, none is no error. `--set` (or
+    the tuned overlay) that turns an llm step on binds the file's LLM then, or says at with.mode that
+    there is none, before anything runs."""
+    corpus = make_project(pipelines_file(BM25 + TWO_LLMS, EXPAND_STEP.replace("mode: llm", "mode: corpus")))
+    assert validate_file(corpus) == [] and load_project(corpus).pipeline("p").step("expand").resources == \
+        {"sparse": "sparse"}
+    off = EXPAND_STEP + "          enabled: false\n"
+    assert validate_file(make_project(pipelines_file(BM25, off), name="off.yaml")) == []
+    with pytest.raises(SpecValidationError, match="field 'with.mode'.*mode 'llm' asks the LLM"):
+        load_project(make_project(pipelines_file(BM25, off), name="off.yaml")).pipeline("p").with_overrides(
+            {"expand": {"enabled": True}})
+    with_llm = load_project(make_project(pipelines_file(BM25 + LLM, off), name="llm.yaml"))
+    assert with_llm.pipeline("p").step("expand").resources == {"sparse": "sparse"}
+    assert with_llm.pipeline("p").with_overrides({"expand": {"enabled": True}}).step("expand").resources == \
+        {"sparse": "sparse", "llm": "llm"}

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ragline.flows.run import engine
-from ragline.flows.spec.compile import load_project
+from ragline.flows.spec.compile import load_project, validate_file
+from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.spec.prompts import library
@@ -18,6 +19,7 @@ from ragline.flows.resources.llm import LLMClient, LLMSpec
 from ragline.flows.resources.state import IndexState, StateSpec
 from ragline.tasks.pseudo_queries import Params, body, keyword_query, pseudo_queries, sentences_of, without
 from tests.helpers.data import scifact_records
+from tests.helpers.reads_roles import LLM, STATE, TWO_LLMS, error_at, pipelines_file
 from tests.scripted_llm import ScriptedLLM
 
 REPO_PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
@@ -214,8 +216,9 @@ pipelines:
     assert project.pipeline("tune").kind == "job"
     assert "llm" not in project.pipeline("tune").step("pairs").resources
     assert project.pipeline("tune").step("pairs").prompt is None  # no template unless the LLM writes queries
-    with_llm = project.pipeline("tune").with_overrides({"pairs": {"strategies": ["llm"]}})
-    assert with_llm.step("pairs").prompt == "pseudo_query"  # the builtin template, checked like any prompt
+    # an override that makes it read an LLM the file lacks is refused at that field, before anything runs
+    with pytest.raises(SpecValidationError, match="with.strategies.*strategy 'llm'.*openai_compatible resource"):
+        project.pipeline("tune").with_overrides({"pairs": {"strategies": ["llm"]}})
 
 
 def test_the_shipped_tune_pipeline_runs_on_an_empty_index_with_a_clear_error(tmp_path):
@@ -240,3 +243,29 @@ def test_labelled_pairs_of_a_feedback_export_come_first(state, tmp_path):
     assert len(pairs) == 5 and [p.strategy for p in pairs[1:]] == ["inverse_cloze"] * 4
     with pytest.raises(FileNotFoundError, match="feedback export"):
         make(state, n=5, labelled=str(tmp_path / "nowhere"))
+
+
+# ----------------------------------------------------------------------------- resources read (validate)
+PAIRS_STEP = """      - id: pairs
+        task: pseudo_queries
+        with:
+          strategies: [inverse_cloze, llm]
+"""
+
+
+def test_the_llm_strategy_without_an_llm_fails_validation_at_strategies(make_project):
+    """Strategy llm validated without an LLM and failed only when the job ran; now `ragline validate`
+    names the line and with.strategies."""
+    error = error_at(make_project(pipelines_file(STATE, PAIRS_STEP, kind="job")), "pairs", "with.strategies")
+    assert "strategy 'llm' has the LLM write a question per passage" in error.message
+
+
+def test_pseudo_queries_bind_an_llm_only_for_the_llm_strategy(make_project):
+    """Other strategies read no LLM: two need no name; with one LLM and strategy llm it is bound, and so
+    is its template checked."""
+    path = make_project(pipelines_file(STATE + TWO_LLMS, PAIRS_STEP.replace(", llm]", ", title]"), kind="job"))
+    assert validate_file(path) == [] and load_project(path).pipeline("p").step("pairs").resources == \
+        {"state": "state"}
+    project = load_project(make_project(pipelines_file(STATE + LLM, PAIRS_STEP, kind="job"), name="llm.yaml"))
+    step = project.pipeline("p").step("pairs")
+    assert step.resources == {"state": "state", "llm": "llm"} and step.prompt == "pseudo_query"

@@ -11,9 +11,10 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.spec.compile import validate_file
+from ragline.flows.spec.compile import load_project, validate_file
 from ragline.tasks.self_query import Params, rules_filter, self_query
 from tests.helpers.llm_stages import project_for, run
+from tests.helpers.reads_roles import BM25, LLM, TWO_BM25, TWO_LLMS, error_at, pipelines_file
 from tests.scripted_llm import ScriptedLLM
 
 FIELDS = {"year": {"type": "int", "min": 1900, "max": 2100},
@@ -186,3 +187,34 @@ def test_a_reply_that_is_not_the_json_asked_for_gives_no_filter(make_project, re
 
 def test_an_empty_list_of_filters_leaves_the_query_unfiltered(make_project):
     assert llm_filter(make_project, {"query": "papers about masks", "filters": []})[0] is None
+
+
+# ----------------------------------------------------------------------------- resources read (validate)
+SQ_READS_STEP = """      - id: sq
+        task: self_query
+        with:
+          fields: {year: {type: int, min: 1900, max: 2100}}
+          mode: llm
+          fallback: unfiltered
+"""
+
+
+@pytest.mark.parametrize("resources, field, why", [
+    (BM25, "with.mode", "mode 'llm' asks the LLM for the filter"),
+    (LLM, "with.fallback", "fallback 'unfiltered' counts the filter's matches in the BM25 index's metadata")])
+def test_self_query_says_at_validate_which_resource_its_mode_or_fallback_reads(make_project, resources, field, why):
+    """Mode llm reads the LLM, fallback unfiltered the BM25 index: a file without one validated and
+    failed only when a request came; now `ragline validate` names the line and the field."""
+    error = error_at(make_project(pipelines_file(resources, SQ_READS_STEP)), "sq", field)
+    assert why in error.message
+
+
+def test_a_rules_self_query_without_fallback_binds_no_llm_and_no_bm25(make_project):
+    """Two LLMs and two BM25 indexes: a step that reads neither needs no name (it was 'several
+    resources: name one')."""
+    rules = SQ_READS_STEP.replace("mode: llm", "mode: rules").replace("fallback: unfiltered", "fallback: none")
+    path = make_project(pipelines_file(TWO_LLMS + TWO_BM25, rules))
+    assert validate_file(path) == []
+    assert load_project(path).pipeline("p").step("sq").resources == {}
+    both = make_project(pipelines_file(LLM + BM25, SQ_READS_STEP), name="both.yaml")
+    assert load_project(both).pipeline("p").step("sq").resources == {"llm": "llm", "sparse": "sparse"}

@@ -14,7 +14,7 @@ import pytest
 
 from ragline.flows import cli
 from ragline.flows.run import engine
-from ragline.flows.spec.compile import load_project
+from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, Passage, Ranking
 from ragline.flows.evaluation.retrieval import load_beir, score, to_run
@@ -23,6 +23,7 @@ from ragline.tasks import answerable
 from ragline.tasks import tune_retrieval as tr
 from ragline.tasks.fuse import Params as FuseParams
 from ragline.tasks.fuse import fuse
+from tests.helpers import reads_roles as roles
 from tests.helpers.data import REPO, SEARCH_TERMS, index_and_search_yaml, require_scifact, scifact_records, write_jsonl
 
 BM25 = {"k1": 1.2, "b": 0.75, "stemmer": "english"}
@@ -422,3 +423,33 @@ def test_a_retriever_weighed_zero_is_not_run(indexed, monkeypatch):
     trace = []
     assert engine.run(dense_only, query, orchestrate=False, trace=trace) and encoded
     assert [step for step, _ in trace] == ["dense", "fuse"]
+
+
+# ----------------------------------------------------------------------------- resources read (validate)
+INDEX = "  store: {type: chroma, path: idx/chroma, collection: docs}\n" + roles.EMBEDDER + roles.BM25 + roles.STATE
+TUNE_STEPS = """      - {id: pairs, task: pseudo_queries}
+      - id: tune
+        task: tune_retrieval
+        with:
+          gate_llm_pairs: 50
+"""
+
+
+def test_tune_with_gate_llm_pairs_and_no_llm_fails_validation_at_gate_llm_pairs(make_project):
+    """The gates' LLM calibration validated without an LLM and failed only when the job ran; now
+    `ragline validate` names the line and with.gate_llm_pairs."""
+    error = roles.error_at(make_project(roles.pipelines_file(INDEX, TUNE_STEPS, kind="job")), "tune", "with.gate_llm_pairs")
+    assert "gate_llm_pairs: 50 asks the LLM about that many pseudo-queries" in error.message
+
+
+def test_tune_binds_an_llm_where_query2doc_may_use_one_and_none_where_nothing_reads_it(make_project):
+    """query2doc's pseudo-documents read the file's LLM if it has one (none: those steps are left
+    undecided); with neither query2doc nor the gate calibration, two LLMs need no name."""
+    default = TUNE_STEPS.replace("gate_llm_pairs: 50", "metric: ndcg@10")
+    alone = make_project(roles.pipelines_file(INDEX, default, kind="job"))
+    assert validate_file(alone) == [] and "llm" not in load_project(alone).pipeline("p").step("tune").resources
+    one = load_project(make_project(roles.pipelines_file(INDEX + roles.LLM, default, kind="job"), name="one.yaml"))
+    assert one.pipeline("p").step("tune").resources["llm"] == "llm"
+    none = TUNE_STEPS.replace("gate_llm_pairs: 50", "query2doc_pairs: 0")
+    two = make_project(roles.pipelines_file(INDEX + roles.TWO_LLMS, none, kind="job"), name="two.yaml")
+    assert validate_file(two) == [] and "llm" not in load_project(two).pipeline("p").step("tune").resources

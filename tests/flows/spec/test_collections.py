@@ -206,3 +206,33 @@ def test_without_collections_a_job_keeps_its_name(tmp_path):
     assert for_collection(project, "tune", None) == "tune" and "tune" in project.pipelines
     with pytest.raises(InputError, match="not compiled per collection"):
         for_collection(project, "tune", "papers")
+
+
+def test_a_collection_whose_own_parameters_read_a_resource_binds_it_or_says_at_that_line(tmp_path):
+    """A step the template leaves without an LLM (enrich, context: title) that a collection turns to
+    context: llm reads the LLM: bound in that collection's pipeline, or, without one in the file, an
+    error at the collection's own field (it failed only when that collection was indexed)."""
+    enriched = PIPELINES.replace("      - {id: embed,", "      - {id: enrich,  task: enrich, with: {context: title}}\n"
+                                                       "      - {id: embed,")
+    collections = """
+  plain:
+    paths: [a]
+  summarised:
+    paths: [b]
+    steps:
+      enrich:
+        context: llm
+"""
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(textwrap.dedent(RESOURCES + f"collections:{collections}" + enriched))
+    with pytest.raises(SpecValidationError) as caught:
+        load_project(path, tuned=False)
+    [error] = caught.value.errors
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), start=1) if "context: llm" in text)
+    assert (error.line, error.field) == (line, "collections.summarised.steps.enrich.context")
+    assert "context 'llm' has the LLM write a sentence per document" in error.message
+    path.write_text(path.read_text().replace("resources:\n", 'resources:\n  llm: {type: openai_compatible, '
+                                                             'base_url: "http://127.0.0.1:9/v1"}\n', 1))
+    project = load_project(path, tuned=False)
+    assert project.pipeline("index@summarised").step("enrich").resources == {"llm": "llm"}
+    assert project.pipeline("index@plain").step("enrich").resources == {}
