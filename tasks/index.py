@@ -110,7 +110,7 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
     check_roles(store, sparse)
     if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
         reconcile(store, state, ctx.logger.warning)
-    integrity.repair(integrity.compare(store, sparse, state), store, sparse, state, ctx.logger.warning)
+    integrity.repair(integrity.compare(store, sparse, state, writer=True), store, sparse, state, ctx.logger.warning)
     state.set_meta(DIRTY, "1")
     record_failures(state, ctx.pipeline, failures)
     # planned in SQL over the state: the sources the listing marked unchanged (``IndexState.mark_listed``)

@@ -6,7 +6,11 @@ overwritten behind ragline's back used to be noticed by nobody (dense retrieval 
 every ingestion run "unchanged"). Three depths:
 
 - ``compare(..., full=False)``: counts and a random sample of ids (each ingestion run, under its
-  writer lease; milliseconds on 50k chunks, never a full scan);
+  writer lease; milliseconds on 50k chunks, never a full scan). An embedded store whose files are
+  exactly as they were after the last such check that found nothing (every file's size, mtime and
+  inode), while the state is at the same generation and chunk count, is not opened at all: opening
+  it imports Chroma (~1 s of CPU, most of an unchanged run's), and files that did not change hold
+  what they held. A store deleted, replaced, truncated or written by anyone since changes them;
 - ``compare(..., full=True)``: every id, SQLite's quick_check, the embedder key (``ragline check``);
 - ``repair``: what can be rebuilt is: vectors the state names but Chroma lacks are re-embedded
   (their sources are forgotten, so the ingestion plan re-indexes them), vectors it does not name are
@@ -18,8 +22,12 @@ Only writers repair (ingestion, ``ragline check --repair``); queries only read (
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 from ragline.flows.resources.bm25 import BM25Index
@@ -27,6 +35,7 @@ from ragline.flows.resources.chroma import ChromaStore, ChromaUnavailable
 from ragline.flows.resources.state import REMEDY, IndexState, StorageError, StoreDamaged, StoreMissing
 
 SAMPLE = 32  # chunk ids checked in Chroma per ingestion run
+VERIFIED = "verified_store"  # state meta: the embedded store's files, generation and chunks when last found sound
 Repair = Literal["reconcile", "reembed_all", "rebuild_bm25"]
 
 
@@ -47,8 +56,10 @@ class Finding:
 
 
 def compare(store: ChromaStore, sparse: BM25Index | None, state: IndexState, *, full: bool = False,
-            embedder_key: str | None = None) -> list[Finding]:
-    """Every disagreement found; cheap unless ``full``. A damaged state stops the comparison."""
+            embedder_key: str | None = None, writer: bool = False) -> list[Finding]:
+    """Every disagreement found; cheap unless ``full``. A damaged state stops the comparison.
+    ``writer`` (the ingestion run, under its lease): an embedded store whose files did not change
+    since the last sound check is not opened, and a sound check records its files in the state."""
     try:
         chunks = state.counts()[1]
         if full and (problem := state.quick_check()):
@@ -57,7 +68,13 @@ def compare(store: ChromaStore, sparse: BM25Index | None, state: IndexState, *, 
         chunks = 0
     except StoreDamaged as exc:
         return [Finding("state", str(exc), None)]
-    findings = _chroma(store, state, chunks, full, embedder_key)
+    verified = _verified(store, state, chunks) if writer and not full else None
+    if verified is not None and verified == state.get_meta(VERIFIED):
+        findings: list[Finding] = []  # its files are as they were when last found sound: not opened
+    else:
+        findings = _chroma(store, state, chunks, full, embedder_key)
+        if writer and not findings and not full and (after := _verified(store, state, chunks)) is not None:
+            state.set_meta(VERIFIED, after)  # read after the checks: opening the store may write its files
     if sparse is not None:
         findings += _bm25(sparse, state, chunks, full)
     return findings
@@ -101,6 +118,33 @@ def _chroma(store: ChromaStore, state: IndexState, chunks: int, full: bool,
             findings.append(Finding(kind, f"{store.location} holds vectors of embedder settings {stored_key}, the "
                                               f"ingestion pipeline embeds with {embedder_key}", "reembed_all"))
     return findings
+
+
+def _verified(store: ChromaStore, state: IndexState, chunks: int) -> str | None:
+    """What a sound check of an embedded Chroma store vouches for: its files (path, size, mtime,
+    inode each), the state's generation and chunk count. None where that says nothing: a served
+    store (``host``) or another engine, or a folder with no files."""
+    if store.type_name() != "chroma" or store.spec.host:
+        return None
+    files = _files(store.path)
+    if not files:
+        return None
+    digest = hashlib.sha256("\n".join(files).encode("utf-8", "surrogateescape")).hexdigest()
+    return json.dumps({"files": digest, "generation": state.generation, "chunks": chunks})
+
+
+def _files(folder: Path) -> list[str]:
+    lines = []
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            try:
+                stat = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            lines.append(f"{os.path.relpath(path, folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}")
+    return lines
 
 
 def _state_ids(state: IndexState) -> set[str]:

@@ -125,6 +125,43 @@ def test_a_truncated_chroma_database_is_named_with_its_remedy(project, capsys):
     assert index(project) == 0 and search(project, capsys, "search_dense")[1]
 
 
+def test_an_unchanged_run_does_not_open_a_store_whose_files_did_not_change(project, monkeypatch, caplog):
+    """Opening an embedded store imports Chroma (~1 s of CPU, most of an unchanged run's): a store whose
+    files are as they were after the last sound check is not opened. Anything done to them (a copy put
+    in its place, a vector deleted behind ragline's back) makes the next run open and check it again."""
+    from ragline.flows.resources.chroma import ChromaStore
+
+    opened: list[int] = []
+    count = ChromaStore.count
+    monkeypatch.setattr(ChromaStore, "count", lambda self: opened.append(1) or count(self))
+    assert index(project) == 0 and opened  # the first check after the build opens it, and records its files
+    opened.clear()
+    assert index(project) == 0 and not opened
+    store = project.parent / "idx" / "chroma"
+    shutil.copytree(store, store.with_name("restored"), copy_function=shutil.copy2)  # times kept, new inodes
+    shutil.rmtree(store)
+    store.with_name("restored").rename(store)
+    assert index(project) == 0 and opened
+    opened.clear()
+    assert index(project) == 0 and not opened
+
+    clear_cache()
+    collection = load_project(project).resource("store").collection
+    collection.delete(ids=collection.get(limit=1)["ids"])
+    clear_cache()
+    caplog.clear()
+    assert index(project) == 0 and opened
+    assert any("repairing chroma" in r.getMessage() for r in caplog.records)
+    # a run that wrote (the repair) is checked by the next one; Chroma may still save its HNSW files
+    # when that one's process ends (vectors under sync_threshold), so the files settle a run later
+    settled = []
+    for _ in range(3):
+        opened.clear()
+        assert index(project) == 0
+        settled.append(not opened)
+    assert settled[0] is False and settled[-1] is True, settled
+
+
 def test_a_deleted_bm25_version_and_a_garbled_pointer_are_rebuilt(project, capsys, caplog):
     bm25 = project.parent / "idx" / "bm25"
     _, before, _ = search(project, capsys, "search_bm25")
