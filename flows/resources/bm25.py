@@ -221,7 +221,8 @@ class BM25Index(Resource):
             if force or not self._update(state):
                 generation = state.generation  # read before the rows: a later write only makes it look older
                 log_id = state.chunk_log_id()
-                self._build(state.chunk_row_pages(), generation, self.settings, log_id)
+                # pages no larger than a segment: the build holds one batch's rows, whatever the corpus
+                self._build(state.chunk_row_pages(min(5_000, self.spec.build_batch)), generation, self.settings, log_id)
             self._prune_log(state)
         return True
 
@@ -294,13 +295,13 @@ class BM25Index(Resource):
         if changes is None:
             return False
         try:
-            current = self._current()
+            parts = self._published_parts(published["version"])
         except StoreDamaged as exc:  # a segment unreadable: the rebuild replaces it
             log.warning("%s; rebuilding it whole", exc)
             return False
-        if not isinstance(current, Version) or current.name != published["version"]:
+        if parts is None:  # a version of the format before segments
             return False
-        kept = current.without(changes.changed)
+        kept = without(parts, changes.changed)
         fresh = _Pending.of(changes.rows, self._tokenize([r[1] for r in changes.rows])) if changes.rows else None
         live = sum(part.live for part in kept) + (fresh.size if fresh else 0)
         if live != changes.chunks:
@@ -424,7 +425,31 @@ class BM25Index(Resource):
                     self._loaded = LegacyVersion.load(folder)
             return self._loaded
 
+    def _published_parts(self, version: str) -> list[Part] | None:
+        """The published version's segments, for an update: their ids and deletions, not their
+        postings nor the scoring statistics (None: a version without a manifest)."""
+        folder = self.path / version
+        try:
+            with self._lock:
+                if isinstance(self._loaded, Version) and self._loaded.name == version:
+                    return list(self._loaded.segments)
+                if not (folder / self.MANIFEST).is_file():
+                    if not folder.is_dir():
+                        raise FileNotFoundError(folder)
+                    return None
+                return self._parts(folder)
+        except FileNotFoundError as exc:
+            raise StoreDamaged(f"{self.location}: the published version {folder} is missing ({exc}); {REMEDY} "
+                               f"to rebuild BM25 from the index state") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreDamaged(f"{self.location}: the published version {folder} is unreadable "
+                               f"({type(exc).__name__}: {exc}); {REMEDY} to rebuild it") from exc
+
     def _load_segments(self, folder: Path) -> Version:
+        """The manifest's segments as a scored version."""
+        return Version(folder.name, self._parts(folder), self.scorer)
+
+    def _parts(self, folder: Path) -> list[Part]:
         """The manifest's segments, each loaded once and shared with later versions that list it."""
         manifest = json.loads((folder / self.MANIFEST).read_text(encoding="utf-8"))
         if manifest.get("format") != self.FORMAT:
@@ -438,7 +463,7 @@ class BM25Index(Resource):
                 bm25_segments.unpack_deleted(self.path / entry["deleted"], segment.size)
             parts.append(Part(segment, deleted, entry["deleted"]))
         self._segments = segments
-        return Version(folder.name, parts, self.scorer)
+        return parts
 
     @property
     def scorer(self) -> bm25_segments.Scorer:
@@ -530,23 +555,32 @@ class BM25Index(Resource):
 
 
 class Segment:
-    """One immutable segment folder: postings (memory-mapped), chunk ids, and, loaded when first
-    needed, the chunks' metadata with text and its MetadataIndex."""
+    """One immutable segment folder: chunk ids, and, loaded when first needed, its postings
+    (memory-mapped arrays and the term list), the chunks' metadata with text and its MetadataIndex.
+    An update that only marks chunks deleted reads the ids: a segment's terms are its vocabulary,
+    which grows with the corpus."""
 
-    def __init__(self, folder: Path, postings: bm25_segments.Postings, ids: list[str]):
-        self.folder, self.postings, self.ids = folder, postings, ids
+    def __init__(self, folder: Path, postings: bm25_segments.Postings | None, ids: list[str]):
+        self.folder, self._postings, self.ids = folder, postings, ids
         self._meta: list[dict[str, Any]] | None = None
         self._metadata: MetadataIndex | None = None
-        self._positions: dict[str, int] | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def load(cls, folder: Path) -> Segment:
-        postings = bm25_segments.Postings.load(folder)
-        ids = json.loads((folder / "ids.json").read_text(encoding="utf-8"))
-        if len(ids) != postings.size:
-            raise ValueError(f"segment {folder.name} lists {len(ids)} ids for {postings.size} passages")
-        return cls(folder, postings, ids)
+        return cls(folder, None, json.loads((folder / "ids.json").read_text(encoding="utf-8")))
+
+    @property
+    def postings(self) -> bm25_segments.Postings:
+        if self._postings is None:
+            with self._lock:
+                if self._postings is None:
+                    postings = bm25_segments.Postings.load(self.folder)
+                    if len(self.ids) != postings.size:
+                        raise ValueError(f"segment {self.folder.name} lists {len(self.ids)} ids for "
+                                         f"{postings.size} passages")
+                    self._postings = postings
+        return self._postings
 
     @property
     def size(self) -> int:
@@ -572,10 +606,9 @@ class Segment:
                     self._metadata = MetadataIndex.load(self.folder, meta)
         return self._metadata
 
-    def position(self, chunk_id: str) -> int | None:
-        if self._positions is None:
-            self._positions = {cid: i for i, cid in enumerate(self.ids)}
-        return self._positions.get(chunk_id)
+    def positions(self, chunk_ids: set[str]) -> list[int]:
+        """Where these chunks are in the segment (a scan: no id -> position map of the whole corpus)."""
+        return [at for at, cid in enumerate(self.ids) if cid in chunk_ids] if chunk_ids else []
 
 
 @dataclass
@@ -685,16 +718,7 @@ class Version:
             {p.deleted_file.split("/")[0] for p in self.segments if p.deleted_file}
 
     def without(self, chunk_ids: set[str]) -> list[Part]:
-        """The segments with ``chunk_ids`` deleted too (a part whose deletions changed has no bitmap file yet)."""
-        parts = []
-        for part in self.segments:
-            hit = [at for at in map(part.segment.position, chunk_ids) if at is not None]
-            if hit and (part.deleted is None or not part.deleted[hit].all()):
-                deleted = np.zeros(part.docs, dtype=bool) if part.deleted is None else part.deleted.copy()
-                deleted[hit] = True
-                part = Part(part.segment, deleted, None)
-            parts.append(part)
-        return parts
+        return without(self.segments, chunk_ids)
 
     def live_ids(self) -> list[str]:
         live = self.corpus.live
@@ -732,6 +756,19 @@ class Version:
         metas = {at: self.segments[at].segment.meta for at in set(segment.tolist())}
         return [(self.ids[d], s, metas[at][d - int(offsets[at])])
                 for d, s, at in zip(top.tolist(), scores[top].tolist(), segment.tolist())]
+
+
+def without(parts: list[Part], chunk_ids: set[str]) -> list[Part]:
+    """The segments with ``chunk_ids`` deleted too (a part whose deletions changed has no bitmap file yet)."""
+    out = []
+    for part in parts:
+        hit = part.segment.positions(chunk_ids)
+        if hit and (part.deleted is None or not part.deleted[hit].all()):
+            deleted = np.zeros(part.docs, dtype=bool) if part.deleted is None else part.deleted.copy()
+            deleted[hit] = True
+            part = Part(part.segment, deleted, None)
+        out.append(part)
+    return out
 
 
 class LegacyVersion:

@@ -47,11 +47,20 @@ def peak(project) -> tuple[int, object]:
         tracemalloc.stop()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 22, open: measured 2026-11-25 at 4.8 KB per added document (full ingest) and 1.27 KB (one change). "
+    "The 0.15-0.71 / 0.13 KB measured before were masked: loading the chunker's tokenizer through "
+    "transformers made a ~5.9 MB peak that did not depend on the corpus, above what the run holds per "
+    "document; the Rust tokenizer removed that peak. Remaining growth to find (the BM25 segments' "
+    "chunk ids are ~0.8 KB of the one-change figure here)"))
 @pytest.mark.timeout(1800)
-def test_ingestion_memory_does_not_grow_with_the_corpus(tmp_path):
+def test_ingestion_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     yaml = HASH_EMBED.replace("sparse:   {type: bm25, path: idx/bm25}",
                               f"sparse:   {{type: bm25, path: idx/bm25, build_batch: {BUILD_BATCH}}}")
     assert f"build_batch: {BUILD_BATCH}" in yaml
+    # the listing's work-list transactions as small as the other batches: what a run holds is then
+    # bounded by its batches at these sizes too (at 1,000 a transaction held this whole test corpus)
+    monkeypatch.setattr("ragline.tasks.load.QUEUE_BATCH", 16)
     peaks = {}
     for size in (1, N, 4 * N):  # the first size imports what ingestion uses (converters, tokenizer): not counted
         base = tmp_path / str(size)

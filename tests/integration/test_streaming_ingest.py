@@ -135,11 +135,18 @@ def _peak(project, monkeypatch) -> int:
     return peaks[0]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 22, open: 5.3 KB per extra document for a full ingest up to its finalize (measured "
+    "2026-11-25); it passed before only because the transformers tokenizer's ~5.9 MB load peak, the "
+    "same at every size, was above it (see tests/integration/test_memory_scale.py)"))
 def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     """tracemalloc's peak (deterministic, Python allocations) of a full ingest and of an unchanged
     re-run, at N and 4N documents of ~1.5 KB: the batch bounds it, not the corpus (before: every
     document's text was held until the end of the run, and every finished batch until a full
     garbage collection)."""
+    # the listing's work-list transactions as small as the pipeline's batches (at 1,000 one held this
+    # whole test corpus: bounded, but not by the batch this test can see)
+    monkeypatch.setattr("ragline.tasks.load.QUEUE_BATCH", 16)
     peaks, n = {}, 40
     for size in (1, n, 4 * n):  # the first run imports what ingestion uses (converters, tokenizer): not counted
         base = tmp_path / str(size)
