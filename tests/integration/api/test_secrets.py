@@ -303,10 +303,11 @@ def test_no_secret_in_flow_run_parameters_task_runs_logs_or_events(api_project, 
     deployments = [d.model_dump(mode="json") for d in build_deployments(good)]
     clear_cache()
 
-    deadline = time.monotonic() + 30
-    while True:  # the server records events a moment after they arrive
+    deadline = time.monotonic() + 120
+    while True:  # the server records events and logs a moment after they arrive (later on a loaded machine)
         stored = read_back(prefect_api, since)
-        if any(e["event"] == "prefect.flow-run.Failed" for e in stored["events"]) or time.monotonic() > deadline:
+        recorded = any(e["event"] == "prefect.flow-run.Failed" for e in stored["events"]) and stored["logs"]
+        if (recorded and stored["task_runs"]) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     ours = [r for r in stored["flow_runs"] if r["parameters"].get("file") in (str(good), str(refused))]
