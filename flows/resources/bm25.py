@@ -717,9 +717,6 @@ class Version:
         return {self.name} | {p.segment.folder.name for p in self.segments} | \
             {p.deleted_file.split("/")[0] for p in self.segments if p.deleted_file}
 
-    def without(self, chunk_ids: set[str]) -> list[Part]:
-        return without(self.segments, chunk_ids)
-
     def live_ids(self) -> list[str]:
         live = self.corpus.live
         return list(self.ids) if live is None else [cid for cid, a in zip(self.ids, live.tolist()) if a]
