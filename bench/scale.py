@@ -18,7 +18,12 @@ service, each run's process talks HTTP to the server, which holds the HNSW index
 peak RSS and the server's resident memory after each run are reported apart; CPU is both together.
 Saved as bench/out/scale_managed.json.
 
-Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus|managed] [--keep DIR [--again]]  (--huge adds 300000)
+``--watch``: the incremental runs with the corpus folder watched, as ``ragline serve`` watches it
+(flows/sources/journal.py): each run lists what changed instead of every file. The same invocation
+also measures an unchanged run and a one-change run listed in full, as the baseline. Saved as
+bench/out/scale_watch.json (``scale_<backend>_watch``).
+
+Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus|managed] [--keep DIR [--again]] [--watch]  (--huge adds 300000)
 """
 from __future__ import annotations
 
@@ -161,9 +166,10 @@ def measured(project: Path, mode: str, server_pid: int | None = None) -> dict:
     return out
 
 
-def measure(n: int, folder: Path, backend: str = "default", again: bool = False) -> dict:
+def measure(n: int, folder: Path, backend: str = "default", again: bool = False, watch: bool = False) -> dict:
     """A size's runs; ``again``: the incremental runs only, on a kept folder whose full ingest was
-    measured before (its row is kept beside it), with documents no earlier round changed."""
+    measured before (its row is kept beside it), with documents no earlier round changed; ``watch``:
+    under a folder watcher, as ``ragline serve`` runs them (``watched_runs``)."""
     project = folder / "pipelines.yaml"
     docs = folder / "docs"
     saved = folder / "row.json"
@@ -179,7 +185,10 @@ def measure(n: int, folder: Path, backend: str = "default", again: bool = False)
             server = ManagedChroma(folder / "idx" / "chroma", logs=folder / "logs").start()
             stack.callback(server.stop)
         earlier = json.loads(saved.read_text()) if again else None
-        row = runs(n, project, docs, server.process.pid if server else None, earlier)
+        if watch:
+            row = watched_runs(n, project, docs, server.process.pid if server else None, earlier)
+        else:
+            row = runs(n, project, docs, server.process.pid if server else None, earlier)
     saved.write_text(json.dumps(row))
     return row
 
@@ -205,6 +214,55 @@ def runs(n: int, project: Path, docs: Path, server_pid: int | None, earlier: dic
     return row
 
 
+def watched_runs(n: int, project: Path, docs: Path, server_pid: int | None, earlier: dict | None = None) -> dict:
+    """The incremental runs with the corpus folder watched (flows/sources/journal.py), so each run
+    lists what changed; in the same invocation, the same kinds of run listed in full (the watcher
+    stopped), as the baseline."""
+    from ragline.flows.sources.journal import FolderWatcher, Journal, journal_file
+
+    source = abstracts()
+    round_ = earlier.get("round", 0) + 1 if earlier else 0
+    row: dict = {"documents": n, "load_average": os.getloadavg()[0], "round": round_, "watched": True}
+    row["full"] = earlier["full"] if earlier else measured(project, "index", server_pid)
+    journal = Journal(journal_file(project.parent, "index", str(docs)))
+    watcher = FolderWatcher(str(docs), [journal]).start()
+    try:
+        if not watcher.ready.wait(600):
+            raise RuntimeError("the folder watcher did not start")
+        row["unchanged_listed"] = measured(project, "index", server_pid)  # in full: it vouches for the journal
+        row["unchanged"] = measured(project, "index", server_pid)
+
+        def journaled(path: Path) -> Path:
+            deadline = time.monotonic() + 60
+            while str(path.resolve()) not in journal.changes():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the watcher did not record {path}")
+                time.sleep(0.05)
+            return path
+
+        changed = docs / "f000" / f"d{3 + 10 * round_:06d}.md"
+        changed.write_text(document(3 + 10 * round_, source, " Edited."))
+        age(journaled(changed), 1800)
+        row["changed"] = measured(project, "index", server_pid)
+        added = docs / "f000" / f"added{round_}w.md"
+        added.write_text(document(n + 1 + round_, source))
+        age(journaled(added), 1800)
+        row["added"] = measured(project, "index", server_pid)
+        deleted = docs / "f000" / f"d{5 + 10 * round_:06d}.md"
+        deleted.unlink()
+        journaled(deleted)
+        row["deleted"] = measured(project, "index", server_pid)
+    finally:
+        watcher.stop()
+    listed = docs / "f000" / f"d{7 + 10 * round_:06d}.md"  # the same change, listed in full
+    listed.write_text(document(7 + 10 * round_, source, " Edited."))
+    age(listed, 1800)
+    row["changed_listed"] = measured(project, "index", server_pid)
+    row["queries"] = measured(project, "search", server_pid)
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def table(rows: list[dict]) -> str:
     head = "| | " + " | ".join(f"{r['documents']:,} docs ({r['full']['chunks']:,} chunks)" for r in rows) + " |"
     lines = [head, "|---" * (len(rows) + 1) + "|"]
@@ -212,9 +270,13 @@ def table(rows: list[dict]) -> str:
     def line(label: str, cell) -> None:
         lines.append(f"| {label} | " + " | ".join(cell(r) for r in rows) + " |")
 
-    for kind in ("changed", "added", "deleted", "unchanged"):
-        line(f"one document {kind}: wall / CPU / peak RSS" if kind != "unchanged" else
-             "unchanged re-run: wall / CPU / peak RSS",
+    kinds = ("changed", "added", "deleted", "unchanged")
+    if all(r.get("watched") for r in rows):
+        kinds += ("changed_listed", "unchanged_listed")
+    labels = {"unchanged": "unchanged re-run", "changed_listed": "one document changed, listed in full",
+              "unchanged_listed": "unchanged re-run, listed in full"}
+    for kind in kinds:
+        line(f"{labels.get(kind, 'one document ' + kind)}: wall / CPU / peak RSS",
              lambda r, k=kind: f"{r[k]['wall']} s / {r[k]['cpu']} s / {memory(r[k])}")
     line("full ingest: wall / CPU", lambda r: f"{r['full']['wall']} s / {r['full']['cpu']} s")
     line("full ingest CPU per chunk", lambda r: f"{1000 * r['full']['cpu'] / max(1, r['full']['chunks']):.2f} ms")
@@ -243,21 +305,25 @@ def main() -> None:
                         "them (to profile runs on them afterwards)")
     parser.add_argument("--again", action="store_true", help="with --keep: the incremental runs again on each "
                         "kept size (its full ingest's figures are the earlier ones)")
+    parser.add_argument("--watch", action="store_true", help="the incremental runs with the corpus folder "
+                        "watched, as under ragline serve (each run lists what changed), and the same runs listed "
+                        "in full as the baseline")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(Path(args.child[0]), args.child[1])
         return
     name = "scale" if args.backend == "default" else f"scale_{args.backend}"
+    name += "_watch" if args.watch else ""
     rows = earlier_rows(name)
     for n in args.sizes + ([300_000] if args.huge else []):
         if args.keep:
             if not args.again:
                 (args.keep / str(n)).mkdir(parents=True)  # an existing one is refused: its index is not fresh
-            row = measure(n, args.keep / str(n), args.backend, again=args.again)
+            row = measure(n, args.keep / str(n), args.backend, again=args.again, watch=args.watch)
         else:
             with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as folder:
-                row = measure(n, Path(folder), args.backend)
+                row = measure(n, Path(folder), args.backend, watch=args.watch)
         rows = sorted([r for r in rows if r["documents"] != n] + [row], key=lambda r: r["documents"])
         save(name, {"backend": args.backend, "rows": rows})  # after every size: a long run keeps what it had
     print(table(rows))

@@ -253,6 +253,7 @@ def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: Ste
     failpoints.hit("finalize.after_delete")
     sparse.sync(state)
     failpoints.hit("finalize.after_publish")
+    state.promote_deferred()  # e.g. the full listing that vouches for a change journal (tasks/load.py)
     state.set_meta(DIRTY, "0")
     gate_floor(params, ctx, state)
     return IndexReport(deleted=len(plan.removed), chunks_deleted=len(removed_ids))

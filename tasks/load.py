@@ -11,11 +11,13 @@ import codecs
 import fnmatch
 import functools
 import glob
+import hashlib
 import html
 import json
 import os
 import posixpath
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -34,10 +36,11 @@ from ragline.flows.sources import (
     cache_folder,
     source_types,
 )
+from ragline.flows.sources.journal import Journal, journal_file
 from ragline.flows.sources.local import NonEmpty, Root, read_file, stat_signal
 from ragline.flows.spec.registry import stage
 
-__all__ = ["Params", "Root", "load"]
+__all__ = ["Params", "Root", "load", "watched_folders"]
 
 # text formats read here; every other format is converted by its `ragline.formats` entry point
 FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown",
@@ -102,6 +105,11 @@ class Params(BaseModel):
                                                                   "seconds each); the rest are reported")
     ocr_languages: NonEmpty = Field("eng", pattern=r"^[A-Za-z_]+(\+[A-Za-z_]+)*$",
                                     description="tesseract language codes, e.g. 'eng+deu'")
+    full_listing_hours: float = Field(
+        24.0, ge=0, le=8760,
+        description="a folder root that `ragline serve` watches is listed from its change journal (the paths "
+                    "that changed) instead of in full, for at most this long after its last full listing; "
+                    "0: always list in full")
     acl_field: NonEmpty | None = Field(None, description="a document's own field naming the groups allowed to "
                                                           "read it (a list or 'a,b'): a JSONL record's field (or "
                                                           "one of its 'metadata'), a converted file's metadata; it "
@@ -144,7 +152,9 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
     # state): the sink plans over it and the engine takes it a batch at a time; else it is returned
     out = _Listing(known, ctx.step_id, queued=streamed and known.queues)
     unchanged: list[str] = []  # sources marked listed in the state, MARK_BATCH at a time (one commit each)
-    discovered = _discover(params, ctx, roots)
+    journals = {root.location: j for root in roots if (j := JournalListing.of(root, roots, params, ctx, known))}
+    discovered = _discover(params, ctx, roots, journals)
+    verified: dict[str, int] = {}  # journal-listed files found as the index has them: their source ids
     for start in range(0, len(discovered), SIGNAL_BATCH):
         part = discovered[start:start + SIGNAL_BATCH]
         signals = {item: stat_signal(path) for item, path, _ in part}
@@ -155,6 +165,8 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
                     out.extend(kept.regrant)  # its access changed: the sink re-grants it
                 else:
                     unchanged += kept.ids  # marked listed in the state, not listed here
+                    if root.location in journals:
+                        verified[item] = len(kept.ids)
                 ctx.progress("unchanged", len(kept.ids))
                 continue
             fetched = _read(path, item, params.max_bytes, ctx)
@@ -174,6 +186,9 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
             known.mark(unchanged)
             unchanged = []
             failpoints.hit("load.after_mark")  # a kill here: the next run's listing starts afresh (``clear_listed``)
+    for root in roots:
+        if (journal := journals.get(root.location)) is not None:
+            journal.settle(root, [(i, p) for i, p, r in discovered if r is root], verified)
     for spec in params.paths:
         if getattr(spec, "type", "local") != "local":
             out.extend(_remote_documents(spec, params, ctx, known))
@@ -472,9 +487,11 @@ def _default_name(location: str, base: str) -> str:
     return posixpath.basename(location.rstrip("/")) or "root"
 
 
-def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot]) -> list[tuple[str, str, SourceRoot]]:
+def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot],
+              journals: dict[str, "JournalListing"] | None = None) -> list[tuple[str, str, SourceRoot]]:
     """The files of every root, each once (under the outermost root that lists it), as (source id,
-    path, root) in source id order.
+    path, root) in source id order. A root with a trusted change journal (``journals``, by its
+    location) gives only the files below the paths that changed (``JournalListing``).
 
     Every root listed completely is declared with ``ctx.cover``; one that cannot be reached is a
     root failure (the run deletes nothing), and an unreadable subfolder protects what is under it.
@@ -490,7 +507,9 @@ def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot]) -> list
             ctx.fail(root.covered, f"root {root.given!r} has the same name {root.name!r} as {other.given!r}: "
                                    f"give one of them a `name`", root=True)
             continue
-        for path, link in _root_files(root, params, ctx):
+        journal = (journals or {}).get(root.location)
+        files = journal.files(root, params, ctx) if journal is not None else _root_files(root, params, ctx)
+        for path, link in files:
             if not root.follow_links and _may_escape(path, root, link) and not _within(os.path.realpath(path), inside):
                 ctx.fail(root.source_id(path), "symbolic link to a file outside every source root: skipped (set "
                                                "follow_links: true on the root to index it)", skipped=True)
@@ -498,6 +517,135 @@ def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot]) -> list
             if path not in found or len(root.location) < len(found[path].location):
                 found[path] = root
     return sorted((root.source_id(path), path, root) for path, root in found.items())
+
+
+JOURNAL_KEY = "journal"  # state meta "journal:<pipeline>:<root>": the full listing that vouches for a journal
+
+
+@dataclass
+class JournalListing:
+    """A folder root listed from its change journal (flows/sources/journal.py) instead of walked:
+    the files below the paths that changed, and those that failed last run (read again, so their
+    failures are reported again). The index state is told which items were examined
+    (``IndexState.mark_journaled``): the root's other sources count as listed unchanged."""
+
+    journal: Journal
+    changes: dict[str, int]  # changed path (as the watcher saw it: below the root's real path) -> its number
+    watched: str  # the root's real path, which the watcher's paths start with
+    again: list[str]  # paths of last run's failures under the root
+    state: Any = None
+    origin: str = ""
+
+    def local(self, path: str, root: SourceRoot) -> str:
+        """A watcher's path as the root's walk names it (below the root's path as given)."""
+        return root.location.rstrip("/") + path[len(self.watched.rstrip("/")):]
+
+    @classmethod
+    def of(cls, root: SourceRoot, roots: list[SourceRoot], params: Params, ctx: StepContext,
+           known: "KnownItems") -> "JournalListing | None":
+        """The root's journal when it can be trusted (the module's docstring says when), else None:
+        the root is then listed in full, and a full listing that starts once the journal's watcher
+        is ready vouches for the journal from the end of its run (``IndexState.defer_meta``)."""
+        if (ctx.project is None or known.state is None or not _journaled(root, roots, params)
+                or _unreachable(root.location) is not None):
+            return None
+        data_dir = Path(ctx.project.data_dir or ctx.project.base_dir).resolve()
+        journal = Journal(journal_file(data_dir, ctx.pipeline, root.location))
+        watch = journal.watch()
+        now = time.time()
+        if watch is None or not watch.live(now) or watch.root != os.path.realpath(root.location):
+            return None
+        key = f"{JOURNAL_KEY}:{ctx.pipeline}:{root.covered}"
+        digest = _listing_digest(root, params, ctx.fingerprint)
+        base = json.loads(known.state.get_meta(key) or "{}")
+        if (base.get("epoch") == watch.epoch and base.get("digest") == digest
+                and now - base.get("at", 0) < params.full_listing_hours * 3600):
+            again = [_path_of(sid, root) for sid in known.failed if _under_root(sid, root)]
+            changes = {p: n for p, n in journal.changes().items() if _nested(p, watch.root) and p != watch.root}
+            return cls(journal, changes, watch.root, again, known.state, known.origin)
+        known.state.defer_meta(key, json.dumps({"epoch": watch.epoch, "digest": digest, "at": now}))
+        return None
+
+    def files(self, root: SourceRoot, params: Params, ctx: StepContext) -> list[tuple[str, bool | None]]:
+        """The files below the changed paths, as the root's walk would list them (its include and
+        exclude patterns, its folder links); the examined items are marked in the state."""
+        found: dict[str, bool | None] = {}
+        examined = []
+        for path in [*(self.local(p, root) for p in self.changes), *self.again]:
+            examined.append(root.source_id(path))
+            if not _walked(path, root, params):
+                continue
+            if os.path.isdir(path) and (root.follow_links or not os.path.islink(path)):
+                found.update(_folder_files(path, root, params, ctx))
+            elif os.path.lexists(path) and _matches(path, params.include) and not _matches(path, params.exclude):
+                found[path] = os.path.islink(path)
+        self.state.mark_journaled(self.origin, root.covered, examined)
+        ctx.cover("folder", root.covered)
+        return sorted(found.items())
+
+    def settle(self, root: SourceRoot, listed: list[tuple[str, str]], verified: dict[str, int]) -> None:
+        """Drop from the journal the changed paths the index agrees with: every file below them was
+        found as recorded, and nothing else is indexed below them (a gone file's sources deleted)."""
+        done: dict[str, int] = {}
+        items = sorted(i for i, _ in listed)
+        for path, seq in self.changes.items():
+            item = root.source_id(self.local(path, root))
+            below = items[bisect.bisect_left(items, item):bisect.bisect_left(items, item + "0")]
+            below = [i for i in below if i == item or i.startswith(item + "/")]
+            if all(i in verified for i in below) and \
+                    self.state.count_sources(self.origin, item) == sum(verified[i] for i in below):
+                done[path] = seq
+        self.journal.settle(done)
+
+
+def watched_folders(params: Params, base_dir: str) -> list[str]:
+    """The folder roots of a ``load`` step that a change journal may list (``JournalListing``):
+    what ``ragline serve`` watches."""
+    roots = _roots(params, base_dir)
+    return [root.location for root in roots if _journaled(root, roots, params)]
+
+
+def _journaled(root: SourceRoot, roots: list[SourceRoot], params: Params) -> bool:
+    """A folder root named apart from the project's folder, nested in no other root and holding
+    none (its sources' ids are then exactly the ids below its name), with journals allowed."""
+    return (params.full_listing_hours > 0 and not root.pattern and not root.is_file and root.name != "."
+            and not any(r is not root and (_nested(r.location, root.location) or _nested(root.location, r.location))
+                        for r in roots))
+
+
+def _listing_digest(root: SourceRoot, params: Params, fingerprint: str) -> str:
+    """What a full listing's outcome depends on besides the files: the step's settings, the root,
+    the pipeline's fingerprint. A journal is trusted only under the digest of its full listing."""
+    text = json.dumps([params.model_dump(mode="json"), root.location, fingerprint], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _nested(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _under_root(source_id: str, root: SourceRoot) -> bool:
+    return source_id.startswith(root.name + "/")
+
+
+def _path_of(source_id: str, root: SourceRoot) -> str:
+    """The path of a failure's source id under a folder root: a record's '#...' and a JSONL line's
+    ':<n>' dropped (``Failure.protects`` reads them the same way)."""
+    path = f"{root.location.rstrip('/')}/{source_id[len(root.name) + 1:].split('#', 1)[0]}"
+    file, _, line = path.rpartition(":")
+    return file if file and line.isdigit() and not os.path.lexists(path) else path
+
+
+def _walked(path: str, root: SourceRoot, params: Params) -> bool:
+    """Whether the root's walk reaches ``path``: no folder on the way is excluded, and none is a
+    link unless the root follows links."""
+    parts = path[len(root.location.rstrip("/")) + 1:].split("/")
+    folder = root.location.rstrip("/")
+    for part in parts[:-1]:
+        folder = f"{folder}/{part}"
+        if _matches(folder + "/", params.exclude) or (not root.follow_links and os.path.islink(folder)):
+            return False
+    return not (os.path.isdir(path) and _matches(path + "/", params.exclude))
 
 
 def _may_escape(path: str, root: SourceRoot, link: bool | None = None) -> bool:

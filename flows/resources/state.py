@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS listed (source_id TEXT PRIMARY KEY, origin TEXT NOT N
 CREATE TABLE IF NOT EXISTS queued (
     source_id TEXT PRIMARY KEY, origin TEXT NOT NULL, step TEXT NOT NULL, document TEXT NOT NULL,
     signal TEXT, unchanged INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS journaled (key TEXT PRIMARY KEY, origin TEXT NOT NULL, root TEXT NOT NULL, item TEXT);
 """
 # Every write to ``chunks`` logs the chunk id with the generation it was written at (before the bump),
 # whoever writes it: BM25 updates itself from this log instead of every row (IndexState.chunk_changes).
@@ -66,6 +67,23 @@ CREATE TRIGGER IF NOT EXISTS chunks_updated AFTER UPDATE ON chunks BEGIN {_LOGGE
     {_LOGGED.format(id="NEW.chunk_id")}; END;
 """
 CHUNK_LOG = "chunk_log"  # meta: {"id": this log's id, "from": the generation from which it is complete}
+DEFERRED, DEFERRED_END = "deferred:", "deferred;"  # meta keys set when the run that wrote them finishes
+
+
+def _under(item: str) -> tuple[str, str]:
+    """The id range of the sources below a folder's source id ('<item>/' up to '<item>0')."""
+    return item + "/", item + "0"
+
+
+def _outside(roots: list[str]) -> list[tuple[str, str | None]]:
+    """The id ranges outside every root's (``_under``), in order: nested roots' ranges merged."""
+    out: list[tuple[str, str | None]] = []
+    low = ""
+    for start, end in sorted(_under(root) for root in roots):
+        if start > low:
+            out.append((low, start))
+        low = max(low, end)
+    return out + [(low, None)]
 
 
 class IndexBusy(RaglineError, RuntimeError):
@@ -749,6 +767,27 @@ class IndexState(Resource):
     # gone or renamed with SQL over them, so no step holds a Document per unchanged source. Cleared
     # when a run takes the lease (what a killed run left behind is never read as this run's).
 
+    # A root listed from its change journal (flows/sources/journal.py) marks only what it examined:
+    # a ``journaled`` row for the root (item NULL), one per examined item (a file or a folder, as a
+    # source id). Its other sources count as listed without a row each; of its sources, only the
+    # examined items' may be unlisted (``unlisted_pages``).
+
+    def mark_journaled(self, origin: str, root: str, items: Iterable[str]) -> None:
+        rows = [(f"{origin}\n{root}\n", origin, root, None)]
+        rows += [(f"{origin}\n{root}\n{item}", origin, root, item) for item in items]
+        with self.transaction() as tx:
+            tx.executemany("INSERT OR REPLACE INTO journaled VALUES (?, ?, ?, ?)", rows)
+
+    def _journaled(self, origin: str) -> tuple[list[str], list[str]]:
+        """This run's journal-listed roots of ``origin`` and the items examined under them."""
+        with self._guarded():
+            rows = self.conn.execute("SELECT root, item FROM journaled WHERE origin=?", (origin,)).fetchall()
+        return sorted({r[0] for r in rows}), sorted({r[1] for r in rows if r[1] is not None})
+
+    def count_sources(self, origin: str, item: str) -> int:
+        """Sources indexed from an item: its own id, its '#' records, and below it as a folder."""
+        return sum(len(page) for page in self._examined_pages(origin, [item], listed_too=True))
+
     def mark_listed(self, origin: str, source_ids: Iterable[str]) -> None:
         rows = [(sid, origin) for sid in source_ids]
         if rows:
@@ -759,26 +798,81 @@ class IndexState(Resource):
         with self.transaction() as tx:
             tx.execute("DELETE FROM listed")
             tx.execute("DELETE FROM queued")
+            tx.execute("DELETE FROM journaled")
+            tx.execute("DELETE FROM meta WHERE key >= ? AND key < ?", (DEFERRED, DEFERRED_END))
 
     def listed_count(self, origin: str) -> int:
+        """Sources listed unchanged: marked, or under a journal-listed root and not examined."""
+        roots, items = self._journaled(origin)
         with self._guarded():
-            return self.conn.execute("SELECT COUNT(*) FROM listed WHERE origin=?", (origin,)).fetchone()[0]
+            count = self.conn.execute("SELECT COUNT(*) FROM listed WHERE origin=?", (origin,)).fetchone()[0]
+            for low, high in (_under(root) for root in roots):
+                count += self.conn.execute("SELECT COUNT(*) FROM sources WHERE origin=? AND source_id >= ? AND "
+                                           "source_id < ?", (origin, low, high)).fetchone()[0]
+        examined = {sid for page in self._examined_pages(origin, items, listed_too=True) for sid, *_ in page}
+        return count - len(examined)
 
     def unlisted_pages(self, origin: str, size: int = 5_000) -> Iterator[list[tuple[str, str, str]]]:
         """(source_id, content_hash, fingerprint) of this pipeline's indexed sources that its source
-        steps did not mark listed, ``size`` at a time in id order (keyset pages: memory is one page)."""
-        after = ""
+        steps did not mark listed, ``size`` at a time (keyset pages: memory is one page). Under a
+        journal-listed root only its examined items' sources are read (range reads on the id), so an
+        unchanged source there costs no row: the rest of the id space is read in order around them."""
+        roots, items = self._journaled(origin)
+        for low, high in _outside(roots):
+            yield from self._unlisted_between(origin, low, high, size)
+        yield from self._examined_pages(origin, items)
+
+    def _unlisted_between(self, origin: str, low: str, high: str | None, size: int
+                          ) -> Iterator[list[tuple[str, str, str]]]:
+        after, first = low, True
+        below = "" if high is None else "AND s.source_id < ? "
         while True:
             with self._guarded():
                 rows = self.conn.execute(
                     "SELECT s.source_id, s.content_hash, s.fingerprint FROM sources s WHERE s.origin=? AND "
-                    "s.source_id > ? AND NOT EXISTS (SELECT 1 FROM listed l WHERE l.source_id = s.source_id) "
+                    f"s.source_id {'>=' if first else '>'} ? {below}"
+                    "AND NOT EXISTS (SELECT 1 FROM listed l WHERE l.source_id = s.source_id) "
                     "AND NOT EXISTS (SELECT 1 FROM queued q WHERE q.source_id = s.source_id) "
-                    "ORDER BY s.source_id LIMIT ?", (origin, after, size)).fetchall()
+                    "ORDER BY s.source_id LIMIT ?", (origin, after, *(() if high is None else (high,)), size)
+                ).fetchall()
             if not rows:
                 return
             yield [tuple(r) for r in rows]
-            after = rows[-1][0]
+            after, first = rows[-1][0], False
+
+    def _examined_pages(self, origin: str, items: list[str], listed_too: bool = False
+                        ) -> Iterator[list[tuple[str, str, str]]]:
+        """The sources of examined items (an item, its '#' records, a folder's sources below it),
+        unlisted ones only unless ``listed_too``; each once."""
+        seen: set[str] = set()
+        unlisted = "" if listed_too else (
+            "AND NOT EXISTS (SELECT 1 FROM listed l WHERE l.source_id = s.source_id) "
+            "AND NOT EXISTS (SELECT 1 FROM queued q WHERE q.source_id = s.source_id) ")
+        for item in items:
+            with self._guarded():
+                rows = self.conn.execute(
+                    "SELECT s.source_id, s.content_hash, s.fingerprint FROM sources s WHERE s.origin=? AND "
+                    "(s.source_id = ? OR (s.source_id > ? AND s.source_id < ?) OR (s.source_id >= ? AND "
+                    f"s.source_id < ?)) {unlisted}ORDER BY s.source_id",
+                    (origin, item, item + "#", item + "#\U0010ffff", *_under(item))).fetchall()
+            page = [tuple(r) for r in rows if r[0] not in seen]
+            seen.update(r[0] for r in page)
+            if page:
+                yield page
+
+    # --- what a run commits only when it finishes: metadata a step sets for the run's end (the
+    # sink's finalize promotes it), dropped if the run dies first (``clear_listed``)
+
+    def defer_meta(self, key: str, value: str) -> None:
+        self.set_meta(DEFERRED + key, value)
+
+    def promote_deferred(self) -> None:
+        with self.transaction() as tx:
+            rows = tx.execute("SELECT key, value FROM meta WHERE key >= ? AND key < ?",
+                              (DEFERRED, DEFERRED_END)).fetchall()
+            for key, value in rows:
+                self.set_meta(key[len(DEFERRED):], value, conn=tx)
+            tx.execute("DELETE FROM meta WHERE key >= ? AND key < ?", (DEFERRED, DEFERRED_END))
 
     # --- a run's work list, kept here like ``listed``: the documents a source step listed to be read
     # (new, changed, or whose access changed), each with the step that reads it again in its batch.

@@ -93,6 +93,7 @@ from ragline.flows.resources import close_resources
 from ragline.flows.net import is_loopback
 from ragline.flows.ops.prefect_server import configured_api_url
 from ragline.flows.serve.discovery import published
+from ragline.flows.serve.watch import start_watchers
 
 logger = logging.getLogger("ragline.serve")
 
@@ -371,6 +372,8 @@ class ServeSupervisor:
         sock = self._check_everything(options, llms)  # before any child process (LLM, Prefect server) starts
         self._stack.callback(lambda: sock is not None and sock.close())
         self._serve_stores(project)
+        for watcher in start_watchers(project, self.log):
+            self._stack.callback(watcher.stop)
         self._connect_prefect()
         for base_url in llms:
             self.log(f"ragline serve: starting the packaged LLM ({PACKAGED_MODEL} on vLLM) at {base_url} in the "

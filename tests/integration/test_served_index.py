@@ -185,6 +185,31 @@ def test_a_terminal_index_beside_the_service(served, project):
     assert the("okapi.md", sources(query(served, "bm25", "okapi congo")))
 
 
+def test_served_runs_list_what_changed_from_the_folder_journal(served, project):
+    """`ragline serve` watches `docs/`: its runs read the journal of changed paths (a path leaves
+    it only through a run that listed from it and found the index agreeing), not the whole folder."""
+    from ragline.flows.sources.journal import Journal, journal_file
+    from ragline.flows.sources.local import RACY_SECONDS
+
+    journal = Journal(journal_file(project.parent, "index", str(project.parent / "docs")))
+    assert journal.watch() is not None and journal.watch().live()
+    ingest(served)  # the runs so far may not have vouched for the journal (one finished after the watch began)
+    (project.parent / "docs" / "tapir.md").write_text("# Tapir\n\nTapirs browse the forests of Malaysia.\n")
+    deadline = time.monotonic() + 30
+    while not any(p.endswith("tapir.md") for p in journal.changes()):
+        assert time.monotonic() < deadline, journal.changes()
+        time.sleep(0.1)
+    ingest(served)
+    assert the("tapir.md", sources(query(served, "bm25", "tapirs malaysia")))
+    time.sleep(RACY_SECONDS)  # the new file's signal is trusted from now: the next run finds it as indexed
+    for _ in range(3):
+        ingest(served)
+        if not journal.changes():
+            break
+    assert journal.changes() == {}  # only a run listing from the journal settles a path
+    assert_agree(served, project)
+
+
 def test_the_chroma_server_is_supervised(served, project):
     """Killed, it is reported and restarted on the same port; the next queries are answered."""
     from ragline.flows.resources.chroma_owner import owner_of

@@ -406,3 +406,43 @@ def test_an_items_sources_are_read_with_their_hash_and_groups(state):
     assert found == {"a.jsonl": ("hash-a.jsonl-text", ()), "a.jsonl#1": ("hash-a.jsonl#1-text", ()),
                      "a.jsonl#2": ("hash-a.jsonl#2-text", ("hr", "staff"))}
     assert state.item_sources("docs", "fp2", "a.jsonl") == {} and state.item_sources("other", "fp", "a.jsonl") == {}
+
+
+def test_a_journal_listed_root_reads_only_its_examined_items(state):
+    """Under a root listed from its change journal (``mark_journaled``), only the examined items'
+    sources (the item, its '#' records, a folder's sources below it) can be unlisted; the root's
+    other sources count as listed. Other roots (and a root nested in a journal-listed one, and ids
+    that only share its name's prefix) are read as before."""
+    ids = ["docs/a.md", "docs/b.jsonl", "docs/b.jsonl#1", "docs/b.jsonl#2", "docs/sub/c.md", "docs/sub/d.md",
+           "docs/z.md", "docs0.md", "docsx/e.md", "web/f.md", "web/g.md"]
+    state.record("p", "fp", [doc(i) for i in ids], [])
+    state.record("other", "fp", [doc("docs/elsewhere.md")], [])
+    state.mark_listed("p", ["web/f.md"])
+    state.mark_journaled("p", "docs", ["docs/b.jsonl", "docs/sub", "docs/gone.md"])
+    unlisted = sorted(sid for page in state.unlisted_pages("p", size=2) for sid, *_ in page)
+    assert unlisted == ["docs/b.jsonl", "docs/b.jsonl#1", "docs/b.jsonl#2", "docs/sub/c.md", "docs/sub/d.md",
+                        "docs0.md", "docsx/e.md", "web/g.md"]
+    # listed: web/f.md marked, docs/a.md and docs/z.md unexamined under the journal-listed root
+    assert state.listed_count("p") == 3
+    assert state.count_sources("p", "docs/b.jsonl") == 3 and state.count_sources("p", "docs/sub") == 2
+    assert state.count_sources("p", "docs/gone.md") == 0 and state.count_sources("other", "docs") == 1
+    state.clear_listed()
+    assert sorted(sid for page in state.unlisted_pages("p") for sid, *_ in page) == ids
+
+
+def test_nested_journal_listed_roots_are_merged(state):
+    state.record("p", "fp", [doc(i) for i in ["docs/a.md", "docs/sub/b.md", "docs/t.md", "e.md"]], [])
+    state.mark_journaled("p", "docs", [])
+    state.mark_journaled("p", "docs/sub", [])
+    assert sorted(sid for page in state.unlisted_pages("p") for sid, *_ in page) == ["e.md"]
+
+
+def test_deferred_metadata_is_set_when_the_run_finishes(state):
+    state.defer_meta("journal:p:docs", "vouched")
+    assert state.get_meta("journal:p:docs") is None
+    state.promote_deferred()
+    assert state.get_meta("journal:p:docs") == "vouched"
+    state.defer_meta("journal:p:docs", "again")
+    state.clear_listed()  # a run that died: the next run's start drops what it deferred
+    state.promote_deferred()
+    assert state.get_meta("journal:p:docs") == "vouched"
