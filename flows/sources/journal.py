@@ -41,7 +41,8 @@ log = logging.getLogger("ragline.journal")
 JOURNAL_DIR = Path(".ragline") / "journal"
 HEARTBEAT_MS = 2_000  # the watcher writes a heartbeat at least this often
 LIVE_SECONDS = 10.0  # a journal whose heartbeat is older than this is a killed (or stuck) watcher's
-RESTART_SECONDS = 5.0  # a watcher that failed starts over (a new epoch) after this long
+RESTART_SECONDS = 5.0  # a watcher that failed starts over (a new epoch) after this long, doubling while
+MAX_RESTART_SECONDS = 300.0  # it fails before its watches are in place (a missing root, a full inotify table)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS watcher (
@@ -199,16 +200,20 @@ class FolderWatcher:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        pause = RESTART_SECONDS / 2
         while not self._stop.is_set():
             try:
                 self._watch()
                 self._fail("stopped")  # a run after this lists in full: nothing records changes now
             except Exception as exc:  # noqa: BLE001 - any watcher failure: runs list in full meanwhile
-                log.warning("watching %s failed (%s: %s); ingestion runs list it in full until the watcher "
-                            "is back", self.root, type(exc).__name__, exc)
+                hint = (" (the system's inotify limit: raise fs.inotify.max_user_watches)"
+                        if "space left" in str(exc).lower() or "too many" in str(exc).lower() else "")
+                pause = RESTART_SECONDS if self.ready.is_set() else min(2 * pause, MAX_RESTART_SECONDS)
+                log.warning("watching %s failed (%s: %s)%s; ingestion runs list it in full until the watcher is "
+                            "back (next try in %.0f s)", self.root, type(exc).__name__, exc, hint, pause)
                 self._fail(f"{type(exc).__name__}: {exc}")
                 self.ready.clear()
-                self._stop.wait(RESTART_SECONDS)
+                self._stop.wait(pause)
 
     def _fail(self, error: str) -> None:
         for journal, epoch in zip(self.journals, self.epochs):
