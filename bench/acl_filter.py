@@ -79,7 +79,7 @@ def array_collection(store: ChromaStore, folder: Path) -> ChromaStore:
                        base_dir=folder)
     if copy.path.exists() and copy.count() == store.count():
         return copy
-    got = store.collection.get(include=["embeddings", "metadatas", "documents"])
+    got = store.existing_collection.get(include=["embeddings", "metadatas", "documents"])
     prefix = "ragline_acl."
     metas = [{"groups": [k[len(prefix):] for k in m if k.startswith(prefix)] or ["-"],
               "public": bool(m.get(PUBLIC_KEY))} for m in got["metadatas"]]
@@ -146,10 +146,10 @@ def main() -> None:
             times[name]["dense"].append(timed(lambda: store.query(vector[None, :], args.k, where=where)))
             times[name]["bm25"].append(timed(lambda: sparse.search([text], args.k, where=where)))
             array_where = None if where is None else array_clause(ACCESSES[name])
-            times[name]["dense_array"].append(timed(lambda: arrays.collection.query(  # raw: list metadata is no
+            times[name]["dense_array"].append(timed(lambda: arrays.existing_collection.query(  # raw: list metadata is no
                 query_embeddings=vector[None, :], n_results=args.k, where=array_where)))  # Passage's (scalars only)
     scans = bm25_scans(sparse, queries[:20], wheres, args.k)
-    everything = timed(lambda: store.collection.get(include=["embeddings"]))  # what a full scan at least reads
+    everything = timed(lambda: store.existing_collection.get(include=["embeddings"]))  # what a full scan at least reads
     print(f"BM25 per-chunk filter calls over 20 filtered queries: {scans}; Chroma reading every vector: "
           f"{everything * 1000:.0f} ms", flush=True)
     rows = []

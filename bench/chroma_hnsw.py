@@ -15,6 +15,7 @@ from common import REPO, SCIFACT, save, summary_ms, publish
 
 from ragline.flows.spec.compile import load_project
 from ragline.flows.evaluation.retrieval import eval_workspace, load_beir
+from ragline.flows.resources.state import StoreMissing
 
 CONFIGS = {
     "chroma default (M 16, ef_c 100, ef_s 100)": None,
@@ -26,7 +27,10 @@ CONFIGS = {
 
 def corpus_vectors(project, dataset):
     project = project.relocated(eval_workspace(project, dataset, "index"))
-    got = project.resource("store").collection.get(include=["embeddings", "metadatas"])
+    try:  # read-only: a missing index is reported, not created empty
+        got = project.resource("store").existing_collection.get(include=["embeddings", "metadatas"])
+    except StoreMissing:
+        got = {"ids": []}
     if not got["ids"]:
         raise SystemExit("no SciFact index yet: run bench/scifact_retrieval.py first")
     return got["ids"], np.asarray(got["embeddings"], dtype=np.float32), got["metadatas"]

@@ -134,21 +134,20 @@ def engine_usage() -> tuple[float, int]:
     for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         for pid in task.read_text().split():
             try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-                status = Path(f"/proc/{pid}/status").read_text()
-                rss += int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmHWM:"))) // 1024
-            except (OSError, StopIteration, IndexError, ValueError):
+                child_cpu, peak = process_usage(int(pid), memory="VmHWM")
+            except (OSError, StopIteration, IndexError, ValueError):  # it ended meanwhile
                 continue
+            cpu, rss = cpu + child_cpu, rss + peak
     return cpu, rss
 
 
-def process_usage(pid: int) -> tuple[float, int]:
-    """A process's CPU seconds so far and its resident memory now (MB), from /proc."""
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def process_usage(pid: int, memory: str = "VmRSS") -> tuple[float, int]:
+    """A process's CPU seconds so far (user + system) and one memory figure of its status in MB
+    (``VmRSS``: resident now, ``VmHWM``: its peak), from /proc/<pid>/stat and status."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
     status = Path(f"/proc/{pid}/status").read_text()
-    rss = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:"))) // 1024
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), rss
+    kb = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith(f"{memory}:")))
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), kb // 1024
 
 
 def measured(project: Path, mode: str, server_pid: int | None = None) -> dict:

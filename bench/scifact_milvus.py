@@ -73,7 +73,7 @@ def milvus_project():
 def copy_index(default, milvus) -> int:
     """The default backend's chunks and vectors into Milvus, in pages; the state is copied as a file."""
     store, target = default.resource("store"), milvus.resource("store")
-    collection = store.collection
+    collection = store.existing_collection  # read-only: copying creates nothing in the source
     key = (collection.metadata or {}).get("ragline:embedder")
     model = (collection.metadata or {}).get("ragline:embedder_model", "")
     target.reset()

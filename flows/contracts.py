@@ -311,7 +311,8 @@ class TuneReport(BaseModel):
     single: Candidate | None = Field(None, description="the best single retriever, the setting to beat")
     gain_interval: list[float] | None = Field(None, description="paired-bootstrap 95 % interval of the chosen "
                                                                 "(or best fused) candidate minus the best single "
-                                                                "retriever on the metric")
+                                                                "retriever on the metric, simultaneous over all "
+                                                                "the fused candidates")
     by_strategy: dict[str, dict[str, Any]] = Field(default_factory=dict,
                                                    description="per pseudo-query generator: its pairs, the "
                                                                "chosen, best single and file's figures on them, "

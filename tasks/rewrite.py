@@ -87,8 +87,10 @@ class Params(BaseModel):
 
 def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
     """The BM25 index is read only by self-consistent query2doc (hyde, ``keyword: true``, ``samples`` > 1),
-    to count the samples' terms: every other mode validates without one (and with several, names none)."""
-    if params.mode == "hyde" and params.keyword and params.samples > 1:
+    to count the samples' terms, when the step is on (``--set`` or the tuned overlay that turns it on
+    binds it then, or says the file has none): every other mode, and a step that is off, validates
+    without one (and with several, names none)."""
+    if params.enabled and params.mode == "hyde" and params.keyword and params.samples > 1:
         return {"sparse": ("keyword", f"keyword: true with samples: {params.samples} counts the samples' terms "
                                       f"with the BM25 index's own tokenizer")}
     return {}

@@ -115,10 +115,11 @@ class Params(BaseModel):
     min_gain: float = Field(0.0, ge=0.0, le=1.0, description="keep pipelines.yaml's setting unless a candidate "
                                                               "beats it by more than this on the metric")
     confidence: float = Field(0.95, gt=0.5, lt=1.0,
-                              description="leave the best single retriever only for a candidate whose paired-"
-                                          "bootstrap interval of the gain over it, at this confidence, is above 0; "
-                                          "an opt-in step (expansions, query2doc) is turned on only where an "
-                                          "interval simultaneous over all its settings tried is")
+                              description="leave the best single retriever only for a fused candidate whose "
+                                          "paired-bootstrap interval of the gain over it, at this confidence and "
+                                          "simultaneous over all the fused candidates, is above 0; an opt-in step "
+                                          "(expansions, query2doc) is turned on only where an interval "
+                                          "simultaneous over all its settings tried is")
     bootstrap: int = Field(1000, ge=100, le=100_000, description="bootstrap resamples of the pseudo-queries")
     seed: int = Field(0, description="bootstrap seed: the same pairs give the same choice")
     recall_margin: float = Field(0.01, ge=0.0, le=1.0,
@@ -734,12 +735,15 @@ def choose(candidates: list[Candidate], baseline: Candidate, params: Params,
     """The best single retriever unless a fused candidate beats it significantly on the pseudo-
     queries (paired bootstrap: the lower end of the gain's interval above 0); among those, the
     best by the metric that the recall guard lets through; pipelines.yaml's own setting when
-    it is allowed and the choice beats it by no more than min_gain."""
+    it is allowed and the choice beats it by no more than min_gain. The intervals are simultaneous
+    over every fused candidate (max-T, as the on/off switches'): the choice is the best of hundreds
+    of settings, so one of them clearing 0 by luck must be as rare as one setting doing so alone."""
     metric = params.metric
     singles = [c for c in candidates if is_single(c)]
     single = recall_guarded(singles, params)[0] if singles else baseline
     fused = [c for c in candidates if not is_single(c)]
-    intervals = gain_intervals(fused, single, per_query, params)
+    intervals = gain_intervals(fused, single, per_query, params, simultaneous=True)
+    words = interval_words(params, len(fused))
     significant = [c for c in fused if intervals[c.name][0] > 0]
     allowed = recall_guarded([*significant, single], params)
     chosen = allowed[0]
@@ -751,7 +755,7 @@ def choose(candidates: list[Candidate], baseline: Candidate, params: Params,
     if shown is not None and is_single(chosen):
         rule = "no significant gain" if top is single else "recall guard"
         why = (f"no fused candidate beats the best single retriever significantly (best: {shown.name}, "
-               f"{low:+.4f} to {high:+.4f} {metric}, {params.confidence:.0%} interval)"
+               f"{low:+.4f} to {high:+.4f} {metric}, {words})"
                if rule == "no significant gain" else
                f"{top.name} gains no more than {params.recall_trade:g} {metric} for a Recall@100 loss over "
                f"{params.recall_margin:g}")
@@ -759,7 +763,7 @@ def choose(candidates: list[Candidate], baseline: Candidate, params: Params,
     elif shown is not None:
         rule = "significant gain" if chosen is top else "recall guard"
         reason = (f"{chosen.scores[metric] - single.scores[metric]:+.4f} {metric} over the best single retriever "
-                  f"({single.name}; {params.confidence:.0%} interval {low:+.4f} to {high:+.4f})")
+                  f"({single.name}; {words} {low:+.4f} to {high:+.4f})")
         if rule == "recall guard":
             reason += (f"; {top.name} scores up to {params.recall_trade:g} higher but loses over "
                        f"{params.recall_margin:g} Recall@100")
@@ -871,9 +875,9 @@ def switch_verdict(candidates: list[Candidate], off: Candidate, per_query: dict[
     return SwitchVerdict(best, top, shown, low, high, shown.scores[metric] - off.scores[metric], len(candidates))
 
 
-def interval_words(params: Params, verdict: SwitchVerdict) -> str:
-    """How a switch's interval is named in its reason: simultaneous over its k settings."""
-    return f"{params.confidence:.0%} interval simultaneous over {verdict.family} settings"
+def interval_words(params: Params, family: int) -> str:
+    """How an interval is named in a reason: simultaneous over the ``family`` settings tried."""
+    return f"{params.confidence:.0%} interval simultaneous over {family} settings"
 
 
 def by_strategy(pairs: list[PseudoQuery], candidates: list[Candidate], per_query: dict[str, np.ndarray],
@@ -1251,11 +1255,11 @@ def decide_expansions(expansions: list[Expansion], project: Any, pairs: list[Pse
             entry.update(fields=expansion_fields(stage, option_of[candidates.index(best)]), setting=best.setting,
                          fusion_changed=changed)
             entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
-                               f"({interval_words(params, verdict)} {low:+.4f} to {high:+.4f})"
+                               f"({interval_words(params, verdict.family)} {low:+.4f} to {high:+.4f})"
                                + ("; its pipelines get that fusion, the others keep the chosen one" if changed else ""))
         else:
             entry["reason"] = (f"off: no setting beats {chosen.name} without it significantly (best: {top.name}, "
-                               f"{gain:+.4f} {metric}, {interval_words(params, verdict)} {low:+.4f} to {high:+.4f})")
+                               f"{gain:+.4f} {metric}, {interval_words(params, verdict.family)} {low:+.4f} to {high:+.4f})")
     return decisions
 
 
@@ -1391,11 +1395,11 @@ def decide_query2doc(expansions: list[Expansion], project: Any, pairs: list[Pseu
         entry.update(fields={"enabled": True, **option_of[candidates.index(best)]},
                      setting=best.setting, fusion_changed=changed)
         entry["reason"] = (f"on: {best.name} gains {gain:+.4f} {metric} over {chosen.name} without it "
-                           f"({interval_words(params, verdict)} {low:+.4f} to {high:+.4f}; {where})"
+                           f"({interval_words(params, verdict.family)} {low:+.4f} to {high:+.4f}; {where})"
                            + ("; its pipelines get that fusion, the others keep the chosen one" if changed else ""))
     else:
         entry["reason"] = (f"off: no setting beats {chosen.name} without it significantly (best: {top.name}, "
-                           f"{gain:+.4f} {metric}, {interval_words(params, verdict)} {low:+.4f} to {high:+.4f}; "
+                           f"{gain:+.4f} {metric}, {interval_words(params, verdict.family)} {low:+.4f} to {high:+.4f}; "
                            f"{where})")
     return entry
 

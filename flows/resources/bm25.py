@@ -40,6 +40,7 @@ from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, Stor
 
 log = logging.getLogger("ragline.bm25")
 T = TypeVar("T")
+UNREADABLE = (ValueError, KeyError, TypeError)  # what a damaged manifest, ids.json or meta.json raises on load
 
 
 def _bm25s():
@@ -403,12 +404,19 @@ class BM25Index(Resource):
                 return self._load(info["version"])
             except FileNotFoundError as exc:
                 if attempt == 2:
-                    raise StoreDamaged(f"{self.location}: the published version {self.path / info['version']} "
-                                       f"is missing; {REMEDY} to rebuild BM25 from the index state") from exc
-            except (ValueError, KeyError, TypeError) as exc:  # a damaged manifest, ids.json or meta.json
-                raise StoreDamaged(f"{self.location}: the published version {self.path / info['version']} is "
-                                   f"unreadable ({type(exc).__name__}: {exc}); {REMEDY} to rebuild it") from exc
+                    raise self._damaged(self.path / info["version"], exc) from exc
+            except UNREADABLE as exc:
+                raise self._damaged(self.path / info["version"], exc) from exc
         return None
+
+    def _damaged(self, folder: Path, exc: Exception) -> StoreDamaged:
+        """What a failure to load the published version ``folder`` means: missing (a file or the
+        folder gone) or unreadable (a damaged manifest, ids.json or meta.json); a rebuild fixes both."""
+        if isinstance(exc, FileNotFoundError):
+            return StoreDamaged(f"{self.location}: the published version {folder} is missing ({exc}); {REMEDY} "
+                                f"to rebuild BM25 from the index state")
+        return StoreDamaged(f"{self.location}: the published version {folder} is unreadable "
+                            f"({type(exc).__name__}: {exc}); {REMEDY} to rebuild it")
 
     def published_ids(self) -> list[str]:
         """The chunk ids of the published version (``ragline check`` compares them with the state)."""
@@ -438,12 +446,8 @@ class BM25Index(Resource):
                         raise FileNotFoundError(folder)
                     return None
                 return self._parts(folder)
-        except FileNotFoundError as exc:
-            raise StoreDamaged(f"{self.location}: the published version {folder} is missing ({exc}); {REMEDY} "
-                               f"to rebuild BM25 from the index state") from exc
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreDamaged(f"{self.location}: the published version {folder} is unreadable "
-                               f"({type(exc).__name__}: {exc}); {REMEDY} to rebuild it") from exc
+        except (FileNotFoundError, *UNREADABLE) as exc:
+            raise self._damaged(folder, exc) from exc
 
     def _load_segments(self, folder: Path) -> Version:
         """The manifest's segments as a scored version."""

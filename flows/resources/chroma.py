@@ -150,7 +150,14 @@ class ChromaStore(Resource):
 
     @property
     def collection(self):
+        """The collection for writing: created (and aligned) if absent."""
         return self._retrying("open the collection", self._open)
+
+    @property
+    def existing_collection(self):
+        """The collection for reading: creates nothing (StoreMissing when there is no store or
+        collection), as ``all_ids`` and the query paths read."""
+        return self._retrying("open the collection", lambda: self._open(create=False))
 
     def _connect(self):
         return self._client.get()
@@ -358,7 +365,7 @@ class ChromaStore(Resource):
 
     def stored_embedder(self) -> str | None:
         """The embedder key the collection's vectors were made with (None: not recorded)."""
-        meta = self._retrying("open the collection", lambda: self._open(create=False)).metadata or {}
+        meta = self.existing_collection.metadata or {}
         return meta.get(EMBEDDER_KEY)
 
     def record_embedder(self, key: str, model: str) -> None:
@@ -378,7 +385,7 @@ class ChromaStore(Resource):
             return
         with self._lock:
             self._collection = None
-        meta = self._retrying("open the collection", lambda: self._open(create=False)).metadata or {}
+        meta = self.existing_collection.metadata or {}
         if meta.get(EMBEDDER_KEY) in (None, key):
             return
         raise EmbedderMismatch(

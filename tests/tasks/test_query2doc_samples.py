@@ -13,6 +13,7 @@ from ragline.flows.contracts import Query
 from ragline.flows.resources.bm25 import tokenize
 from ragline.flows.resources.llm import Completion
 from ragline.flows.spec.compile import load_project, validate_file
+from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks.retrieve_dense import pooled
 from ragline.tasks.rewrite import Params, agreed_terms, rewrite
@@ -189,3 +190,22 @@ def test_self_consistent_query2doc_without_a_bm25_index_fails_validation_at_keyw
     named = make_project(REWRITE_FILE.format(bm25=TWO_BM25, step="{mode: hyde, samples: 3, keyword: true}, "
                                                                  "uses: {sparse: bm_b}"), name="named.yaml")
     assert load_project(named).pipelines["p"].steps[0].resources == {"llm": "llm", "sparse": "bm_b"}
+
+
+def test_a_self_consistent_query2doc_that_is_off_reads_no_bm25_until_an_override_turns_it_on(make_project):
+    """Off (``enabled: false``, as `ragline tune` leaves query2doc it did not turn on) it reads nothing, as
+    expand_terms off reads no LLM: no BM25 index is needed, two need no name. `--set` or the tuned
+    overlay that turns it on binds the file's one then, or says at with.keyword that there is none."""
+    off = "{mode: hyde, samples: 3, keyword: true, enabled: false}"
+    for bm25, name in (("", "none.yaml"), (TWO_BM25, "two.yaml")):
+        path = make_project(REWRITE_FILE.format(bm25=bm25, step=off), name=name)
+        assert validate_file(path) == []
+        assert load_project(path).pipelines["p"].steps[0].resources == {"llm": "llm"}
+    with pytest.raises(SpecValidationError, match="field 'with.keyword'.*keyword: true with samples: 3"):
+        load_project(make_project(REWRITE_FILE.format(bm25="", step=off), name="none.yaml")).pipeline(
+            "p").with_overrides({"rw": {"enabled": True}})
+    one = load_project(make_project(REWRITE_FILE.format(bm25="  sparse: {type: bm25, path: idx/s}\n", step=off),
+                                    name="one.yaml"))
+    assert one.pipeline("p").step("rw").resources == {"llm": "llm"}
+    assert one.pipeline("p").with_overrides({"rw": {"enabled": True}}).step("rw").resources == \
+        {"llm": "llm", "sparse": "sparse"}

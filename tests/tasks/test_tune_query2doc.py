@@ -240,8 +240,10 @@ def test_self_consistency_is_tried_where_asked_and_the_overlay_sets_samples_and_
                         overrides=tr.overlay_entries(project, targets, chosen.setting, expansions=steps,
                                                      own_settings=own), expansions={"query2doc": decision})
     write_overlay(project, project.base_dir / "pipelines.tuned.yaml", report)
-    tuned = load_project(project.path, tuned=True).pipeline("search_q2d").step("q2d").params
-    assert (tuned.enabled, tuned.samples, tuned.min_agreement) == (True, 5, fields["min_agreement"])
+    tuned = load_project(project.path, tuned=True).pipeline("search_q2d").step("q2d")
+    assert (tuned.params.enabled, tuned.params.samples, tuned.params.min_agreement) == \
+        (True, 5, fields["min_agreement"])
+    assert "sparse" in tuned.resources  # on, self-consistent: the overlay binds the BM25 index it counts with
 
 
 def test_a_step_with_samples_is_replayed_with_its_samples_and_one_call_each(project):

@@ -1,5 +1,5 @@
-"""The tuner's on/off switches (expansions, query2doc) pick the best of k settings: their decision must
-hold for the family, not for each setting alone. Seeded synthetic per-query gains with no true gain,
+"""The tuner's on/off switches (expansions, query2doc) and its fusion choice pick the best of k settings:
+their decision must hold for the family, not for each setting alone. Seeded synthetic per-query gains with no true gain,
 k = 6 settings, independent or sharing most of their per-query moves: the old rule (on when any
 setting's own 95 % interval lies above 0) switches on far more often than the 2.5 % its one-sided
 test promises; the simultaneous (max-T) intervals keep the family near that. A real gain is still
@@ -15,15 +15,16 @@ from ragline.tasks import tune_retrieval as tr
 TRIALS = 300
 
 
-def setting(i: int) -> dict:
-    return {"method": "rrf", "k": 60, "dense_weight": 0.5, "depth_dense": 50, "depth_sparse": 50,
+def setting(i: int, dense_weight: float = 0.5) -> dict:
+    return {"method": "rrf", "k": 60, "dense_weight": dense_weight, "depth_dense": 50, "depth_sparse": 50,
             "bm25": {"k1": 1.2, "b": 0.75, "stemmer": "english"}, "expansion": {"name": f"option {i}"}}
 
 
-def family(seed: int, kind: str, shift: float = 0.0, n: int = 50, k: int = 6):
+def family(seed: int, kind: str, shift: float = 0.0, n: int = 50, k: int = 6, off_weight: float = 0.5):
     """``off`` and k candidates whose per-query nDCG@10 gains over it have true mean ``shift``:
     ``independent``: normal, no correlation; ``shared``: as rankings move, most queries unchanged,
-    some up or down by a rank step, and half the queries move the same way for every setting."""
+    some up or down by a rank step, and half the queries move the same way for every setting.
+    ``off_weight``: its dense weight (1.0: dense alone, a single retriever for the fusion choice)."""
     rng = np.random.default_rng(seed)
     if kind == "independent":
         gains = 0.1 * rng.standard_normal((n, k))
@@ -36,12 +37,12 @@ def family(seed: int, kind: str, shift: float = 0.0, n: int = 50, k: int = 6):
     base = rng.uniform(0.3, 0.7, n)
     per_query: dict[str, np.ndarray] = {}
 
-    def candidate(name: str, values: np.ndarray, i: int) -> Candidate:
+    def candidate(name: str, values: np.ndarray, i: int, weight: float = 0.5) -> Candidate:
         per_query[name] = np.stack([values, values, np.ones(n)], axis=1)
-        return Candidate(name=name, setting=setting(i),
+        return Candidate(name=name, setting=setting(i, weight),
                          scores={"ndcg@10": float(values.mean()), "mrr@10": float(values.mean()), "recall@100": 1.0})
 
-    off = candidate("off", base, -1)
+    off = candidate("off", base, -1, off_weight)
     return [candidate(f"option {j}", base + gains[:, j], j) for j in range(k)], off, per_query
 
 
@@ -74,6 +75,44 @@ def test_a_real_gain_is_still_found_and_its_interval_holds_the_family():
         if verdict.best is not off:
             assert verdict.low > 0 and verdict.gain > 0
     assert found >= 36
+
+
+FUSED = 30  # the fusion grid tries hundreds of settings: a family of 30 shows the exposure, quickly
+
+
+def fusion_false_gain(kind: str) -> tuple[int, int]:
+    """Over TRIALS seeds where no fused setting beats the best single retriever (dense alone): how
+    often the per-candidate rule and the tuner's ``choose`` leave it for a fused one."""
+    params, old, new = tr.Params(), 0, 0
+    for seed in range(TRIALS):
+        fused, single, per_query = family(seed, kind, k=FUSED, off_weight=1.0)
+        alone = tr.gain_intervals(fused, single, per_query, params)
+        old += any(alone[c.name][0] > 0 for c in fused)
+        new += tr.choose([*fused, single], single, params, per_query).chosen is not single
+    return old, new
+
+
+@pytest.mark.parametrize("kind", ["independent", "shared"])
+def test_the_fusion_choice_does_not_leave_the_single_retriever_by_the_luck_of_one_of_many_settings(kind):
+    old, new = fusion_false_gain(kind)
+    print(f"{kind}: fused chosen with no true gain, per-candidate intervals {old}/{TRIALS}, simultaneous {new}/{TRIALS}")
+    assert old >= 0.12 * TRIALS  # per candidate: 1 - 0.975^30 when independent, far above 2.5 %
+    assert new <= 0.06 * TRIALS and new < old / 3  # measured: 15/300 independent, 8/300 shared
+
+
+def test_the_fusion_choice_still_finds_a_real_gain_and_names_its_family():
+    found = 0
+    for seed in range(40):
+        fused, single, per_query = family(seed, "independent", shift=0.06, k=FUSED, off_weight=1.0)
+        decision = tr.choose([*fused, single], single, tr.Params(), per_query)
+        found += decision.chosen is not single
+        if decision.chosen is not single:
+            assert decision.rule == "significant gain" and decision.interval[0] > 0
+            assert f"95% interval simultaneous over {FUSED} settings" in decision.reason
+    assert found >= 36
+    fused, single, per_query = family(1, "independent", k=FUSED, off_weight=1.0)
+    decision = tr.choose([*fused, single], single, tr.Params(), per_query)
+    assert decision.chosen is single and f"95% interval simultaneous over {FUSED} settings" in decision.reason
 
 
 def test_simultaneous_intervals_are_wider_than_each_settings_own_and_one_setting_is_the_basic_interval():

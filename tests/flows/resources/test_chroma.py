@@ -52,7 +52,7 @@ def filled(store):
 
 
 def test_empty_store(store):
-    for read in (store.count, lambda: store.query(np.asarray([basis(0)]), k=3)):
+    for read in (store.count, lambda: store.query(np.asarray([basis(0)]), k=3), lambda: store.existing_collection):
         with pytest.raises(StoreMissing, match="there is no store at"):
             read()  # a read never creates the store (queries never write)
     assert not store.path.exists()
@@ -62,6 +62,15 @@ def test_empty_store(store):
     assert store.query(np.asarray([basis(0), basis(1)]), k=3) == [[], []]
     assert store.path == (store.base_dir / "c").resolve()
     assert str(store.path) in store.location
+
+
+def test_existing_collection_reads_and_creates_no_other_collection(filled, tmp_path):
+    got = filled.existing_collection.get(include=["embeddings"])  # what the benches read through
+    assert sorted(got["ids"]) == sorted(f"e{i}" for i in range(DIM)) and len(got["embeddings"]) == DIM
+    other = ChromaStore(ChromaSpec(type="chroma", path="c", collection="other"), base_dir=tmp_path)  # never written
+    with pytest.raises(StoreMissing, match="the collection does not exist"):
+        other.existing_collection
+    assert [c.name for c in filled.client.list_collections()] == ["test"]
 
 
 def test_upsert_count_all_ids_delete(filled):

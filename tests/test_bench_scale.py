@@ -1,0 +1,55 @@
+"""bench/scale.py reads a process's CPU time and memory from /proc with one reader (``process_usage``):
+the managed server's, and (``engine_usage``) every live child's, such as milvus-lite's engine."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def scale():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("scale", REPO / "bench" / "scale.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def test_process_usage_reads_this_process_as_the_kernel_counts_it(scale):
+    before = time.process_time()
+    while time.process_time() - before < 0.3:  # some CPU of our own
+        pass
+    cpu, rss = scale.process_usage(os.getpid())
+    _, peak = scale.process_usage(os.getpid(), memory="VmHWM")
+    assert cpu == pytest.approx(time.process_time(), abs=0.1) and cpu >= 0.3
+    assert 0 < rss <= peak and peak == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    with pytest.raises(OSError):
+        scale.process_usage(2 ** 22 + 1)  # above pid_max: no such process
+
+
+def test_engine_usage_counts_live_children_only(scale):
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(60)"
+    others, others_rss = scale.engine_usage()  # children a session fixture may hold (servers)
+    child = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        deadline = time.monotonic() + 20
+        while (usage := scale.engine_usage())[0] < others + 0.3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cpu, rss = usage
+        assert cpu >= others + 0.3 and rss > others_rss
+    finally:
+        child.kill()
+        child.wait()
+    assert scale.engine_usage()[0] < cpu - 0.2  # the ended child counts no more
