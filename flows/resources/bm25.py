@@ -302,7 +302,12 @@ class BM25Index(Resource):
             return False
         if parts is None:  # a version of the format before segments
             return False
-        kept = without(parts, changes.changed)
+        try:
+            kept = without(parts, changes.changed)  # each segment's ids scanned, not kept
+        except (OSError, ValueError) as exc:  # a segment's ids gone or unreadable: the rebuild replaces it
+            log.warning("%s: a published segment's ids are unreadable (%s: %s); rebuilding it whole",
+                        self.location, type(exc).__name__, exc)
+            return False
         fresh = _Pending.of(changes.rows, self._tokenize([r[1] for r in changes.rows])) if changes.rows else None
         live = sum(part.live for part in kept) + (fresh.size if fresh else 0)
         if live != changes.chunks:
@@ -461,7 +466,7 @@ class BM25Index(Resource):
         segments, parts = {}, []
         for entry in manifest["segments"]:
             name = entry["folder"]
-            segment = self._segments.get(name) or Segment.load(self.path / name)
+            segment = self._segments.get(name) or Segment.load(self.path / name, entry.get("docs"))
             segments[name] = segment
             deleted = None if entry["deleted"] is None else \
                 bm25_segments.unpack_deleted(self.path / entry["deleted"], segment.size)
@@ -559,20 +564,44 @@ class BM25Index(Resource):
 
 
 class Segment:
-    """One immutable segment folder: chunk ids, and, loaded when first needed, its postings
-    (memory-mapped arrays and the term list), the chunks' metadata with text and its MetadataIndex.
-    An update that only marks chunks deleted reads the ids: a segment's terms are its vocabulary,
-    which grows with the corpus."""
+    """One immutable segment folder: its size, and, loaded when first needed, its chunk ids, its
+    postings (memory-mapped arrays and the term list), the chunks' metadata with text and its
+    MetadataIndex. An update reads none of them to keep: it finds the chunks it replaces or deletes
+    by scanning each segment's ids file and letting it go (``positions``), so a one-change run holds
+    one segment's ids at a time, never the corpus's (a segment's terms are its vocabulary, which
+    grows with the corpus, and its ids are the corpus's chunk ids). A reader loads and keeps them."""
 
-    def __init__(self, folder: Path, postings: bm25_segments.Postings | None, ids: list[str]):
-        self.folder, self._postings, self.ids = folder, postings, ids
+    def __init__(self, folder: Path, postings: bm25_segments.Postings | None, ids: list[str] | None,
+                 size: int | None = None):
+        if ids is None and size is None:
+            raise ValueError("a segment needs its ids or its size")
+        self.folder, self._postings, self._ids = folder, postings, ids
+        self._size = len(ids) if ids is not None else size
         self._meta: list[dict[str, Any]] | None = None
         self._metadata: MetadataIndex | None = None
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, folder: Path) -> Segment:
-        return cls(folder, None, json.loads((folder / "ids.json").read_text(encoding="utf-8")))
+    def load(cls, folder: Path, size: int | None = None) -> Segment:
+        """The segment in ``folder``; with its ``size`` (the manifest's ``docs``) its ids are read only
+        when needed, else now."""
+        return cls(folder, None, cls._read_ids(folder, size) if size is None else None, size)
+
+    @staticmethod
+    def _read_ids(folder: Path, size: int | None) -> list[str]:
+        ids = json.loads((folder / "ids.json").read_text(encoding="utf-8"))
+        if not isinstance(ids, list) or (size is not None and len(ids) != size):
+            raise ValueError(f"segment {folder.name} lists {len(ids) if isinstance(ids, list) else 'no'} ids, "
+                             f"its manifest {size} passages")
+        return ids
+
+    @property
+    def ids(self) -> list[str]:
+        if self._ids is None:
+            with self._lock:
+                if self._ids is None:
+                    self._ids = self._read_ids(self.folder, self._size)
+        return self._ids
 
     @property
     def postings(self) -> bm25_segments.Postings:
@@ -580,15 +609,15 @@ class Segment:
             with self._lock:
                 if self._postings is None:
                     postings = bm25_segments.Postings.load(self.folder)
-                    if len(self.ids) != postings.size:
-                        raise ValueError(f"segment {self.folder.name} lists {len(self.ids)} ids for "
+                    if self._size != postings.size:
+                        raise ValueError(f"segment {self.folder.name} lists {self._size} ids for "
                                          f"{postings.size} passages")
                     self._postings = postings
         return self._postings
 
     @property
     def size(self) -> int:
-        return len(self.ids)
+        return self._size
 
     @property
     def meta(self) -> list[dict[str, Any]]:
@@ -611,8 +640,12 @@ class Segment:
         return self._metadata
 
     def positions(self, chunk_ids: set[str]) -> list[int]:
-        """Where these chunks are in the segment (a scan: no id -> position map of the whole corpus)."""
-        return [at for at, cid in enumerate(self.ids) if cid in chunk_ids] if chunk_ids else []
+        """Where these chunks are in the segment: a scan of its ids, read for the scan and let go unless
+        a reader loaded them (no id -> position map of the whole corpus, nor its ids kept by an update)."""
+        if not chunk_ids:
+            return []
+        ids = self._ids if self._ids is not None else self._read_ids(self.folder, self._size)
+        return [at for at, cid in enumerate(ids) if cid in chunk_ids]
 
 
 @dataclass
@@ -667,7 +700,7 @@ class _WrittenSegment:
         if name.startswith("_"):
             raise AttributeError(name)
         if self._loaded is None:
-            self._loaded = Segment.load(self.folder)
+            self._loaded = Segment.load(self.folder, self.size)
         return getattr(self._loaded, name)
 
 
