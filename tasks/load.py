@@ -575,7 +575,7 @@ class JournalListing:
             examined.append(root.source_id(path))
             if not _walked(path, root, params):
                 continue
-            if os.path.isdir(path) and (root.follow_links or not os.path.islink(path)):
+            if os.path.isdir(path) and not os.path.islink(path):
                 found.update(_folder_files(path, root, params, ctx))
             elif os.path.lexists(path) and _matches(path, params.include) and not _matches(path, params.exclude):
                 found[path] = os.path.islink(path)
@@ -607,9 +607,10 @@ def watched_folders(params: Params, base_dir: str) -> list[str]:
 
 def _journaled(root: SourceRoot, roots: list[SourceRoot], params: Params) -> bool:
     """A folder root named apart from the project's folder, nested in no other root and holding
-    none (its sources' ids are then exactly the ids below its name), with journals allowed."""
+    none (its sources' ids are then exactly the ids below its name), that does not follow links (a
+    watch does not see into a linked folder), with journals allowed."""
     return (params.full_listing_hours > 0 and not root.pattern and not root.is_file and root.name != "."
-            and not any(r is not root and (_nested(r.location, root.location) or _nested(root.location, r.location))
+            and not root.follow_links and not any(r is not root and (_nested(r.location, root.location) or _nested(root.location, r.location))
                         for r in roots))
 
 

@@ -602,3 +602,25 @@ def test_an_unchanged_file_is_kept_as_ids_without_a_document_unless_its_access_c
     assert kept("kb/hr/b.jsonl", params=own, root=plain).regrant == [] and kept("kb/c.md", params=own, root=plain) is None
     assert kept("kb/hr/b.jsonl", params=own, root=root) is None  # a rule matches too: only the content says whose
     state.close()
+
+
+def test_the_folders_a_change_journal_may_list(tmp_path):
+    """What `ragline serve` watches (tasks.load.watched_folders): folder roots whose source ids are
+    exactly the ids below their name and whose every change a watch sees."""
+    from ragline.tasks.load import watched_folders
+
+    for name in ("docs", "docs/inner", "notes", "linked", "papers"):
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "one.md").write_text("x")
+
+    def watched(*paths, **params):
+        return [posixpath.relpath(p, tmp_path) for p in watched_folders(Params(paths=list(paths), **params),
+                                                                            str(tmp_path))]
+
+    assert watched("notes", "papers") == ["notes", "papers"]
+    assert watched("notes", "docs", "docs/inner") == ["notes"]  # nested roots: listed in full
+    assert watched("one.md", "papers/*.md", "notes") == ["notes"]  # a file and a glob: in full
+    assert watched(".") == [] and watched(".", "notes") == []  # the project's folder (it holds notes too)
+    assert watched("notes", {"path": "linked", "follow_links": True}) == ["notes"]
+    assert watched("notes", follow_links=True) == []
+    assert watched("notes", full_listing_hours=0) == []
