@@ -3,26 +3,17 @@ must compile against the stages as they are now, change only the steps it names,
 evaluated questions out of the few-shot examples and the conversation (no leak into the measurement)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("generation_techniques", REPO / "bench" / "generation_techniques.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_module("generation_techniques") as module:
         yield module
-    finally:
-        sys.path.remove(str(REPO / "bench"))
 
 
 def _items(bench, n: int) -> list:

@@ -2,29 +2,21 @@
 the managed server's, and (``engine_usage``) every live child's, such as milvus-lite's engine."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def scale():
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("scale", REPO / "bench" / "scale.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_module("scale") as module:
         yield module
-    finally:
-        sys.path.remove(str(REPO / "bench"))
 
 
 def test_process_usage_reads_this_process_as_the_kernel_counts_it(scale):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.sources.journal import FolderWatcher, Journal, journal_file
 from ragline.flows.spec.compile import Project
@@ -18,7 +19,7 @@ def folder_watchers(project: Project) -> list[FolderWatcher]:
     data_dir = data_dir_of(project)
     journals: dict[str, list[Journal]] = {}
     for name, pipeline in project.pipelines.items():
-        if pipeline.kind != "ingestion":
+        if pipeline.kind is not PipelineKind.INGESTION:
             continue
         for step in pipeline.steps:
             if step.stage.name != "load":

@@ -202,7 +202,7 @@ def test_served_runs_list_what_changed_from_the_folder_journal(served, project):
     ingest(served)
     assert the("tapir.md", sources(query(served, "bm25", "tapirs malaysia")))
     time.sleep(RACY_SECONDS)  # the new file's signal is trusted from now: the next run finds it as indexed
-    for _ in range(3):
+    for _ in range(5):  # (a run that found the heartbeat late on a starved machine lists in full instead)
         ingest(served)
         if not journal.changes():
             break
