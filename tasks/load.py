@@ -658,7 +658,7 @@ def _may_escape(path: str, root: SourceRoot, link: bool | None = None) -> bool:
 
 
 def _within(real: str, roots: list[str]) -> bool:
-    return any(real == root or real.startswith(root.rstrip("/") + "/") for root in roots)
+    return any(_nested(real, root) for root in roots)
 
 
 def _root_files(root: SourceRoot, params: Params, ctx: StepContext) -> list[tuple[str, bool | None]]:
