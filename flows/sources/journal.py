@@ -129,7 +129,7 @@ class Journal:
         watches are in place from now on. Ignored once another epoch took over the file."""
         now = time.time()
         rows = [(path, time.time_ns()) for path in paths]
-        with self._connect(create=True) as conn:
+        with self._connect() as conn:  # made by ``begin`` (gone since: the watcher starts a new epoch)
             conn.execute("BEGIN IMMEDIATE")
             if conn.execute("SELECT 1 FROM watcher WHERE epoch=?", (epoch,)).fetchone() is None:
                 conn.execute("ROLLBACK")
@@ -143,7 +143,7 @@ class Journal:
 
     def fail(self, epoch: str, error: str) -> None:
         """The watcher stopped on an error: the journal is not trusted until a new epoch."""
-        with contextlib.suppress(sqlite3.Error), self._connect(create=True) as conn:
+        with contextlib.suppress(sqlite3.Error), self._connect() as conn:
             conn.execute("UPDATE watcher SET error=? WHERE epoch=?", (error[:500], epoch))
 
     # --- the ingestion run's side
