@@ -55,7 +55,7 @@ pipelines:
       - {id: load,    task: load, with: {paths: [docs]}}
       - {id: convert, task: convert}
       - {id: chunk,   task: chunk}
-      - {id: embed,   task: tests.helpers.hash_embed.hash_embed}
+      - {id: embed,   task: tests.helpers.hash_embed.hash_embed, with: {kind: words}}
       - {id: write,   task: index, with: {gate_floor_pairs: 0}}
   search:
     kind: query

@@ -45,3 +45,22 @@ def test_engine_usage_counts_live_children_only(scale):
         child.kill()
         child.wait()
     assert scale.engine_usage()[0] < cpu - 0.2  # the ended child counts no more
+
+
+def test_the_words_stand_in_gives_texts_that_share_words_near_vectors():
+    """bench/scale.py's stand-in embedder: HNSW needs neighbourhoods (random vectors make every insert
+    near a scan), so texts that share words must be nearer each other than unrelated texts."""
+    import numpy as np
+
+    from tests.helpers.hash_embed import random_vector, words_vector
+
+    base = "Vitamin D deficiency lowers bone density in older adults (12)."
+    edited = "Vitamin D deficiency lowers bone density in older adults (13). Edited."
+    other = "Antibiotic resistance genes spread between gut bacteria by plasmids."
+    vectors = {text: words_vector(text, 384) for text in (base, edited, other)}
+    assert all(abs(np.linalg.norm(v) - 1) < 1e-5 and v.dtype == np.float32 for v in vectors.values())
+    assert np.array_equal(words_vector(base, 384), vectors[base])  # the same text, the same vector
+    near, far = vectors[base] @ vectors[edited], vectors[base] @ vectors[other]
+    assert near > 0.8 and abs(far) < 0.3
+    assert abs(random_vector(base, 384) @ random_vector(edited, 384)) < 0.3  # random: nothing is near
+    assert abs(np.linalg.norm(words_vector("", 8)) - 1) < 1e-5  # no words: still a unit vector
