@@ -13,6 +13,7 @@ import functools
 import glob
 import hashlib
 import html
+import itertools
 import json
 import os
 import posixpath
@@ -20,7 +21,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import quote
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -153,13 +154,15 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
     out = _Listing(known, ctx.step_id, queued=streamed and known.queues)
     unchanged: list[str] = []  # sources marked listed in the state, MARK_BATCH at a time (one commit each)
     journals = {root.location: j for root in roots if (j := JournalListing.of(root, roots, params, ctx, known))}
-    discovered = _discover(params, ctx, roots, journals)
     verified: dict[str, int] = {}  # journal-listed files found as the index has them: their source ids
-    for start in range(0, len(discovered), SIGNAL_BATCH):
-        part = discovered[start:start + SIGNAL_BATCH]
+    journaled: dict[str, list[tuple[str, str]]] = {location: [] for location in journals}  # what each listed
+    discovered = _discover(params, ctx, roots, journals)
+    for part, last in _batches(discovered, SIGNAL_BATCH):
         signals = {item: stat_signal(path) for item, path, _ in part}
         same = known.unchanged_acls(signals)
         for item, path, root in part:
+            if root.location in journaled:
+                journaled[root.location].append((item, path))
             if (kept := known.kept(same.get(item), signals[item], item, path, root, params)) is not None:
                 if kept.regrant:
                     out.extend(kept.regrant)  # its access changed: the sink re-grants it
@@ -182,13 +185,13 @@ def load(params: Params, ctx: StepContext) -> list[Document]:
             if versions is not None and versions.skipped:
                 unchanged += versions.skipped  # records whose version is the recorded one: never parsed further
                 ctx.progress("unchanged", len(versions.skipped))
-        if len(unchanged) >= MARK_BATCH or start + SIGNAL_BATCH >= len(discovered):
+        if len(unchanged) >= MARK_BATCH or last:
             known.mark(unchanged)
             unchanged = []
             failpoints.hit("load.after_mark")  # a kill here: the next run's listing starts afresh (``clear_listed``)
     for root in roots:
         if (journal := journals.get(root.location)) is not None:
-            journal.settle(root, [(i, p) for i, p, r in discovered if r is root], verified)
+            journal.settle(root, journaled[root.location], verified)
     for spec in params.paths:
         if getattr(spec, "type", "local") != "local":
             out.extend(_remote_documents(spec, params, ctx, known))
@@ -255,6 +258,15 @@ def read(documents: list[Document], params: Params, ctx: StepContext) -> list[Do
 
 
 SIGNAL_BATCH = 500  # items whose signals are looked up in the state at once
+
+
+def _batches(items: Iterator[Any], size: int) -> Iterator[tuple[list[Any], bool]]:
+    """``items`` in lists of ``size``, each with whether it is the last (one list looked ahead)."""
+    part = list(itertools.islice(items, size))
+    while part:
+        following = list(itertools.islice(items, size))
+        yield part, not following
+        part = following
 MARK_BATCH = 5_000  # unchanged sources marked listed in the state per transaction
 
 
@@ -488,10 +500,12 @@ def _default_name(location: str, base: str) -> str:
 
 
 def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot],
-              journals: dict[str, "JournalListing"] | None = None) -> list[tuple[str, str, SourceRoot]]:
-    """The files of every root, each once (under the outermost root that lists it), as (source id,
-    path, root) in source id order. A root with a trusted change journal (``journals``, by its
-    location) gives only the files below the paths that changed (``JournalListing``).
+              journals: dict[str, "JournalListing"] | None = None) -> Iterator[tuple[str, str, SourceRoot]]:
+    """The files of every root, each once, as (source id, path, root): streamed root by root in walk
+    order, so a listing holds no list of the corpus's files; roots that overlap (one inside another)
+    are collected first, each file under the outermost root that lists it, in source id order. A
+    root with a trusted change journal (``journals``, by its location) gives only the files below the
+    paths that changed (``JournalListing``).
 
     Every root listed completely is declared with ``ctx.cover``; one that cannot be reached is a
     root failure (the run deletes nothing), and an unreadable subfolder protects what is under it.
@@ -499,24 +513,42 @@ def _discover(params: Params, ctx: StepContext, roots: list[SourceRoot],
     its reason unless its root follows links.
     """
     inside = [os.path.realpath(r.location) for r in roots]
-    found: dict[str, SourceRoot] = {}
-    names: dict[str, SourceRoot] = {}
+    named: dict[str, SourceRoot] = {}
     for root in roots:
-        other = names.setdefault(root.name, root)
+        other = named.setdefault(root.name, root)
         if other.location != root.location:
             ctx.fail(root.covered, f"root {root.given!r} has the same name {root.name!r} as {other.given!r}: "
                                    f"give one of them a `name`", root=True)
+    listed = [root for root in roots if named[root.name].location == root.location]
+    found = (_root_paths(root, params, ctx, inside, (journals or {}).get(root.location)) for root in listed)
+    if not _overlapping(listed):
+        for root, paths in zip(listed, found):
+            yield from ((root.source_id(path), path, root) for path in paths)
+        return
+    outermost: dict[str, SourceRoot] = {}
+    for root, paths in zip(listed, found):
+        for path in paths:
+            if path not in outermost or len(root.location) < len(outermost[path].location):
+                outermost[path] = root
+    yield from sorted((root.source_id(path), path, root) for path, root in outermost.items())
+
+
+def _root_paths(root: SourceRoot, params: Params, ctx: StepContext, inside: list[str],
+                journal: "JournalListing | None") -> Iterator[str]:
+    """The paths a root lists (from its journal when trusted), less links that lead out of every root."""
+    files = journal.files(root, params, ctx) if journal is not None else _root_files(root, params, ctx)
+    for path, link in files:
+        if not root.follow_links and _may_escape(path, root, link) and not _within(os.path.realpath(path), inside):
+            ctx.fail(root.source_id(path), "symbolic link to a file outside every source root: skipped (set "
+                                           "follow_links: true on the root to index it)", skipped=True)
             continue
-        journal = (journals or {}).get(root.location)
-        files = journal.files(root, params, ctx) if journal is not None else _root_files(root, params, ctx)
-        for path, link in files:
-            if not root.follow_links and _may_escape(path, root, link) and not _within(os.path.realpath(path), inside):
-                ctx.fail(root.source_id(path), "symbolic link to a file outside every source root: skipped (set "
-                                               "follow_links: true on the root to index it)", skipped=True)
-                continue
-            if path not in found or len(root.location) < len(found[path].location):
-                found[path] = root
-    return sorted((root.source_id(path), path, root) for path, root in found.items())
+        yield path
+
+
+def _overlapping(roots: list[SourceRoot]) -> bool:
+    """Whether a root lies inside another (or is the same place): then a file may be listed twice."""
+    real = [os.path.realpath(root.location) for root in roots]
+    return any(_nested(a, b) or _nested(b, a) for a, b in itertools.combinations(real, 2))
 
 
 JOURNAL_KEY = "journal"  # state meta "journal:<pipeline>:<root>": the full listing that vouches for a journal
@@ -661,7 +693,7 @@ def _within(real: str, roots: list[str]) -> bool:
     return any(_nested(real, root) for root in roots)
 
 
-def _root_files(root: SourceRoot, params: Params, ctx: StepContext) -> list[tuple[str, bool | None]]:
+def _root_files(root: SourceRoot, params: Params, ctx: StepContext) -> Iterable[tuple[str, bool | None]]:
     """A root's files, each with whether it is a symbolic link (None: not known from the walk)."""
     expanded = posixpath.join(root.location, root.pattern) if root.pattern else root.location
     if root.pattern:
@@ -709,16 +741,16 @@ def _glob_base(pattern: str) -> str:
     return "/".join(parts[:fixed]) or "/"
 
 
-def _folder_root(root: SourceRoot, params: Params, ctx: StepContext) -> list[tuple[str, bool | None]]:
-    """Files under a folder root; a root that cannot be listed is a root failure."""
+def _folder_root(root: SourceRoot, params: Params, ctx: StepContext) -> Iterator[tuple[str, bool | None]]:
+    """Files under a folder root, streamed, the root declared covered once its walk ended; a root
+    that cannot be listed is a root failure."""
     try:
         os.scandir(root.location).close()
     except OSError as exc:
         ctx.fail(root.covered, f"cannot list folder (listed as {root.given!r}): {exc.strerror or exc}", root=True)
-        return []
-    files = list(_folder_files(root.location, root, params, ctx))
+        return
+    yield from _folder_files(root.location, root, params, ctx)
     ctx.cover("folder", root.covered)
-    return files
 
 
 def _folder_files(folder: str, root: SourceRoot, params: Params, ctx: StepContext) -> Iterator[tuple[str, bool]]:

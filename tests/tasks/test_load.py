@@ -624,3 +624,30 @@ def test_the_folders_a_change_journal_may_list(tmp_path):
     assert watched("notes", {"path": "linked", "follow_links": True}) == ["notes"]
     assert watched("notes", follow_links=True) == []
     assert watched("notes", full_listing_hours=0) == []
+
+
+def test_a_listing_streams_its_files_instead_of_collecting_them(tmp_path, monkeypatch):
+    """A full listing of a large corpus must not hold a list of its files: the first file comes out
+    of ``_discover`` before the walk has entered the other folders. Roots inside one another are
+    collected first, so a file under both is listed once, under the outer root."""
+    from ragline.tasks import load as load_module
+
+    for i in range(6):
+        (tmp_path / "docs" / f"f{i}").mkdir(parents=True)
+        (tmp_path / "docs" / f"f{i}" / "a.md").write_text(f"doc {i}")
+    scanned = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(load_module.os, "scandir", lambda path: scanned.append(path) or real_scandir(path))
+    params, ctx = Params(paths=[str(tmp_path / "docs")]), StepContext(pipeline="t", step_id="load")
+    roots = load_module._roots(params, ctx.base_dir)
+
+    listing = load_module._discover(params, ctx, roots)
+    first = next(listing)
+    assert first[0] == sid(tmp_path / "docs", "f0/a.md") and len(scanned) <= 3  # the root and f0, not f1..f5
+    assert ctx.covered == []  # not before its walk ended
+    assert [item for item, _, _ in listing] == [sid(tmp_path / "docs", f"f{i}/a.md") for i in range(1, 6)]
+    assert ctx.covered == [Coverage(kind="folder", path=roots[0].covered)]
+
+    nested = Params(paths=[str(tmp_path / "docs" / "f2"), str(tmp_path / "docs")])
+    both = list(load_module._discover(nested, ctx, load_module._roots(nested, ctx.base_dir)))
+    assert [item for item, _, _ in both] == [sid(tmp_path / "docs", f"f{i}/a.md") for i in range(6)]
