@@ -213,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-schedules", action="store_true", help="do not pause schedules when serve stops")
     p.add_argument("--keep-results-days", type=_keep_days, default=30.0, metavar="DAYS",
                    help="delete served runs' JSON results older than this (at start, then hourly); 0: keep all")
+    p.add_argument("--cold-runs", action="store_true",
+                   help="start each flow run in a fresh interpreter (Prefect's way) instead of forking it from "
+                        "a process that imported Prefect, ragline and the project's libraries once")
     _start_llm_flag(p)
 
     _check_command(command)
@@ -971,7 +974,8 @@ def _serve(args) -> int:
     return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=_token(args),
                  start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
                  limit=args.limit, pause_on_shutdown=not args.keep_schedules,
-                 keep_results_days=args.keep_results_days or None, start_llm=args.start_llm)
+                 keep_results_days=args.keep_results_days or None, start_llm=args.start_llm,
+                 warm_runs=not args.cold_runs)
 
 
 # ----------------------------------------------------------------------------- the LLM (issue 24.3)

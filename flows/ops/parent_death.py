@@ -25,13 +25,17 @@ def _arm_parent_death(parent, pdeathsig):
 def die_with(parent: int, sig: int = 9) -> None:
     """In a direct child of ``parent``: arm the parent-death signal (``sig``, SIGKILL by default: a
     hung process never acts on SIGTERM), and exit now if the parent already died (the child was
-    reparented before the signal was armed). In ``parent`` itself, or in a process that is not its
-    child, nothing happens. Linux only (elsewhere nothing happens)."""
+    reparented before the signal was armed). In a child of ``parent``'s forkserver (a warm flow run,
+    flows/serve/warm.py) the signal is armed on the forkserver, which exits when ``parent`` does. In
+    ``parent`` itself, or in a process that is neither, nothing happens. Linux only (elsewhere
+    nothing happens)."""
     import os
     import sys
 
     if not sys.platform.startswith("linux") or os.getpid() == parent:
         return
+    if os.getppid() != parent and _parent_of(os.getppid()) == parent and _is_forkserver(os.getppid()):
+        parent = os.getppid()
     if os.getppid() == parent:
         import ctypes
 
@@ -63,3 +67,21 @@ class DiesWith:
 def _unpickle_dies_with(parent: int) -> DiesWith:
     die_with(parent)
     return DiesWith(parent)
+
+
+def _parent_of(pid: int) -> int | None:
+    """A process's parent (Linux's /proc), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_forkserver(pid: int) -> bool:
+    """Whether ``pid`` runs multiprocessing's forkserver (its command line names it)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"multiprocessing.forkserver" in handle.read()
+    except OSError:
+        return False

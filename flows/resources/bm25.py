@@ -76,6 +76,8 @@ class BM25Index(Resource):
     folder, then replaces the pointer: older versions stay readable, so a reader keeps the version it
     loaded. A version folder also holds the segment it wrote (the folder's name names the segment)."""
 
+    preload = ("bm25s",)
+
     Spec = BM25Spec
     located = True
 

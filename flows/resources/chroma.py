@@ -108,6 +108,8 @@ def is_transient(exc: BaseException | None) -> bool:
 class ChromaStore(Resource):
     """One collection. The client is created lazily and shared (Chroma clients are thread-safe)."""
 
+    preload = ("chromadb",)
+
     Spec = ChromaSpec
     located = True
 

@@ -23,6 +23,8 @@ class CrossEncoderSpec(BaseModel):
 class CrossEncoderModel(Resource):
     """Lazily loads the model on first use (or at ``warm_up``); thread-safe; cheap to construct."""
 
+    preload = ("sentence_transformers",)
+
     Spec = CrossEncoderSpec
 
     def __init__(self, spec: CrossEncoderSpec, base_dir: Any = None):

@@ -69,6 +69,8 @@ MAX_SHARED_QUERIES = 64  # texts one query's steps share; more are encoded as if
 class Embedder(Resource):
     """Lazily loads the model on first use (or at ``warm_up``); thread-safe; cheap to construct."""
 
+    preload = ("sentence_transformers",)
+
     Spec = EmbedderSpec
 
     def __init__(self, spec: EmbedderSpec, base_dir=None):

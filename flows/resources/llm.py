@@ -135,6 +135,8 @@ class Completion:
 class LLMClient(Resource):
     """Thread-safe; the HTTP clients are created on first use."""
 
+    preload = ("openai",)
+
     Spec = LLMSpec
 
     def __init__(self, spec: LLMSpec, base_dir: Any = None):

@@ -150,6 +150,8 @@ class _Retrying:
 class MilvusStore(Resource):
     """One collection, both roles: the dense store and (``full_text``) the engine's own BM25 index."""
 
+    preload = ("pymilvus",)
+
     Spec = MilvusSpec
     located = True
 

@@ -28,9 +28,11 @@ API (``flows/serve/api.py``'s app with ``flows/serve/runs.py``'s router) in the 
 threads that the main thread supervises: if one of them dies the other is stopped and the process
 exits 1; SIGTERM stops both and exits 0, Ctrl-C exits 130, without a traceback (a second signal
 exits at once). Runs in flight are cancelled (recorded Cancelled); one still running 5 s later is
-killed (ingestion is crash-safe). Idle, it stops in about a second. Flow runs start with
-multiprocessing's ``spawn``, which re-imports ``__main__``: a script that calls ``serve()`` needs
-the ``if __name__ == "__main__":`` guard (the ``ragline`` command has it).
+killed (ingestion is crash-safe). Idle, it stops in about a second. Flow runs fork from a
+forkserver that imported Prefect's engine, ragline's stages and the project's libraries once
+(``flows/serve/warm.py``); with ``warm_runs=False`` (``--cold-runs``) they start as Prefect starts
+them, with multiprocessing's ``spawn``, which re-imports ``__main__``: a script that calls
+``serve()`` needs the ``if __name__ == "__main__":`` guard (the ``ragline`` command has it).
 
 Before it starts any child process (a Prefect server, the LLM), serve checks every argument, port and
 credential and refuses with all the problems in one line: the API's port (default 8080, as
@@ -79,6 +81,7 @@ from ragline.flows.ops.parent_death import DiesWith
 from ragline.flows.run.steps import digest_of
 from ragline.flows.serve.api import create_app, credentials_configured
 from ragline.flows.serve.layout import FLOW_NAME, deployment_name, results_dir
+from ragline.flows.serve.warm import preload_modules, warm_flow_runs
 from ragline.flows.serve.documents import documents_router, upload_limit
 from ragline.flows.serve.runs import ingestion_runs, runs_router
 from ragline.flows.run.entrypoints import run_pipeline
@@ -327,9 +330,11 @@ class ServeSupervisor:
                  data_dir: str | Path | None = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
                  limit: int | None = None, pause_on_shutdown: bool = True, prefect_home: Path | None = None,
                  log: Callable[[str], None] | None = None, keep_results_days: float | None = KEEP_RESULTS_DAYS,
-                 start_llm: bool = False):
+                 start_llm: bool = False, warm_runs: bool = True):
         self.project_path = Path(project_path).resolve()
         self.start_llm = start_llm
+        self.warm_runs = warm_runs  # flow runs fork from a forkserver with their imports done (flows/serve/warm.py)
+        self.runs_start_warm = False  # whether they do (warm_flow_runs said so)
         self._llms: list[ManagedLLM] = []  # the packaged LLMs this process supervises
         self.api, self.host, self.port, self.token = api, host, port, token
         self.start_prefect, self.data_dir = start_prefect, data_dir
@@ -384,6 +389,8 @@ class ServeSupervisor:
         self._stack.enter_context(served_deployments(
             {deployment_name(project, name): opts["parameters"] for name, opts in options.items()}))
         flow = served_flow(project)
+        if self.warm_runs:
+            self.runs_start_warm = self._stack.enter_context(warm_flow_runs(preload_modules(project)))
         context = contextvars.copy_context()  # the Prefect settings chosen above, for the threads
         self._spawn("runner", lambda: context.run(self._run_runner, flow, options))
         self._await_ready(self._ready.is_set, "runner", "the deployments were not applied")
@@ -741,14 +748,14 @@ def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1"
           token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
           poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
           pause_on_shutdown: bool = True, keep_results_days: float | None = KEEP_RESULTS_DAYS,
-          start_llm: bool = False) -> int:
+          start_llm: bool = False, warm_runs: bool = True) -> int:
     """Serve a pipelines file until SIGTERM (exit 0) or Ctrl-C (exit 130); 1 if the runner or the
     API stopped by itself, 2 if it cannot start (no Prefect API, port in use, invalid file: the
     message says why). Call it from the main thread: it handles SIGTERM and SIGINT itself."""
     service = ServeSupervisor(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
                       data_dir=data_dir, poll_seconds=poll_seconds, limit=limit,
                       pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days,
-                      start_llm=start_llm)
+                      start_llm=start_llm, warm_runs=warm_runs)
     received: list[int] = []
 
     def on_signal(signum, frame) -> None:

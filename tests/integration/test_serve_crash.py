@@ -79,14 +79,16 @@ def test_a_killed_serve_takes_its_flow_runs_along_and_the_next_serve_crashes_the
             run_id = _create_flow_run(prefect_api, deployment_id, {})
             run = _until(lambda: (r := _flow_run(prefect_api, run_id))["state"]["type"] == "RUNNING" and r,
                          180, "the run started")
-            flow_run_processes = [child for child in psutil.Process(serve.pid).children()
-                                  if "spawn_main" in " ".join(child.cmdline())]
-            assert flow_run_processes, "no flow-run process"
-            assert run["infrastructure_pid"] in {f"{os.uname().nodename}:{p.pid}" for p in flow_run_processes}
+            # the run's process, forked by serve's forkserver (flows/serve/warm.py), which serve started
+            host, _, pid = run["infrastructure_pid"].rpartition(":")
+            flow_run = psutil.Process(int(pid))
+            forkserver = flow_run.parent()
+            assert host == os.uname().nodename and forkserver.parent().pid == serve.pid
+            assert "multiprocessing.forkserver" in " ".join(forkserver.cmdline())
             os.kill(serve.pid, signal.SIGKILL)
             serve.wait()
-            _until(lambda: not any(_running(p) for p in flow_run_processes), 10,
-                   "the flow-run process died with serve")
+            _until(lambda: not _running(flow_run) and not _running(forkserver), 10,
+                   "the flow-run process and the forkserver died with serve")
         assert _flow_run(prefect_api, run_id)["state"]["type"] == "RUNNING"  # nobody could report it
 
         serve, url = _start(project, prefect_api, tmp_path / "serve-2.log")

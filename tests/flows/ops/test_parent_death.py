@@ -70,3 +70,66 @@ def test_unpickled_in_the_parent_itself_nothing_happens():
     from ragline.flows.ops.parent_death import DiesWith
 
     assert isinstance(pickle.loads(pickle.dumps(DiesWith(os.getpid()))), DiesWith)  # and we are still here
+
+
+# A serve-like parent whose child is forked by its forkserver (flows/serve/warm.py): the child's
+# parent is the forkserver, which exits when the parent does; the child arms its signal on it.
+WARM_PARENT = r"""
+import os, pickle, sys, time
+from ragline.flows.serve.warm import warm_flow_runs
+import prefect.flow_engine as engine
+
+def child(parent):
+    from ragline.flows.ops.parent_death import DiesWith
+    pickle.loads(pickle.dumps(DiesWith(parent)))
+    time.sleep(30)
+
+if __name__ == "__main__":
+    with warm_flow_runs(["json"]) as warm:
+        assert warm
+        process = engine.multiprocessing.get_context("spawn").Process(target=child, args=(os.getpid(),))
+        process.start()
+        print(process.pid, flush=True)
+        time.sleep(60)
+"""
+
+
+def test_a_warm_flow_run_forked_by_the_forkserver_dies_when_serve_is_killed(tmp_path):
+    script, out = tmp_path / "warm_parent.py", tmp_path / "pids"
+    script.write_text(WARM_PARENT)
+    with open(out, "w") as handle:  # a file, not a pipe: nothing here may end the family but the kill
+        parent = subprocess.Popen([sys.executable, str(script)], stdout=handle, stderr=subprocess.DEVNULL,
+                                  env=dict(os.environ, PYTHONPATH=str(REPO)))
+    deadline = time.monotonic() + 60
+    while not out.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(out.read_text())
+    forkserver = _parent(child)
+    assert forkserver != parent.pid and _parent(forkserver) == parent.pid
+    time.sleep(1.5)  # armed by now
+    assert _alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone_within(forkserver, 5) and _gone_within(child, 5)
+
+
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_forkserver_prelude_arms_the_parent_death_signal_only_in_serves_forkserver():
+    """Multiprocessing's forkserver outlives its parent while any process it forked holds its pipe:
+    the prelude it imports first arms its parent-death signal on serve, named by the environment."""
+    probe = ("import ctypes, os, sys; import ragline.flows.serve.forkserver_prelude; "
+             "sig = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0); print(sig.value)")
+
+    def armed(owner: str | None) -> int:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env.pop("RAGLINE_FORKSERVER_OF", None)
+        if owner is not None:
+            env["RAGLINE_FORKSERVER_OF"] = owner
+        return int(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                  check=True).stdout)
+
+    assert armed(str(os.getpid())) == signal.SIGKILL  # this process started it: it dies with this one
+    assert armed(None) == 0 and armed("1") == 0  # imported elsewhere: nothing happens
