@@ -74,9 +74,7 @@ def warm_flow_runs(modules: list[str]) -> Iterator[bool]:
         yield False
         return
     context = multiprocessing.get_context("forkserver")
-    # "__main__": the script that started serve (the ``ragline`` command), which each spawned child
-    # imports again (hence its ``if __name__ == "__main__"`` guard), once in the forkserver instead
-    context.set_forkserver_preload(["ragline.flows.serve.forkserver_prelude", "__main__", *modules])
+    context.set_forkserver_preload(["ragline.flows.serve.forkserver_prelude", *modules])
     os.environ[OWNER_ENV] = str(os.getpid())  # read as the forkserver starts: it dies with this process
     try:
         multiprocessing.forkserver.ensure_running()
