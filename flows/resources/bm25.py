@@ -910,12 +910,23 @@ class _Column:
         """The arrays, and 8 bytes a group for the list of its value once the key was filtered on."""
         return self.postings.nbytes + self.offsets.nbytes + 8 * (len(self.offsets) - 1)
 
-    def equal(self, value: Any) -> np.ndarray:
-        bounds = self._bounds(value)
-        if bounds is None:
-            return self.postings[:0]
-        return self._slice(self._bisect(value, *bounds, bisect.bisect_left),
-                           self._bisect(value, *bounds, bisect.bisect_right))
+    def equal(self, values: list[Any]) -> np.ndarray:
+        """Chunks whose value equals one of ``values``. A group holds one value (equal values are one
+        group), so each value is one bisect and a look: an ``$in`` of 50 names over a segment costs
+        50 bisects, not 50 searches with their slices (which made a filtered search at 666,000
+        chunks, 37 segments, three times an unfiltered one)."""
+        listed = self.values()
+        groups = []
+        for value in values:
+            bounds = self._bounds(value)
+            if bounds is not None:
+                at = bisect.bisect_left(listed, value, *bounds)
+                if at < bounds[1] and listed[at] == value:
+                    groups.append(at)
+        if len(groups) <= 1:
+            return self._slice(groups[0], groups[0] + 1) if groups else self.postings[:0]
+        bounds = self.offsets[np.asarray(groups)].tolist(), self.offsets[np.asarray(groups) + 1].tolist()
+        return np.concatenate([self.postings[start:end] for start, end in zip(*bounds)])
 
     def compare(self, op: str, value: Any) -> np.ndarray:
         """Chunks whose value is ``op`` ``value``: only strings compare with a string, only numbers with
@@ -1064,7 +1075,7 @@ class MetadataIndex:
         if op in _RANGES:
             return self._positions([] if column is None else [column.compare(op, value)])
         values = value if op in ("$in", "$nin") else [value]
-        found = self._positions([] if column is None else [column.equal(v) for v in values])
+        found = self._positions([] if column is None else [column.equal(values)])
         return ~found if op in ("$ne", "$nin") else found
 
     def _positions(self, groups: list[np.ndarray]) -> np.ndarray:
