@@ -43,7 +43,10 @@ CREATE TABLE IF NOT EXISTS chunks (
     chunk_id TEXT PRIMARY KEY, source_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
     text TEXT NOT NULL, title TEXT, metadata TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS chunks_by_source ON chunks(source_id);
-CREATE INDEX IF NOT EXISTS sources_by_origin ON sources(origin);
+-- (origin, source_id): a journal run's reads of an id range within its pipeline's sources use it; on
+-- the index of origin alone SQLite walked every source of the pipeline for them (0.24 s at 300,000)
+CREATE INDEX IF NOT EXISTS sources_by_origin_id ON sources(origin, source_id);
+DROP INDEX IF EXISTS sources_by_origin;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS lease (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL, host TEXT NOT NULL,
