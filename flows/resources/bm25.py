@@ -925,8 +925,9 @@ class _Column:
                     groups.append(at)
         if len(groups) <= 1:
             return self._slice(groups[0], groups[0] + 1) if groups else self.postings[:0]
-        bounds = self.offsets[np.asarray(groups)].tolist(), self.offsets[np.asarray(groups) + 1].tolist()
-        return np.concatenate([self.postings[start:end] for start, end in zip(*bounds)])
+        at = np.asarray(groups)
+        starts, ends = self.offsets[at].tolist(), self.offsets[at + 1].tolist()
+        return np.concatenate([self.postings[start:end] for start, end in zip(starts, ends)])
 
     def compare(self, op: str, value: Any) -> np.ndarray:
         """Chunks whose value is ``op`` ``value``: only strings compare with a string, only numbers with

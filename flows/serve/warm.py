@@ -15,7 +15,9 @@ cold (logged): never a different way of running.
 The forkserver is one per process (multiprocessing's), started with the first serve and kept until
 the process ends. It dies with serve (``forkserver_prelude`` arms its parent-death signal), and each
 flow-run process arms its own on the forkserver (``parent_death.die_with``), so a ``kill -9`` of
-serve still takes the runs along. Libraries are imported, not used, before the fork: no thread pool or model exists yet.
+serve still takes the runs along. Libraries are imported, not used, before the fork: no thread pool
+or model exists yet. Should the forkserver die anyway, multiprocessing starts another at the next
+run (with the same imports).
 """
 from __future__ import annotations
 
