@@ -12,7 +12,7 @@ context; everything else is multiprocessing's own. The child runs exactly what a
 in what was imported already. If Prefect stops asking that way, nothing is patched and runs start
 cold (logged): never a different way of running.
 
-The forkserver is one per process (multiprocessing's), started with the first serve and kept until
+The forkserver is one per process (multiprocessing's), started by the first flow run and kept until
 the process ends. It dies with serve (``forkserver_prelude`` arms its parent-death signal), and each
 flow-run process arms its own on the forkserver (``parent_death.die_with``), so a ``kill -9`` of
 serve still takes the runs along. Libraries are imported, not used, before the fork: no thread pool
@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import multiprocessing.forkserver
 import os
 from typing import Any, Iterator
 
@@ -63,10 +62,11 @@ class _ForkserverModule:
 
 @contextlib.contextmanager
 def warm_flow_runs(modules: list[str]) -> Iterator[bool]:
-    """While open, Prefect's flow-run processes fork from a forkserver that imported ``modules``
-    (started now, so its imports happen before the first run needs them). Yields whether runs start
-    warm; False (cold, as Prefect starts them) where Prefect no longer asks ``multiprocessing``'s
-    spawn context by that name, or the platform has no forkserver."""
+    """While open, Prefect's flow-run processes fork from a forkserver that imported ``modules``.
+    The forkserver starts with the first run (which waits for those imports, as a cold run waits
+    for its own), so a serve that runs nothing pays nothing. Yields whether runs start warm; False
+    (cold, as Prefect starts them) where Prefect no longer asks ``multiprocessing``'s spawn context
+    by that name, or the platform has no forkserver."""
     import prefect.flow_engine as engine
 
     if engine.__dict__.get("multiprocessing") is not multiprocessing or \
@@ -77,13 +77,14 @@ def warm_flow_runs(modules: list[str]) -> Iterator[bool]:
         return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["ragline.flows.serve.forkserver_prelude", *modules])
+    owner = os.environ.get(OWNER_ENV)
     os.environ[OWNER_ENV] = str(os.getpid())  # read as the forkserver starts: it dies with this process
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        os.environ.pop(OWNER_ENV, None)
     engine.multiprocessing = _ForkserverModule(context)
     try:
         yield True
     finally:
         engine.multiprocessing = multiprocessing
+        if owner is None:
+            os.environ.pop(OWNER_ENV, None)
+        else:
+            os.environ[OWNER_ENV] = owner
