@@ -34,7 +34,7 @@ def die_with(parent: int, sig: int = 9) -> None:
 
     if not sys.platform.startswith("linux") or os.getpid() == parent:
         return
-    if os.getppid() != parent and _parent_of(os.getppid()) == parent and _is_forkserver(os.getppid()):
+    if os.getppid() != parent and _parent_of(os.getppid()) == parent and is_forkserver(os.getppid()):
         parent = os.getppid()
     if os.getppid() == parent:
         import ctypes
@@ -78,7 +78,7 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
-def _is_forkserver(pid: int) -> bool:
+def is_forkserver(pid: int) -> bool:
     """Whether ``pid`` runs multiprocessing's forkserver (its command line names it)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:

@@ -24,14 +24,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import os
 from typing import Any, Iterator
 
 from ragline.flows.resources import resource_type
 
 log = logging.getLogger(__name__)
-
-OWNER_ENV = "RAGLINE_FORKSERVER_OF"  # the pid of the serve process a forkserver dies with (forkserver_prelude)
 
 # What every flow run imports first: Prefect's engine, the flow (run_pipeline) and ragline's engine.
 BASE_MODULES = ("prefect.flow_engine", "ragline.flows.run.entrypoints", "ragline.flows.run.engine",
@@ -77,14 +74,8 @@ def warm_flow_runs(modules: list[str]) -> Iterator[bool]:
         return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["ragline.flows.serve.forkserver_prelude", *modules])
-    owner = os.environ.get(OWNER_ENV)
-    os.environ[OWNER_ENV] = str(os.getpid())  # read as the forkserver starts: it dies with this process
     engine.multiprocessing = _ForkserverModule(context)
     try:
         yield True
     finally:
         engine.multiprocessing = multiprocessing
-        if owner is None:
-            os.environ.pop(OWNER_ENV, None)
-        else:
-            os.environ[OWNER_ENV] = owner
