@@ -36,8 +36,10 @@ SERVE = ("import sys; from ragline.flows.serve.service import serve; "
          "sys.exit(serve(sys.argv[1], api=False, poll_seconds=float(sys.argv[2]), warm_runs=sys.argv[3] == 'warm'))")
 
 
-def start_serve(project: Path, api_url: str, poll_seconds: float, log: Path, warm: bool) -> subprocess.Popen:
-    env = {**os.environ, "PREFECT_API_URL": api_url, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
+def start_serve(project: Path, api_url: str, poll_seconds: float, log: Path, warm: bool,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PREFECT_API_URL": api_url, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1",
+           **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", SERVE, str(project), str(poll_seconds),
                                  "warm" if warm else "cold"], cwd=project.parent,
@@ -57,23 +59,25 @@ def seconds_between(start: str, end: str) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def trigger_and_wait(client: httpx.Client, deployment_id: str, question: str) -> dict[str, float]:
-    started = time.perf_counter()
-    body = {"parameters": {"inputs": {"query": {"text": question}}}}
+def run_deployment(client: httpx.Client, deployment_id: str, parameters: dict) -> dict:
+    """Create a flow run of the deployment and wait for it to end; its final record (COMPLETED only)."""
     for attempt in range(6):  # a loaded machine's Prefect server answers 503 now and then (its database busy)
-        created = client.post(f"/deployments/{deployment_id}/create_flow_run", json=body)
+        created = client.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
         if created.status_code != 503:
             break
         time.sleep(0.5 * 2 ** attempt)
     created.raise_for_status()
     run_id = created.json()["id"]
-    while True:
-        run = client.get(f"/flow_runs/{run_id}").json()
-        if run["state"]["type"] in FINAL:
-            break
+    while (run := client.get(f"/flow_runs/{run_id}").json())["state"]["type"] not in FINAL:
         time.sleep(0.05)
     if run["state"]["type"] != "COMPLETED":
         raise RuntimeError(f"flow run {run_id}: {run['state']}")
+    return run
+
+
+def trigger_and_wait(client: httpx.Client, deployment_id: str, question: str) -> dict[str, float]:
+    started = time.perf_counter()
+    run = run_deployment(client, deployment_id, {"inputs": {"query": {"text": question}}})
     passages = json.loads(Path(run["state"]["data"]["storage_key"]).read_text())
     total = time.perf_counter() - started
     assert passages, "a query run with no passages"

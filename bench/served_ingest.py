@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,42 +28,13 @@ from pathlib import Path
 import httpx
 
 from common import REPO, publish, save
-from deployment_trigger import FINAL, seconds_between
+from deployment_trigger import run_deployment, seconds_between, start_serve
 from scale import PIPELINES, abstracts, age, document, write_corpus
-
-SERVE = ("import sys; from ragline.flows.serve.service import serve; "
-         "sys.exit(serve(sys.argv[1], api=False, poll_seconds=2.0, warm_runs=sys.argv[2] == 'warm'))")
-
-
-def start_serve(project: Path, api_url: str, log: Path, warm: bool) -> subprocess.Popen:
-    env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", SERVE, str(project), "warm" if warm else "cold"],
-                                cwd=project.parent, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    deadline = time.monotonic() + 180
-    while "ragline serve: Prefect API" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"ragline serve did not start: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.2)
-    return proc
-
 
 def trigger(client: httpx.Client, deployment_id: str) -> dict:
     """One run of the index deployment: its times and its report."""
     started = time.perf_counter()
-    for attempt in range(6):  # a loaded machine's Prefect server answers 503 now and then
-        created = client.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": {}})
-        if created.status_code != 503:
-            break
-        time.sleep(0.5 * 2 ** attempt)
-    created.raise_for_status()
-    run_id = created.json()["id"]
-    while (run := client.get(f"/flow_runs/{run_id}").json())["state"]["type"] not in FINAL:
-        time.sleep(0.05)
-    if run["state"]["type"] != "COMPLETED":
-        raise RuntimeError(f"flow run {run_id}: {run['state']}")
+    run = run_deployment(client, deployment_id, {})
     report = json.loads(Path(run["state"]["data"]["storage_key"]).read_text())
     return {"total": time.perf_counter() - started, "report": report,
             "pickup": seconds_between(run["expected_start_time"], run["start_time"]),
@@ -88,7 +58,8 @@ def served_runs(project: Path, docs: Path, runs: int, warm: bool, first: int) ->
     journal = Journal(journal_file(project.parent, "index", str(docs)))
     with tempfile.TemporaryDirectory() as home:
         server = start_prefect_server(Path(home) / "prefect")
-        serve = start_serve(project, server.api_url, Path(home) / "serve.log", warm)
+        serve = start_serve(project, server.api_url, 2.0, Path(home) / "serve.log", warm,
+                            env={"PYTHONPATH": str(REPO)})  # the stand-in embedder is in tests/
         try:
             with httpx.Client(base_url=server.api_url, timeout=60) as client:
                 deployment_id = client.get("/deployments/name/ragline/index").json()["id"]

@@ -20,8 +20,19 @@ def pid_alive(pid: int) -> bool:
 
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux), as records keep it; None if unknown."""
+    return _stat_field(pid, 19)
+
+
+def parent_pid(pid: int) -> int | None:
+    """The process's parent (Linux); None if unknown (gone, or no /proc)."""
+    parent = _stat_field(pid, 1)
+    return int(parent) if parent is not None else None
+
+
+def _stat_field(pid: int, index: int) -> str | None:
+    """A field of /proc/<pid>/stat after the command name (which may hold spaces and parentheses)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[index]
     except (OSError, IndexError):
         return None
 

@@ -6,6 +6,8 @@ signal survives ``exec``, so a child that execs another program (serve.sh, then 
 """
 from __future__ import annotations
 
+from ragline.flows.processes import parent_pid
+
 PRELUDE = r"""
 import os, signal, sys
 
@@ -34,7 +36,7 @@ def die_with(parent: int, sig: int = 9) -> None:
 
     if not sys.platform.startswith("linux") or os.getpid() == parent:
         return
-    if os.getppid() != parent and _parent_of(os.getppid()) == parent and is_forkserver(os.getppid()):
+    if os.getppid() != parent and parent_pid(os.getppid()) == parent and is_forkserver(os.getppid()):
         parent = os.getppid()
     if os.getppid() == parent:
         import ctypes
@@ -67,15 +69,6 @@ class DiesWith:
 def _unpickle_dies_with(parent: int) -> DiesWith:
     die_with(parent)
     return DiesWith(parent)
-
-
-def _parent_of(pid: int) -> int | None:
-    """A process's parent (Linux's /proc), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def is_forkserver(pid: int) -> bool:
