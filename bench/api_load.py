@@ -28,7 +28,7 @@ from common import REPO, index_more, indexed_workspace, percentile, publish, sav
 SERVED = """
 import contextlib, sys, uvicorn
 from ragline.flows.serve.api import create_app
-from ragline.flows.ops.chroma_server import serve_stores
+from ragline.flows.ops.store_servers import serve_stores
 app = create_app(sys.argv[1], token=sys.argv[2], max_concurrent_runs=int(sys.argv[4]))
 with contextlib.ExitStack() as stack:
     serve_stores(app.state.service.project, stack, lambda line: print(line, file=sys.stderr))

@@ -18,12 +18,17 @@ service, each run's process talks HTTP to the server, which holds the HNSW index
 peak RSS and the server's resident memory after each run are reported apart; CPU is both together.
 Saved as bench/out/scale_managed.json.
 
+``--backend milvus_managed``: the milvus resource with its ``.db`` file served by the managed milvus-lite
+engine that ``ragline serve`` starts (flows/ops/milvus_server.py): each run's process talks gRPC to the
+engine, which keeps the collection loaded between runs. Reported as ``managed``. Saved as
+bench/out/scale_milvus_managed.json.
+
 ``--watch``: the incremental runs with the corpus folder watched, as ``ragline serve`` watches it
 (flows/sources/journal.py): each run lists what changed instead of every file. The same invocation
 also measures an unchanged run and a one-change run listed in full, as the baseline. Saved as
 bench/out/scale_watch.json (``scale_<backend>_watch``).
 
-Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus|managed] [--keep DIR [--again]] [--watch]  (--huge adds 300000)
+Usage: .venv/bin/python bench/scale.py [--sizes 25000 100000] [--huge] [--backend milvus|managed|milvus_managed] [--keep DIR [--again]] [--watch]  (--huge adds 300000)
 """
 from __future__ import annotations
 
@@ -67,9 +72,12 @@ QUERIES = ["protein folding in yeast", "vitamin D deficiency and bone density", 
 STORE_LINES = """  store:    {type: chroma, path: idx/chroma, collection: scale}
   sparse:   {type: bm25, path: idx/bm25}
 """
-BACKENDS = {"default": STORE_LINES, "managed": STORE_LINES, "milvus": """  store:    &engine {type: milvus, uri: idx/milvus.db, collection: scale}
+MILVUS_LINES = """  store:    &engine {type: milvus, uri: idx/milvus.db, collection: scale}
   sparse:   *engine
-"""}
+"""
+BACKENDS = {"default": STORE_LINES, "managed": STORE_LINES, "milvus": MILVUS_LINES, "milvus_managed": MILVUS_LINES}
+SERVED = {"managed": ("chroma_server", "ManagedChroma", "idx/chroma"),  # backend: the managed server of its store
+          "milvus_managed": ("milvus_server", "ManagedMilvus", "idx/milvus.db")}
 FILTER = {"file_name": {"$in": [f"d{i:06d}.md" for i in range(0, 25_000, 500)]}}  # 50 documents' chunks
 
 
@@ -178,10 +186,12 @@ def measure(n: int, folder: Path, backend: str = "default", again: bool = False,
         write_corpus(docs, n)
     with contextlib.ExitStack() as stack:
         server = None
-        if backend == "managed":
-            from ragline.flows.ops.chroma_server import ManagedChroma
+        if backend in SERVED:
+            import importlib
 
-            server = ManagedChroma(folder / "idx" / "chroma", logs=folder / "logs").start()
+            module, kind, store = SERVED[backend]
+            managed = getattr(importlib.import_module(f"ragline.flows.ops.{module}"), kind)
+            server = managed(folder / store, logs=folder / "logs").start()
             stack.callback(server.stop)
         earlier = json.loads(saved.read_text()) if again else None
         if watch:
@@ -299,7 +309,8 @@ def main() -> None:
     parser.add_argument("--huge", action="store_true", help="add 300,000 documents (hours on 2 cores)")
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="default",
                         help="milvus: one embedded milvus-lite resource as store and sparse; managed: the "
-                        "store served by the managed chroma run, as under ragline serve")
+                        "store served by the managed chroma run, as under ragline serve; milvus_managed: the "
+                        "milvus-lite file served by its managed engine, as under ragline serve")
     parser.add_argument("--keep", type=Path, help="build each size's corpus and index in PATH/<size> and keep "
                         "them (to profile runs on them afterwards)")
     parser.add_argument("--again", action="store_true", help="with --keep: the incremental runs again on each "

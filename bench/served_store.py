@@ -21,7 +21,7 @@ import time
 
 from common import REPO, index_more, indexed_workspace, percentile, publish, save
 from ragline.flows.run import engine
-from ragline.flows.ops.chroma_server import serve_stores
+from ragline.flows.ops.store_servers import serve_stores
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
 

@@ -5,7 +5,7 @@ entry-point group; each instance is created once per process (keyed by its confi
 shared by every stage that ``uses`` it; construction is cheap and the heavy part loads on first
 use or at ``warm_up``. ``close_resources`` ends them all (process shutdown). Also here: the index state
 (``state``), store integrity (``integrity``), the managed-server record of a store
-(``chroma_owner``), moving sources without re-embedding (``source_ids``) and parsing LLM output
+(``store_owner``), moving sources without re-embedding (``source_ids``) and parsing LLM output
 (``llm_output``).
 
 May import the base modules only (``contracts``, ``errors``, ``settings``, ``context``,

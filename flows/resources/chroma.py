@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import DependencyUnavailable, IndexUnavailable
 from ragline.flows.resources.base import Health, Lazy, Resource
-from ragline.flows.resources.chroma_owner import owner_of
+from ragline.flows.resources.store_owner import Owned
 from ragline.flows.resources.state import REMEDY, StoreMissing, disk_fault, store_health
 
 log = logging.getLogger("ragline.chroma")
@@ -105,7 +105,7 @@ def is_transient(exc: BaseException | None) -> bool:
     return isinstance(exc, ValueError) and isinstance(exc.__context__, network)
 
 
-class ChromaStore(Resource):
+class ChromaStore(Owned, Resource):
     """One collection. The client is created lazily and shared (Chroma clients are thread-safe)."""
 
     preload = ("chromadb",)
@@ -120,8 +120,6 @@ class ChromaStore(Resource):
         self._lock = threading.RLock()
         self._client = Lazy(self._new_client, self._lock)
         self._max_batch: int | None = None
-        self._owner = None  # the managed server that owned the folder when this process connected
-        self._owner_resolved = False
 
     @property
     def server(self) -> str | None:
@@ -179,19 +177,6 @@ class ChromaStore(Resource):
         except Exception:
             _forget_failed_system(str(self.path))
             raise
-
-    def _served_by(self):
-        """The managed server (``flows/ops/chroma_server.py``) that owns the embedded folder, decided once
-        per process at the first call: while a ``ragline serve``/``api`` owns the folder, every
-        process goes through its server instead of opening the files itself."""
-        if self.spec.host:
-            return None
-        with self._lock:
-            if not self._owner_resolved:
-
-                self._owner = owner_of(self.path)
-                self._owner_resolved = True
-            return self._owner
 
     def _settings(self):
         """Telemetry off in both modes; a token goes through Chroma's own provider, read from the env."""

@@ -42,6 +42,7 @@ from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.bm25 import tokenize
 from ragline.flows.resources.chroma import EmbedderMismatch, chroma_metadata, space_scores
 from ragline.flows.resources.state import REMEDY, IndexState, StoreMissing, store_health
+from ragline.flows.resources.store_owner import Owned
 
 log = logging.getLogger("ragline.milvus")
 T = TypeVar("T")
@@ -147,7 +148,7 @@ class _Retrying:
         return lambda *args, **kwargs: self._store._retrying(name, lambda: attr(*args, **kwargs))
 
 
-class MilvusStore(Resource):
+class MilvusStore(Owned, Resource):
     """One collection, both roles: the dense store and (``full_text``) the engine's own BM25 index."""
 
     preload = ("pymilvus",)
@@ -179,7 +180,14 @@ class MilvusStore(Resource):
 
     @property
     def server(self) -> str | None:
+        """The configured Milvus server (None: a milvus-lite file, served or embedded)."""
         return self.spec.uri if is_server(self.spec.uri) else None
+
+    @property
+    def remote(self) -> str | None:
+        """Where this process's calls go over gRPC: the configured server, or the managed engine
+        (``flows/ops/milvus_server.py``) that serves the file; None when it opens the file itself."""
+        return self.server or (self._owner.url if self._served_by() is not None else None)
 
     @property
     def path(self) -> Path:
@@ -188,7 +196,8 @@ class MilvusStore(Resource):
 
     @property
     def location(self) -> str:
-        return f"milvus {self.server or self.path} collection {self.spec.collection}"
+        where = self.server or (f"{self.path} (served by {self._owner.url})" if self._owner else self.path)
+        return f"milvus {where} collection {self.spec.collection}"
 
     @property
     def name(self) -> str:
@@ -203,18 +212,15 @@ class MilvusStore(Resource):
     def _new_client(self):
         from pymilvus import MilvusClient
 
+        if self.remote and not self.server:  # the managed engine of the file (loopback, no token)
+            return self._server_client(self.remote, token="", database="")
         if self.server:
             token = ""
             if self.spec.token_env:
                 token = os.environ.get(self.spec.token_env, "")
                 if not token:
                     raise ValueError(f"{self.location}: environment variable {self.spec.token_env} (the token) is not set")
-            try:
-                return MilvusClient(uri=self.server, token=token, db_name=self.spec.database or "",
-                                    timeout=self.spec.timeout_seconds)
-            except Exception as exc:
-                raise MilvusUnavailable(f"Milvus server {self.server} unreachable ({type(exc).__name__}: "
-                                        f"{_first_line(exc)}); is it running?") from exc
+            return self._server_client(self.server, token=token, database=self.spec.database or "")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with warnings.catch_warnings():  # milvus-lite 2.5 imports pkg_resources, deprecated: not the user's to fix
@@ -223,12 +229,22 @@ class MilvusStore(Resource):
         except Exception as exc:
             raise MilvusUnavailable(
                 f"{self.location}: milvus-lite could not open the file ({_first_line(exc)}); it serves one process "
-                f"at a time: is another ragline process using it? (run a Milvus server for several)") from exc
+                f"at a time: is another ragline process using it? (`ragline serve` runs one engine for the file that all its "
+                f"processes share; or run a Milvus server)") from exc
+
+    def _server_client(self, uri: str, token: str, database: str):
+        from pymilvus import MilvusClient
+
+        try:
+            return MilvusClient(uri=uri, token=token, db_name=database, timeout=self.spec.timeout_seconds)
+        except Exception as exc:
+            raise MilvusUnavailable(f"Milvus server {uri} unreachable ({type(exc).__name__}: "
+                                    f"{_first_line(exc)}); is it running?") from exc
 
     def _connect(self):
         """The client; against a server, each call retries connection failures (``_retrying``)."""
         client = self._client.get()
-        return _Retrying(client, self) if self.server else client
+        return _Retrying(client, self) if self.remote else client
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call``, retrying connection failures with backoff until ``retries`` or
@@ -241,7 +257,7 @@ class MilvusStore(Resource):
             retry=tenacity.retry_if_exception(is_transient),
             stop=tenacity.stop_after_attempt(self.spec.retries + 1) | tenacity.stop_before_delay(self.spec.retry_max_seconds),
             wait=tenacity.wait_exponential_jitter(initial=0.25, max=5.0, jitter=0.05),
-            before_sleep=lambda state: log.warning("Milvus server %s: %s failed (%s); retry %d/%d", self.server,
+            before_sleep=lambda state: log.warning("Milvus server %s: %s failed (%s); retry %d/%d", self.remote,
                                                    what, _first_line(state.outcome.exception()),
                                                    state.attempt_number, self.spec.retries))
         try:
@@ -255,7 +271,7 @@ class MilvusStore(Resource):
         except tenacity.RetryError as err:
             cause = err.last_attempt.exception()
             raise MilvusUnavailable(
-                f"Milvus server {self.server} unreachable: {what} failed {err.last_attempt.attempt_number} times "
+                f"Milvus server {self.remote} unreachable: {what} failed {err.last_attempt.attempt_number} times "
                 f"({_first_line(cause)}); is it running? (retries={self.spec.retries}, "
                 f"retry_max_seconds={self.spec.retry_max_seconds})") from cause
 
@@ -432,7 +448,7 @@ class MilvusStore(Resource):
             client = self._client.reset()
         if client is not None:
             client.close()
-            if not self.server:  # milvus-lite's engine for the file stops once released (its lock file)
+            if not self.remote:  # milvus-lite's engine for the file stops once released (its lock file)
                 _release_lite(str(self.path))
 
     # ------------------------------------------------------------------ the store role

@@ -88,7 +88,7 @@ from ragline.flows.serve.query_service import (
 from ragline.flows.run.check import indexes
 from ragline.flows.run.steps import digest_of
 from ragline.flows.serve.connections import server_limits
-from ragline.flows.ops.chroma_server import serve_stores
+from ragline.flows.ops.store_servers import serve_stores
 
 from ragline.flows.resources import close_resources
 

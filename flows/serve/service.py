@@ -89,7 +89,7 @@ from ragline.flows.run.steps import pin_file
 from ragline.flows.ops.prefect_server import LocalPrefectServer
 from ragline.flows.run.entrypoints import served_deployments
 from ragline.flows.serve.connections import server_limits
-from ragline.flows.ops.chroma_server import serve_stores
+from ragline.flows.ops.store_servers import serve_stores
 from ragline.flows.ops.prefect_server import _drain_prefect_workers
 from ragline.flows.processes import pid_alive
 from ragline.flows.resources import close_resources
@@ -415,8 +415,9 @@ class ServeSupervisor:
                  + (f"; HTTP API {self.api_url}" if self.api_url else ""))
 
     def _serve_stores(self, project: Project) -> None:
-        """One Chroma server per embedded store, before any flow run or query opens it: the API and
-        every flow-run process then read and write through it (flows/ops/chroma_server.py says why)."""
+        """One server per embedded store (a Chroma folder, a milvus-lite file), before any flow run or
+        query opens it: the API and every flow-run process then read and write through it
+        (flows/ops/chroma_server.py and milvus_server.py say why)."""
 
         try:
             self._stores = serve_stores(project, self._stack, self.log)

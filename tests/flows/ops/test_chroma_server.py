@@ -12,8 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from ragline.flows.ops.chroma_server import MAX_RESTARTS, ManagedChroma
-from ragline.flows.resources.chroma_owner import owner_of, server_file
+from ragline.flows.ops.chroma_server import ManagedChroma
+from ragline.flows.ops.managed_server import MAX_RESTARTS
+from ragline.flows.resources.store_owner import owner_of, server_file
 from ragline.flows.contracts import Chunk
 from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
 
@@ -104,7 +105,7 @@ def test_the_service_waits_for_an_embedded_writer_before_serving_the_store(make_
     import contextlib
     import threading
 
-    from ragline.flows.ops.chroma_server import serve_stores
+    from ragline.flows.ops.store_servers import serve_stores
     from ragline.flows.spec.compile import load_project
     from tests.helpers.data import index_and_search_yaml
 

@@ -1,6 +1,7 @@
-"""Who serves an embedded Chroma store: the record (``<store>.server.json``) that a managed
-``chroma run`` (``ops.chroma_server``) publishes, read by every ragline process before it opens
-the store (``ChromaStore``), so all of them reach the one server instead of opening the files."""
+"""Who serves an embedded store: the record (``<store>.server.json``) that a managed server (a
+``chroma run`` for a Chroma folder, ``ops.chroma_server``; milvus-lite's engine for a ``.db`` file,
+``ops.milvus_server``) publishes, read by every ragline process before it opens the store
+(``ChromaStore``, ``MilvusStore``), so all of them reach the one server instead of opening the files."""
 from __future__ import annotations
 
 import json
@@ -49,4 +50,20 @@ def owner_of(store_path: Path) -> Endpoint | None:
     return endpoint
 
 
+class Owned:
+    """For a store resource a managed server may own (``ChromaStore``, ``MilvusStore``: ``spec.host``,
+    ``path`` and ``_lock``): the owner is looked up once per process, at its first call, so a process
+    keeps the way it connected; while a ``ragline serve``/``api`` owns the store, every process goes
+    through that server instead of opening the files itself."""
 
+    _owner: Endpoint | None = None  # the managed server that owned the store when this process connected
+    _owner_resolved = False
+
+    def _served_by(self) -> Endpoint | None:
+        if self.spec.host:
+            return None
+        with self._lock:
+            if not self._owner_resolved:
+                self._owner = owner_of(self.path)
+                self._owner_resolved = True
+            return self._owner
