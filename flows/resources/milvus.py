@@ -1,7 +1,9 @@
 """Milvus: dense vectors, BM25 full-text search and metadata filters in one engine that scales out.
 
-``uri`` is a local ``.db`` file (milvus-lite: the Milvus engine embedded, one process at a time) or a
-server (``http://host:19530``: Milvus standalone or a cluster, with its own sharding and replication).
+``uri`` is a local ``.db`` file (milvus-lite: the Milvus engine embedded, one process at a time; while
+``ragline serve`` owns the file, every process reaches its managed engine over gRPC instead,
+``flows/ops/milvus_server.py``) or a server (``http://host:19530``: Milvus standalone or a cluster, with
+its own sharding and replication).
 The same resource serves both index roles: ``store`` (the embedder's vectors, as Chroma) and
 ``sparse`` (BM25 computed by the engine from the chunk text at write time, as the ``bm25`` index):
 name it for both in a pipeline and one engine answers hybrid queries. The incremental protocol is
@@ -52,6 +54,8 @@ ID_PAGE = 1_000  # keys per `key in [...]` expression
 WEIGHTED_DEPTH = 16_384  # hits per term of a weighted query (Milvus's largest search limit)
 TERMS_FORMAT = 1  # how the `terms` field is written (analyzer ragline); a change rebuilds collections
 META_SUFFIX = "_ragline"
+COLUMN_PREFIX = "m_"  # a metadata key kept as a typed column too (``filter_fields``): ``m_<key>``
+FILTER_FIELDS = ["source", "root", "file_name", "format"]  # the loader's provenance keys: on every document
 REBUILD_SUFFIX = "_rebuild"  # the rows while the collection is made again with other BM25 settings  # side collection: embedder key, published generation, BM25 settings
 _METRIC = {"cosine": "COSINE", "ip": "IP", "l2": "L2"}
 
@@ -93,6 +97,11 @@ class MilvusSpec(BaseModel):
         """The bm25s variant Milvus's BM25 ranks as (Lucene's idf and length normalisation), for the
         stages that score BM25 settings in memory (tune, adapt) as they do on a bm25 index."""
         return "lucene"
+    filter_fields: list[str] = Field(
+        default_factory=lambda: list(FILTER_FIELDS), max_length=16,
+        description="metadata keys also kept as VARCHAR columns, so an equality or `$in`/`$nin` filter on them "
+                    "reads a typed column instead of parsing every chunk's JSON metadata (milvus-lite indexes no JSON "
+                    "path); set when the collection is created: a change rebuilds it from its own rows")
     write_batch_size: int = Field(1000, ge=1, le=10_000, description="chunks per upsert call")
     retries: int = Field(6, ge=0, le=100, description="retries of a server call that failed to connect")
     retry_max_seconds: float = Field(30.0, gt=0, le=3600, description="give up retrying one call after this long")
@@ -102,6 +111,16 @@ class MilvusSpec(BaseModel):
     def host(self) -> str | None:
         """The server (None: embedded), read like ``ChromaSpec.host`` by integrity checks and messages."""
         return self.uri if is_server(self.uri) else None
+
+    @field_validator("filter_fields")
+    @classmethod
+    def _column_names(cls, value: list[str]) -> list[str]:
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", key):
+                raise ValueError(f"{key!r}: a filter field is a metadata key of letters, digits and '_' (up to 64)")
+        if len(set(value)) != len(value):
+            raise ValueError("a filter field is named twice")
+        return value
 
     @field_validator("uri")
     @classmethod
@@ -161,6 +180,7 @@ class MilvusStore(Owned, Resource):
         self._lock = threading.RLock()
         self._client = Lazy(self._new_client, self._lock)
         self._ready: set[str] = set()  # collections known to exist and loaded in this process
+        self._columns: dict[str, frozenset[str]] = {}  # a loaded collection's filter columns (the keys)
 
     @classmethod
     def relocated(cls, spec: MilvusSpec, name: str) -> MilvusSpec:
@@ -172,11 +192,11 @@ class MilvusStore(Owned, Resource):
     @classmethod
     def fingerprint_fields(cls, spec: MilvusSpec) -> dict[str, Any]:
         """What changes indexed content: not where it lives, nor search-time or write-batch settings, nor
-        the BM25 settings (a collection made with others is rebuilt from its own rows, ``sync``: changing
-        them, or tuning them, re-embeds nothing)."""
+        the BM25 settings or the filter columns (a collection made with others is rebuilt from its own rows,
+        ``sync``: changing them, or tuning them, re-embeds nothing)."""
         return spec.model_dump(exclude={"type", "uri", "token_env", "database", "collection", "ef_search",
                                         "write_batch_size", "timeout_seconds", "retries", "retry_max_seconds",
-                                        "analyzer", "stemmer", "stopwords", "k1", "b"})
+                                        "analyzer", "stemmer", "stopwords", "k1", "b", "filter_fields"})
 
     @property
     def server(self) -> str | None:
@@ -300,8 +320,14 @@ class MilvusStore(Owned, Resource):
                                  f"analyzers: run the ingestion pipeline (its integrity check rebuilds the "
                                  f"collection) or use a new collection name")
             client.load_collection(name)
+            self._columns[name] = _described_columns(client, name)
             self._ready.add(name)
             return name
+
+    @property
+    def columns(self) -> frozenset[str]:
+        """The metadata keys the loaded collection keeps as columns (``filter_fields`` when created)."""
+        return self._columns.get(self.name, frozenset())
 
     def _create(self, client: Any, dim: int, name: str | None = None) -> None:
         """The collection ``name`` (the configured one by default, recording its BM25 settings)."""
@@ -318,9 +344,13 @@ class MilvusStore(Owned, Resource):
             schema.add_field("terms", DataType.VARCHAR, max_length=TEXT_BYTES, enable_analyzer=True,
                              analyzer_params={"tokenizer": "whitespace"})
         schema.add_field("metadata", DataType.JSON)
+        for key in self.spec.filter_fields:
+            schema.add_field(COLUMN_PREFIX + key, DataType.VARCHAR, max_length=TEXT_BYTES)
         schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
         index = client.prepare_index_params()
         index.add_index("dense", metric_type=_METRIC[self.spec.space], **self._dense_index())
+        for key in self.spec.filter_fields:
+            index.add_index(COLUMN_PREFIX + key, index_type="INVERTED")
         if self.spec.full_text:
             schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
             schema.add_function(Function(name="bm25", function_type=FunctionType.BM25,
@@ -330,6 +360,7 @@ class MilvusStore(Owned, Resource):
                             params={"bm25_k1": self.spec.k1, "bm25_b": self.spec.b})
         # Strong: a read sees every write acknowledged before it (a server's default, Bounded, may not).
         client.create_collection(name or self.name, schema=schema, index_params=index, consistency_level="Strong")
+        self._columns[name or self.name] = frozenset(self.spec.filter_fields)
         if name is None:
             self._put_meta({"settings": self.settings})
             log.info("%s: created (%d dimensions)", self.location, dim)
@@ -361,7 +392,7 @@ class MilvusStore(Owned, Resource):
         log.warning("%s: rebuilt with BM25 settings %s (%d chunks copied)", self.location, self.settings, copied)
 
     def _copy(self, source: str, target: str) -> int:
-        """Every row of ``source`` into ``target`` (its terms written anew), in pages."""
+        """Every row of ``source`` into ``target`` (its terms and filter columns written anew), in pages."""
         client = self._connect()
         iterator = client.query_iterator(source, batch_size=self.spec.write_batch_size, filter="",
                                          output_fields=["key", "chunk_id", "text", "metadata", "dense"])
@@ -370,6 +401,7 @@ class MilvusStore(Owned, Resource):
             while batch := iterator.next():
                 rows = [{f: row[f] for f in ("key", "chunk_id", "text", "metadata", "dense")} for row in batch]
                 self._add_terms(rows)
+                _add_columns(rows, self._columns[target])
                 client.upsert(target, rows)
                 copied += len(rows)
         finally:
@@ -445,6 +477,7 @@ class MilvusStore(Owned, Resource):
     def close(self) -> None:
         with self._lock:
             self._ready.clear()
+            self._columns.clear()
             client = self._client.reset()
         if client is not None:
             client.close()
@@ -499,6 +532,7 @@ class MilvusStore(Owned, Resource):
             batch = chunks[start:start + self.spec.write_batch_size]
             rows = [_row(c) for c in batch]
             self._add_terms(rows)
+            _add_columns(rows, self._columns[name])
             self._connect().upsert(name, rows)
 
     @property
@@ -528,6 +562,7 @@ class MilvusStore(Owned, Resource):
                            "metadata": {k: v for k, v in meta.items() if v is not None}})
         self._add_terms(merged)
         name = self._collection()
+        _add_columns(merged, self._columns[name])
         for start in range(0, len(merged), self.spec.write_batch_size):
             self._connect().upsert(name, merged[start:start + self.spec.write_batch_size])
 
@@ -547,7 +582,7 @@ class MilvusStore(Owned, Resource):
             return []
         name = self._collection()
         hits = self._connect().search(name, data=vectors.tolist(), anns_field="dense", limit=k,
-                                      filter=expression(where), search_params=self._search_params(),
+                                      filter=expression(where, self.columns), search_params=self._search_params(),
                                       output_fields=["chunk_id", "text", "metadata"])
         return [sorted((_passage(hit, self._score(hit["distance"]), retriever) for hit in row),
                        key=lambda p: (-p.score, p.chunk_id)) for row in hits]
@@ -608,7 +643,8 @@ class MilvusStore(Owned, Resource):
     def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None, force: bool = False) -> bool:
         """Record the state's generation: the engine indexed the text as it was written. True if it moved."""
         generation = state.generation
-        if self._exists() and self.recorded_settings() is not None:  # other BM25 settings (e.g. tuned): rebuild
+        if self._exists() and (self.recorded_settings() is not None or self._other_columns()):  # rebuild: other BM25
+            # settings (e.g. tuned), or filter columns other than filter_fields (a collection from before them)
             self._rebuild()
             if on_rebuild is not None:
                 on_rebuild()
@@ -618,6 +654,12 @@ class MilvusStore(Owned, Resource):
             return False
         self._put_meta({"generation": str(generation)})
         return True
+
+    def _other_columns(self) -> bool:
+        """Whether the collection keeps other filter columns than ``filter_fields`` asks for (reads still
+        filter right: a key without its column is read from the JSON metadata)."""
+        self._collection()
+        return self.columns != frozenset(self.spec.filter_fields)
 
     def problem(self, state: IndexState | None = None) -> str | None:
         """Why the full-text role cannot serve as configured (None: it can)."""
@@ -661,7 +703,7 @@ class MilvusStore(Owned, Resource):
         if not asked:
             return out
         hits = self._connect().search(name, data=[queries[i] for i in asked], anns_field="sparse", limit=k,
-                                      filter=expression(where), search_params={"metric_type": "BM25"},
+                                      filter=expression(where, self.columns), search_params={"metric_type": "BM25"},
                                       output_fields=["chunk_id", "text", "metadata"])
         for i, row in zip(asked, hits):
             found = [(hit["entity"]["chunk_id"], self._bm25_score(hit["distance"]),
@@ -697,7 +739,7 @@ class MilvusStore(Owned, Resource):
             if where is None:
                 raise
             return 0
-        rows = self._connect().query(name, filter=expression(where), output_fields=["count(*)"])
+        rows = self._connect().query(name, filter=expression(where, self.columns), output_fields=["count(*)"])
         return int(rows[0]["count(*)"])
 
     def document_frequencies(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
@@ -737,7 +779,7 @@ class MilvusStore(Owned, Resource):
                 results.append([])
                 continue
             hits = self._connect().search(name, data=[t for t, _ in known], anns_field="sparse", limit=WEIGHTED_DEPTH,
-                                          filter=expression(where), search_params={"metric_type": "BM25"},
+                                          filter=expression(where, self.columns), search_params={"metric_type": "BM25"},
                                           output_fields=["chunk_id"])
             scores: dict[str, float] = {}
             for (_, weight), row in zip(known, hits):
@@ -780,6 +822,25 @@ def _row(chunk: Chunk) -> dict[str, Any]:
             "metadata": chroma_metadata(chunk), "dense": [float(x) for x in chunk.embedding]}
 
 
+def _add_columns(rows: list[dict[str, Any]], keys: frozenset[str]) -> None:
+    """Each row's filter columns from its metadata: the value when it is a string a column holds, else ""
+    (absent, another type, or too long: ``_column_compares`` sends filters on those to the JSON)."""
+    for row in rows:
+        meta = row["metadata"] or {}
+        for key in keys:
+            value = meta.get(key)
+            row[COLUMN_PREFIX + key] = value if _column_holds(value) else ""
+
+
+def _column_holds(value: Any) -> bool:
+    return isinstance(value, str) and value != "" and len(value.encode("utf-8")) <= TEXT_BYTES
+
+
+def _described_columns(client: Any, name: str) -> frozenset[str]:
+    fields = client.describe_collection(name)["fields"]
+    return frozenset(f["name"][len(COLUMN_PREFIX):] for f in fields if f["name"].startswith(COLUMN_PREFIX))
+
+
 def _shown(meta: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (meta or {}).items() if k != "ordinal"}
 
@@ -815,20 +876,22 @@ _OPERATORS = {"$eq": "==", "$ne": "!=", "$gt": ">", "$gte": ">=", "$lt": "<", "$
 _NOTHING, _EVERYTHING = 'key == ""', 'key != ""'  # no chunk has an empty key
 
 
-def expression(where: dict[str, Any] | None) -> str:
+def expression(where: dict[str, Any] | None, columns: frozenset[str] = frozenset()) -> str:
     """A Chroma-style filter (``flows/resources/filters.py``: ``$and``/``$or``, ``$eq``..``$nin``,
     already validated, access clauses ANDed in) as a Milvus boolean expression over the JSON
-    ``metadata`` field; "" matches everything. Keys and values are escaped literals, so nothing in
-    them can change the expression."""
+    ``metadata`` field, or over a key's column where the collection keeps one (``columns``) and the
+    comparison reads the same there (``_column_compares``); "" matches everything. Keys and values
+    are escaped literals (a column's name is a validated identifier), so nothing in them can change
+    the expression."""
     where = filters.normalize(where)
-    return "" if where is None else _clause(where)
+    return "" if where is None else _clause(where, columns)
 
 
-def _clause(where: dict[str, Any]) -> str:
+def _clause(where: dict[str, Any], columns: frozenset[str]) -> str:
     parts = []
     for key, cond in where.items():
         if key in ("$and", "$or"):
-            inner = [_clause(c) for c in cond]
+            inner = [_clause(c, columns) for c in cond]
             if not inner:
                 parts.append(_EVERYTHING if key == "$and" else _NOTHING)
             else:
@@ -836,14 +899,14 @@ def _clause(where: dict[str, Any]) -> str:
         elif key.startswith("$"):
             raise filters.FilterError(f"unknown filter operator {key!r}")
         elif isinstance(cond, dict):
-            parts.extend(_compare(key, op, value) for op, value in cond.items())
+            parts.extend(_compare(key, op, value, columns) for op, value in cond.items())
         else:
-            parts.append(_compare(key, "$eq", cond))
+            parts.append(_compare(key, "$eq", cond, columns))
     return " and ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
 
 
-def _compare(key: str, op: str, value: Any) -> str:
-    field = f"metadata[{literal(key)}]"
+def _compare(key: str, op: str, value: Any, columns: frozenset[str] = frozenset()) -> str:
+    field = COLUMN_PREFIX + key if key in columns and _column_compares(op, value) else f"metadata[{literal(key)}]"
     if op in ("$in", "$nin"):
         if not value:  # Milvus cannot parse `in []`
             return _NOTHING if op == "$in" else _EVERYTHING
@@ -852,6 +915,19 @@ def _compare(key: str, op: str, value: Any) -> str:
     if op not in _OPERATORS:
         raise filters.FilterError(f"unknown filter operator {op!r} on field {key!r}")
     return f"{field} {_OPERATORS[op]} {literal(value)}"
+
+
+def _column_compares(op: str, value: Any) -> bool:
+    """Whether a key's column answers this comparison as its JSON value does. The column holds the
+    value when it is a non-empty string within its size, else "" (``_add_columns``): so equality and
+    ``$in`` with such strings match the same chunks, and ``$ne``/``$nin`` let the same ones through
+    (a chunk without the key, or with another type, passes both ways); ranges and other values read
+    the JSON."""
+    if op in ("$eq", "$ne"):
+        return _column_holds(value)
+    if op in ("$in", "$nin"):
+        return bool(value) and all(_column_holds(v) for v in value)
+    return False
 
 
 def literal(value: Any) -> str:

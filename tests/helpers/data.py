@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,22 @@ pipelines:
 
 def index_and_search_yaml(batch_size: int = 256, chunk_size: int = 128) -> str:
     return INDEX_AND_SEARCH.replace("BATCH_SIZE", str(batch_size)).replace("CHUNK_SIZE", str(chunk_size))
+
+
+# The default backend's resource lines, and the milvus one that replaces them: one resource, both roles
+# (the only milvus resource, it is bound to `store` and to `sparse`).
+CHROMA_LINES = """  store:    {type: chroma, path: idx/chroma, collection: test}
+  sparse:   {type: bm25, path: idx/bm25}
+"""
+MILVUS_LINES = """  store:    {type: milvus, uri: idx/milvus.db, collection: test}
+"""
+
+
+def milvus_yaml(batch_size: int = 3) -> str:
+    """``index_and_search_yaml`` with only its resource lines changed to one embedded milvus resource."""
+    text = textwrap.dedent(index_and_search_yaml(batch_size=batch_size))
+    assert CHROMA_LINES in text
+    return text.replace(CHROMA_LINES, MILVUS_LINES)
 
 
 # A hybrid query pipeline whose BM25 side reads an opt-in keyword expansion (off until tuned): the

@@ -43,12 +43,18 @@ def snapshot(project_path: Path) -> dict:
     """Everything both indexes and the state hold, in a comparable form (fresh process view)."""
     clear_cache()
     project = load_project(project_path)
-    store, sparse, state = project.resource("store"), project.resource("sparse"), project.resource("state")
-    got = store.collection.get(include=["documents", "metadatas"])
+    store, state = project.resource("store"), project.resource("state")
+    sparse = store if store.type_name() == "milvus" else project.resource("sparse")
+    if store.type_name() == "milvus":  # the engine's rows (one resource, both roles)
+        ids = sorted(store.all_ids())
+        rows = store.rows(ids, ["text", "metadata"])
+        got = {"ids": ids, "documents": [rows[i]["text"] for i in ids], "metadatas": [rows[i]["metadata"] for i in ids]}
+    else:
+        got = store.collection.get(include=["documents", "metadatas"])
     # `modified` is the mtime of the content version that was embedded: a touched but unchanged file
     # keeps it incrementally, while a clean build stamps the current one. Everything else must match.
     metas = [json.dumps({k: v for k, v in m.items() if k != "modified"}, sort_keys=True) for m in got["metadatas"]]
-    chroma = sorted(zip(got["ids"], got["documents"], metas))
+    chroma = sorted(zip(got["ids"], got["documents"], metas))  # the dense store's chunks (Chroma's or Milvus's)
     bm25 = sparse.published_ids()
     snap = {"chroma": chroma, "bm25": sorted(bm25), "state_chunks": sorted(c[0] for c in state.chunk_rows()),
             "sources": state.sources()}

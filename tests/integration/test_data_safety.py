@@ -16,7 +16,7 @@ import pytest
 from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from tests.helpers.data import REPO, index_and_search_yaml, scifact_records, write_jsonl
+from tests.helpers.data import REPO, index_and_search_yaml, milvus_yaml, scifact_records, write_jsonl
 from tests.helpers.harness import snapshot
 
 pytestmark = pytest.mark.integration
@@ -25,12 +25,21 @@ OKAPI = "Okapi BM25 ranks documents by term frequency saturation and document le
 
 
 @pytest.fixture
-def project(make_project, tmp_path):
+def project(make_project, tmp_path, request):
+    """The standard project; parametrized ``milvus``: the same with one milvus resource (both roles)."""
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "b.txt").write_text(OKAPI)
-    path = make_project(index_and_search_yaml())
+    text = index_and_search_yaml()
+    if getattr(request, "param", "chroma") == "milvus":
+        pytest.importorskip("milvus_lite")
+        text = milvus_yaml(batch_size=256)
+    path = make_project(text)
     yield path
     clear_cache()
+
+
+# The mistakes a store could turn into deletions, on both index backends.
+BOTH_BACKENDS = pytest.mark.parametrize("project", ["chroma", "milvus"], indirect=True)
 
 
 def index(project: Path, *extra: str) -> int:
@@ -63,6 +72,7 @@ def test_run_says_what_an_ingestion_pipeline_will_do(project, tmp_path, capsys):
     assert "removes documents no longer found there" in err
 
 
+@BOTH_BACKENDS
 def test_a_moved_folder_deletes_nothing_and_fails(project, tmp_path, capsys):
     docs = tmp_path / "docs"
     assert main(["index", str(docs), "-f", str(project), "--no-prefect"]) == 0
@@ -75,6 +85,7 @@ def test_a_moved_folder_deletes_nothing_and_fails(project, tmp_path, capsys):
     assert hits(project, capsys) == ["docs/b.txt"]
 
 
+@BOTH_BACKENDS
 def test_another_roots_documents_survive_a_run_on_the_pipelines_own_paths(project, tmp_path, capsys):
     """`ragline quickstart` (the pipeline's own paths) after indexing a folder of one's own."""
     mine = tmp_path / "mine"
@@ -88,6 +99,7 @@ def test_another_roots_documents_survive_a_run_on_the_pipelines_own_paths(projec
     assert sorted(hits(project, capsys)) == sorted(["docs/b.txt", "mine/notes.md"])
 
 
+@BOTH_BACKENDS
 def test_a_deleted_file_under_a_listed_root_is_still_removed(project, tmp_path, capsys):
     (tmp_path / "docs" / "c.txt").write_text("Okapi is also an animal related to the giraffe.")
     assert index(project) == 0
@@ -99,6 +111,7 @@ def test_a_deleted_file_under_a_listed_root_is_still_removed(project, tmp_path, 
     assert hits(project, capsys) == ["docs/b.txt"]
 
 
+@BOTH_BACKENDS
 def test_jsonl_records_survive_a_bad_byte_and_a_broken_line(project, tmp_path, capsys):
     records = scifact_records(3)
     corpus = write_jsonl(tmp_path / "docs" / "corpus.jsonl", records)

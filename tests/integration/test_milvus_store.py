@@ -1,14 +1,16 @@
 """The milvus index engine (type: milvus, embedded milvus-lite: Milvus's own engine) behind the same
-pipelines as Chroma + BM25, with only the resource lines changed: incremental runs, kill -9 at write
-boundaries, a lost store repaired, queries that create nothing, and the filter translation checked
-against ``filters.matches`` on the real engine (a quote in a value must not widen the match)."""
+pipelines as Chroma + BM25, with only the resource lines changed: incremental runs, kill -9 at every
+write boundary of the crash-safety suite and at random moments (embedded, and through the managed
+engine that `ragline serve` runs), a lost store repaired, queries that create nothing, and the filter
+translation checked against ``filters.matches`` on the real engine (a quote in a value must not widen
+the match). The data-safety suite runs its store cases on milvus too (test_data_safety.py)."""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import socket
-import textwrap
 import time
 
 import numpy as np
@@ -24,25 +26,14 @@ from ragline.flows.resources.filters import matches  # noqa: E402
 from ragline.flows.resources.milvus import MilvusSpec, MilvusStore  # noqa: E402
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
-from tests.helpers.data import index_and_search_yaml  # noqa: E402
-from tests.helpers.harness import default_corpus, run_child, run_index, write_corpus  # noqa: E402
+from tests.helpers.data import milvus_yaml  # noqa: E402
+from tests.helpers.harness import default_corpus, forked_children, run_child, run_index, write_corpus  # noqa: E402
+from tests.integration.test_crash_safety import FAILPOINTS as CRASH_FAILPOINTS  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-# The default backend's resource lines, and the milvus one that replaces them: one resource, both roles
-# (the only milvus resource, it is bound to `store` and to `sparse`).
-CHROMA_LINES = """  store:    {type: chroma, path: idx/chroma, collection: test}
-  sparse:   {type: bm25, path: idx/bm25}
-"""
-MILVUS_LINES = """  store:    {type: milvus, uri: idx/milvus.db, collection: test}
-"""
-FAILPOINTS = ["index.after_upsert:2", "finalize.after_delete"]
-
-
-def milvus_yaml(batch_size: int = 3) -> str:
-    text = textwrap.dedent(index_and_search_yaml(batch_size=batch_size))
-    assert CHROMA_LINES in text
-    return text.replace(CHROMA_LINES, MILVUS_LINES)
+# The crash-safety suite's failpoints that a milvus run passes (BM25's own files are not written).
+FAILPOINTS = [f for f in CRASH_FAILPOINTS if not f.startswith("bm25.")]
 
 
 def snapshot(project) -> dict:
@@ -148,6 +139,40 @@ def test_killed_run_converges_to_clean_index(failpoint, changed_project, site):
     assert snapshot(changed_project) == site[3]
 
 
+def test_random_kills_converge(changed_project, site):
+    """Runs killed at random moments, several in a row, then one that finishes: the clean index."""
+    rng = random.Random(11)
+    forks = forked_children()
+    for _ in range(3):
+        child = forks.Process(target=run_index, args=(changed_project,))
+        child.start()
+        time.sleep(rng.uniform(1, 6))
+        child.kill()
+        child.join()
+    assert run_child(changed_project).returncode == 0
+    assert snapshot(changed_project) == site[3]
+
+
+@pytest.mark.parametrize("failpoint", ["index.after_upsert:2", "finalize.after_delete"])
+def test_a_run_killed_while_the_managed_engine_serves_the_file_converges(failpoint, changed_project, site):
+    """Under `ragline serve` runs write through the managed engine (flows/ops/milvus_server.py): a run
+    killed mid-write leaves the engine up, and the next run, through it, makes the clean index."""
+    from ragline.flows.ops.milvus_server import ManagedMilvus
+
+    server = ManagedMilvus(changed_project.parent / "idx" / "milvus.db",
+                           logs=changed_project.parent / "logs").start()
+    try:
+        crashed = run_child(changed_project, failpoints=failpoint)
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+        assert server.endpoint is not None  # the engine outlived the run that wrote through it
+        recovered = run_child(changed_project)
+        assert recovered.returncode == 0, recovered.stderr[-2000:]
+        assert snapshot(changed_project) == site[3]  # read through the engine too
+    finally:
+        server.stop()
+    assert snapshot(changed_project) == site[3]  # and from the file, embedded again
+
+
 def test_a_query_creates_no_store(make_project, tmp_path):
     (tmp_path / "docs").mkdir()
     project = make_project(milvus_yaml())
@@ -163,6 +188,8 @@ ROWS = [
     {"lang": "it's", "tag": "a\\b", "ragline_acl_public": True},
     {"lang": "日本 😀", "year": 2022, "draft": False, "ragline_acl.staff": True},
     {"year": 2020, "draft": True},
+    {"lang": 5, "year": 2023},  # another type under a key a column keeps: the column holds ""
+    {"lang": "", "year": 2024},
 ]
 WHERES = [
     {"lang": "en"}, {"lang": {"$ne": "en"}}, {"year": {"$gte": 2020}}, {"year": {"$lt": 2021}},
@@ -171,13 +198,18 @@ WHERES = [
     {"tag": "a\\b"}, {"lang": "日本 😀"}, {'lang"] != "zz" or metadata["lang': "en"},
     {"$or": [{"lang": "de"}, {"$and": [{"year": 2020}, {"draft": True}]}]},
     {"$and": [{"year": {"$gt": 1990}}, {"$or": [{"ragline_acl_public": True}, {"ragline_acl.staff": True}]}]},
+    {"lang": ""}, {"lang": {"$ne": ""}}, {"lang": {"$nin": ["en", ""]}}, {"lang": 5}, {"lang": {"$gt": "e"}},
+    {"$or": [{"lang": {"$in": ["de", "it's"]}}, {"tag": "a\\b"}]},
 ]
+COLUMNS = {"json": [], "columns": ["lang", "tag", "year", "draft"]}  # filter_fields: none, or these keys
 
 
-@pytest.fixture(scope="module")
-def filter_store(tmp_path_factory):
-    store = MilvusStore(MilvusSpec(type="milvus", uri="filters.db", collection="filters"),
-                        tmp_path_factory.mktemp("milvus-filters"))
+@pytest.fixture(scope="module", params=sorted(COLUMNS))
+def filter_store(tmp_path_factory, request):
+    """The rows in a collection whose filters read the JSON metadata only, or columns of some keys
+    (``filter_fields``, where a comparison reads the same there)."""
+    store = MilvusStore(MilvusSpec(type="milvus", uri="filters.db", collection="filters",
+                                   filter_fields=COLUMNS[request.param]), tmp_path_factory.mktemp("milvus-filters"))
     store.upsert([Chunk(chunk_id=f"c{i}", source_id=f"s{i}", ordinal=0, text=f"text {i}", metadata=meta,
                         embedding=[1.0, float(i), 0.5, 0.25]) for i, meta in enumerate(ROWS)])
     yield store
@@ -186,12 +218,37 @@ def filter_store(tmp_path_factory):
 
 @pytest.mark.parametrize("where", WHERES, ids=[json.dumps(w, ensure_ascii=False) for w in WHERES])
 def test_engine_filters_like_python(filter_store, where):
-    """Dense and BM25 searches on the engine match exactly the rows ``filters.matches`` accepts."""
+    """Dense and BM25 searches and counts on the engine match exactly the rows ``filters.matches``
+    accepts, whether a key is read from its column or from the JSON."""
     expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
+    assert filter_store.count(where) == len(expected)
     dense = filter_store.query(np.array([[1.0, 1.0, 0.5, 0.25]]), 100, where=where)[0]
     assert {p.chunk_id for p in dense} == expected
     sparse = filter_store.search(["text"], 100, where=where)[0]
     assert {h[0] for h in sparse} == expected
+
+
+def test_a_collection_from_before_the_filter_columns_filters_then_is_rebuilt_with_them(tmp_path):
+    """A collection made without columns (an older ragline, or other ``filter_fields``) filters from
+    the JSON; the next ingestion's ``sync`` rebuilds it from its own rows with the configured columns."""
+    from types import SimpleNamespace
+
+    from ragline.flows.resources.milvus import expression
+
+    old = MilvusStore(MilvusSpec(type="milvus", uri="f.db", collection="c", filter_fields=[]), tmp_path)
+    old.upsert([Chunk(chunk_id=f"c{i}", source_id=f"s{i}", ordinal=0, text=f"text {i}", metadata=meta,
+                      embedding=[1.0, float(i), 0.5, 0.25]) for i, meta in enumerate(ROWS)])
+    old.close()
+    where = {"lang": {"$in": ["de", "it's"]}}
+    expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
+    store = MilvusStore(MilvusSpec(type="milvus", uri="f.db", collection="c", filter_fields=["lang"]), tmp_path)
+    assert {h[0] for h in store.search(["text"], 100, where=where)[0]} == expected
+    assert store.columns == frozenset() and "metadata[" in expression(where, store.columns)
+    assert store.sync(SimpleNamespace(generation=7)) is True
+    assert store.columns == {"lang"} and expression(where, store.columns).startswith("m_lang in")
+    assert {h[0] for h in store.search(["text"], 100, where=where)[0]} == expected
+    assert store.count() == len(ROWS) and store.published_version()["generation"] == 7
+    store.close()
 
 
 # ------------------------------------------------------------------------------------------------ server mode
