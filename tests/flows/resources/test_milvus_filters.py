@@ -79,6 +79,34 @@ def test_access_clause_is_anded_with_the_request():
         f'((metadata["{PUBLIC_KEY}"] == true) or (metadata["{group_key("staff")}"] == true))')
 
 
+COLUMNS = frozenset({"file_name", "lang"})
+
+
+@pytest.mark.parametrize("where, expected", [
+    ({"file_name": "a.md"}, 'm_file_name == "a.md"'),
+    ({"file_name": {"$in": ["a.md", 'b".md']}}, 'm_file_name in ["a.md", "b\\".md"]'),
+    ({"file_name": {"$nin": ["a.md"]}}, 'm_file_name not in ["a.md"]'),
+    ({"file_name": {"$ne": "a.md"}}, 'm_file_name != "a.md"'),
+    # the column holds "" for a chunk without the key or with another type: these read the JSON
+    ({"file_name": ""}, 'metadata["file_name"] == ""'),
+    ({"file_name": {"$in": ["a.md", ""]}}, 'metadata["file_name"] in ["a.md", ""]'),
+    ({"file_name": 3}, 'metadata["file_name"] == 3'),
+    ({"file_name": {"$gt": "a"}}, 'metadata["file_name"] > "a"'),
+    ({"file_name": "x" * 70_000}, f'metadata["file_name"] == "{"x" * 70_000}"'),  # over a column's bytes
+    ({"format": "pdf"}, 'metadata["format"] == "pdf"'),  # no column of that key
+    ({"$or": [{"lang": "en"}, {"year": 1}]}, '(m_lang == "en") or (metadata["year"] == 1)'),
+])
+def test_a_key_kept_as_a_column_is_read_there_when_it_reads_the_same(where, expected):
+    assert expression(where, COLUMNS) == expected
+
+
+def test_filter_fields_are_identifiers():
+    assert MilvusSpec(type="milvus").filter_fields == ["source", "root", "file_name", "format"]
+    for bad in (["a b"], ['x"]'], ["1st"], ["dup", "dup"]):
+        with pytest.raises(ValueError, match="filter field"):
+            MilvusSpec(type="milvus", filter_fields=bad)
+
+
 def test_spec_rejects_an_unknown_uri_and_collection_name():
     with pytest.raises(ValueError, match="neither a milvus-lite file"):
         MilvusSpec(type="milvus", uri="/data/milvus")
