@@ -108,6 +108,7 @@ def plan(documents: list[Document], failures: list[Failure], covered: list[Cover
     """Decide what changed since the last run, after repairing an interrupted one and any store
     that no longer agrees with the state."""
     check_roles(store, sparse)
+    integrity.resume(store)  # first: an interrupted restore would read as missing chunks and be re-embedded
     if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
         reconcile(store, state, ctx.logger.warning)
     integrity.repair(integrity.compare(store, sparse, state, writer=True), store, sparse, state, ctx.logger.warning)

@@ -55,6 +55,15 @@ class Finding:
         return f"{self.store}: {self.message} ({how})"
 
 
+def resume(store: ChromaStore) -> bool:
+    """Let the store finish an operation of its own that a kill interrupted (milvus: a rebuild whose
+    rows were being restored from their whole copy), before it is compared with the state: compared
+    first, the rows not yet restored would read as lost and be re-embedded. True if it finished one.
+    The caller holds the writer lease."""
+    finish = getattr(store, "resume", None)
+    return bool(finish()) if finish is not None else False
+
+
 def compare(store: ChromaStore, sparse: BM25Index | None, state: IndexState, *, full: bool = False,
             embedder_key: str | None = None, writer: bool = False) -> list[Finding]:
     """Every disagreement found; cheap unless ``full``. A damaged state stops the comparison.

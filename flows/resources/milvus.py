@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Literal, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ragline.flows import failpoints
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import ConfigError, DependencyUnavailable, InputError
 from ragline.flows.resources import filters
@@ -53,10 +54,11 @@ TEXT_BYTES = 65_535  # Milvus VARCHAR limit (bytes)
 ID_PAGE = 1_000  # keys per `key in [...]` expression
 WEIGHTED_DEPTH = 16_384  # hits per term of a weighted query (Milvus's largest search limit)
 TERMS_FORMAT = 1  # how the `terms` field is written (analyzer ragline); a change rebuilds collections
-META_SUFFIX = "_ragline"
+META_SUFFIX = "_ragline"  # side collection: embedder key, published generation, BM25 settings, rebuild phase
 COLUMN_PREFIX = "m_"  # a metadata key kept as a typed column too (``filter_fields``): ``m_<key>``
 FILTER_FIELDS = ["source", "root", "file_name", "format"]  # the loader's provenance keys: on every document
-REBUILD_SUFFIX = "_rebuild"  # the rows while the collection is made again with other BM25 settings  # side collection: embedder key, published generation, BM25 settings
+REBUILD_SUFFIX = "_rebuild"  # the rows while the collection is made again with other settings
+REBUILD_PHASE = "rebuild"  # side-collection key: "restoring" while the rows come back from <name>_rebuild
 _METRIC = {"cosine": "COSINE", "ip": "IP", "l2": "L2"}
 
 
@@ -366,30 +368,63 @@ class MilvusStore(Owned, Resource):
             log.info("%s: created (%d dimensions)", self.location, dim)
 
     def _rebuild(self) -> None:
-        """The collection made again with the configured BM25 settings from its own rows (vectors,
-        text and metadata kept; nothing re-embedded). Milvus fixes a field's analyzer at creation
-        and milvus-lite cannot rename a collection: the rows go to ``<name>_rebuild``, the collection
-        is dropped and created anew, and the rows come back. The new settings are recorded only once
-        the new collection exists, so the old analyzer's rows are never read as the new one's; a crash
-        midway leaves fewer rows than the state names, which the next run's integrity check re-indexes."""
+        """The collection made again with the configured BM25 settings and filter columns from its own
+        rows (vectors, text and metadata kept; nothing re-embedded). Milvus fixes a field's analyzer at
+        creation and milvus-lite cannot rename a collection: the rows go to ``<name>_rebuild``, the side
+        collection records that the copy is whole (``rebuild: restoring``), the collection is dropped and
+        created anew, and the rows come back. Killed before that record, the collection is the truth and
+        the copy is dropped; after it, the copy is, and the next writer finishes the restore (``resume``)
+        before it reads or writes anything, so a crash never costs a re-embedding."""
         client = self._connect()
         name, temp = self.name, self.name + REBUILD_SUFFIX
         with self._lock:
             fields = client.describe_collection(name)["fields"]
             dim = int(next(f for f in fields if f["name"] == "dense")["params"]["dim"])
-            if client.has_collection(temp):  # a rebuild that crashed: the collection itself is the truth
+            if client.has_collection(temp):  # a rebuild killed while copying out: the collection is the truth
                 client.drop_collection(temp)
             self._create(client, dim, temp)
             client.load_collection(temp)
             copied = self._copy(name, temp)
+            self._put_meta({REBUILD_PHASE: "restoring"})
             client.drop_collection(name)
             self._ready.discard(name)
+            failpoints.hit("milvus.after_drop")
+            self._restore(client, dim)
+        log.warning("%s: rebuilt with BM25 settings %s and filter columns %s (%d chunks copied)", self.location,
+                    self.settings, sorted(self.spec.filter_fields), copied)
+
+    def _restore(self, client: Any, dim: int) -> None:
+        """Fill the collection (made with the configured settings if absent) from ``<name>_rebuild``,
+        which holds every row, then drop that copy and the record of the restore."""
+        name, temp = self.name, self.name + REBUILD_SUFFIX
+        if not client.has_collection(name):
             self._create(client, dim)
-            client.load_collection(name)
-            self._ready.add(name)
-            self._copy(temp, name)
-            client.drop_collection(temp)
-        log.warning("%s: rebuilt with BM25 settings %s (%d chunks copied)", self.location, self.settings, copied)
+        client.load_collection(name)
+        self._columns[name] = _described_columns(client, name)
+        self._ready.add(name)
+        client.load_collection(temp)
+        self._copy(temp, name)
+        client.drop_collection(temp)
+        self._put_meta({REBUILD_PHASE: ""})
+
+    def resume(self) -> bool:
+        """Finish a rebuild that was killed while restoring the rows (``_rebuild``). The ingestion run
+        calls it under its writer lease before its integrity check, which would otherwise find rows
+        missing and re-embed them; readers never write."""
+        if self._get_meta().get(REBUILD_PHASE) != "restoring":
+            return False
+        client = self._connect()
+        temp = self.name + REBUILD_SUFFIX
+        with self._lock:
+            if not client.has_collection(temp):  # the restore finished; only its record was left
+                self._put_meta({REBUILD_PHASE: ""})
+                return False
+            fields = client.describe_collection(temp)["fields"]
+            dim = int(next(f for f in fields if f["name"] == "dense")["params"]["dim"])
+            log.warning("%s: finishing a rebuild that was interrupted (the rows come back from %s)",
+                        self.location, temp)
+            self._restore(client, dim)
+            return True
 
     def _copy(self, source: str, target: str) -> int:
         """Every row of ``source`` into ``target`` (its terms and filter columns written anew), in pages."""
@@ -404,6 +439,7 @@ class MilvusStore(Owned, Resource):
                 _add_columns(rows, self._columns[target])
                 client.upsert(target, rows)
                 copied += len(rows)
+                failpoints.hit("milvus.copied_out" if target.endswith(REBUILD_SUFFIX) else "milvus.copied_back")
         finally:
             iterator.close()
         return copied

@@ -65,6 +65,9 @@ def check(project: Any, repair: bool, say: Callable[[str], Any], reindex: Callab
             remaining += findings
             continue
         with state.lease("ragline check --repair"):
+            if integrity.resume(store):  # an interrupted rebuild finished: what is still wrong, if anything
+                say(f"finished an interrupted rebuild of {store.location}")
+                findings = integrity.compare(store, sparse, state, full=True, embedder_key=key)
             integrity.repair(findings, store, sparse, state, say)
         if any(f.repair in ("reconcile", "reembed_all") for f in findings):
             for pipeline in index.pipelines:

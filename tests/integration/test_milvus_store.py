@@ -173,6 +173,32 @@ def test_a_run_killed_while_the_managed_engine_serves_the_file_converges(failpoi
     assert snapshot(changed_project) == site[3]  # and from the file, embedded again
 
 
+@pytest.mark.parametrize("failpoint", ["milvus.copied_out:2", "milvus.after_drop", "milvus.copied_back:2"])
+def test_a_rebuild_killed_at_any_point_finishes_without_re_embedding(failpoint, make_project, tmp_path, capsys):
+    """A collection made without filter columns (an older ragline) is rebuilt with them by the next run's
+    ``sync``: killed while copying its rows out, the collection is still whole; killed after dropping it
+    or while copying them back, the whole copy is, and the next run restores from it before its integrity
+    check. Either way the next run re-embeds nothing and the index equals a clean build."""
+    default_corpus(tmp_path / "docs", n=6)
+    old = milvus_yaml(batch_size=4).replace("collection: test}", "collection: test, write_batch_size: 3, "
+                                                                   "filter_fields: []}")
+    project = make_project(old)
+    first = run_index(project)
+    assert first.failed == 0 and first.chunks_written > 6  # several pages of rows to copy
+    before = snapshot(project)
+    project.write_text(old.replace(", filter_fields: []", ""))  # this version's default columns
+
+    crashed = run_child(project, failpoints=failpoint)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    report = run_index(project)
+    assert (report.added, report.updated, report.deleted, report.chunks_written) == (0, 0, 0, 0), report
+    assert snapshot(project) == before
+    clear_cache()
+    store = load_project(project).resource("store")
+    assert store.count() == len(before["chunks"]) and store.columns == {"source", "root", "file_name", "format"}
+    assert check(project, capsys) == (0, "ok: every store agrees with the index state\n")
+
+
 def test_a_query_creates_no_store(make_project, tmp_path):
     (tmp_path / "docs").mkdir()
     project = make_project(milvus_yaml())
