@@ -62,6 +62,21 @@ def snapshot(project_path: Path) -> dict:
     return snap
 
 
+def kill_at_random(project_path: Path, seed: int, times: int = 3) -> None:
+    """Start ``times`` index runs one after the other, each killed at a random moment (1-6 s in)."""
+    import random
+    import time
+
+    rng = random.Random(seed)
+    forks = forked_children()
+    for _ in range(times):
+        child = forks.Process(target=run_index, args=(project_path,))
+        child.start()
+        time.sleep(rng.uniform(1, 6))  # a forked child starts working at once
+        child.kill()
+        child.join()
+
+
 def run_child(project_path: Path, failpoints: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the index pipeline in a new process (``fork_index``), optionally armed to SIGKILL itself
     at a failpoint; its output is the result's stdout and stderr."""

@@ -2,6 +2,7 @@
 `ragline serve` in a subprocess, and its deployments and runs over the Prefect REST API."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -91,6 +93,16 @@ def _start(project: Path, prefect_api: str, log: Path, api: bool = True) -> tupl
         time.sleep(0.2)
     _stop(process)
     raise TimeoutError(f"ragline serve did not start: {log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def serving(project: Path, prefect_api: str) -> Iterator[str]:
+    """`ragline serve` on ``project`` (its log beside it, serve.log) for the life of the block: its API's URL."""
+    process, url = _start(project, prefect_api, project.parent / "serve.log")
+    try:
+        yield url
+    finally:
+        _stop(process)
 
 
 def _stop(process: subprocess.Popen) -> None:

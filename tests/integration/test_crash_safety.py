@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import signal
 import sqlite3
 import textwrap
-import time
 
 import pytest
 
@@ -15,7 +13,7 @@ from ragline.flows.resources import clear_cache
 from ragline.flows.spec.compile import load_project
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.postgres import new_schema
-from tests.helpers.harness import default_corpus, forked_children, run_child, run_index, snapshot, write_corpus
+from tests.helpers.harness import default_corpus, kill_at_random, run_child, run_index, snapshot, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -116,14 +114,7 @@ def test_killed_run_on_a_postgres_state_converges_to_clean_index(failpoint, chan
 
 def test_random_kills_converge(changed_project, clean):
     """Kill runs at random moments, several times in a row, then let one finish."""
-    rng = random.Random(7)
-    forks = forked_children()
-    for _ in range(3):
-        child = forks.Process(target=run_index, args=(changed_project,))
-        child.start()
-        time.sleep(rng.uniform(1, 6))  # a forked child starts working at once
-        child.kill()
-        child.join()
+    kill_at_random(changed_project, seed=7)
     assert run_child(changed_project).returncode == 0
     assert snapshot(changed_project) == clean
 

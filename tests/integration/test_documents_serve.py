@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.integration.api.test_documents import DOCX, MD, PDF, PIPELINES
-from tests.integration.serving import AUTH, _start, _stop
+from tests.integration.serving import AUTH, serving
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +29,8 @@ def project(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(project, prefect_api):
-    process, url = _start(project, prefect_api, project.parent / "serve.log")
-    try:
+    with serving(project, prefect_api) as url:
         yield url
-    finally:
-        _stop(process)
 
 
 def documents(url: str) -> dict[str, dict]:

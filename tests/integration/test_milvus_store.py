@@ -7,7 +7,6 @@ the match). The data-safety suite runs its store cases on milvus too (test_data_
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import signal
 import socket
@@ -27,7 +26,7 @@ from ragline.flows.resources.milvus import MilvusSpec, MilvusStore  # noqa: E402
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
 from tests.helpers.data import milvus_yaml  # noqa: E402
-from tests.helpers.harness import default_corpus, forked_children, run_child, run_index, write_corpus  # noqa: E402
+from tests.helpers.harness import default_corpus, kill_at_random, run_child, run_index, write_corpus  # noqa: E402
 from tests.integration.test_crash_safety import FAILPOINTS as CRASH_FAILPOINTS  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -141,14 +140,7 @@ def test_killed_run_converges_to_clean_index(failpoint, changed_project, site):
 
 def test_random_kills_converge(changed_project, site):
     """Runs killed at random moments, several in a row, then one that finishes: the clean index."""
-    rng = random.Random(11)
-    forks = forked_children()
-    for _ in range(3):
-        child = forks.Process(target=run_index, args=(changed_project,))
-        child.start()
-        time.sleep(rng.uniform(1, 6))
-        child.kill()
-        child.join()
+    kill_at_random(changed_project, seed=11)
     assert run_child(changed_project).returncode == 0
     assert snapshot(changed_project) == site[3]
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.helpers.data import scifact_records, write_jsonl
-from tests.integration.serving import (AUTH, FINAL, TOKEN as AUTH_TOKEN, _create_flow_run, _deployment, _start, _stop,
+from tests.integration.serving import (AUTH, FINAL, TOKEN as AUTH_TOKEN, _create_flow_run, _deployment, serving,
                                           _wait_flow_run, _wait_status)
 
 pytestmark = pytest.mark.integration
@@ -76,11 +76,8 @@ def project(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def served(project, prefect_api):
     """`ragline serve` on a project that was never indexed."""
-    process, url = _start(project, prefect_api, project.parent / "serve.log")
-    try:
+    with serving(project, prefect_api) as url:
         yield url
-    finally:
-        _stop(process)
 
 
 def query(served: str, pipeline: str, question: str) -> list[dict]:

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("milvus_lite")
 
 from tests.helpers.data import scifact_records, write_jsonl  # noqa: E402
-from tests.integration.serving import _create_flow_run, _deployment, _start, _stop, _wait_flow_run  # noqa: E402
+from tests.integration.serving import _create_flow_run, _deployment, _wait_flow_run, serving  # noqa: E402
 from tests.integration.test_served_index import (AXOLOTL, OKAPI, PIPELINES as CHROMA_PIPELINES, ZEBRAFISH,  # noqa: E402
                                                   documents, ingest, query, sources, the)
 
@@ -44,11 +44,8 @@ def project(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(project, prefect_api):
-    process, url = _start(project, prefect_api, project.parent / "serve.log")
-    try:
+    with serving(project, prefect_api) as url:
         yield url
-    finally:
-        _stop(process)
 
 
 def database(project: Path) -> Path:
