@@ -63,14 +63,18 @@ AXOLOTL = "# Zebrafish\n\nAxolotl salamanders regrow whole limbs, a trick zebraf
 OKAPI = "# Okapi\n\nThe okapi is a forest giraffid of the Congo with striped legs.\n"
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("served-index")
+def write_project(root: Path, pipelines: str) -> Path:
+    """This module's corpus (12 SciFact records and zebrafish.md) under ``root``, with ``pipelines``."""
     write_jsonl(root / "docs" / "corpus.jsonl", scifact_records(12))
     (root / "docs" / "zebrafish.md").write_text(ZEBRAFISH)
     path = root / "pipelines.yaml"
-    path.write_text(textwrap.dedent(PIPELINES))
+    path.write_text(textwrap.dedent(pipelines))
     return path
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return write_project(tmp_path_factory.mktemp("served-index"), PIPELINES)
 
 
 @pytest.fixture(scope="module")

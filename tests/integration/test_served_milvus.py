@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -17,10 +16,9 @@ import pytest
 
 pytest.importorskip("milvus_lite")
 
-from tests.helpers.data import scifact_records, write_jsonl  # noqa: E402
 from tests.integration.serving import _create_flow_run, _deployment, _wait_flow_run, serving  # noqa: E402
-from tests.integration.test_served_index import (AXOLOTL, OKAPI, PIPELINES as CHROMA_PIPELINES, ZEBRAFISH,  # noqa: E402
-                                                  documents, ingest, query, sources, the)
+from tests.integration.test_served_index import (AXOLOTL, OKAPI, PIPELINES as CHROMA_PIPELINES,  # noqa: E402
+                                                  documents, ingest, query, sources, the, write_project)
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +32,7 @@ PIPELINES = CHROMA_PIPELINES.replace("""  store:    {type: chroma, path: idx/chr
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     assert "milvus" in PIPELINES
-    root = tmp_path_factory.mktemp("served-milvus")
-    write_jsonl(root / "docs" / "corpus.jsonl", scifact_records(12))
-    (root / "docs" / "zebrafish.md").write_text(ZEBRAFISH)
-    path = root / "pipelines.yaml"
-    path.write_text(textwrap.dedent(PIPELINES))
-    return path
+    return write_project(tmp_path_factory.mktemp("served-milvus"), PIPELINES)
 
 
 @pytest.fixture(scope="module")
