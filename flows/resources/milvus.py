@@ -378,8 +378,7 @@ class MilvusStore(Owned, Resource):
         client = self._connect()
         name, temp = self.name, self.name + REBUILD_SUFFIX
         with self._lock:
-            fields = client.describe_collection(name)["fields"]
-            dim = int(next(f for f in fields if f["name"] == "dense")["params"]["dim"])
+            dim = _dimension(client, name)
             if client.has_collection(temp):  # a rebuild killed while copying out: the collection is the truth
                 client.drop_collection(temp)
             self._create(client, dim, temp)
@@ -400,9 +399,8 @@ class MilvusStore(Owned, Resource):
         name, temp = self.name, self.name + REBUILD_SUFFIX
         if client.has_collection(name):
             client.drop_collection(name)
-        self._create(client, dim)
+        self._create(client, dim)  # (records the columns it made)
         client.load_collection(name)
-        self._columns[name] = _described_columns(client, name)
         self._ready.add(name)
         client.load_collection(temp)
         self._copy(temp, name)
@@ -421,8 +419,7 @@ class MilvusStore(Owned, Resource):
             if not client.has_collection(temp):  # the restore finished; only its record was left
                 self._put_meta({REBUILD_PHASE: ""})
                 return False
-            fields = client.describe_collection(temp)["fields"]
-            dim = int(next(f for f in fields if f["name"] == "dense")["params"]["dim"])
+            dim = _dimension(client, temp)
             log.warning("%s: finishing a rebuild that was interrupted (the rows come back from %s)",
                         self.location, temp)
             self._restore(client, dim)
@@ -874,6 +871,12 @@ def _add_columns(rows: list[dict[str, Any]], keys: frozenset[str]) -> None:
 
 def _column_holds(value: Any) -> bool:
     return isinstance(value, str) and value != "" and len(value.encode("utf-8")) <= TEXT_BYTES
+
+
+def _dimension(client: Any, name: str) -> int:
+    """The collection's vector dimension (its ``dense`` field)."""
+    fields = client.describe_collection(name)["fields"]
+    return int(next(f for f in fields if f["name"] == "dense")["params"]["dim"])
 
 
 def _described_columns(client: Any, name: str) -> frozenset[str]:
