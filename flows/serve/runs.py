@@ -9,7 +9,7 @@ runs beside the Prefect runner serving the file's deployments (``flows/serve/ser
   ingestion pipeline of the file with the same state DB) is pending, running or due to start
   (checked on the Prefect API), or while the index's writer lease is held (a ``ragline index``
   run, a run of another server). 404: no such pipeline; 400: a query pipeline; 503: not deployed
-  or the Prefect API is unreachable. Concurrent requests are serialised, so two POSTs can never
+  or the Prefect API is unreachable or has not answered within 20 s (``Retry-After``). Concurrent requests are serialised, so two POSTs can never
   both start a run.
 - ``GET /v1/runs/{id}`` reports a run of this file's pipelines (deployment-triggered, scheduled,
   or ``ragline index``): state, times, the persisted JSON result once completed (the IndexReport
@@ -36,6 +36,7 @@ import asyncio
 import datetime
 import sqlite3
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -58,6 +59,7 @@ from ragline.flows.resources.state import StorageError, StoreDamaged
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started
 LEASE_STALE_SECONDS = 30.0  # as IndexState.lease: a holder silent this long has lost the lease
+PREFECT_DEADLINE_SECONDS = 20.0  # an API answer that needs the Prefect API waits this long for it at most
 PROGRESS_WAIT = 10.0  # seconds a status poll spends on the progress courtesy at most
 STATUS_READ_WAIT = 2.0  # seconds a status poll waits on a committing writer before it goes without the count
 MAX_LISTED_RUNS = 100  # the most runs one GET /v1/runs lists
@@ -217,10 +219,14 @@ class _Runs:
         if by_id:
             deployments = FlowRunFilterDeploymentId(any_=list(by_id))
             due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=DUE_SLACK_SECONDS)
+            # One query for both (a run due now or started): with two, a run leaving SCHEDULED for PENDING
+            # between them was seen by neither and a second run started beside it. A started run was due
+            # (its expected start is past); the second filter catches one started ahead of its schedule.
             filters = [
-                FlowRunFilter(deployment_id=deployments, state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(ACTIVE)))),
-                FlowRunFilter(deployment_id=deployments, state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"])),
+                FlowRunFilter(deployment_id=deployments,
+                              state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED", *ACTIVE])),
                               expected_start_time=FlowRunFilterExpectedStartTime(before_=due)),
+                FlowRunFilter(deployment_id=deployments, state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(ACTIVE)))),
             ]
             for flow_run_filter in filters:
                 runs = await client.read_flow_runs(flow_run_filter=flow_run_filter, sort=FlowRunSort.START_TIME_DESC,
@@ -255,21 +261,19 @@ class _Runs:
                                 f"ingestion pipelines only", param="pipeline", code="not_an_ingestion_pipeline")
         from prefect.client.orchestration import get_client
 
+        async def create() -> Any:
+            async with get_client() as client:
+                deployment = await self.deployment_id(client, name)
+                if deployment is None:
+                    raise ApiError(503, f"pipeline '{name}' is not deployed: run `ragline serve` for this file",
+                                   "service_unavailable_error", code="not_deployed")
+                busy = await self.running(client, name)
+                if busy is not None:
+                    raise ApiError(409, busy, code="index_busy")
+                return await client.create_flow_run_from_deployment(deployment, tags=["ragline-api"])
+
         async with self.lock:
-            try:
-                async with get_client() as client:
-                    deployment = await self.deployment_id(client, name)
-                    if deployment is None:
-                        raise ApiError(503, f"pipeline '{name}' is not deployed: run `ragline serve` for this file",
-                                       "service_unavailable_error", code="not_deployed")
-                    busy = await self.running(client, name)
-                    if busy is not None:
-                        raise ApiError(409, busy, code="index_busy")
-                    return await client.create_flow_run_from_deployment(deployment, tags=["ragline-api"])
-            except ApiError:
-                raise
-            except Exception as exc:
-                raise _prefect_down(exc) from None
+            return await within_prefect_deadline(create(), started=name)
 
     async def recent(self, client: Any, pipelines: list[str], states: list[str] | None, limit: int) -> list[Any]:
         """Up to ``limit`` of this file's runs of ``pipelines``, newest first: its deployments' runs
@@ -552,14 +556,12 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
         principal = principal_of(http)
         names = _listed_pipelines(project, pipeline, principal)
         states = _listed_states(state)
-        try:
+        async def listed() -> list[Any]:
             async with get_client() as client:
                 await runs.learn_deployments(client)
-                found = await runs.recent(client, names, states, limit)
-        except ApiError:
-            raise
-        except Exception as exc:
-            raise _prefect_down(exc) from None
+                return await runs.recent(client, names, states, limit)
+
+        found = await within_prefect_deadline(listed())
         return RunList(runs=[runs.summary(flow_run) for flow_run in found])
 
     @router.get("/runs/{run_id}", response_model=RunStatus,
@@ -573,7 +575,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
             flow_run_id = UUID(run_id)
         except ValueError:
             raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
-        try:
+        async def read() -> RunStatus:
             async with get_client() as client:
                 await runs.learn_deployments(client)
                 try:
@@ -591,17 +593,34 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                 if not principal.may("ingest", collections_of(pipeline)):
                     status = without_failure_details(status)
                 return status
-        except ApiError:
-            raise
-        except Exception as exc:
-            raise _prefect_down(exc) from None
+
+        return await within_prefect_deadline(read())
 
     return router
 
 
+async def within_prefect_deadline(call: Coroutine[Any, Any, Any], *, started: str | None = None) -> Any:
+    """``call`` (which talks to the Prefect API), or a 503 ``prefect_unavailable`` once it has taken
+    ``PREFECT_DEADLINE_SECONDS``: Prefect's client waits 60 s for each answer and retries a timeout
+    five times, so a server starved by an ingestion run held a status poll for minutes. ``started``:
+    the pipeline whose run ``call`` creates (the answer then says one may have been created)."""
+    try:
+        return await asyncio.wait_for(call, PREFECT_DEADLINE_SECONDS)
+    except ApiError:
+        raise
+    except TimeoutError:
+        maybe = (f"; a run of '{started}' may have been created: GET /v1/runs?pipeline={started} lists it"
+                 if started else "")
+        raise ApiError(503, f"the Prefect API did not answer within {PREFECT_DEADLINE_SECONDS:g} s (busy or "
+                            f"down); try again{maybe}", "service_unavailable_error", code="prefect_unavailable",
+                       headers={"Retry-After": "5"}) from None
+    except Exception as exc:
+        raise _prefect_down(exc) from None
+
+
 def _prefect_down(exc: BaseException) -> ApiError:
     return ApiError(503, f"the Prefect API did not answer: {type(exc).__name__}", "service_unavailable_error",
-                    code="prefect_unavailable")
+                    code="prefect_unavailable", headers={"Retry-After": "5"})
 
 
 def _collection_pipeline(project: Project, request: IngestRequest) -> str:

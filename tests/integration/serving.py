@@ -158,8 +158,13 @@ def _wait_flow_run(prefect_api: str, run_id: str, timeout: float = 180) -> dict:
 
 def _wait_status(served: str, run_id: str, until: set[str], timeout: float = 180) -> dict:
     deadline = time.monotonic() + timeout
+    status: dict = {"state": "not read yet"}
     while time.monotonic() < deadline:
-        status = httpx.get(f"{served}/v1/runs/{run_id}", headers=AUTH, timeout=30).json()
+        answer = httpx.get(f"{served}/v1/runs/{run_id}", headers=AUTH, timeout=30)
+        if answer.status_code == 503 and answer.json()["error"]["code"] == "prefect_unavailable":
+            time.sleep(1)  # a Prefect server starved by the run: the API says so within its deadline
+            continue
+        status = answer.json()
         if status["state"] in until:
             return status
         time.sleep(0.3)

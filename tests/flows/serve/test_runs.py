@@ -1,12 +1,22 @@
-"""An ingestion run's failure details (document ids, reasons) go only to those who may ingest."""
+"""flows/serve/runs.py: an ingestion run's failure details (document ids, reasons) go only to those
+who may ingest; the busy check sees a run at every point of its start; a silent Prefect API is a 503."""
+import asyncio
+import contextlib
+import datetime
+import socket
 import textwrap
+import threading
+import time
+import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from ragline.flows.contracts import Failure, IndexReport
 from ragline.flows.serve.principals import Principal, collections_of
 from ragline.flows.serve.query_service import ApiError
-from ragline.flows.serve.runs import RunStatus, _listed_pipelines, _listed_states, without_failure_details
+from ragline.flows.serve import runs as runs_module
+from ragline.flows.serve.runs import RunStatus, _listed_pipelines, _listed_states, _Runs, without_failure_details
 from ragline.flows.spec.compile import load_project
 from tests.flows.spec.test_collections import PIPELINES, RESOURCES
 
@@ -81,3 +91,74 @@ def test_an_unknown_state_names_the_field(given):
     with pytest.raises(ApiError) as refused:
         _listed_states(given)
     assert refused.value.status == 400 and refused.value.param == "state"
+
+
+# -- starting a run: the busy check, and a Prefect API that does not answer
+
+class _RunMovingOn:
+    """A Prefect client whose one run of the deployment leaves SCHEDULED for PENDING right after
+    the first query: the moment the runner picks it up, which no test can time on a real server."""
+
+    def __init__(self, deployment):
+        now = datetime.datetime.now(datetime.UTC)
+        self.run = SimpleNamespace(id=uuid.uuid4(), deployment_id=deployment, start_time=None, expected_start_time=now,
+                                   state=SimpleNamespace(type="SCHEDULED", name="Scheduled"))
+        self.queries = 0
+
+    async def read_flow_runs(self, flow_run_filter, sort, limit):
+        run, wanted = self.run, flow_run_filter.state.type.any_
+        due = flow_run_filter.expected_start_time
+        found = [run] if run.state.type in wanted and (due is None or run.expected_start_time < due.before_) else []
+        self.queries += 1
+        run.state = SimpleNamespace(type="PENDING", name="Pending")
+        return found
+
+
+def test_a_run_picked_up_while_the_busy_check_reads_is_still_seen(project):
+    runs = _Runs(project)
+    runs.deployment_ids = {name: uuid.uuid4() for name in project.pipelines}
+    client = _RunMovingOn(runs.deployment_ids["index@handbook"])
+    busy = asyncio.run(runs.running(client, "index@handbook"))
+    assert busy is not None and str(client.run.id) in busy
+
+
+@pytest.fixture
+def silent_prefect():
+    """A Prefect API that accepts connections and never answers (a server starved or stuck)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/api"
+    stop.set()
+    thread.join()
+    for connection in held:
+        connection.close()
+    server.close()
+
+
+def test_a_prefect_api_that_does_not_answer_is_a_503_within_the_deadline(silent_prefect, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setattr(runs_module, "PREFECT_DEADLINE_SECONDS", 1.0)
+
+    async def read() -> None:
+        async with get_client() as client:
+            await client.read_flow_run(uuid.uuid4())
+
+    started = time.monotonic()
+    with temporary_settings({PREFECT_API_URL: silent_prefect}), pytest.raises(ApiError) as refused:
+        asyncio.run(runs_module.within_prefect_deadline(read(), started="index"))
+    assert time.monotonic() - started < 10  # Prefect's client alone waits 60 s, then retries
+    error = refused.value
+    assert error.status == 503 and error.code == "prefect_unavailable" and error.headers["Retry-After"] == "5"
+    assert "did not answer within 1 s" in error.message and "GET /v1/runs?pipeline=index" in error.message

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import sys
 
 import prefect.flow_engine as engine
@@ -28,6 +29,15 @@ def test_the_preload_is_the_engine_the_projects_stages_and_its_resources_librari
 
 
 def test_flow_run_processes_fork_from_a_server_that_imported_their_modules():
+    """In a fresh interpreter, as serve is: multiprocessing's forkserver is one per process and keeps
+    the preload it started with, so one an earlier test started here (tests/helpers/harness.py)
+    would not have imported ours."""
+    done = subprocess.run([sys.executable, "-c", f"import {__name__} as t; t.fork_a_flow_run_process()"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def fork_a_flow_run_process() -> None:
     with warm_flow_runs([PRELOADED]) as warm:
         assert warm
         context = engine.multiprocessing.get_context("spawn")  # what Prefect asks for a flow run's process
