@@ -331,6 +331,29 @@ class MilvusStore(Owned, Resource):
         """The metadata keys the loaded collection keeps as columns (``filter_fields`` when created)."""
         return self._columns.get(self.name, frozenset())
 
+    def _filtered(self, name: str, where: dict[str, Any] | None, call: Callable[[str], T]) -> T:
+        """``call`` with ``where`` as the collection's filter expression. A process that loaded the
+        collection keeps its columns; another one may rebuild it with other ``filter_fields`` (a
+        reader under ``ragline serve`` while an ingestion run rebuilds), and a column the reader
+        names that is gone makes the engine refuse the expression: the columns are described again
+        and the call made once more with them (their JSON keys read where a column went)."""
+        from pymilvus.exceptions import MilvusException
+
+        used = self._columns.get(name, frozenset())
+        try:
+            return call(expression(where, used))
+        except MilvusException:
+            if not where or not used:
+                raise
+            described = _described_columns(self._connect(), name)
+            if described == used:
+                raise
+            with self._lock:
+                self._columns[name] = described
+            log.info("%s: the collection's filter columns changed (%s -> %s); read again", self.location,
+                     ", ".join(sorted(used)), ", ".join(sorted(described)) or "none")
+            return call(expression(where, described))
+
     def _create(self, client: Any, dim: int, name: str | None = None) -> None:
         """The collection ``name`` (the configured one by default, recording its BM25 settings)."""
         from pymilvus import DataType, Function, FunctionType
@@ -618,9 +641,9 @@ class MilvusStore(Owned, Resource):
         if len(vectors) == 0:
             return []
         name = self._collection()
-        hits = self._connect().search(name, data=vectors.tolist(), anns_field="dense", limit=k,
-                                      filter=expression(where, self.columns), search_params=self._search_params(),
-                                      output_fields=["chunk_id", "text", "metadata"])
+        hits = self._filtered(name, where, lambda condition: self._connect().search(
+            name, data=vectors.tolist(), anns_field="dense", limit=k, filter=condition,
+            search_params=self._search_params(), output_fields=["chunk_id", "text", "metadata"]))
         return [sorted((_passage(hit, self._score(hit["distance"]), retriever) for hit in row),
                        key=lambda p: (-p.score, p.chunk_id)) for row in hits]
 
@@ -739,9 +762,9 @@ class MilvusStore(Owned, Resource):
         out: list[list[tuple[str, float, dict[str, Any]]]] = [[] for _ in texts]
         if not asked:
             return out
-        hits = self._connect().search(name, data=[queries[i] for i in asked], anns_field="sparse", limit=k,
-                                      filter=expression(where, self.columns), search_params={"metric_type": "BM25"},
-                                      output_fields=["chunk_id", "text", "metadata"])
+        hits = self._filtered(name, where, lambda condition: self._connect().search(
+            name, data=[queries[i] for i in asked], anns_field="sparse", limit=k, filter=condition,
+            search_params={"metric_type": "BM25"}, output_fields=["chunk_id", "text", "metadata"]))
         for i, row in zip(asked, hits):
             found = [(hit["entity"]["chunk_id"], self._bm25_score(hit["distance"]),
                       {**_shown(hit["entity"]["metadata"]), "text": hit["entity"]["text"]}) for hit in row]
@@ -776,7 +799,8 @@ class MilvusStore(Owned, Resource):
             if where is None:
                 raise
             return 0
-        rows = self._connect().query(name, filter=expression(where, self.columns), output_fields=["count(*)"])
+        rows = self._filtered(name, where, lambda condition: self._connect().query(
+            name, filter=condition, output_fields=["count(*)"]))
         return int(rows[0]["count(*)"])
 
     def document_frequencies(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
@@ -815,9 +839,9 @@ class MilvusStore(Owned, Resource):
             if not known:
                 results.append([])
                 continue
-            hits = self._connect().search(name, data=[t for t, _ in known], anns_field="sparse", limit=WEIGHTED_DEPTH,
-                                          filter=expression(where, self.columns), search_params={"metric_type": "BM25"},
-                                          output_fields=["chunk_id"])
+            hits = self._filtered(name, where, lambda condition: self._connect().search(
+                name, data=[t for t, _ in known], anns_field="sparse", limit=WEIGHTED_DEPTH, filter=condition,
+                search_params={"metric_type": "BM25"}, output_fields=["chunk_id"]))
             scores: dict[str, float] = {}
             for (_, weight), row in zip(known, hits):
                 for hit in row:

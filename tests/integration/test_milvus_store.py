@@ -336,3 +336,29 @@ def test_a_collection_dropped_by_another_process_is_missing_not_an_engine_error(
     reader.upsert([Chunk(chunk_id="c", source_id="s", ordinal=0, text="t", embedding=[1.0, 0.0])])
     assert reader.count() == 1
     reader.close()
+
+
+def test_a_reader_whose_columns_a_rebuild_dropped_filters_from_the_json(milvus_server, tmp_path):
+    """A reader (the API under serve) loaded the collection with a ``lang`` column; an ingestion run in
+    another process rebuilds it without that column (``filter_fields`` changed). The reader's next
+    filtered reads name a column that is gone, which the engine refuses: it describes the collection
+    again and reads the key from the JSON."""
+    from types import SimpleNamespace
+
+    uri, _, _ = milvus_server
+    spec = {"type": "milvus", "uri": uri, "index": "FLAT", "collection": "rebuilt"}
+    writer = MilvusStore(MilvusSpec(**spec, filter_fields=["lang"]), tmp_path)
+    writer.upsert([Chunk(chunk_id=f"c{i}", source_id=f"s{i}", ordinal=0, text=f"text {i}", metadata=meta,
+                         embedding=[1.0, float(i), 0.5, 0.25]) for i, meta in enumerate(ROWS)])
+    where = {"lang": {"$in": ["de", "it's"]}}
+    expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
+    reader = MilvusStore(MilvusSpec(**spec, filter_fields=["lang"]), tmp_path)
+    assert reader.count(where) == len(expected) and reader.columns == {"lang"}
+    rebuilder = MilvusStore(MilvusSpec(**spec, filter_fields=[]), tmp_path)
+    assert rebuilder.sync(SimpleNamespace(generation=2)) is True and rebuilder.columns == frozenset()
+    assert {p.chunk_id for p in reader.query(np.array([[1.0, 1.0, 0.5, 0.25]]), 100, where=where)[0]} == expected
+    assert reader.columns == frozenset()
+    assert reader.count(where) == len(expected)
+    assert {h[0] for h in reader.search(["text"], 100, where=where)[0]} == expected
+    for store in (writer, reader, rebuilder):
+        store.close()
