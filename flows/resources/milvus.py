@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows import failpoints
+from ragline.flows.access import ACL_PREFIX, GROUP_PATTERN, PUBLIC_KEY
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import ConfigError, DependencyUnavailable, InputError
 from ragline.flows.resources import filters
@@ -57,6 +58,11 @@ TERMS_FORMAT = 1  # how the `terms` field is written (analyzer ragline); a chang
 META_SUFFIX = "_ragline"  # side collection: embedder key, published generation, BM25 settings, rebuild phase
 COLUMN_PREFIX = "m_"  # a metadata key kept as a typed column too (``filter_fields``): ``m_<key>``
 FILTER_FIELDS = ["source", "root", "file_name", "format"]  # the loader's provenance keys: on every document
+ACCESS_FIELD = "access"  # ARRAY of the groups that may read a chunk, "*" when public (``_access_elements``);
+# not indexed: milvus-lite indexes no array ("only int, varchar, float, double and bool fields support scalar index")
+ACCESS_COLUMN = ACL_PREFIX  # how the access field is named among a collection's columns (no filter field can be)
+ACCESS_CAPACITY = 4096  # groups a chunk's access field holds at most (Milvus's largest array)
+PUBLIC_ELEMENT = "*"  # no group name has it (GROUP_PATTERN)
 REBUILD_SUFFIX = "_rebuild"  # the rows while the collection is made again with other settings
 REBUILD_PHASE = "rebuild"  # side-collection key: "restoring" while the rows come back from <name>_rebuild
 _METRIC = {"cosine": "COSINE", "ip": "IP", "l2": "L2"}
@@ -120,6 +126,8 @@ class MilvusSpec(BaseModel):
         for key in value:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", key):
                 raise ValueError(f"{key!r}: a filter field is a metadata key of letters, digits and '_' (up to 64)")
+            if key.startswith(ACL_PREFIX):
+                raise ValueError(f"{key!r}: access is kept in its own field (every collection has it)")
         if len(set(value)) != len(value):
             raise ValueError("a filter field is named twice")
         return value
@@ -328,8 +336,14 @@ class MilvusStore(Owned, Resource):
 
     @property
     def columns(self) -> frozenset[str]:
-        """The metadata keys the loaded collection keeps as columns (``filter_fields`` when created)."""
+        """The metadata keys the loaded collection keeps as columns (``filter_fields`` when created),
+        and ``ACCESS_COLUMN`` where it has the access field."""
         return self._columns.get(self.name, frozenset())
+
+    @property
+    def wanted_columns(self) -> frozenset[str]:
+        """The columns a collection made now has: ``filter_fields`` and the access field."""
+        return frozenset(self.spec.filter_fields) | {ACCESS_COLUMN}
 
     def _filtered(self, name: str, where: dict[str, Any] | None, call: Callable[[str], T]) -> T:
         """``call`` with ``where`` as the collection's filter expression. A process that loaded the
@@ -371,6 +385,8 @@ class MilvusStore(Owned, Resource):
         schema.add_field("metadata", DataType.JSON)
         for key in self.spec.filter_fields:
             schema.add_field(COLUMN_PREFIX + key, DataType.VARCHAR, max_length=TEXT_BYTES)
+        schema.add_field(ACCESS_FIELD, DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=ACCESS_CAPACITY,
+                         max_length=64)
         schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
         index = client.prepare_index_params()
         index.add_index("dense", metric_type=_METRIC[self.spec.space], **self._dense_index())
@@ -385,7 +401,7 @@ class MilvusStore(Owned, Resource):
                             params={"bm25_k1": self.spec.k1, "bm25_b": self.spec.b})
         # Strong: a read sees every write acknowledged before it (a server's default, Bounded, may not).
         client.create_collection(name or self.name, schema=schema, index_params=index, consistency_level="Strong")
-        self._columns[name or self.name] = frozenset(self.spec.filter_fields)
+        self._columns[name or self.name] = self.wanted_columns
         if name is None:
             self._put_meta({"settings": self.settings})
             log.info("%s: created (%d dimensions)", self.location, dim)
@@ -719,7 +735,7 @@ class MilvusStore(Owned, Resource):
         """Whether the collection keeps other filter columns than ``filter_fields`` asks for (reads still
         filter right: a key without its column is read from the JSON metadata)."""
         self._collection()
-        return self.columns != frozenset(self.spec.filter_fields)
+        return self.columns != self.wanted_columns
 
     def problem(self, state: IndexState | None = None) -> str | None:
         """Why the full-text role cannot serve as configured (None: it can)."""
@@ -885,12 +901,69 @@ def _row(chunk: Chunk) -> dict[str, Any]:
 
 def _add_columns(rows: list[dict[str, Any]], keys: frozenset[str]) -> None:
     """Each row's filter columns from its metadata: the value when it is a string a column holds, else ""
-    (absent, another type, or too long: ``_column_compares`` sends filters on those to the JSON)."""
+    (absent, another type, or too long: ``_column_compares`` sends filters on those to the JSON); and
+    its access field where the collection has one (``ACCESS_COLUMN`` among ``keys``)."""
+    access = ACCESS_COLUMN in keys
     for row in rows:
         meta = row["metadata"] or {}
         for key in keys:
+            if key == ACCESS_COLUMN:
+                continue
             value = meta.get(key)
             row[COLUMN_PREFIX + key] = value if _column_holds(value) else ""
+        if access:
+            row[ACCESS_FIELD] = _access_elements(meta, row["chunk_id"])
+
+
+def _access_elements(meta: dict[str, Any], chunk_id: str) -> list[str]:
+    """The access field of a chunk: each group whose key (``ragline_acl.<group>``) is true, and "*"
+    when ``ragline_acl_public`` is. ``_acl_element`` reads a filter the same way, so a filter on the
+    field matches exactly the chunks the JSON comparison does (a key that names no valid group is
+    read from the JSON)."""
+    elements = [PUBLIC_ELEMENT] if meta.get(PUBLIC_KEY) is True else []
+    elements += sorted(g for k, v in meta.items() if v is True and (g := _group_of(k)) is not None)
+    if len(elements) > ACCESS_CAPACITY:
+        raise InputError(f"chunk {chunk_id[:200]!r} may be read by {len(elements)} groups; a Milvus collection's "
+                         f"access field holds {ACCESS_CAPACITY}")
+    return elements
+
+
+_GROUP = re.compile(GROUP_PATTERN)
+
+
+def _group_of(key: str) -> str | None:
+    """The group an access key names (``ragline_acl.<group>``), None for any other key."""
+    if not key.startswith(ACL_PREFIX + "."):
+        return None
+    group = key[len(ACL_PREFIX) + 1:]
+    return group if _GROUP.match(group) else None
+
+
+def _acl_element(key: str, op: str, value: Any) -> str | None:
+    """The access-field element a comparison asks for (``<acl key> == true``), None for any other."""
+    if op != "$eq" or value is not True:
+        return None
+    return PUBLIC_ELEMENT if key == PUBLIC_KEY else _group_of(key)
+
+
+def _acl_any(branches: list[Any]) -> list[str] | None:
+    """The elements an ``$or`` of access comparisons asks for (any of them), None if it is anything else."""
+    elements = []
+    for branch in branches:
+        if not isinstance(branch, dict) or len(branch) != 1:
+            return None
+        [(key, cond)] = branch.items()
+        if isinstance(cond, dict):
+            if len(cond) != 1:
+                return None
+            [(op, value)] = cond.items()
+        else:
+            op, value = "$eq", cond
+        element = _acl_element(key, op, value)
+        if element is None:
+            return None
+        elements.append(element)
+    return elements
 
 
 def _column_holds(value: Any) -> bool:
@@ -904,8 +977,9 @@ def _dimension(client: Any, name: str) -> int:
 
 
 def _described_columns(client: Any, name: str) -> frozenset[str]:
-    fields = client.describe_collection(name)["fields"]
-    return frozenset(f["name"][len(COLUMN_PREFIX):] for f in fields if f["name"].startswith(COLUMN_PREFIX))
+    names = [f["name"] for f in client.describe_collection(name)["fields"]]
+    access = {ACCESS_COLUMN} if ACCESS_FIELD in names else set()
+    return frozenset(n[len(COLUMN_PREFIX):] for n in names if n.startswith(COLUMN_PREFIX)) | access
 
 
 def _shown(meta: dict[str, Any] | None) -> dict[str, Any]:
@@ -947,7 +1021,8 @@ def expression(where: dict[str, Any] | None, columns: frozenset[str] = frozenset
     """A Chroma-style filter (``flows/resources/filters.py``: ``$and``/``$or``, ``$eq``..``$nin``,
     already validated, access clauses ANDed in) as a Milvus boolean expression over the JSON
     ``metadata`` field, or over a key's column where the collection keeps one (``columns``) and the
-    comparison reads the same there (``_column_compares``); "" matches everything. Keys and values
+    comparison reads the same there (``_column_compares``), and the access clause (``access.clause``)
+    over the access field (``array_contains_any``); "" matches everything. Keys and values
     are escaped literals (a column's name is a validated identifier), so nothing in them can change
     the expression."""
     where = filters.normalize(where)
@@ -957,7 +1032,9 @@ def expression(where: dict[str, Any] | None, columns: frozenset[str] = frozenset
 def _clause(where: dict[str, Any], columns: frozenset[str]) -> str:
     parts = []
     for key, cond in where.items():
-        if key in ("$and", "$or"):
+        if key == "$or" and ACCESS_COLUMN in columns and cond and (elements := _acl_any(cond)) is not None:
+            parts.append(f"array_contains_any({ACCESS_FIELD}, [{', '.join(literal(e) for e in elements)}])")
+        elif key in ("$and", "$or"):
             inner = [_clause(c, columns) for c in cond]
             if not inner:
                 parts.append(_EVERYTHING if key == "$and" else _NOTHING)
@@ -973,6 +1050,8 @@ def _clause(where: dict[str, Any], columns: frozenset[str]) -> str:
 
 
 def _compare(key: str, op: str, value: Any, columns: frozenset[str] = frozenset()) -> str:
+    if ACCESS_COLUMN in columns and (element := _acl_element(key, op, value)) is not None:
+        return f"array_contains({ACCESS_FIELD}, {literal(element)})"
     field = COLUMN_PREFIX + key if key in columns and _column_compares(op, value) else f"metadata[{literal(key)}]"
     if op in ("$in", "$nin"):
         if not value:  # Milvus cannot parse `in []`

@@ -18,11 +18,12 @@ import pytest
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
+from ragline.flows.access import restrict  # noqa: E402
 from ragline.flows.cli import main  # noqa: E402
 from ragline.flows.contracts import Chunk  # noqa: E402
 from ragline.flows.resources import clear_cache  # noqa: E402
 from ragline.flows.resources.filters import matches  # noqa: E402
-from ragline.flows.resources.milvus import MilvusSpec, MilvusStore  # noqa: E402
+from ragline.flows.resources.milvus import ACCESS_COLUMN, MilvusSpec, MilvusStore, expression  # noqa: E402
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
 from tests.helpers.data import milvus_yaml  # noqa: E402
@@ -187,7 +188,8 @@ def test_a_rebuild_killed_at_any_point_finishes_without_re_embedding(failpoint, 
     assert snapshot(project) == before
     clear_cache()
     store = load_project(project).resource("store")
-    assert store.count() == len(before["chunks"]) and store.columns == {"source", "root", "file_name", "format"}
+    assert store.count() == len(before["chunks"])
+    assert store.columns == {"source", "root", "file_name", "format", ACCESS_COLUMN}
     assert check(project, capsys) == (0, "ok: every store agrees with the index state\n")
 
 
@@ -208,6 +210,7 @@ ROWS = [
     {"year": 2020, "draft": True},
     {"lang": 5, "year": 2023},  # another type under a key a column keeps: the column holds ""
     {"lang": "", "year": 2024},
+    {"lang": "en", "ragline_acl.staff": True, "ragline_acl.g:x-1": True},
 ]
 WHERES = [
     {"lang": "en"}, {"lang": {"$ne": "en"}}, {"year": {"$gte": 2020}}, {"year": {"$lt": 2021}},
@@ -218,6 +221,9 @@ WHERES = [
     {"$and": [{"year": {"$gt": 1990}}, {"$or": [{"ragline_acl_public": True}, {"ragline_acl.staff": True}]}]},
     {"lang": ""}, {"lang": {"$ne": ""}}, {"lang": {"$nin": ["en", ""]}}, {"lang": 5}, {"lang": {"$gt": "e"}},
     {"$or": [{"lang": {"$in": ["de", "it's"]}}, {"tag": "a\\b"}]},
+    # the access clauses a server ANDs in (access.restrict): read from the access field
+    restrict(None, frozenset()), restrict(None, frozenset({"staff"})), restrict({"lang": "en"}, frozenset({"g:x-1"})),
+    restrict({"year": {"$gte": 2020}}, frozenset({"staff", "g:x-1", "nobody"})),
 ]
 COLUMNS = {"json": [], "columns": ["lang", "tag", "year", "draft"]}  # filter_fields: none, or these keys
 
@@ -240,6 +246,8 @@ def test_engine_filters_like_python(filter_store, where):
     accepts, whether a key is read from its column or from the JSON."""
     expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
     assert filter_store.count(where) == len(expected)
+    json_only = filter_store._connect().query(filter_store.name, filter=expression(where), output_fields=["chunk_id"])
+    assert {row["chunk_id"] for row in json_only} == expected  # as a collection without columns reads it
     dense = filter_store.query(np.array([[1.0, 1.0, 0.5, 0.25]]), 100, where=where)[0]
     assert {p.chunk_id for p in dense} == expected
     sparse = filter_store.search(["text"], 100, where=where)[0]
@@ -251,8 +259,6 @@ def test_a_collection_from_before_the_filter_columns_filters_then_is_rebuilt_wit
     the JSON; the next ingestion's ``sync`` rebuilds it from its own rows with the configured columns."""
     from types import SimpleNamespace
 
-    from ragline.flows.resources.milvus import expression
-
     old = MilvusStore(MilvusSpec(type="milvus", uri="f.db", collection="c", filter_fields=[]), tmp_path)
     old.upsert([Chunk(chunk_id=f"c{i}", source_id=f"s{i}", ordinal=0, text=f"text {i}", metadata=meta,
                       embedding=[1.0, float(i), 0.5, 0.25]) for i, meta in enumerate(ROWS)])
@@ -261,9 +267,9 @@ def test_a_collection_from_before_the_filter_columns_filters_then_is_rebuilt_wit
     expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
     store = MilvusStore(MilvusSpec(type="milvus", uri="f.db", collection="c", filter_fields=["lang"]), tmp_path)
     assert {h[0] for h in store.search(["text"], 100, where=where)[0]} == expected
-    assert store.columns == frozenset() and "metadata[" in expression(where, store.columns)
+    assert store.columns == {ACCESS_COLUMN} and "metadata[" in expression(where, store.columns)
     assert store.sync(SimpleNamespace(generation=7)) is True
-    assert store.columns == {"lang"} and expression(where, store.columns).startswith("m_lang in")
+    assert store.columns == {"lang", ACCESS_COLUMN} and expression(where, store.columns).startswith("m_lang in")
     assert {h[0] for h in store.search(["text"], 100, where=where)[0]} == expected
     assert store.count() == len(ROWS) and store.published_version()["generation"] == 7
     store.close()
@@ -353,11 +359,11 @@ def test_a_reader_whose_columns_a_rebuild_dropped_filters_from_the_json(milvus_s
     where = {"lang": {"$in": ["de", "it's"]}}
     expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
     reader = MilvusStore(MilvusSpec(**spec, filter_fields=["lang"]), tmp_path)
-    assert reader.count(where) == len(expected) and reader.columns == {"lang"}
+    assert reader.count(where) == len(expected) and reader.columns == {"lang", ACCESS_COLUMN}
     rebuilder = MilvusStore(MilvusSpec(**spec, filter_fields=[]), tmp_path)
-    assert rebuilder.sync(SimpleNamespace(generation=2)) is True and rebuilder.columns == frozenset()
+    assert rebuilder.sync(SimpleNamespace(generation=2)) is True and rebuilder.columns == {ACCESS_COLUMN}
     assert {p.chunk_id for p in reader.query(np.array([[1.0, 1.0, 0.5, 0.25]]), 100, where=where)[0]} == expected
-    assert reader.columns == frozenset()
+    assert reader.columns == {ACCESS_COLUMN}
     assert reader.count(where) == len(expected)
     assert {h[0] for h in reader.search(["text"], 100, where=where)[0]} == expected
     for store in (writer, reader, rebuilder):

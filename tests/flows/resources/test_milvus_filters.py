@@ -7,7 +7,9 @@ import pytest
 
 from ragline.flows.access import PUBLIC_KEY, group_key
 from ragline.flows.resources.filters import FilterError
-from ragline.flows.resources.milvus import MilvusSpec, collection_name, expression, literal
+from ragline.flows.errors import InputError
+from ragline.flows.resources.milvus import (ACCESS_COLUMN, MilvusSpec, _access_elements, collection_name,
+                                            expression, literal)
 from ragline.tasks.retrieve_dense import combined_filter
 
 
@@ -100,10 +102,46 @@ def test_a_key_kept_as_a_column_is_read_there_when_it_reads_the_same(where, expe
     assert expression(where, COLUMNS) == expected
 
 
+WITH_ACCESS = COLUMNS | {ACCESS_COLUMN}
+
+
+@pytest.mark.parametrize("access, expected", [
+    (frozenset(), 'array_contains(access, "*")'),
+    (frozenset({"staff", "g:x-1"}), 'array_contains_any(access, ["*", "g:x-1", "staff"])'),
+])
+def test_the_access_clause_reads_the_access_field(access, expected):
+    assert expression(combined_filter(None, None, access), WITH_ACCESS) == expected
+    assert expression(combined_filter({"lang": "en"}, None, access), WITH_ACCESS) == f'(m_lang == "en") and ({expected})'
+    assert "metadata[" in expression(combined_filter(None, None, access), COLUMNS)  # a collection without the field
+
+
+@pytest.mark.parametrize("where", [
+    {PUBLIC_KEY: False}, {PUBLIC_KEY: {"$ne": True}}, {group_key("staff"): 1}, {"ragline_acl.bad name": True},
+])
+def test_other_comparisons_of_access_keys_read_the_json(where):
+    """Only ``<access key> == true`` reads the field: it holds exactly the keys that are true."""
+    assert expression(where, WITH_ACCESS) == expression(where)
+
+
+def test_access_comparisons_mixed_with_others_read_the_field_one_by_one():
+    assert expression({"$or": [{PUBLIC_KEY: True}, {"lang": "en"}]}, WITH_ACCESS) == \
+        '(array_contains(access, "*")) or (m_lang == "en")'
+    assert expression({"$or": [{PUBLIC_KEY: True, group_key("a"): True}]}, WITH_ACCESS) == \
+        '(array_contains(access, "*")) and (array_contains(access, "a"))'
+
+
+def test_a_chunks_access_field_holds_its_true_groups_and_star_when_public():
+    assert _access_elements({PUBLIC_KEY: True, "lang": "en"}, "c") == ["*"]
+    assert _access_elements({group_key("b"): True, group_key("a"): True, group_key("c"): False}, "c") == ["a", "b"]
+    assert _access_elements({"ragline_acl.bad name": True, group_key("ok"): "yes"}, "c") == []
+    with pytest.raises(InputError, match="chunk 'c' may be read by 4097 groups"):
+        _access_elements({group_key(f"g{i}"): True for i in range(4097)}, "c")
+
+
 def test_filter_fields_are_identifiers():
     assert MilvusSpec(type="milvus").filter_fields == ["source", "root", "file_name", "format"]
-    for bad in (["a b"], ['x"]'], ["1st"], ["dup", "dup"]):
-        with pytest.raises(ValueError, match="filter field"):
+    for bad in (["a b"], ['x"]'], ["1st"], ["dup", "dup"], ["ragline_acl_public"]):
+        with pytest.raises(ValueError, match="filter field|access"):
             MilvusSpec(type="milvus", filter_fields=bad)
 
 
