@@ -30,6 +30,7 @@ import math
 import os
 import re
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, TypeVar
@@ -65,6 +66,7 @@ ACCESS_CAPACITY = 4096  # groups a chunk's access field holds at most (Milvus's 
 PUBLIC_ELEMENT = "*"  # no group name has it (GROUP_PATTERN)
 REBUILD_SUFFIX = "_rebuild"  # the rows while the collection is made again with other settings
 REBUILD_PHASE = "rebuild"  # side-collection key: "restoring" while the rows come back from <name>_rebuild
+PHASE_READ_SECONDS = 1.0  # a query process reads the rebuild phase again after this long
 _METRIC = {"cosine": "COSINE", "ip": "IP", "l2": "L2"}
 
 
@@ -191,6 +193,7 @@ class MilvusStore(Owned, Resource):
         self._client = Lazy(self._new_client, self._lock)
         self._ready: set[str] = set()  # collections known to exist and loaded in this process
         self._columns: dict[str, frozenset[str]] = {}  # a loaded collection's filter columns (the keys)
+        self._restoring_read: tuple[float, bool] = (-math.inf, False)  # (when, whether a rebuild was restoring)
 
     @classmethod
     def relocated(cls, spec: MilvusSpec, name: str) -> MilvusSpec:
@@ -345,17 +348,63 @@ class MilvusStore(Owned, Resource):
         """The columns a collection made now has: ``filter_fields`` and the access field."""
         return frozenset(self.spec.filter_fields) | {ACCESS_COLUMN}
 
-    def _filtered(self, name: str, where: dict[str, Any] | None, call: Callable[[str], T]) -> T:
-        """``call`` with ``where`` as the collection's filter expression. A process that loaded the
-        collection keeps its columns; another one may rebuild it with other ``filter_fields`` (a
-        reader under ``ragline serve`` while an ingestion run rebuilds), and a column the reader
-        names that is gone makes the engine refuse the expression: the columns are described again
-        and the call made once more with them (their JSON keys read where a column went)."""
+    def _reading(self, fresh: bool = False) -> str:
+        """The collection a query reads: the configured one, or, while a rebuild copies the rows back
+        into it (partial until that ends), the copy it restores them from, which holds every row. The
+        phase is read at most once a second (``fresh``: now); StoreMissing when neither exists."""
+        try:
+            return self._read_target(fresh)
+        except StoreMissing:
+            if fresh:
+                raise
+            return self._read_target(fresh=True)  # a restore may have begun since the phase was read
+
+    def _read_target(self, fresh: bool) -> str:
+        if self._restoring(fresh):
+            try:
+                return self._loaded(self.name + REBUILD_SUFFIX)
+            except StoreMissing:  # the restore ended and dropped its copy
+                pass
+        return self._collection()
+
+    def _restoring(self, fresh: bool) -> bool:
+        when, restoring = self._restoring_read
+        now = time.monotonic()
+        if fresh or now - when > PHASE_READ_SECONDS:
+            restoring = self._get_meta().get(REBUILD_PHASE) == "restoring"
+            self._restoring_read = (now, restoring)
+        return restoring
+
+    def _loaded(self, name: str) -> str:
+        """``name`` loaded, its columns described (a collection another process made); else StoreMissing."""
+        with self._lock:
+            if name in self._ready:
+                return name
+            client = self._connect()
+            if not client.has_collection(name):
+                raise StoreMissing(f"{self.location}: collection {name} does not exist")
+            client.load_collection(name)
+            self._columns[name] = _described_columns(client, name)
+            self._ready.add(name)
+            return name
+
+    def _filtered(self, where: dict[str, Any] | None, call: Callable[[str, str], T]) -> T:
+        """``call(collection, expression)`` on the collection a query reads (``_reading``), with ``where``
+        as its filter expression. A process that loaded the collection keeps its columns; another one may
+        rebuild it with other ``filter_fields`` (a reader under ``ragline serve`` while an ingestion run
+        rebuilds), and a column the reader names that is gone makes the engine refuse the expression: the
+        columns are described again and the call made once more with them (their JSON keys read where a
+        column went). A collection dropped under the call (a rebuild beginning or ending) is looked up
+        again, once."""
         from pymilvus.exceptions import MilvusException
 
+        name = self._reading()
         used = self._columns.get(name, frozenset())
         try:
-            return call(expression(where, used))
+            return call(name, expression(where, used))
+        except StoreMissing:
+            name = self._reading(fresh=True)
+            return call(name, expression(where, self._columns.get(name, frozenset())))
         except MilvusException:
             if not where or not used:
                 raise
@@ -366,7 +415,7 @@ class MilvusStore(Owned, Resource):
                 self._columns[name] = described
             log.info("%s: the collection's filter columns changed (%s -> %s); read again", self.location,
                      ", ".join(sorted(used)), ", ".join(sorted(described)) or "none")
-            return call(expression(where, described))
+            return call(name, expression(where, described))
 
     def _create(self, client: Any, dim: int, name: str | None = None) -> None:
         """The collection ``name`` (the configured one by default, recording its BM25 settings)."""
@@ -656,8 +705,7 @@ class MilvusStore(Owned, Resource):
         vectors = np.asarray(embeddings, dtype=np.float32)
         if len(vectors) == 0:
             return []
-        name = self._collection()
-        hits = self._filtered(name, where, lambda condition: self._connect().search(
+        hits = self._filtered(where, lambda name, condition: self._connect().search(
             name, data=vectors.tolist(), anns_field="dense", limit=k, filter=condition,
             search_params=self._search_params(), output_fields=["chunk_id", "text", "metadata"]))
         return [sorted((_passage(hit, self._score(hit["distance"]), retriever) for hit in row),
@@ -666,11 +714,12 @@ class MilvusStore(Owned, Resource):
     def _score(self, distance: float) -> float:
         return -float(distance) if self.spec.space == "l2" else float(distance)  # COSINE/IP: a similarity
 
-    def rows(self, ids: list[str], fields: list[str]) -> dict[str, dict[str, Any]]:
-        """The rows of these chunk ids (those present), by chunk id."""
+    def rows(self, ids: list[str], fields: list[str], collection: str | None = None) -> dict[str, dict[str, Any]]:
+        """The rows of these chunk ids (those present), by chunk id; from ``collection`` (the one a
+        query just read, ``_reading``), by default the configured one."""
         if not ids:
             return {}
-        name = self._collection()
+        name = collection or self._collection()
         out: dict[str, dict[str, Any]] = {}
         for start in range(0, len(ids), ID_PAGE):
             keys = [chunk_key(cid) for cid in ids[start:start + ID_PAGE]]
@@ -769,18 +818,17 @@ class MilvusStore(Owned, Resource):
             raise InputError(problem)
         if not texts:
             return []
-        try:
-            name = self._collection()
-        except StoreMissing:
-            return [[] for _ in texts]
         queries = [" ".join(t) for t in self.terms(texts)] if self.own_terms else list(texts)
         asked = [i for i, q in enumerate(queries) if q.strip()]  # no terms (stop words only): no hits
         out: list[list[tuple[str, float, dict[str, Any]]]] = [[] for _ in texts]
         if not asked:
             return out
-        hits = self._filtered(name, where, lambda condition: self._connect().search(
-            name, data=[queries[i] for i in asked], anns_field="sparse", limit=k, filter=condition,
-            search_params={"metric_type": "BM25"}, output_fields=["chunk_id", "text", "metadata"]))
+        try:
+            hits = self._filtered(where, lambda name, condition: self._connect().search(
+                name, data=[queries[i] for i in asked], anns_field="sparse", limit=k, filter=condition,
+                search_params={"metric_type": "BM25"}, output_fields=["chunk_id", "text", "metadata"]))
+        except StoreMissing:
+            return out
         for i, row in zip(asked, hits):
             found = [(hit["entity"]["chunk_id"], self._bm25_score(hit["distance"]),
                       {**_shown(hit["entity"]["metadata"]), "text": hit["entity"]["text"]}) for hit in row]
@@ -798,7 +846,7 @@ class MilvusStore(Owned, Resource):
         if not self.own_terms:
             raise InputError(f"{self.location}: {what} reads the BM25 terms, which analyzer {self.spec.analyzer!r} "
                              f"keeps inside Milvus; set `analyzer: ragline` (the default) on the milvus resource")
-        return self._collection()
+        return self._reading()
 
     def terms(self, texts: list[str]) -> list[list[str]]:
         """Texts as this index's terms, as its writes and searches split them (analyzer ``ragline``)."""
@@ -809,14 +857,13 @@ class MilvusStore(Owned, Resource):
 
     def count(self, where: dict[str, Any] | None = None) -> int:
         """How many chunks the collection holds that satisfy ``where`` (all when None)."""
-        try:
-            name = self._collection()  # first: StoreMissing before any connection (a read creates no file)
+        try:  # (no file: StoreMissing before any connection, a read creates none)
+            rows = self._filtered(where, lambda name, condition: self._connect().query(
+                name, filter=condition, output_fields=["count(*)"]))
         except StoreMissing:
             if where is None:
                 raise
             return 0
-        rows = self._filtered(name, where, lambda condition: self._connect().query(
-            name, filter=condition, output_fields=["count(*)"]))
         return int(rows[0]["count(*)"])
 
     def document_frequencies(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
@@ -855,7 +902,7 @@ class MilvusStore(Owned, Resource):
             if not known:
                 results.append([])
                 continue
-            hits = self._filtered(name, where, lambda condition: self._connect().search(
+            hits = self._filtered(where, lambda name, condition: self._connect().search(
                 name, data=[t for t, _ in known], anns_field="sparse", limit=WEIGHTED_DEPTH, filter=condition,
                 search_params={"metric_type": "BM25"}, output_fields=["chunk_id"]))
             scores: dict[str, float] = {}
@@ -864,7 +911,7 @@ class MilvusStore(Owned, Resource):
                     cid = hit["entity"]["chunk_id"]
                     scores[cid] = scores.get(cid, 0.0) + weight * self._bm25_score(hit["distance"])
             best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
-            rows = self.rows([cid for cid, _ in best], ["text", "metadata"])
+            rows = self.rows([cid for cid, _ in best], ["text", "metadata"], collection=self._reading())
             results.append([(cid, score, {**_shown(rows[cid]["metadata"]), "text": rows[cid]["text"]})
                             for cid, score in best if cid in rows])
         return results

@@ -23,7 +23,8 @@ from ragline.flows.cli import main  # noqa: E402
 from ragline.flows.contracts import Chunk  # noqa: E402
 from ragline.flows.resources import clear_cache  # noqa: E402
 from ragline.flows.resources.filters import matches  # noqa: E402
-from ragline.flows.resources.milvus import ACCESS_COLUMN, MilvusSpec, MilvusStore, expression  # noqa: E402
+from ragline.flows.resources.milvus import (ACCESS_COLUMN, PHASE_READ_SECONDS, MilvusSpec, MilvusStore,  # noqa: E402
+                                            expression)
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
 from tests.helpers.data import milvus_yaml  # noqa: E402
@@ -171,7 +172,8 @@ def test_a_rebuild_killed_at_any_point_finishes_without_re_embedding(failpoint, 
     """A collection made without filter columns (an older ragline) is rebuilt with them by the next run's
     ``sync``: killed while copying its rows out, the collection is still whole; killed after dropping it
     or while copying them back, the whole copy is, and the next run restores from it before its integrity
-    check. Either way the next run re-embeds nothing and the index equals a clean build."""
+    check. Either way the next run re-embeds nothing and the index equals a clean build, and a query in
+    between reads every chunk."""
     default_corpus(tmp_path / "docs", n=6)
     old = milvus_yaml(batch_size=4).replace("collection: test}", "collection: test, write_batch_size: 3, "
                                                                    "filter_fields: []}")
@@ -183,6 +185,16 @@ def test_a_rebuild_killed_at_any_point_finishes_without_re_embedding(failpoint, 
 
     crashed = run_child(project, failpoints=failpoint)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    # A query before the next run reads every chunk: from the collection while its rows were copied out,
+    # from the whole copy once it was dropped (was: nothing, or the rows copied back so far).
+    clear_cache()
+    reader = load_project(project).resource("store")
+    assert reader.count() == len(before["chunks"])
+    assert reader.count({"file_name": {"$ne": ""}}) == len(before["chunks"])
+    hits = reader.search([text for _, text, *_ in before["chunks"]], 3)
+    assert all(chunk_id in {hit[0] for hit in found} for (chunk_id, *_), found in zip(before["chunks"], hits))
+    reader.close()
+    clear_cache()
     report = run_index(project)
     assert (report.added, report.updated, report.deleted, report.chunks_written) == (0, 0, 0, 0), report
     assert snapshot(project) == before
@@ -374,5 +386,48 @@ def test_a_reader_whose_columns_a_rebuild_dropped_filters_from_the_json(milvus_s
     assert reader.columns == {ACCESS_COLUMN}
     assert reader.count(where) == len(expected)
     assert {h[0] for h in reader.search(["text"], 100, where=where)[0]} == expected
+    for store in (writer, reader, rebuilder):
+        store.close()
+
+
+def test_a_reader_during_a_rebuilds_restore_reads_the_whole_copy(milvus_server, tmp_path, monkeypatch):
+    """A query process (the API under serve) has the collection loaded when an ingestion run in another
+    process rebuilds it and stops after dropping it (here: the failpoint raises where a kill would land).
+    The reader's next queries find the collection gone, read the rebuild phase again and answer from
+    the copy, which holds every row; once the restore ends they read the collection again."""
+    from types import SimpleNamespace
+
+    from ragline.flows import failpoints
+
+    uri, _, _ = milvus_server
+    spec = {"type": "milvus", "uri": uri, "index": "FLAT", "collection": "restored"}
+    writer = MilvusStore(MilvusSpec(**spec, filter_fields=[]), tmp_path)
+    writer.upsert([Chunk(chunk_id=f"c{i}", source_id=f"s{i}", ordinal=0, text=f"text {i}", metadata=meta,
+                         embedding=[1.0, float(i), 0.5, 0.25]) for i, meta in enumerate(ROWS)])
+    where = {"lang": {"$in": ["de", "it's"]}}
+    expected = {f"c{i}" for i, meta in enumerate(ROWS) if matches(meta, where)}
+    reader = MilvusStore(MilvusSpec(**spec), tmp_path)
+    assert reader.count() == len(ROWS)
+
+    class Stopped(Exception):
+        pass
+
+    def stop_after_drop(name: str) -> None:
+        if name == "milvus.after_drop":
+            raise Stopped(name)
+
+    monkeypatch.setattr(failpoints, "hit", stop_after_drop)
+    rebuilder = MilvusStore(MilvusSpec(**spec), tmp_path)
+    with pytest.raises(Stopped):
+        rebuilder.sync(SimpleNamespace(generation=2))
+    reader._restoring_read = (time.monotonic(), False)  # as read just before the drop: the call finds it gone
+    assert reader.count() == len(ROWS) and reader.count(where) == len(expected)
+    assert {h[0] for h in reader.search(["text"], 100, where=where)[0]} == expected
+    dense = reader.query(np.array([[1.0, 1.0, 0.5, 0.25]]), 100)[0]
+    assert {p.chunk_id for p in dense} == {f"c{i}" for i in range(len(ROWS))}
+    assert rebuilder.resume() is True  # the next writer finishes the restore and drops the copy
+    time.sleep(PHASE_READ_SECONDS)
+    assert reader.count() == len(ROWS) and {h[0] for h in reader.search(["text"], 100, where=where)[0]} == expected
+    assert reader._reading() == reader.name
     for store in (writer, reader, rebuilder):
         store.close()
