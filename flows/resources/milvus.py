@@ -640,7 +640,12 @@ class MilvusStore(Owned, Resource):
         return ids
 
     def vectors(self, ids: list[str]) -> dict[str, np.ndarray]:
-        return {cid: np.asarray(row["dense"], dtype=np.float32) for cid, row in self.rows(ids, ["dense"]).items()}
+        """Stored vectors by chunk id, from the collection queries read (``_reading``: the whole copy
+        while a rebuild restores the collection), as the passages they are asked for came from there."""
+        if not ids:
+            return {}
+        rows = self.rows(ids, ["dense"], collection=self._reading())
+        return {cid: np.asarray(row["dense"], dtype=np.float32) for cid, row in rows.items()}
 
     def metadatas(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         return {cid: row["metadata"] or {} for cid, row in self.rows(ids, ["metadata"]).items()}

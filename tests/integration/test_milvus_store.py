@@ -425,6 +425,7 @@ def test_a_reader_during_a_rebuilds_restore_reads_the_whole_copy(milvus_server, 
     assert {h[0] for h in reader.search(["text"], 100, where=where)[0]} == expected
     dense = reader.query(np.array([[1.0, 1.0, 0.5, 0.25]]), 100)[0]
     assert {p.chunk_id for p in dense} == {f"c{i}" for i in range(len(ROWS))}
+    assert set(reader.vectors([p.chunk_id for p in dense])) == {p.chunk_id for p in dense}  # (an answerability gate's)
     assert rebuilder.resume() is True  # the next writer finishes the restore and drops the copy
     time.sleep(PHASE_READ_SECONDS)
     assert reader.count() == len(ROWS) and {h[0] for h in reader.search(["text"], 100, where=where)[0]} == expected
