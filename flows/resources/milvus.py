@@ -39,7 +39,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragline.flows import failpoints
-from ragline.flows.access import ACL_PREFIX, GROUP_PATTERN, PUBLIC_KEY
+from ragline.flows.access import ACL_PREFIX, GROUP_PATTERN, PUBLIC_KEY, groups_of
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import ConfigError, DependencyUnavailable, InputError
 from ragline.flows.resources import filters
@@ -332,10 +332,14 @@ class MilvusStore(Owned, Resource):
                                  f"sets {self.settings}; its schema holds them, so writing into it would mix two "
                                  f"analyzers: run the ingestion pipeline (its integrity check rebuilds the "
                                  f"collection) or use a new collection name")
-            client.load_collection(name)
-            self._columns[name] = _described_columns(client, name)
-            self._ready.add(name)
-            return name
+            return self._load(client, name)
+
+    def _load(self, client: Any, name: str) -> str:
+        """``name`` loaded and its columns described (held: ``self._lock``)."""
+        client.load_collection(name)
+        self._columns[name] = _described_columns(client, name)
+        self._ready.add(name)
+        return name
 
     @property
     def columns(self) -> frozenset[str]:
@@ -383,10 +387,7 @@ class MilvusStore(Owned, Resource):
             client = self._connect()
             if not client.has_collection(name):
                 raise StoreMissing(f"{self.location}: collection {name} does not exist")
-            client.load_collection(name)
-            self._columns[name] = _described_columns(client, name)
-            self._ready.add(name)
-            return name
+            return self._load(client, name)
 
     def _filtered(self, where: dict[str, Any] | None, call: Callable[[str, str], T]) -> T:
         """``call(collection, expression)`` on the collection a query reads (``_reading``), with ``where``
@@ -721,7 +722,7 @@ class MilvusStore(Owned, Resource):
 
     def rows(self, ids: list[str], fields: list[str], collection: str | None = None) -> dict[str, dict[str, Any]]:
         """The rows of these chunk ids (those present), by chunk id; from ``collection`` (the one a
-        query just read, ``_reading``), by default the configured one."""
+        query just searched, ``_filtered``), by default the configured one."""
         if not ids:
             return {}
         name = collection or self._collection()
@@ -898,7 +899,7 @@ class MilvusStore(Owned, Resource):
         ``WEIGHTED_DEPTH`` chunks (Milvus's largest limit); beyond, the passages past a term's first
         ``WEIGHTED_DEPTH`` miss that term's share."""
         try:
-            name = self._terms_role("a weighted (expanded) query")
+            self._terms_role("a weighted (expanded) query")
         except StoreMissing:
             return [[] for _ in queries]
         results = []
@@ -907,16 +908,16 @@ class MilvusStore(Owned, Resource):
             if not known:
                 results.append([])
                 continue
-            hits = self._filtered(where, lambda name, condition: self._connect().search(
+            searched, hits = self._filtered(where, lambda name, condition: (name, self._connect().search(
                 name, data=[t for t, _ in known], anns_field="sparse", limit=WEIGHTED_DEPTH, filter=condition,
-                search_params={"metric_type": "BM25"}, output_fields=["chunk_id"]))
+                search_params={"metric_type": "BM25"}, output_fields=["chunk_id"])))
             scores: dict[str, float] = {}
             for (_, weight), row in zip(known, hits):
                 for hit in row:
                     cid = hit["entity"]["chunk_id"]
                     scores[cid] = scores.get(cid, 0.0) + weight * self._bm25_score(hit["distance"])
             best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
-            rows = self.rows([cid for cid, _ in best], ["text", "metadata"], collection=self._reading())
+            rows = self.rows([cid for cid, _ in best], ["text", "metadata"], collection=searched)
             results.append([(cid, score, {**_shown(rows[cid]["metadata"]), "text": rows[cid]["text"]})
                             for cid, score in best if cid in rows])
         return results
@@ -973,7 +974,7 @@ def _access_elements(meta: dict[str, Any], chunk_id: str) -> list[str]:
     field matches exactly the chunks the JSON comparison does (a key that names no valid group is
     read from the JSON)."""
     elements = [PUBLIC_ELEMENT] if meta.get(PUBLIC_KEY) is True else []
-    elements += sorted(g for k, v in meta.items() if v is True and (g := _group_of(k)) is not None)
+    elements += [g for g in groups_of(meta) if _GROUP.match(g)]
     if len(elements) > ACCESS_CAPACITY:
         raise InputError(f"chunk {chunk_id[:200]!r} may be read by {len(elements)} groups; a Milvus collection's "
                          f"access field holds {ACCESS_CAPACITY}")

@@ -9,8 +9,8 @@ runs beside the Prefect runner serving the file's deployments (``flows/serve/ser
   ingestion pipeline of the file with the same state DB) is pending, running or due to start
   (checked on the Prefect API), or while the index's writer lease is held (a ``ragline index``
   run, a run of another server). 404: no such pipeline; 400: a query pipeline; 503: not deployed
-  or the Prefect API is unreachable or has not answered within 20 s (``Retry-After``). Concurrent requests are serialised, so two POSTs can never
-  both start a run.
+  or the Prefect API is unreachable or has not answered within 20 s (``Retry-After``). Concurrent
+  requests are serialised, so two POSTs can never both start a run.
 - ``GET /v1/runs/{id}`` reports a run of this file's pipelines (deployment-triggered, scheduled,
   or ``ragline index``): state, times, the persisted JSON result once completed (the IndexReport
   of an ingestion run, also for a run that failed because a root was unreachable; the answer or
@@ -611,16 +611,14 @@ async def within_prefect_deadline(call: Coroutine[Any, Any, Any], *, started: st
     except TimeoutError:
         maybe = (f"; a run of '{started}' may have been created: GET /v1/runs?pipeline={started} lists it"
                  if started else "")
-        raise ApiError(503, f"the Prefect API did not answer within {PREFECT_DEADLINE_SECONDS:g} s (busy or "
-                            f"down); try again{maybe}", "service_unavailable_error", code="prefect_unavailable",
-                       headers={"Retry-After": "5"}) from None
+        raise _prefect_down(f"the Prefect API did not answer within {PREFECT_DEADLINE_SECONDS:g} s (busy or down); "
+                            f"try again{maybe}") from None
     except Exception as exc:
-        raise _prefect_down(exc) from None
+        raise _prefect_down(f"the Prefect API did not answer: {type(exc).__name__}") from None
 
 
-def _prefect_down(exc: BaseException) -> ApiError:
-    return ApiError(503, f"the Prefect API did not answer: {type(exc).__name__}", "service_unavailable_error",
-                    code="prefect_unavailable", headers={"Retry-After": "5"})
+def _prefect_down(message: str) -> ApiError:
+    return ApiError(503, message, "service_unavailable_error", code="prefect_unavailable", headers={"Retry-After": "5"})
 
 
 def _collection_pipeline(project: Project, request: IngestRequest) -> str:
