@@ -18,6 +18,7 @@ import json
 import os
 import posixpath
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,11 +76,15 @@ class Params(BaseModel):
 
     paths: list[SourceSpec] = Field(..., min_length=1,
                                                description="folders (walked recursively), files or glob patterns; "
-                                                           "each may be {path, name, url_prefix, follow_links}, or "
+                                                           "each may be {path, name, url_prefix, follow_links, "
+                                                           "hard_links}, or "
                                                            "a root of another type: {type: fsspec, url: ...}, "
                                                            "{type: web, start: [...]}")
     follow_links: bool = Field(False, description="index symbolic links whose target is outside every root of this "
                                                   "step (off: they are skipped with a reason)")
+    hard_links: bool = Field(False, description="index files with more than one hard link (off: they are skipped "
+                                                "with a reason, since the same bytes may be a file outside every "
+                                                "root, as a symbolic link's may)")
     include: list[NonEmpty] = Field(
         ["*.html", "*.htm", "*.md", "*.markdown", "*.txt", "*.jsonl", *(f"*{ext}" for ext in CONVERTED)],
         min_length=1,
@@ -433,6 +438,7 @@ class SourceRoot:
     pattern: str = ""  # a glob's pattern below ``location``
     url_prefix: str | None = None
     follow_links: bool = False
+    hard_links: bool = False  # files with more than one hard link are indexed (else skipped with the reason)
     is_file: bool = False
     remote: bool = False  # ``location`` is a URL and paths are '<location>/<key>'
     access: tuple[access.AccessRule, ...] = ()  # the root's access rules (flows/access.py)
@@ -484,9 +490,11 @@ def _roots(params: Params, base_dir: str) -> list[SourceRoot]:
             location = _glob_base(expanded)
             pattern = expanded[len(location):].lstrip("/")
         follow = params.follow_links if spec.follow_links is None else spec.follow_links
+        hard = params.hard_links if spec.hard_links is None else spec.hard_links
         url = spec.url_prefix if spec.url_prefix is None or spec.url_prefix.endswith("/") else spec.url_prefix + "/"
         roots.append(SourceRoot(spec.path, location, spec.name or _default_name(location, base), pattern, url,
-                                follow, is_file=not pattern and os.path.isfile(expanded), access=tuple(spec.access)))
+                                follow, hard, is_file=not pattern and os.path.isfile(expanded),
+                                access=tuple(spec.access)))
     return roots
 
 
@@ -542,7 +550,23 @@ def _root_paths(root: SourceRoot, params: Params, ctx: StepContext, inside: list
             ctx.fail(root.source_id(path), "symbolic link to a file outside every source root: skipped (set "
                                            "follow_links: true on the root to index it)", skipped=True)
             continue
+        if not root.hard_links and not root.is_file and (links := _hard_links(path)) > 1:
+            ctx.fail(root.source_id(path), f"file has {links} hard links (its content may be a file outside every "
+                                           f"source root): skipped (set hard_links: true on the root to index "
+                                           f"it)", skipped=True)
+            continue
         yield path
+
+
+def _hard_links(path: str) -> int:
+    """How many directory entries name the file's content (st_nlink; 1 for what cannot be read: its
+    read reports that). A hard link is no symbolic link: nothing but the count shows that the same
+    bytes are also a file elsewhere, perhaps outside every root."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return 1
+    return info.st_nlink if stat.S_ISREG(info.st_mode) else 1
 
 
 def _overlapping(roots: list[SourceRoot]) -> bool:

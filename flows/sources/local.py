@@ -72,6 +72,8 @@ class Root(BaseModel):
                                                           "by its path below the root")
     follow_links: bool | None = Field(None, description="index symbolic links that lead outside every root "
                                                         "(default: the step's follow_links)")
+    hard_links: bool | None = Field(None, description="index files with more than one hard link (default: the "
+                                                      "step's hard_links; off, they are skipped with a reason)")
     access: AccessRules = []
 
     @model_validator(mode="before")

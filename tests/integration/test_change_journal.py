@@ -8,6 +8,7 @@ finds the index exactly as the files are."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import time
@@ -225,3 +226,20 @@ def test_last_runs_failures_are_read_again_from_the_journal(project, watcher, st
     wait_for(journal_of(project), "lines.jsonl")
     fixed = run(project, stats)
     assert fixed.failed == 1 and fixed.added == 1
+
+
+def test_a_hard_link_listed_from_the_journal_is_skipped_with_its_reason(project, watcher, stats):
+    """Issue 39 item 4: the journal's listing refuses what a full listing refuses (``ln /srv/x docs/x``)."""
+    docs = project.parent / "docs"
+    outside = project.parent / "srv"
+    outside.mkdir()
+    (outside / "secret.md").write_text("# Secret\n\nThe salaries of everyone.\n")
+    first = run(project, stats)  # the full listing that vouches for the journal
+    assert first.added == N + 5
+    os.link(outside / "secret.md", docs / "hard.md")
+    wait_for(journal_of(project), "hard.md")
+    listed = run(project, stats)
+    assert len(stats) <= 2, stats  # listed from the journal, not walked
+    assert (listed.added, listed.failed) == (0, 1)
+    failure = listed.failures[0]
+    assert failure.source_id == "docs/hard.md" and failure.skipped and "2 hard links" in failure.reason

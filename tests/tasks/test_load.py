@@ -367,6 +367,45 @@ def test_follow_links_per_root_or_per_step_indexes_them(tmp_path):
     assert len(per_step) == 2 and not ctx.failures  # the link loop is walked once
 
 
+# --- issue 39 item 4: hard links --------------------------------------------------------------
+
+def test_files_with_more_than_one_hard_link_are_skipped_with_a_reason(tmp_path):
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "secret.md").write_text("the salaries")
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "ok.md").write_text("fine")
+    os.link(tmp_path / "srv" / "secret.md", docs / "hard.md")  # `ln /srv/secret.md docs/hard.md`
+    os.link(docs / "ok.md", docs / "sub" / "twin.md")  # both names inside the root: the count is all one sees
+    (docs / "soft.md").symlink_to(docs / "hard.md")  # a symbolic link inside the root, to the hard link
+
+    everything = {"docs/hard.md", "docs/ok.md", "docs/soft.md", "docs/sub/twin.md"}
+    for paths, expected in (([docs], everything), ([f"{docs}/**/*"], everything),
+                            ([f"{docs}/*.md"], everything - {"docs/sub/twin.md"})):
+        documents, ctx = run(paths)
+        assert [d.text for d in documents] == [], paths
+        skipped = {f.source_id: f for f in ctx.failures}
+        assert set(skipped) == expected, paths
+        assert all(f.skipped and not f.protects(f.source_id) for f in skipped.values())
+        assert "2 hard links" in skipped["docs/hard.md"].reason and "hard_links: true" in skipped["docs/hard.md"].reason
+    assert [d.text for d in run([tmp_path / "srv" / "secret.md"])[0]] == ["the salaries"]  # named directly
+
+
+def test_hard_links_per_root_or_per_step_are_indexed_when_allowed(tmp_path):
+    (tmp_path / "secret.md").write_text("the salaries")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    os.link(tmp_path / "secret.md", docs / "hard.md")
+    ctx = StepContext(pipeline="t", step_id="load")
+    per_root = load.fn(params=Params(paths=[{"path": str(docs), "hard_links": True}]), ctx=ctx)
+    assert [d.text for d in per_root] == ["the salaries"] and not ctx.failures
+    per_step, ctx = run([docs], hard_links=True)
+    assert [d.text for d in per_step] == ["the salaries"] and not ctx.failures
+    ctx = StepContext(pipeline="t", step_id="load")
+    assert load.fn(params=Params(paths=[{"path": str(docs), "hard_links": False}], hard_links=True), ctx=ctx) == []
+    assert [f.source_id for f in ctx.failures] == ["docs/hard.md"]  # the root's own word wins
+
+
 def test_jsonl_metadata_cannot_set_where_a_record_comes_from_or_links_to(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"_id": "a", "text": "t", "metadata": {
         "path": "https://evil.example/phish", "url": "https://evil.example/x", "source": "https://evil.example/y",
