@@ -88,6 +88,22 @@ class RaglineSettings(BaseSettings):
                                               "(`ragline quickstart`, `ragline serve`)")
     vllm_deploy: Path | None = Field(None, description="the folder with vLLM's setup.sh and serve.sh "
                                                        "(default: deploy/vllm of the checkout)")
+    document_max_member_bytes: int = Field(64_000_000, ge=1, description="one member of a DOCX, PPTX, XLSX, ODT "
+                                           "or EPUB package (or any zip-based format), or one PDF stream, may inflate "
+                                           "to this many bytes; a document with a larger one is skipped with the "
+                                           "member's name, before any parser reads it")
+    document_max_expanded_bytes: int = Field(256_000_000, ge=1, description="the members of one package together "
+                                             "may inflate to this many bytes (else the document is skipped)")
+    document_max_expansion_ratio: float = Field(100.0, gt=1, description="a member, or a package as a whole, "
+                                                "inflating to over 1 MB may inflate at most this many times its "
+                                                "compressed size (a zip bomb: skipped with the member's name)")
+    document_max_chars: int = Field(16_000_000, ge=1, description="characters of text one document may have "
+                                    "(what bounds a document's memory through convert and chunk): a longer one is "
+                                    "skipped with the reason, checked while it is converted")
+    document_max_seconds: float = Field(300.0, gt=0, description="seconds one document may take to be read, "
+                                        "converted and chunked (each stage's share checked between pages, "
+                                        "paragraphs and chunks); past it the document is skipped with the reason "
+                                        "and the run goes on")
     failpoints: str = Field("", description="crash-safety tests only: `name[:n],...` kills the process the n-th "
                                             "time it reaches a named point")
     metrics: Flag = Field(True, description="record Prometheus metrics and serve them at `/metrics` of the API "

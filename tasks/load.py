@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import quote
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-from ragline.flows import access, failpoints, formats
+from ragline.flows import access, failpoints, formats, settings
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import UNREAD_KEY, Document, Metadata, content_hash
 from ragline.flows.sources import (
@@ -876,7 +876,12 @@ def _load_file(path: str, root: SourceRoot, data: bytes, mtime: float, params: P
     documents = _read_documents(path, root, data, mtime, params, ctx, media_type, versions)
     fallback = root.groups(path) if groups is None else groups
     out = []
+    limit = settings.get("document_max_chars")
     for document in documents:
+        if len(document.text) > limit:  # a text file, a record, an attachment (converters stop sooner)
+            ctx.fail(document.source_id, f"text of {len(document.text)} characters, over the document_max_chars "
+                                         f"limit of {limit}: skipped")
+            continue
         try:
             out.append(_granted(document, fallback, params))
         except ValueError as exc:
@@ -1077,8 +1082,11 @@ def _converted_documents(path: str, root: SourceRoot, where: str, convert: forma
     with the converter's reason, and an attachment's failure fails that attachment only."""
     name = name or posixpath.basename(path)
     kind = Path(name).suffix.lstrip(".").upper() or "file"
+    options = _budget(params)
     try:
-        converted = convert(data, name, formats.Options(params.ocr, params.ocr_max_pages, params.ocr_languages))
+        formats.check_archive(data, options)  # a zip bomb is refused from its directory, before any parser
+        converted = convert(data, name, options)
+        options.check(len(converted.text))
     except formats.FormatError as exc:
         ctx.fail(where, str(exc))
         return []
@@ -1097,6 +1105,21 @@ def _converted_documents(path: str, root: SourceRoot, where: str, convert: forma
         documents.extend(_attachment_documents(path, root, f"{where}#{attachment}", attachment, data, mtime,
                                                params, ctx))
     return documents
+
+
+def _budget(params: Params) -> formats.Options:
+    """What a converter may do and what one document may cost (the ``RAGLINE_DOCUMENT_*`` settings):
+    its time is counted from now. A cooperative deadline, checked in the converters' loops, rather
+    than a child process per document: loading runs in the engine's threads, and a process per file
+    would cost more than most files take; the parts a loop cannot interrupt (a C parser reading one
+    XML member, pypdf inflating one stream) are bounded before they start by the size limits."""
+    limits = settings.current()
+    seconds = limits.document_max_seconds
+    return formats.Options(params.ocr, params.ocr_max_pages, params.ocr_languages,
+                           max_member_bytes=limits.document_max_member_bytes,
+                           max_expanded_bytes=limits.document_max_expanded_bytes,
+                           max_ratio=limits.document_max_expansion_ratio, max_chars=limits.document_max_chars,
+                           seconds=seconds, deadline=time.monotonic() + seconds)
 
 
 def _named_attachments(attachments: list[formats.Attachment]) -> Iterator[tuple[str, bytes]]:

@@ -15,12 +15,13 @@ import functools
 from importlib.metadata import entry_points
 from typing import Callable
 
-from ragline.flows.formats.base import Attachment, Converted, FormatError, Options
+from ragline.flows.formats.base import Attachment, BudgetExceeded, Converted, FormatError, Options, check_archive
 
 GROUP = "ragline.formats"  # entry-point group: `<extension> = "package.module:convert"`
 Converter = Callable[[bytes, str, Options], Converted]
 
-__all__ = ["Attachment", "Converted", "Converter", "FormatError", "GROUP", "Options", "converter", "extensions"]
+__all__ = ["Attachment", "BudgetExceeded", "Converted", "Converter", "FormatError", "GROUP", "Options", "check_archive",
+           "converter", "extensions"]
 
 
 @functools.cache

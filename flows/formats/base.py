@@ -1,6 +1,9 @@
 """What a converter returns, and the Markdown pieces every converter writes the same way."""
 from __future__ import annotations
 
+import io
+import time
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -12,17 +15,75 @@ BLOCK_TAGS = frozenset({"p", "div", "li", "pre", "blockquote", "dt", "dd", "capt
 SKIPPED_TAGS = frozenset({"script", "style", "head", "template", "noscript", "svg"})
 
 
-@dataclass(frozen=True)
-class Options:
-    """What the ``load`` step lets converters do: OCR of pages and images without a text layer."""
-
-    ocr: bool = True
-    ocr_max_pages: int = 50  # per file: OCR takes seconds a page
-    ocr_languages: str = "eng"  # tesseract's language codes, '+'-joined
+ZIP_MAGIC = b"PK\x03\x04"  # DOCX, PPTX, XLSX, ODT and EPUB are zip packages
+RATIO_FLOOR = 1_000_000  # a member (or package) inflating to less is never judged by its expansion ratio
 
 
 class FormatError(RaglineError, ValueError):
     """A file this format cannot read; the message is the reason shown for the document."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the ``load`` step lets converters do (OCR of pages and images without a text layer) and
+    what one document may cost: bytes inflated from a package or a PDF stream, characters of text,
+    seconds (``deadline``, on ``time.monotonic``). The limits are the ``RAGLINE_DOCUMENT_*`` settings."""
+
+    ocr: bool = True
+    ocr_max_pages: int = 50  # per file: OCR takes seconds a page
+    ocr_languages: str = "eng"  # tesseract's language codes, '+'-joined
+    max_member_bytes: int = 64_000_000  # one archive member or PDF stream, inflated
+    max_expanded_bytes: int = 256_000_000  # every member of one archive together, inflated
+    max_ratio: float = 100.0  # inflated / compressed, per member and per archive (over RATIO_FLOOR)
+    max_chars: int = 16_000_000  # characters of one document's text
+    seconds: float = 300.0  # what ``deadline`` was set from, for the reason
+    deadline: float | None = None
+
+    def check(self, chars: int = 0) -> None:
+        """Raise ``BudgetExceeded`` once the document's time is up or its text passes ``max_chars``:
+        converters call it in their loops (a page, a paragraph), the chunker per chunk."""
+        if chars > self.max_chars:
+            raise BudgetExceeded(f"text over the document_max_chars limit of {self.max_chars} characters: skipped")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise BudgetExceeded(f"took over the document_max_seconds limit of {self.seconds:g} s: skipped")
+
+
+class BudgetExceeded(FormatError):
+    """A document past its time or size budget: skipped with the reason, the run goes on."""
+
+
+def check_archive(data: bytes, options: Options) -> None:
+    """Refuse a zip package (DOCX, PPTX, XLSX, ODT, EPUB, or any converter's) whose members inflate
+    past the limits, from its directory alone, before any parser reads it. The declared sizes are
+    what counts: ``zipfile`` (which every converter's library reads through) never inflates a member
+    past its declared size (a lying header fails its CRC check instead)."""
+    if not data.startswith(ZIP_MAGIC):
+        return
+    try:
+        members = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return  # not a readable package: its converter says why
+    total = 0
+    for member in members:
+        _check_member(member, options)
+        total += member.file_size
+        if total > options.max_expanded_bytes:
+            raise FormatError(f"archive members inflate to over {options.max_expanded_bytes} bytes together (at "
+                              f"member {member.filename!r}), the document_max_expanded_bytes limit: skipped")
+    if total > RATIO_FLOOR and total > options.max_ratio * len(data):
+        raise FormatError(f"archive inflates {total / len(data):.0f} times ({len(data)} to {total} bytes), over the "
+                          f"document_max_expansion_ratio limit of {options.max_ratio:g}: skipped")
+
+
+def _check_member(member: zipfile.ZipInfo, options: Options) -> None:
+    if member.file_size > options.max_member_bytes:
+        raise FormatError(f"archive member {member.filename!r} inflates to {member.file_size} bytes, over the "
+                          f"document_max_member_bytes limit of {options.max_member_bytes}: skipped")
+    ratio = member.file_size / max(member.compress_size, 1)
+    if member.file_size > RATIO_FLOOR and ratio > options.max_ratio:
+        raise FormatError(f"archive member {member.filename!r} inflates {ratio:.0f} times ({member.compress_size} "
+                          f"to {member.file_size} bytes), over the document_max_expansion_ratio limit of "
+                          f"{options.max_ratio:g}: skipped")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,18 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
         document = load_odf(io.BytesIO(data))
     except Exception as exc:
         raise FormatError(f"unreadable ODT (not an OpenDocument package): {type(exc).__name__}: {exc}") from None
-    parts = list(_blocks(document.text, teletype))
+    parts = list(_checked(_blocks(document.text, teletype), options))
     titles = [teletype.extractText(e) for e in _descendants(document.meta, (DC_NS, "title"))]
     return Converted(text=blocks(parts), title=(titles[0] if titles else "").strip())
+
+
+def _checked(parts: Iterator[str], options: Options) -> Iterator[str]:
+    """The blocks, the document's time and text budget checked before each."""
+    size = 0
+    for part in parts:
+        options.check(size)
+        size += len(part)
+        yield part
 
 
 def _blocks(element: Any, teletype: Any) -> Iterator[str]:

@@ -15,8 +15,10 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
         deck = Presentation(io.BytesIO(data))
     except Exception as exc:
         raise FormatError(f"unreadable PPTX (not a PowerPoint package): {type(exc).__name__}: {exc}") from None
-    slides = []
+    slides: list[str] = []
+    size = 0
     for slide in deck.slides:
+        options.check(size)  # a slide at a time: the document's time and text budget
         title_shape = slide.shapes.title
         parts = [heading(1, title_shape.text_frame.text)] if title_shape is not None else []
         title_id = title_shape.shape_id if title_shape is not None else None
@@ -24,6 +26,7 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
         if slide.has_notes_slide and (notes := slide.notes_slide.notes_text_frame.text.strip()):
             parts.append(f"Notes: {notes}")
         slides.append(blocks(parts))
+        size += len(slides[-1])
     text, starts = paged(slides)
     first_title = next((s.split("\n", 1)[0].lstrip("# ") for s in slides if s.startswith("# ")), "")
     return Converted(text=text, title=(deck.core_properties.title or "").strip() or first_title, pages=starts,

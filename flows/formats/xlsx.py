@@ -3,6 +3,7 @@ each sheet a heading and a Markdown table of its used rows."""
 from __future__ import annotations
 
 import io
+from typing import Any, Iterator
 
 from ragline.flows.formats.base import Converted, FormatError, Options, blocks, heading, markdown_table
 
@@ -17,7 +18,7 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     try:
         parts = []
         for sheet in workbook.worksheets:
-            rows = [list(row) for row in sheet.iter_rows(values_only=True)]
+            rows = list(_rows(sheet, options))
             rows = [row for row in rows if any(v is not None and str(v).strip() for v in row)]
             width = max((max((i + 1 for i, v in enumerate(r) if v is not None), default=0) for r in rows), default=0)
             if width:
@@ -26,3 +27,17 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
     finally:
         workbook.close()
     return Converted(text=blocks(parts), title=title)
+
+
+CHECK_EVERY = 1000  # rows between two checks of the document's budget
+
+
+def _rows(sheet: Any, options: Options) -> Iterator[list[Any]]:
+    """The sheet's rows, the document's time and size budget checked every CHECK_EVERY rows (the
+    cells' characters counted roughly, as their text)."""
+    size = 0
+    for number, row in enumerate(sheet.iter_rows(values_only=True)):
+        size += sum(len(str(v)) + 3 for v in row if v is not None)
+        if number % CHECK_EVERY == 0:
+            options.check(size)
+        yield list(row)
