@@ -12,11 +12,12 @@ from __future__ import annotations
 import bisect
 import hashlib
 import re
-from typing import Literal
+import time
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from ragline.flows import failpoints
+from ragline.flows import failpoints, settings
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.spec.registry import stage
@@ -28,6 +29,12 @@ SENTENCE_END = (".", "!", "?", ":", ";", "\n")
 PLAIN_FORMATS = frozenset({"text", "pdf", "jsonl", "rtf"})
 MD_HEADING = re.compile(r"(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 TABLE_ROW = re.compile(r"^[ \t]*\|.*$", re.M)
+# WordPiece (MiniLM's tokenizer) reads a word over 100 characters as one unknown token: a 10 MB line
+# without spaces would be one token, and one chunk of 10 MB. Such a token is cut into pieces of
+# PIECE_CHARS characters, each counted as a token, so every chunk stays within size * PIECE_CHARS.
+LONG_TOKEN_CHARS = 100
+PIECE_CHARS = 16
+PROGRESS_CHARS = 1_000_000  # a longer document logs its chunking progress, every tenth of its tokens
 
 
 class Params(BaseModel):
@@ -82,43 +89,96 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
     encodings = tokenizer([d.text for d in documents], add_special_tokens=False, return_offsets_mapping=True,
                           truncation=False, verbose=False)
     title_lengths = _title_lengths(tokenizer, documents) if params.prepend_title else [0] * len(documents)
+    seconds = settings.get("document_max_seconds")
     chunks: list[Chunk] = []
     for i, doc in enumerate(documents):
-        offsets = encodings["offset_mapping"][i]
-        words = encodings.word_ids(i) if hasattr(encodings, "word_ids") else None
-        sections = _Sections(doc.text if doc.format not in PLAIN_FORMATS else "")
-        title = doc.title if params.prepend_title else ""
-        rooms = _path_lengths(tokenizer, sections, title, starts=[o[0] for o in offsets]) \
-            if params.prepend_section else {}
-        budget = max(16, size - title_lengths[i])
-        # the title shrinks every window: a stride beyond it would skip text (or index past the end)
-        step = min(params.step or max(1, budget // 2), budget)
-        overlap = min(params.overlap, budget // 2)
-        if rooms and (params.mode == "window" or not params.structure):  # one budget: room for the longest path
-            budget = max(16, budget - min(max(rooms.values()), budget // 4))
-            step = min(step, budget)
-        if params.mode == "window":
-            spans = [(s, e, j > 0) for j, (s, e) in enumerate(_window_spans(len(offsets), budget, step))]
-        elif params.structure:
-            spans = _structure_spans(doc, offsets, words, budget, overlap, params.min_tokens, rooms)
-        else:
-            spans = [(s, e, j > 0) for j, (s, e) in
-                     enumerate(_sentence_spans(doc.text, offsets, words, budget, overlap))]
-        pieces = [(piece, offsets[s][0], offsets[e - 1][1]) for s, e, tail in spans
-                  if (piece := doc.text[offsets[s][0]:offsets[e - 1][1]].strip())
-                  and (not tail or e - s >= params.min_tokens)]
-        for ordinal, (piece, begin, end) in enumerate(pieces):
-            context = sections.context(begin, piece, title) if params.prepend_section else ""
-            text = f"{context}\n{piece}" if context else piece
-            text = f"{doc.title}\n{text}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
-                else text
-            chunks.append(Chunk(chunk_id=chunk_id(ctx.fingerprint, doc.source_id, ordinal, text),
-                                source_id=doc.source_id, ordinal=ordinal, text=text, title=doc.title,
-                                metadata={**doc.metadata, "chunk": ordinal, **_where(doc, sections, begin, end)}))
-        if not pieces:
+        offsets, words = _bounded_tokens(encodings["offset_mapping"][i],
+                                         encodings.word_ids(i) if hasattr(encodings, "word_ids") else None)
+        budget = _Budget(doc, len(offsets), seconds, ctx)
+        try:
+            found = _document_chunks(doc, offsets, words, title_lengths[i], size, params, tokenizer, ctx, budget.tick)
+        except OverBudget as exc:
+            ctx.fail(doc.source_id, str(exc))
+            continue
+        chunks.extend(found)
+        if not found:
             ctx.fail(doc.source_id, "no text to chunk")
     ctx.progress("chunks", len(chunks))
     failpoints.hit("chunk.after_batch")
+    return chunks
+
+
+class OverBudget(Exception):
+    """A document whose chunking took over ``RAGLINE_DOCUMENT_MAX_SECONDS``: skipped with the reason."""
+
+
+class _Budget:
+    """One document's chunking deadline, checked between chunks, and its progress lines when it is
+    long (over PROGRESS_CHARS): the only sign of life a run gives while it chunks a 10 MB file."""
+
+    def __init__(self, doc: Document, tokens: int, seconds: float, ctx: StepContext):
+        self.doc, self.tokens, self.seconds, self.ctx = doc, tokens, seconds, ctx
+        self.deadline = time.monotonic() + seconds
+        self.every = max(1, tokens // 10) if len(doc.text) > PROGRESS_CHARS else 0
+        self.next = self.every
+
+    def tick(self, token: int) -> None:
+        if time.monotonic() > self.deadline:
+            raise OverBudget(f"chunking took over the document_max_seconds limit of {self.seconds:g} s: skipped")
+        if self.every and token >= self.next:
+            self.ctx.logger.info("chunking %s (%d characters): %d%% of its %d tokens", self.doc.source_id,
+                                 len(self.doc.text), 100 * token // self.tokens, self.tokens)
+            self.next = (token // self.every + 1) * self.every
+
+
+def _bounded_tokens(offsets, words) -> tuple[list, list | None]:
+    """The tokens with each one over LONG_TOKEN_CHARS cut into PIECE_CHARS pieces of one word (so a
+    chunk ends between two only where no word boundary is near); unchanged when there is none."""
+    if all(end - start <= LONG_TOKEN_CHARS for start, end in offsets):
+        return offsets, words
+    cut: list[tuple[int, int]] = []
+    cut_words: list[int | None] = []
+    for index, (start, end) in enumerate(offsets):
+        pieces = [(start, end)] if end - start <= LONG_TOKEN_CHARS else \
+            [(at, min(at + PIECE_CHARS, end)) for at in range(start, end, PIECE_CHARS)]
+        cut.extend(pieces)
+        cut_words.extend([words[index] if words is not None else None] * len(pieces))
+    return cut, cut_words if words is not None else None
+
+
+def _document_chunks(doc: Document, offsets, words, title_length: int, size: int, params: Params, tokenizer,
+                     ctx: StepContext, tick: Callable[[int], None]) -> list[Chunk]:
+    """One document's chunks (``tick`` is called with the token reached, between chunks)."""
+    sections = _Sections(doc.text if doc.format not in PLAIN_FORMATS else "")
+    title = doc.title if params.prepend_title else ""
+    rooms = _path_lengths(tokenizer, sections, title, starts=[o[0] for o in offsets]) \
+        if params.prepend_section else {}
+    budget = max(16, size - title_length)
+    # the title shrinks every window: a stride beyond it would skip text (or index past the end)
+    step = min(params.step or max(1, budget // 2), budget)
+    overlap = min(params.overlap, budget // 2)
+    if rooms and (params.mode == "window" or not params.structure):  # one budget: room for the longest path
+        budget = max(16, budget - min(max(rooms.values()), budget // 4))
+        step = min(step, budget)
+    if params.mode == "window":
+        spans = [(s, e, j > 0) for j, (s, e) in enumerate(_window_spans(len(offsets), budget, step, tick))]
+    elif params.structure:
+        spans = _structure_spans(doc, offsets, words, budget, overlap, params.min_tokens, rooms, tick)
+    else:
+        spans = [(s, e, j > 0) for j, (s, e) in
+                 enumerate(_sentence_spans(doc.text, offsets, words, budget, overlap, tick=tick))]
+    pieces = [(piece, offsets[s][0], offsets[e - 1][1]) for s, e, tail in spans
+              if (piece := doc.text[offsets[s][0]:offsets[e - 1][1]].strip())
+              and (not tail or e - s >= params.min_tokens)]
+    chunks: list[Chunk] = []
+    for ordinal, (piece, begin, end) in enumerate(pieces):
+        context = sections.context(begin, piece, title) if params.prepend_section else ""
+        text = f"{context}\n{piece}" if context else piece
+        text = f"{doc.title}\n{text}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
+            else text
+        chunks.append(Chunk(chunk_id=chunk_id(ctx.fingerprint, doc.source_id, ordinal, text),
+                            source_id=doc.source_id, ordinal=ordinal, text=text, title=doc.title,
+                            metadata={**doc.metadata, "chunk": ordinal, **_where(doc, sections, begin, end)}))
     return chunks
 
 
@@ -139,14 +199,11 @@ class _Sections:
     def __init__(self, text: str):
         self.headings = _headings(text) if text else []
         self.starts = [offset for offset, _, _ in self.headings]
+        self.heading_paths = _heading_paths(self.headings)
 
     def at(self, offset: int) -> str:
-        stack: list[tuple[int, str]] = []
-        for _, level, title in self.headings[:bisect.bisect_right(self.starts, offset)]:
-            while stack and stack[-1][0] >= level:
-                stack.pop()
-            stack.append((level, title))
-        return " > ".join(title for _, title in stack)
+        at = bisect.bisect_right(self.starts, offset)
+        return self.heading_paths[at - 1] if at else ""
 
     def context(self, offset: int, piece: str, title: str) -> str:
         """The section path to open a chunk with: without a leading heading that is the document's
@@ -159,6 +216,19 @@ class _Sections:
     def paths(self, title: str) -> list[tuple[int, str]]:
         """(offset, path below the title) of every section, to reserve room for its path."""
         return [(offset, path) for offset in self.starts if (path := _below_title(self.at(offset), title))]
+
+
+def _heading_paths(headings: list[tuple[int, int, str]]) -> list[str]:
+    """Each heading's section path ("Heading > Subheading"), built in one pass: looked up per chunk,
+    a path rebuilt from the first heading each time made a long document's chunking quadratic."""
+    stack: list[tuple[int, str]] = []
+    paths = []
+    for _, level, title in headings:
+        while stack and stack[-1][0] >= level:
+            stack.pop()
+        stack.append((level, title))
+        paths.append(" > ".join(t for _, t in stack))
+    return paths
 
 
 def _below_title(path: str, title: str) -> str:
@@ -190,8 +260,9 @@ def _headings(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
-def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int,
-                     min_tokens: int, rooms: dict[int, int] | None = None) -> list[tuple[int, int, bool]]:
+def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int, min_tokens: int,
+                     rooms: dict[int, int] | None = None, tick: Callable[[int], None] | None = None
+                     ) -> list[tuple[int, int, bool]]:
     """(start, end, is_tail) token spans that follow the document's pages and sections.
 
     Pages are hard boundaries, except a page under ``min_tokens`` tokens, which joins the page
@@ -206,14 +277,17 @@ def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int,
     def token_at(char: int) -> int:
         return bisect.bisect_left(starts, char)
     pages = _merge_small([0, *sorted({t for c in doc.pages[1:] if 0 < (t := token_at(c)) < n}), n], min_tokens)
-    headings = {token_at(offset) for offset, _, _ in (_headings(doc.text) if doc.format not in PLAIN_FORMATS else [])}
+    headings = sorted({token_at(offset) for offset, _, _ in
+                       (_headings(doc.text) if doc.format not in PLAIN_FORMATS else [])})
     blocked = _inside_table_rows(doc.text, starts)
     spans: list[tuple[int, int, bool]] = []
     for page_start, page_end in zip(pages, pages[1:]):
-        cuts = [page_start, *sorted(t for t in headings if page_start < t < page_end), page_end]
+        inside = headings[bisect.bisect_right(headings, page_start):bisect.bisect_left(headings, page_end)]
+        cuts = [page_start, *inside, page_end]
         for group_start, group_end in _pack(cuts, budget, rooms or {}):
             room = _room(rooms or {}, group_start, budget)
-            pieces = _sentence_spans(doc.text, offsets, words, budget - room, overlap, group_start, group_end, blocked)
+            pieces = _sentence_spans(doc.text, offsets, words, budget - room, overlap, group_start, group_end,
+                                     blocked, tick)
             spans.extend((s, e, j > 0) for j, (s, e) in enumerate(pieces))
     return spans
 
@@ -280,11 +354,14 @@ def _title_lengths(tokenizer, documents: list[Document]) -> list[int]:
     return [len(t) + 1 if title else 0 for t, title in zip(ids, titles)]
 
 
-def _window_spans(n: int, window: int, step: int) -> list[tuple[int, int]]:
+def _window_spans(n: int, window: int, step: int, tick: Callable[[int], None] | None = None
+                  ) -> list[tuple[int, int]]:
     if n == 0:
         return []
     spans, start = [], 0
     while True:
+        if tick is not None:
+            tick(start)
         spans.append((start, min(start + window, n)))
         if start + window >= n:
             return spans
@@ -292,13 +369,17 @@ def _window_spans(n: int, window: int, step: int) -> list[tuple[int, int]]:
 
 
 def _sentence_spans(text: str, offsets, words, size: int, overlap: int, low: int = 0, high: int | None = None,
-                    blocked: frozenset[int] = frozenset()) -> list[tuple[int, int]]:
+                    blocked: frozenset[int] = frozenset(), tick: Callable[[int], None] | None = None
+                    ) -> list[tuple[int, int]]:
     """Token spans of at most ``size`` in [low, high) that end at sentence ends (else word ends)
-    where possible, and never before a ``blocked`` token (inside a table row) unless they must."""
+    where possible, and never before a ``blocked`` token (inside a table row) unless they must;
+    ``tick`` is told the token each span starts at (the document's budget and progress)."""
     n = len(offsets) if high is None else high
     spans: list[tuple[int, int]] = []
     start = low
     while start < n:
+        if tick is not None:
+            tick(start)
         end = min(start + size, n)
         if end < n:
             end = _best_break(text, offsets, words, start, end, blocked)

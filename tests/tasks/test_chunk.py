@@ -283,3 +283,39 @@ def test_empty_batch_returns_nothing_without_the_model(minilm, mode):
     assert chunk.fn(documents=[], params=Params(mode=mode), ctx=ctx, embedder=_NoModel()) == []
     assert chunk.fn(documents=[], params=Params(mode=mode), ctx=ctx, embedder=minilm) == []
     assert ctx.failures == [] and seen == [("chunks", 0), ("chunks", 0)]
+
+
+# --- issue 39 item 6: a 10 MB line, progress, the per-document budget ----------------------------
+
+def test_a_10_mb_line_without_spaces_is_chunked_into_bounded_chunks_with_progress_lines(minilm, caplog):
+    """WordPiece reads a word over 100 characters as one unknown token: the line was one chunk of 10 MB."""
+    line = "0123456789abcdefghij" * 500_000
+    doc = Document(source_id="line.txt", text=line, format="text")
+    with caplog.at_level("INFO"):
+        chunks, ctx = run([doc], minilm, prepend_title=False)
+    assert not ctx.failures and len(chunks) > 2000
+    assert max(len(c.text) for c in chunks) <= 254 * 16  # a chunk's tokens, each piece at most 16 characters
+    assert "".join(c.text for c in chunks) == line  # in order, nothing lost, nothing twice
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("chunking line.txt")]
+    assert len(progress) >= 9 and "(10000000 characters): 10% of its" in progress[0], progress[:2]
+
+
+def test_a_word_over_100_characters_in_a_sentence_is_cut_and_the_rest_chunks_as_before(minilm):
+    token = "x" * 5000
+    text = f"{LONG} {token} {LONG}"
+    chunks, _ = run(text, minilm, size=64, overlap=8, prepend_title=False)
+    assert max(len(c.text) for c in chunks) <= 64 * 16 + 2000  # words of LONG are short, the long one cut
+    assert token[:1000] in "".join(c.text for c in chunks)
+    before, _ = run(LONG, minilm, size=64, overlap=8, prepend_title=False)
+    assert [c.text for c in chunks[:len(before) - 1]] == [c.text for c in before[:-1]]
+
+
+def test_a_document_past_its_chunking_time_is_skipped_with_the_reason(minilm, monkeypatch):
+    monkeypatch.setenv("RAGLINE_DOCUMENT_MAX_SECONDS", "0.000000001")
+    docs = [Document(source_id="a", text=LONG), Document(source_id="b", text=sentences(10, seed=2))]
+    chunks, ctx = run(docs, minilm)
+    assert chunks == []
+    assert {f.source_id: f.reason for f in ctx.failures} == dict.fromkeys(
+        "ab", "chunking took over the document_max_seconds limit of 1e-09 s: skipped")
+    monkeypatch.delenv("RAGLINE_DOCUMENT_MAX_SECONDS")
+    assert {c.source_id for c in run(docs, minilm)[0]} == {"a", "b"}
