@@ -100,10 +100,10 @@ class RaglineSettings(BaseSettings):
     document_max_chars: int = Field(16_000_000, ge=1, description="characters of text one document may have "
                                     "(what bounds a document's memory through convert and chunk): a longer one is "
                                     "skipped with the reason, checked while it is converted")
-    document_max_seconds: float = Field(300.0, gt=0, description="seconds one document may take to be read, "
-                                        "converted and chunked (each stage's share checked between pages, "
-                                        "paragraphs and chunks); past it the document is skipped with the reason "
-                                        "and the run goes on")
+    document_max_seconds: float = Field(300.0, gt=0, description="seconds one file may take to be read and "
+                                        "converted (checked between pages, slides, paragraphs, rows), and one "
+                                        "document to be chunked (checked between chunks); past it the document is "
+                                        "skipped with the reason and the run goes on")
     failpoints: str = Field("", description="crash-safety tests only: `name[:n],...` kills the process the n-th "
                                             "time it reaches a named point")
     metrics: Flag = Field(True, description="record Prometheus metrics and serve them at `/metrics` of the API "
