@@ -72,6 +72,9 @@ class FsspecSpec(BaseModel):
     concurrency: int = Field(16, ge=1, le=256, description="objects downloaded at once; those started ahead "
                                                            "of loading hold at most 64 MiB together (one larger "
                                                            "object runs alone)")
+    hard_links: bool = Field(False, description="index files with more than one hard link, on a backend that "
+                                                "reports the count (file://; off: skipped with a reason, as on a "
+                                                "local root)")
     page_size: int | None = Field(None, ge=1, le=5000, description="objects per listing request on s3://, gs:// "
                                                                    "and az:// (default: the store's own, 1,000 on S3 "
                                                                    "and GCS, 5,000 on Azure)")
@@ -211,16 +214,30 @@ class FsspecSource(DocumentSource):
             reason = exc if isinstance(exc, SourceError) else f"{type(exc).__name__}: {exc}"
             return Listing(complete=False, reason=self.scrub(f"cannot list {self.location}: {reason}"))
         items = []
+        failed: list[tuple[str, str, bool]] = []
         for path, info in sorted(found.items()):
             if info.get("type", "file") != "file" or not path.startswith(root + "/"):
                 continue
             key = path[len(root) + 1:]
-            if wanted(key):
-                items.append(Item(key=key, signal=_signal(info, self.protocol), size=info.get("size"),
-                                  modified=_mtime(info)))
+            if not wanted(key):
+                continue
+            if (refused := self._hard_linked(info)) is not None:
+                failed.append((key, refused, True))
+                continue
+            items.append(Item(key=key, signal=_signal(info, self.protocol), size=info.get("size"),
+                              modified=_mtime(info)))
         if not found:  # a prefix cannot be told from a typo of one: like a missing folder, it deletes nothing
             return Listing(complete=False, reason=f"no objects under {self.location}")
-        return Listing(items)
+        return Listing(items, failed=failed)
+
+    def _hard_linked(self, info: dict[str, Any]) -> str | None:
+        """Why a file with more than one hard link is skipped (a backend that reports ``nlink``: a
+        local folder read as file://), as ``load`` skips one on a local root; None when it is read."""
+        links = info.get("nlink")
+        if self.spec.hard_links or not isinstance(links, int) or links <= 1:
+            return None
+        return (f"file has {links} hard links (its content may be a file outside the root): skipped (set "
+                f"hard_links: true on the root to index it)")
 
     def _manifest_listing(self, wanted: Callable[[str], bool]) -> Listing:
         """The keys the manifest names, each with its headers' change signal (one HEAD each). An
@@ -249,6 +266,9 @@ class FsspecSource(DocumentSource):
             except Exception as exc:  # noqa: BLE001 - 404, refused, timed out: this item only
                 failed.append((key, self.scrub(f"named in the manifest but unreadable: {type(exc).__name__}: "
                                                f"{exc}"), False))
+                continue
+            if (refused := self._hard_linked(info)) is not None:
+                failed.append((key, refused, True))
                 continue
             items.append(Item(key=key, signal=_signal(info, self.protocol), size=info.get("size"),
                               modified=_mtime(info)))

@@ -406,6 +406,22 @@ def test_hard_links_per_root_or_per_step_are_indexed_when_allowed(tmp_path):
     assert [f.source_id for f in ctx.failures] == ["docs/hard.md"]  # the root's own word wins
 
 
+def test_a_local_folder_read_through_fsspec_skips_hard_links_too(tmp_path):
+    (tmp_path / "secret.md").write_text("the salaries")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "ok.md").write_text("fine")
+    os.link(tmp_path / "secret.md", docs / "hard.md")
+    root = {"type": "fsspec", "url": f"file://{posix(docs)}", "name": "docs"}
+    ctx = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
+    assert [d.text for d in load.fn(params=Params(paths=[root]), ctx=ctx)] == ["fine"]
+    assert [(f.source_id, f.skipped) for f in ctx.failures] == [("docs/hard.md", True)]
+    assert "2 hard links" in ctx.failures[0].reason
+    ctx = StepContext(pipeline="t", step_id="load", base_dir=str(tmp_path))
+    allowed = load.fn(params=Params(paths=[{**root, "hard_links": True}]), ctx=ctx)
+    assert sorted(d.text for d in allowed) == ["fine", "the salaries"] and not ctx.failures
+
+
 def test_jsonl_metadata_cannot_set_where_a_record_comes_from_or_links_to(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"_id": "a", "text": "t", "metadata": {
         "path": "https://evil.example/phish", "url": "https://evil.example/x", "source": "https://evil.example/y",
