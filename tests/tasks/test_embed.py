@@ -76,3 +76,20 @@ def test_progress_counts_chunks(minilm):
     seen = []
     run(chunks(), minilm, on_progress=lambda unit, n: seen.append((unit, n)))
     assert seen == [("embedded", len(TEXTS))]
+
+
+def test_a_large_batch_is_embedded_in_parts_with_progress_lines(minilm, monkeypatch, caplog):
+    """Issue 39.6: a 10 MB document is thousands of chunks, minutes of embedding: each part is told."""
+    from ragline.tasks import embed as embed_module
+
+    items = [Chunk(chunk_id=f"c{i}", source_id="long", ordinal=i, text=f"{TEXTS[i % 4]} ({i})", title="T",
+                   metadata={"chunk": i}) for i in range(10)]
+    whole = run(items, minilm)
+    monkeypatch.setattr(embed_module, "PROGRESS_CHUNKS", 4)  # the real bound is 2,048 chunks
+    counted = []
+    with caplog.at_level("INFO"):
+        parts = run(items, minilm, on_progress=lambda key, n: counted.append((key, n)))
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("embedded")] == [
+        "embedded 4 of 10 chunks", "embedded 8 of 10 chunks", "embedded 10 of 10 chunks"]
+    assert counted == [("embedded", 4), ("embedded", 4), ("embedded", 2)]
+    np.testing.assert_allclose([c.embedding for c in parts], [c.embedding for c in whole], atol=1e-5)
