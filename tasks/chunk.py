@@ -124,7 +124,7 @@ class _Budget:
 
     def tick(self, token: int) -> None:
         if time.monotonic() > self.deadline:
-            raise OverBudget(f"chunking took over the document_max_seconds limit of {self.seconds:g} s: skipped")
+            raise OverBudget(f"chunking took over the document_max_seconds limit of {self.seconds:g} s")
         if self.every and token >= self.next:
             self.ctx.logger.info("chunking %s (%d characters): %d%% of its %d tokens", self.doc.source_id,
                                  len(self.doc.text), 100 * token // self.tokens, self.tokens)

@@ -880,7 +880,7 @@ def _load_file(path: str, root: SourceRoot, data: bytes, mtime: float, params: P
     for document in documents:
         if len(document.text) > limit:  # a text file, a record, an attachment (converters stop sooner)
             ctx.fail(document.source_id, f"text of {len(document.text)} characters, over the document_max_chars "
-                                         f"limit of {limit}: skipped")
+                                         f"limit of {limit}")
             continue
         try:
             out.append(_granted(document, fallback, params))

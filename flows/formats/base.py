@@ -43,9 +43,9 @@ class Options:
         """Raise ``BudgetExceeded`` once the document's time is up or its text passes ``max_chars``:
         converters call it in their loops (a page, a paragraph), the chunker per chunk."""
         if chars > self.max_chars:
-            raise BudgetExceeded(f"text over the document_max_chars limit of {self.max_chars} characters: skipped")
+            raise BudgetExceeded(f"text over the document_max_chars limit of {self.max_chars} characters")
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise BudgetExceeded(f"took over the document_max_seconds limit of {self.seconds:g} s: skipped")
+            raise BudgetExceeded(f"took over the document_max_seconds limit of {self.seconds:g} s")
 
 
 class BudgetExceeded(FormatError):
@@ -69,21 +69,21 @@ def check_archive(data: bytes, options: Options) -> None:
         total += member.file_size
         if total > options.max_expanded_bytes:
             raise FormatError(f"archive members inflate to over {options.max_expanded_bytes} bytes together (at "
-                              f"member {member.filename!r}), the document_max_expanded_bytes limit: skipped")
+                              f"member {member.filename!r}), the document_max_expanded_bytes limit")
     if total > RATIO_FLOOR and total > options.max_ratio * len(data):
         raise FormatError(f"archive inflates {total / len(data):.0f} times ({len(data)} to {total} bytes), over the "
-                          f"document_max_expansion_ratio limit of {options.max_ratio:g}: skipped")
+                          f"document_max_expansion_ratio limit of {options.max_ratio:g}")
 
 
 def _check_member(member: zipfile.ZipInfo, options: Options) -> None:
     if member.file_size > options.max_member_bytes:
         raise FormatError(f"archive member {member.filename!r} inflates to {member.file_size} bytes, over the "
-                          f"document_max_member_bytes limit of {options.max_member_bytes}: skipped")
+                          f"document_max_member_bytes limit of {options.max_member_bytes}")
     ratio = member.file_size / max(member.compress_size, 1)
     if member.file_size > RATIO_FLOOR and ratio > options.max_ratio:
         raise FormatError(f"archive member {member.filename!r} inflates {ratio:.0f} times ({member.compress_size} "
                           f"to {member.file_size} bytes), over the document_max_expansion_ratio limit of "
-                          f"{options.max_ratio:g}: skipped")
+                          f"{options.max_ratio:g}")
 
 
 @dataclass(frozen=True)

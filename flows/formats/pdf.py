@@ -25,7 +25,7 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
         raise
     except LimitReachedError as exc:  # a stream that inflates past the limit, refused while inflating it
         raise FormatError(f"a PDF stream inflates past the document_max_member_bytes limit of "
-                          f"{options.max_member_bytes} bytes ({exc}): skipped") from None
+                          f"{options.max_member_bytes} bytes ({exc})") from None
     except Exception as exc:  # pypdf raises many exception types on malformed files
         raise FormatError(f"unreadable PDF: {type(exc).__name__}: {exc}") from None
     text, starts = paged(pages)
