@@ -680,7 +680,7 @@ def _point_prefect_at(url: str, stack: contextlib.ExitStack, auth: str | None = 
     import prefect.context
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    values = {"PREFECT_API_URL": url, "PREFECT_API_AUTH_STRING": auth}
+    values = {"PREFECT_API_URL": url, **({"PREFECT_API_AUTH_STRING": auth} if auth else {})}  # else: the user's
     previous = {name: os.environ.get(name) for name in values}
     for name, value in values.items():
         _set_environ(name, value)
