@@ -14,7 +14,7 @@ first (the flow run then retries its crash report against a dead API for minutes
   started detached by the first command and recorded in ``server.json``; every command holds a
   shared lock on the ``lease`` file while it runs, and the server's watchdog thread stops it (and
   removes the record) once it can lock that file exclusively and the file is older than the idle
-  timeout. A record whose server is gone, answers no more or serves another database is replaced
+  timeout, and at once when the lease or the record is gone or unreadable (its folder deleted). A record whose server is gone, answers no more or serves another database is replaced
   under ``start.lock`` (which also makes two first commands start one server);
 - with the idle timeout 0 each command starts a server of its own instead, with a **parent-death
   signal** (``PR_SET_PDEATHSIG``) and a watchdog thread that stops it once ragline's pid is gone

@@ -13,9 +13,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Iterator, Literal
 
 import httpx
