@@ -96,7 +96,7 @@ def measure(project_path: Path, project, questions: list[str], poll_seconds: flo
 
     pipeline = project.pipeline("search")
     with tempfile.TemporaryDirectory() as home:
-        server = start_prefect_server(Path(home) / "prefect")
+        server = start_prefect_server(Path(home) / "prefect", auth=False)  # a throwaway harness server, plain HTTP
         serve = start_serve(project_path, server.api_url, poll_seconds, Path(home) / "serve.log", warm)
         try:
             with httpx.Client(base_url=server.api_url, timeout=60) as client:

@@ -57,7 +57,7 @@ def served_runs(project: Path, docs: Path, runs: int, warm: bool, first: int) ->
     source = abstracts()
     journal = Journal(journal_file(project.parent, "index", str(docs)))
     with tempfile.TemporaryDirectory() as home:
-        server = start_prefect_server(Path(home) / "prefect")
+        server = start_prefect_server(Path(home) / "prefect", auth=False)  # a throwaway harness server, plain HTTP
         serve = start_serve(project, server.api_url, 2.0, Path(home) / "serve.log", warm,
                             env={"PYTHONPATH": str(REPO)})  # the stand-in embedder is in tests/
         try:

@@ -135,7 +135,8 @@ def main() -> None:
         project = work / "served" / "pipelines.yaml"
         project.parent.mkdir()
         project.write_text(PIPELINES)
-        prefect = start_prefect_server(work / "prefect-home", database=database_url(work / "prefect-home"))
+        prefect = start_prefect_server(work / "prefect-home", database=database_url(work / "prefect-home"),
+                                      auth=False)  # a throwaway harness server, reached with plain HTTP
         process = None
         try:
             process, url = start_serve(project, prefect.api_url)

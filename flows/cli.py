@@ -211,6 +211,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="how often the runner looks for new runs")
     p.add_argument("--limit", type=_positive(int), help="flow runs at once (default: PREFECT_RUNNER_PROCESS_LIMIT, 5)")
     p.add_argument("--keep-schedules", action="store_true", help="do not pause schedules when serve stops")
+    p.add_argument("--serve-jobs", action="store_true", default=None,
+                   help="also deploy job pipelines (tune, adapt, summarize) that declare no schedule "
+                        "(RAGLINE_SERVE_JOBS); without it they have no deployment to start")
     p.add_argument("--keep-results-days", type=_keep_days, default=30.0, metavar="DAYS",
                    help="delete served runs' JSON results older than this (at start, then hourly); 0: keep all")
     p.add_argument("--cold-runs", action="store_true",
@@ -975,7 +978,7 @@ def _serve(args) -> int:
                  start_prefect=args.start_prefect, data_dir=args.data_dir, poll_seconds=args.poll_seconds,
                  limit=args.limit, pause_on_shutdown=not args.keep_schedules,
                  keep_results_days=args.keep_results_days or None, start_llm=args.start_llm,
-                 warm_runs=not args.cold_runs)
+                 warm_runs=not args.cold_runs, serve_jobs=args.serve_jobs)
 
 
 # ----------------------------------------------------------------------------- the LLM (issue 24.3)

@@ -130,6 +130,15 @@ class RaglineSettings(BaseSettings):
     triggered_groups: Names = Field(default_factory=list, description="groups whose documents a query run "
                                     "triggered through a Prefect deployment may read besides public ones (it has "
                                     "no principal; comma-separated); `*`: every document. Unset: public only")
+    serve_jobs: Flag = Field(False, description="`ragline serve` deploys job pipelines (tune, adapt, summarize) that "
+                                                "declare no schedule (`--serve-jobs`); off: only scheduled jobs are "
+                                                "deployed, so the Prefect API cannot start one")
+    event_documents: Flag = Field(False, description="Prefect query events name the principal and the ids of the "
+                                                     "documents returned (an audit trail readable by every client of "
+                                                     "the Prefect API); off: counts only")
+    refused_parameters: Names = Field(default_factory=list, description="set by `ragline serve` for a flow run "
+                                      "started with top-level parameters the flow does not take: their names "
+                                      "(the run ends Failed naming them)")
     served_deployments: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="set by `ragline serve` for its flow runs: what each deployment was "
                                           "created with (JSON)")

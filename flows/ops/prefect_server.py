@@ -14,13 +14,18 @@ first (the flow run then retries its crash report against a dead API for minutes
   started detached by the first command and recorded in ``server.json``; every command holds a
   shared lock on the ``lease`` file while it runs, and the server's watchdog thread stops it (and
   removes the record) once it can lock that file exclusively and the file is older than the idle
-  timeout. A record whose server is gone, answers no more or serves another database is replaced
+  timeout, and at once when the lease or the record is gone or unreadable (its folder deleted). A record whose server is gone, answers no more or serves another database is replaced
   under ``start.lock`` (which also makes two first commands start one server);
 - with the idle timeout 0 each command starts a server of its own instead, with a **parent-death
   signal** (``PR_SET_PDEATHSIG``) and a watchdog thread that stops it once ragline's pid is gone
   (``kill -9`` included);
 - the database is ``$RAGLINE_HOME/prefect/prefect.db`` (default ``~/.ragline/prefect``), kept
   between runs; ``dashboard_command()`` is the ``prefect server start`` line that shows that history;
+- the server requires Prefect's own basic authentication (``PREFECT_SERVER_API_AUTH_STRING``): the
+  secret is made on first start and kept, mode 0600, in ``api-auth`` beside the database
+  (``auth_string()``), so only this user (and root) can reach the API; every client ragline points
+  at it gets ``PREFECT_API_AUTH_STRING`` (settings context and ``os.environ``: runner, flow-run
+  processes, the CLI, the HTTP API). ``GET /health`` stays open (Prefect's choice), nothing else;
 - it points this process's Prefect client at the server (settings context, process-global
   settings context and ``os.environ``, so threads and child processes agree) and, on exit, drains
   Prefect's log and event workers, then stops its own server (SIGTERM, wait, SIGKILL) or releases
@@ -49,6 +54,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import secrets
+import stat
 import signal
 import socket
 import subprocess
@@ -73,7 +80,8 @@ LOG_LIMIT = 5_000_000  # bytes of server.log before it is rotated
 # The server process. Owned by one command (no lease arguments): arm the parent-death signal, close
 # the fork/prctl race, watch the parent's pid. Shared (a lease file, the record and the idle timeout):
 # every few seconds try the lease exclusively; held (no command is running) and either untouched for
-# the idle timeout or no longer the recorded server, remove the record (its own only) and stop. Then
+# the idle timeout or no longer the recorded server, remove the record (its own only) and stop; the
+# lease or the record gone or unreadable (the folder deleted under it), stop at once. Then
 # serve Prefect's app on the inherited, already bound socket (no port race).
 _CHILD = PRELUDE + r"""
 import json, socket, threading, time
@@ -90,25 +98,42 @@ def watch_parent():
         time.sleep(0.5)
     stop_now()
 
-def watch_lease(lease, record, idle):
+def should_stop(lease, record, idle):
+    # Stop when idle, no longer the recorded server, or when the lease or record is gone or
+    # unreadable (the working folder deleted: nothing can lease this server any more).
     import fcntl
+    try:
+        handle = open(lease, "r+")  # never created here: a deleted folder is a reason to stop
+    except OSError:
+        return True
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a command is using the server
+        try:
+            with open(record) as recorded:
+                mine = json.load(recorded).get("pid") == os.getpid()
+        except (OSError, ValueError, AttributeError):
+            return True
+        if mine and time.time() - os.fstat(handle.fileno()).st_mtime < idle:
+            return False
+        if mine:
+            try:
+                os.unlink(record)  # under the lock: no command finds a server that is stopping
+            except OSError:
+                pass
+        return True
+
+def watch_lease(lease, record, idle):
     while True:
         time.sleep(min(2.0, max(idle / 4, 0.2)))
-        with open(lease, "a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # a command is using the server
-            try:
-                with open(record) as recorded:
-                    mine = json.load(recorded).get("pid") == os.getpid()
-            except (OSError, ValueError, AttributeError):
-                mine = False
-            if mine and time.time() - os.fstat(handle.fileno()).st_mtime < idle:
-                continue
-            if mine:
-                os.unlink(record)  # under the lock: no command finds a server that is stopping
-        stop_now()
+        try:
+            stop = should_stop(lease, record, idle)
+        except Exception:  # whatever cannot be read: the watchdog must never die and leave the server
+            stop = True
+        if stop:
+            stop_now()
 
 if shared:
     watchdog = threading.Thread(target=watch_lease, args=(shared[0], shared[1], float(shared[2])),
@@ -146,8 +171,49 @@ def database_url(home: Path | None = None) -> str:
 
 
 def dashboard_command(home: Path | None = None) -> str:
-    """The shell command that opens the dashboard on the history ragline's runs left."""
-    return f"PREFECT_SERVER_DATABASE_CONNECTION_URL={database_url(home)} prefect server start --analytics-off"
+    """The shell command that opens the dashboard on the history ragline's runs left (with the same
+    secret: the dashboard asks for it, ``auth_string_path``'s content)."""
+    secret = auth_string_path(home)
+    return (f"PREFECT_SERVER_DATABASE_CONNECTION_URL={database_url(home)} "
+            f"PREFECT_SERVER_API_AUTH_STRING=\"$(cat {secret})\" prefect server start --analytics-off")
+
+
+AUTH_FILE = "api-auth"  # the local server's basic-auth secret, beside its database, mode 0600
+
+
+def auth_string_path(home: Path | None = None) -> Path:
+    return (home or prefect_home()) / AUTH_FILE
+
+
+def auth_string(home: Path | None = None) -> str:
+    """The secret of the local server of ``home`` (``user:password``, as Prefect's basic auth takes
+    it): made on first use, created 0600 (never readable by another user, even for a moment), and
+    tightened to 0600 if someone widened it. Raises ServerStartError naming the file it cannot use."""
+    path = auth_string_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _read_secret(path)
+    except OSError as exc:
+        raise ServerStartError(f"cannot create the Prefect API's secret {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"ragline:{secrets.token_urlsafe(32)}\n")
+    return _read_secret(path)
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        with open(path) as handle:
+            if stat.S_IMODE(os.fstat(handle.fileno()).st_mode) & 0o077:
+                os.fchmod(handle.fileno(), 0o600)
+            secret = handle.read().strip()
+    except OSError as exc:
+        raise ServerStartError(f"cannot read the Prefect API's secret {path}: {exc.strerror or exc}") from None
+    if not secret:
+        raise ServerStartError(f"the Prefect API's secret {path} is empty: delete it, and stop the server that "
+                               f"uses it (`ragline prefect stop`); the next start makes a new one")
+    return secret
 
 
 def configured_api_url() -> str | None:
@@ -172,11 +238,14 @@ class LocalPrefectServer:
     ``idle_seconds``, shared: detached from this process, it stops itself once no command has held
     the lease file of ``home`` for that long (see ``ensure_local_api``)."""
 
-    def __init__(self, home: Path | None = None, database: str | None = None, idle_seconds: float | None = None):
+    def __init__(self, home: Path | None = None, database: str | None = None, idle_seconds: float | None = None,
+                 auth: bool = True):
         """``database``, when given, wins over a configured one (a test's own server beside the
-        session's test harness, whose settings name the harness's database)."""
+        session's test harness, whose settings name the harness's database). ``auth``: require the
+        secret of ``home`` (``auth_string``); off only for a test harness's throwaway server."""
         self.home = Path(home) if home is not None else prefect_home()
         self.database = database
+        self.auth = auth
         self.idle_seconds = idle_seconds
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
@@ -191,7 +260,13 @@ class LocalPrefectServer:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def _environment(self) -> dict[str, str]:
+    @property
+    def auth_string(self) -> str | None:
+        """What a client sends (``PREFECT_API_AUTH_STRING``); None: the server takes anyone."""
+        return auth_string(self.home) if self.auth else None
+
+    def _environment(self, secret: bool = True) -> dict[str, str]:
+        """The server's environment; ``secret``: with its auth string (off: only to read the rest)."""
         env = dict(os.environ)
         try:  # settings changed in code (temporary_settings) reach the server, as Prefect does it
             from prefect.settings import get_current_settings
@@ -199,8 +274,10 @@ class LocalPrefectServer:
             env.update(get_current_settings().to_environment_variables(exclude_unset=True))
         except Exception:
             pass
-        for key in ("PREFECT_API_URL", "PREFECT_API_KEY"):
+        for key in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_API_AUTH_STRING", "PREFECT_SERVER_API_AUTH_STRING"):
             env.pop(key, None)
+        if self.auth and secret:
+            env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string(self.home)
         if not any(env.get(k) for k in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")):
             env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url(self.home)
         if self.database:
@@ -218,7 +295,7 @@ class LocalPrefectServer:
 
     def database_in_use(self) -> str:
         """The database URL the server is (or would be) started with."""
-        env = self._environment()
+        env = self._environment(secret=False)
         return env.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or env.get("PREFECT_API_DATABASE_CONNECTION_URL", "")
 
     def start(self, timeout: float | None = None) -> str:
@@ -347,6 +424,7 @@ class ServerRecord(BaseModel):
     port: int
     started: float  # time.time() of its start
     database: str
+    auth: bool = False  # requires the secret of its home (a record without it: a server anyone can use, replaced)
 
 
 def idle_seconds() -> float | None:
@@ -366,7 +444,7 @@ def read_record(home: Path | None = None) -> ServerRecord | None:
 def healthy_record(home: Path, database: str) -> ServerRecord | None:
     """The record, if its server still runs, is ragline's, serves ``database`` and answers."""
     record = read_record(home)
-    if record is None or record.database != database or not _is_our_server(record.pid):
+    if record is None or not record.auth or record.database != database or not _is_our_server(record.pid):
         return None
     import httpx
 
@@ -440,7 +518,7 @@ def _use_shared_server(idle: float, timeout: float | None) -> tuple[_Lease, str,
                 if record is None:
                     server._start_locked(started + timeout)
                     record = ServerRecord(url=server.api_url, pid=server.pid, port=server.port,
-                                          started=time.time(), database=database)
+                                          started=time.time(), database=database, auth=True)
                     write_atomic(home / RECORD, record.model_dump_json())
                     _detached.append(server.process)  # it outlives this process: never stopped from here
                     return lease, record.url, (
@@ -539,7 +617,7 @@ def _ensure(timeout: float | None) -> tuple[str, str | None]:
             lease, url, line = _use_shared_server(idle, timeout)
         stack = contextlib.ExitStack()
         try:
-            _point_prefect_at(url, stack)
+            _point_prefect_at(url, stack, auth_string(server.home if server is not None else prefect_home()))
         except BaseException:
             stack.close()
             if server is not None:
@@ -594,24 +672,21 @@ def local_api(timeout: float | None = None, announce: bool = False) -> Iterator[
             shutdown_local_api()
 
 
-def _point_prefect_at(url: str, stack: contextlib.ExitStack) -> None:
-    """Make every reader of Prefect's settings see ``url``: this context (temporary_settings), the
-    process-global settings context (threads started without a copied context, e.g. Prefect's
-    event and log workers) and os.environ (child processes, fresh ``Settings()``)."""
+def _point_prefect_at(url: str, stack: contextlib.ExitStack, auth: str | None = None) -> None:
+    """Make every reader of Prefect's settings see ``url`` (and ``auth``, the server's secret, as
+    ``PREFECT_API_AUTH_STRING``): this context (temporary_settings), the process-global settings
+    context (threads started without a copied context, e.g. Prefect's event and log workers) and
+    os.environ (child processes, fresh ``Settings()``)."""
     import prefect.context
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
-
-    def restore_environ() -> None:
-        if previous is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous
-
-    stack.callback(restore_environ)
-    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
+    values = {"PREFECT_API_URL": url, **({"PREFECT_API_AUTH_STRING": auth} if auth else {})}  # else: the user's
+    previous = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        _set_environ(name, value)
+    stack.callback(lambda: [_set_environ(name, value) for name, value in previous.items()])
+    updates = {PREFECT_API_URL: url, **({PREFECT_API_AUTH_STRING: auth} if auth else {})}
+    stack.enter_context(temporary_settings(updates=updates))
     global_context = prefect.context.GLOBAL_SETTINGS_CONTEXT
     prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.get_settings_context()
 
@@ -619,6 +694,13 @@ def _point_prefect_at(url: str, stack: contextlib.ExitStack) -> None:
         prefect.context.GLOBAL_SETTINGS_CONTEXT = global_context
 
     stack.callback(restore_global)
+
+
+def _set_environ(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _drain_prefect_workers(timeout: float) -> None:
@@ -784,8 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     server = LocalPrefectServer()
     try:
         server.start()
-        print(f"PREFECT_API_URL={server.api_url} (pid {server.pid}, started in {server.seconds_to_start:.1f} s)",
-              flush=True)
+        print(f"PREFECT_API_URL={server.api_url} (pid {server.pid}, started in {server.seconds_to_start:.1f} s); "
+              f"its clients need PREFECT_API_AUTH_STRING=\"$(cat {auth_string_path(server.home)})\"", flush=True)
         while server.process.poll() is None:
             time.sleep(1)
     except KeyboardInterrupt:

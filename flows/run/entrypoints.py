@@ -8,10 +8,12 @@ upstream futures, so a thread, Dask or Ray task runner can run it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -151,6 +153,45 @@ def served_deployments(parameters: dict[str, dict[str, Any]]) -> Iterator[None]:
         settings.export(SERVED, json.dumps(previous) if previous else None)
 
 
+REFUSED = "refused_parameters"  # the top-level parameters of a flow run that the flow does not take
+
+
+@contextlib.contextmanager
+def unknown_parameters_refused() -> Iterator[None]:
+    """While open, a flow run this process's runner starts with a top-level parameter ``run_pipeline``
+    does not take runs without it and is told its name (the ``refused_parameters`` setting, in the
+    run's own environment), so ``deployment_refusal`` ends it Failed naming the parameter. Prefect
+    would bind the parameters in the new process before its engine starts, and the run would end
+    CRASHED ("exited with status code 1") with the reason only in serve's log. Wraps Prefect's
+    ``run_flow_in_subprocess`` where its runner calls it (the seam Prefect documents for this)."""
+    import prefect.runner._starter_direct as direct
+    import prefect.runner.runner as runner
+
+    modules = [module for module in (direct, runner) if hasattr(module, "run_flow_in_subprocess")]
+    originals = [module.run_flow_in_subprocess for module in modules]
+    for module, original in zip(modules, originals):
+        module.run_flow_in_subprocess = _without_unknown_parameters(original)
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, originals):
+            module.run_flow_in_subprocess = original
+
+
+def _without_unknown_parameters(start: Callable[..., Any]) -> Callable[..., Any]:
+    def start_flow_run(flow: Any, flow_run: Any = None, *args: Any, env: dict[str, str | None] | None = None,
+                       **kwargs: Any) -> Any:
+        taken = inspect.signature(flow.fn).parameters
+        given = dict(getattr(flow_run, "parameters", None) or {})
+        unknown = sorted(name for name in given if name not in taken)
+        if unknown:
+            flow_run = flow_run.model_copy(update={"parameters": {k: v for k, v in given.items() if k in taken}})
+        env = {**(env or {}), settings.env_name(REFUSED): ",".join(unknown) or None}  # None: unset there
+        return start(flow, *args, flow_run=flow_run, env=env, **kwargs)
+
+    return start_flow_run
+
+
 def deployment_refusal(given: dict[str, Any]) -> str | None:
     """Why a deployment's run must not run with ``given`` (None: it may, or it is no deployment's
     run: the CLI and in-process runs take overrides). Every parameter but ``inputs`` must be the
@@ -165,6 +206,10 @@ def deployment_refusal(given: dict[str, Any]) -> str | None:
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment(deployment_id)
     name = f"{FLOW_NAME}/{deployment.name}"
+    unknown = settings.get(REFUSED)
+    if unknown:
+        return (f"deployment '{name}' refuses parameter {', '.join(repr(p) for p in unknown)}: the ragline flow "
+                f"takes only {', '.join(inspect.signature(run_pipeline.fn).parameters)}")
     served = settings.get(SERVED)
     expected = served.get(name, deployment.parameters or {})
     for parameter in PINNED:

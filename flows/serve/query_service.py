@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from fastapi.sse import format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ragline.flows import telemetry
+from ragline.flows import settings, telemetry
 from ragline.flows.access import checked, without_acl
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
@@ -257,13 +257,17 @@ class Events:
     def query_done(self, pipeline: str, status: str, latency_ms: float, timings: dict[str, float],
                    question_chars: int, surface: str, error: str | None = None, *, principal: str | None = None,
                    answer_id: str | None = None, returned: list[str] | None = None) -> None:
-        """One event per query: who asked (the principal's id), how it went, and the ids of the
-        documents returned (the audit trail); never the question's or the answer's text."""
+        """One event per query: how it went and how many documents it returned; never the question's
+        or the answer's text. Who asked (the principal's id) and the ids of the documents returned
+        only with the ``event_documents`` setting: every client of the Prefect API reads every event,
+        whatever documents its holder may read (the query log keeps that audit trail by default)."""
         if self._pool is None:
             return
         payload = {"pipeline": pipeline, "status": status, "latency_ms": latency_ms, "timings": timings,
-                   "question_chars": question_chars, "surface": surface, "principal": principal,
-                   "answer_id": answer_id, "returned": returned or []}
+                   "question_chars": question_chars, "surface": surface, "answer_id": answer_id,
+                   "returned_count": len(returned or [])}
+        if settings.get("event_documents"):
+            payload.update(principal=principal, returned=returned or [])
         if error:
             payload["error_type"] = error
         name = "ragline.query.failed" if status == "failed" else "ragline.query.completed"

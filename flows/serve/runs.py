@@ -15,7 +15,7 @@ runs beside the Prefect runner serving the file's deployments (``flows/serve/ser
   or ``ragline index``): state, times, the persisted JSON result once completed (the IndexReport
   of an ingestion run, also for a run that failed because a root was unreachable; the answer or
   passages of a query run; shown only to a credential that reads every document the query could,
-  ``shown_to``), the ingestion summary line, per-document failures (to a credential with the
+  ``shown_to``; a job run's only to a credential that reads every document), the ingestion summary line, per-document failures (to a credential with the
   ingest scope only: they name documents and paths, ``without_failure_details``), the failure
   message, and for a running ingestion run its progress (see ``progress``). 404 for any other id.
 
@@ -26,6 +26,9 @@ planned, indexed and the chunks it wrote, which the run sets as labels of its fl
 task runs on the Prefect API (each is one batch written), the steps running now, the documents the
 state DB recorded since the run started and the writer lease's heartbeat (every 5 s while the run
 holds the index).
+
+Job runs (tune, adapt, summarize) are listed and shown only to a credential with the ``admin`` scope
+(``may_see_runs``): to any other they do not exist (404).
 
 Nothing returned names the pipelines file or the data dir: messages and failure reasons have
 those paths (and any absolute path outside the configured source roots) replaced.
@@ -431,6 +434,9 @@ class _Runs:
         if kind == PipelineKind.QUERY and status.result is not None and not shown_to(reader, flow_run.labels):
             status.result = None
             status.message = "result withheld: this run could read documents this credential may not read"
+        if kind == PipelineKind.JOB and status.result is not None and reader is not None:
+            status.result = None  # summaries, member documents, paths: a job reads the whole index
+            status.message = "result withheld: a job run reads every document; this credential may not"
         if kind == PipelineKind.INGESTION and isinstance(status.result, dict):
             try:
                 report = IndexReport.model_validate(status.result)
@@ -453,17 +459,30 @@ class _Runs:
 
 
 def _listed_pipelines(project: Project, pipeline: str | None, principal: Any) -> list[str]:
-    """The pipelines ``GET /v1/runs`` lists: the one named (400 unknown, 404 unreadable, as unknown
-    is to ``GET /v1/runs/{id}``), else every one the principal may read."""
+    """The pipelines ``GET /v1/runs`` lists: the one named (400 unknown, 403 unreadable), else every
+    one the principal may see the runs of (``may_see_runs``)."""
     if pipeline is not None:
         if pipeline not in project.pipelines:
             raise ApiError(400, f"field 'pipeline': no pipeline '{pipeline}'; pipelines: "
                                 f"{', '.join(project.pipelines)}", param="pipeline", code="pipeline_not_found")
-        if not may_read(principal, project.pipeline(pipeline)):
-            raise ApiError(403, f"forbidden: this credential may not read pipeline '{pipeline}'s runs",
-                           "permission_error", code="forbidden")
+        if not may_see_runs(principal, project.pipeline(pipeline)):
+            raise ApiError(403, f"forbidden: this credential may not read pipeline '{pipeline}'s runs"
+                                + (" (a job's runs need the admin scope)" if _is_job(project.pipeline(pipeline))
+                                   else ""), "permission_error", code="forbidden")
         return [pipeline]
-    return [name for name, p in project.pipelines.items() if may_read(principal, p)]
+    return [name for name, p in project.pipelines.items() if may_see_runs(principal, p)]
+
+
+def may_see_runs(principal: Any, pipeline: Any) -> bool:
+    """Whether a principal sees a pipeline's runs: one it may read, and a job's (tune, adapt,
+    summarize: they read the whole index and change what queries read) only with the admin scope."""
+    if not may_read(principal, pipeline):
+        return False
+    return not _is_job(pipeline) or principal.may("admin", collections_of(pipeline))
+
+
+def _is_job(pipeline: Any) -> bool:
+    return pipeline.kind == PipelineKind.JOB
 
 
 def _newest_first(flow_run: Any) -> float:
@@ -586,7 +605,7 @@ def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
                     raise ApiError(404, f"no run '{run_id}' of this server's pipelines", code="run_not_found")
                 pipeline = project.pipeline(flow_run.parameters["pipeline"])
                 principal = principal_of(http)
-                if not may_read(principal, pipeline):  # as unknown: its existence is not told
+                if not may_see_runs(principal, pipeline):  # as unknown: its existence is not told
                     raise ApiError(404, f"no run '{run_id}' of the pipelines this credential may read",
                                    code="run_not_found")
                 status = await runs.status(client, flow_run, reading_groups(principal))

@@ -9,7 +9,10 @@ pipeline and parameterised with the file's absolute path:
   limit reached") instead of queueing behind it; the next tick catches up, ingestion being
   incremental. The index's writer lease in the state DB is the second guard (it also covers
   ``ragline index`` and other pipelines writing the same index: those wait for the holder).
-- job pipelines (e.g. ``tune``) carry their ``schedule:`` and the same concurrency limit;
+- job pipelines (``tune``, ``adapt``, ``summarize``: they change what queries read) are served
+  only when they declare a ``schedule:`` or the operator asks for them (``--serve-jobs``,
+  ``RAGLINE_SERVE_JOBS``), with the same concurrency limit; what a run publishes is what the
+  pipelines file configures (its ``write`` parameters: a deployment run takes no parameters);
 - query pipelines have no schedule: they run when triggered (``POST /api/deployments/{id}/
   create_flow_run`` on the Prefect API, or ``prefect deployment run ragline/<pipeline>``).
 
@@ -73,6 +76,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ragline.flows import settings
 from ragline.flows.spec.compile import Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import EX_USAGE, RaglineError
@@ -87,14 +91,14 @@ from ragline.flows.serve.runs import ingestion_runs, runs_router
 from ragline.flows.run.entrypoints import run_pipeline
 from ragline.flows.run.steps import pin_file
 from ragline.flows.ops.prefect_server import LocalPrefectServer
-from ragline.flows.run.entrypoints import served_deployments
+from ragline.flows.run.entrypoints import served_deployments, unknown_parameters_refused
 from ragline.flows.serve.connections import server_limits
 from ragline.flows.ops.store_servers import serve_stores
-from ragline.flows.ops.prefect_server import _drain_prefect_workers
+from ragline.flows.ops.prefect_server import _drain_prefect_workers, _point_prefect_at
 from ragline.flows.processes import pid_alive
 from ragline.flows.resources import close_resources
 from ragline.flows.net import is_loopback
-from ragline.flows.ops.prefect_server import configured_api_url
+from ragline.flows.ops.prefect_server import auth_string_path, configured_api_url
 from ragline.flows.serve.discovery import published
 from ragline.flows.serve.watch import start_watchers
 
@@ -153,9 +157,21 @@ def served_flow(project: Project):
     return flow
 
 
-def deployment_options(project: Project, data_dir: Path | None = None) -> dict[str, dict[str, Any]]:
-    """For each pipeline, the keyword arguments of ``run_pipeline.to_deployment`` (and of
-    ``Runner.add_flow``, which calls it): name, parameters, schedules, concurrency limit."""
+def served_pipelines(project: Project, serve_jobs: bool | None = None) -> list[str]:
+    """The pipelines ``ragline serve`` deploys: every ingestion and query pipeline; a job only when
+    it declares a schedule or ``serve_jobs`` (None: the ``serve_jobs`` setting) asks for it, since
+    anyone who may reach the Prefect API could otherwise re-tune or re-summarise the served index."""
+    if serve_jobs is None:
+        serve_jobs = settings.get("serve_jobs")
+    return [name for name, pipeline in project.pipelines.items()
+            if pipeline.spec.kind != PipelineKind.JOB or serve_jobs or pipeline.spec.schedule is not None]
+
+
+def deployment_options(project: Project, data_dir: Path | None = None,
+                       serve_jobs: bool | None = None) -> dict[str, dict[str, Any]]:
+    """For each served pipeline (``served_pipelines``), the keyword arguments of
+    ``run_pipeline.to_deployment`` (and of ``Runner.add_flow``, which calls it): name, parameters,
+    schedules, concurrency limit."""
     from prefect.client.schemas.objects import (
         ConcurrencyLimitConfig,
         ConcurrencyLimitStrategy,
@@ -164,7 +180,8 @@ def deployment_options(project: Project, data_dir: Path | None = None) -> dict[s
     from prefect.schedules import Cron, Interval
 
     options: dict[str, dict[str, Any]] = {}
-    for name, pipeline in project.pipelines.items():
+    for name in served_pipelines(project, serve_jobs):
+        pipeline = project.pipelines[name]
         parameters: dict[str, Any] = {"pipeline": name, "file": str(project.path.resolve())}
         if data_dir is not None:
             parameters["data_dir"] = str(Path(data_dir).resolve())
@@ -246,27 +263,19 @@ def _serving_server_class():
     return ServingPrefectServer
 
 
-def start_prefect_server(home: Path | None = None, database: str | None = None):
-    """Start a local Prefect server owned by this process (stopped with it); returns the server."""
-    server = _serving_server_class()(home, database)
+def start_prefect_server(home: Path | None = None, database: str | None = None, auth: bool = True):
+    """Start a local Prefect server owned by this process (stopped with it); returns the server.
+    ``auth``: it requires the secret kept beside its database (``prefect_server.auth_string``)."""
+    server = _serving_server_class()(home, database, auth=auth)
     server.start()
     return server
 
 
-def use_prefect_api(url: str, stack: contextlib.ExitStack) -> None:
-    """Point every reader of Prefect's settings at ``url``: this context, the process-global one
+def use_prefect_api(url: str, stack: contextlib.ExitStack, auth: str | None = None) -> None:
+    """Point every reader of Prefect's settings at ``url`` (with ``auth``, the secret of a server
+    this process started, as ``PREFECT_API_AUTH_STRING``): this context, the process-global one
     (threads), and os.environ (flow-run processes). Undone when ``stack`` closes."""
-    import prefect.context
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
-    stack.callback(lambda: os.environ.__setitem__("PREFECT_API_URL", previous) if previous is not None
-                   else os.environ.pop("PREFECT_API_URL", None))
-    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
-    global_context = prefect.context.GLOBAL_SETTINGS_CONTEXT
-    prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.get_settings_context()
-    stack.callback(lambda: setattr(prefect.context, "GLOBAL_SETTINGS_CONTEXT", global_context))
+    _point_prefect_at(url, stack, auth)
 
 
 def _api_answers(url: str) -> bool:
@@ -330,8 +339,9 @@ class ServeSupervisor:
                  data_dir: str | Path | None = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
                  limit: int | None = None, pause_on_shutdown: bool = True, prefect_home: Path | None = None,
                  log: Callable[[str], None] | None = None, keep_results_days: float | None = KEEP_RESULTS_DAYS,
-                 start_llm: bool = False, warm_runs: bool = True):
+                 start_llm: bool = False, warm_runs: bool = True, serve_jobs: bool | None = None):
         self.project_path = Path(project_path).resolve()
+        self.serve_jobs = serve_jobs  # None: the serve_jobs setting
         self.start_llm = start_llm
         self.warm_runs = warm_runs  # flow runs fork from a forkserver with their imports done (flows/serve/warm.py)
         self.runs_start_warm = False  # whether they do (warm_flow_runs said so)
@@ -370,7 +380,7 @@ class ServeSupervisor:
 
     def _start(self) -> None:
         project = _project(self.project_path, self.data_dir)
-        options = deployment_options(project, self.data_dir)
+        options = deployment_options(project, self.data_dir, self.serve_jobs)
         self._results = results_dir(project)
         self._prune()
         llms = self._llms_to_start(project)
@@ -388,6 +398,7 @@ class ServeSupervisor:
 
         self._stack.enter_context(served_deployments(
             {deployment_name(project, name): opts["parameters"] for name, opts in options.items()}))
+        self._stack.enter_context(unknown_parameters_refused())
         flow = served_flow(project)
         if self.warm_runs:
             self.runs_start_warm = self._stack.enter_context(warm_flow_runs(preload_modules(project)))
@@ -411,6 +422,10 @@ class ServeSupervisor:
                                                 self.data_dir))  # a terminal search or ask uses this API
         served = ", ".join(f"{opts['name']} ({self._describe(opts)})" for opts in options.values())
         self.log(f"ragline serve: {len(options)} deployment(s) of flow '{FLOW_NAME}': {served}")
+        unserved = [name for name in project.pipelines if name not in options]
+        if unserved:
+            self.log(f"ragline serve: job pipeline(s) {', '.join(unserved)} not deployed: they declare no schedule "
+                     f"(--serve-jobs or RAGLINE_SERVE_JOBS=1 deploys them; `ragline tune` etc. run them here)")
         self.log(f"ragline serve: Prefect API {self.prefect_api_url}; runner polls every {self.poll_seconds:g} s"
                  + (f"; HTTP API {self.api_url}" if self.api_url else ""))
 
@@ -489,8 +504,9 @@ class ServeSupervisor:
             self._prefect_server = start_prefect_server(self.prefect_home)
             url = self._prefect_server.api_url
             self.log(f"ragline serve: Prefect server on {url} (pid {self._prefect_server.pid}); dashboard: "
-                     f"{url.removesuffix('/api')}")
-        use_prefect_api(url, self._stack)
+                     f"{url.removesuffix('/api')}; it requires the secret in "
+                     f"{auth_string_path(self._prefect_server.home)}")
+        use_prefect_api(url, self._stack, self._prefect_server.auth_string if self._prefect_server else None)
         self.prefect_api_url = url
 
     def _spawn(self, name: str, target: Callable[[], Any]) -> None:
@@ -749,14 +765,14 @@ def serve(project_path: str | Path, *, api: bool = True, host: str = "127.0.0.1"
           token: str | None = None, start_prefect: bool = False, data_dir: str | Path | None = None,
           poll_seconds: float = DEFAULT_POLL_SECONDS, limit: int | None = None,
           pause_on_shutdown: bool = True, keep_results_days: float | None = KEEP_RESULTS_DAYS,
-          start_llm: bool = False, warm_runs: bool = True) -> int:
+          start_llm: bool = False, warm_runs: bool = True, serve_jobs: bool | None = None) -> int:
     """Serve a pipelines file until SIGTERM (exit 0) or Ctrl-C (exit 130); 1 if the runner or the
     API stopped by itself, 2 if it cannot start (no Prefect API, port in use, invalid file: the
     message says why). Call it from the main thread: it handles SIGTERM and SIGINT itself."""
     service = ServeSupervisor(project_path, api=api, host=host, port=port, token=token, start_prefect=start_prefect,
                       data_dir=data_dir, poll_seconds=poll_seconds, limit=limit,
                       pause_on_shutdown=pause_on_shutdown, keep_results_days=keep_results_days,
-                      start_llm=start_llm, warm_runs=warm_runs)
+                      start_llm=start_llm, warm_runs=warm_runs, serve_jobs=serve_jobs)
     received: list[int] = []
 
     def on_signal(signum, frame) -> None:

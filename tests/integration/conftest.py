@@ -41,12 +41,15 @@ def prefect_server(worker_prefect_api):
 def _start_serving_server(tmp_path_factory):
     """ragline's own `--start-prefect` server (all services, scheduler included; not the test harness,
     which runs no scheduler) on a temporary database of its own, even when the session's test harness
-    (whose settings name the harness's database, which the server would inherit) is running."""
+    (whose settings name the harness's database, which the server would inherit) is running. Without
+    its basic authentication (``auth=False``): the tests talk to it with plain HTTP, as an operator's
+    own `prefect server start` would be reached; tests/integration/test_prefect_api_security.py
+    checks the authenticated server `ragline serve --start-prefect` starts."""
     from ragline.flows.ops.prefect_server import database_url
     from ragline.flows.serve.service import start_prefect_server
 
     home = tmp_path_factory.mktemp("prefect-home")
-    return start_prefect_server(home, database=database_url(home))
+    return start_prefect_server(home, database=database_url(home), auth=False)
 
 
 @pytest.fixture(scope="session")

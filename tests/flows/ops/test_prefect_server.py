@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -451,3 +452,36 @@ def test_two_first_commands_at_once_start_one_server(shared_env, echo_project):
     assert sum("Prefect API: started" in err for err in errors) == 1, errors
     assert sum(f"Prefect API: reusing ragline's local server at {record['url']}" in err for err in errors) == 1
     assert _alive(record["pid"])
+
+
+@pytest.mark.integration
+def test_the_shared_server_requires_its_secret_and_stops_when_its_folder_is_deleted(shared_env, echo_project,
+                                                                                    tmp_path):
+    """Issue 39 item 1: the shared server answers only a client with the secret kept 0600 beside its
+    database (the CLI's flow run sent it). Issue 40 item 6: a project folder deleted under a running
+    shared server (its lease and record gone) stops the server within seconds, not after hours."""
+    import base64
+
+    import httpx
+
+    home = tmp_path / "project" / ".ragline-home"  # a bar-style script: the project holds ragline's home
+    env = dict(shared_env, RAGLINE_HOME=str(home))
+    _echo(env, echo_project)
+    record = json.loads((home / "prefect" / "server.json").read_text())
+    secret = home / "prefect" / "api-auth"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    basic = base64.b64encode(secret.read_text().strip().encode()).decode()
+    try:
+        assert httpx.post(f"{record['url']}/flows/filter", json={}, timeout=30).status_code == 401
+        assert httpx.post(f"{record['url']}/flows/filter", json={}, timeout=30,
+                          headers={"Authorization": "Basic " + base64.b64encode(b"ragline:guess").decode()}
+                          ).status_code == 401
+        flows = httpx.post(f"{record['url']}/flows/filter", json={}, timeout=30,
+                           headers={"Authorization": f"Basic {basic}"})
+        assert flows.status_code == 200 and any(f["name"] == "ragline" for f in flows.json()), flows.text
+        shutil.rmtree(tmp_path / "project")
+        took = _wait_gone(record["pid"], 30)
+    finally:
+        if _alive(record["pid"]):
+            os.kill(record["pid"], signal.SIGKILL)
+    assert took is not None, "the shared Prefect server outlived its deleted folder"

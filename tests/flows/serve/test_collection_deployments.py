@@ -71,3 +71,30 @@ collections:
             _collection_pipeline(project, request)
         assert refused.value.status == 400 and refused.value.param == "collection"
         assert refused.value.message.startswith("field 'collection'") and said in refused.value.message
+
+
+def test_a_job_without_a_schedule_is_deployed_only_when_the_operator_asks(tmp_path, monkeypatch):
+    """Issue 39 item 1: a job deployment re-tunes or re-summarises what queries read, and anyone on
+    the Prefect API can start a deployment: an unscheduled job is deployed only on request."""
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(textwrap.dedent(RESOURCES + PIPELINES + """
+  tune:
+    kind: job
+    steps:
+      - {id: pairs, task: pseudo_queries}
+      - {id: tune,  task: tune_retrieval}
+  weekly:
+    kind: job
+    schedule: {cron: "0 3 * * 0"}
+    steps:
+      - {id: pairs, task: pseudo_queries}
+      - {id: tune,  task: tune_retrieval}
+"""))
+    project = load_project(path, tuned=False)
+    monkeypatch.delenv("RAGLINE_SERVE_JOBS", raising=False)
+
+    assert "tune" not in deployment_options(project) and "weekly" in deployment_options(project)
+    assert "tune" in deployment_options(project, serve_jobs=True)
+    monkeypatch.setenv("RAGLINE_SERVE_JOBS", "1")
+    assert "tune" in deployment_options(project)
+    assert "tune" not in deployment_options(project, serve_jobs=False)

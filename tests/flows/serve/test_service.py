@@ -164,3 +164,25 @@ def test_the_audit_record_of_an_outcome_is_document_ids_without_access_keys():
     assert [p["metadata"] for p in rankings.to_json()["passages"][0]["passages"]] == [{"year": 2020}] * 3
     answer = Answer(question="q", text="t [1]", sources=[Source(number=1, chunk_id="c1", source_id="kb/doc1")])
     assert Outcome("ask", answer, {}, 1.0).returned_ids() == ["kb/doc1"]
+
+
+def test_a_configured_apis_auth_string_reaches_the_flow_run_processes(monkeypatch):
+    """Issue 39.1: a Prefect server the user runs with PREFECT_SERVER_API_AUTH_STRING is reached with
+    the user's PREFECT_API_AUTH_STRING; pointing serve's clients at it keeps that for the flow-run
+    processes (os.environ), and the secret of a server serve started wins for that one."""
+    import contextlib
+    import os
+
+    from prefect.settings import PREFECT_API_AUTH_STRING
+
+    from ragline.flows.serve.service import use_prefect_api
+
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", "admin:the-users-own")
+    with contextlib.ExitStack() as stack:
+        use_prefect_api("http://127.0.0.1:4200/api", stack)
+        assert os.environ["PREFECT_API_AUTH_STRING"] == "admin:the-users-own"
+    with contextlib.ExitStack() as stack:
+        use_prefect_api("http://127.0.0.1:4201/api", stack, "ragline:started-here")
+        assert os.environ["PREFECT_API_AUTH_STRING"] == "ragline:started-here"
+        assert PREFECT_API_AUTH_STRING.value() == "ragline:started-here"
+    assert os.environ["PREFECT_API_AUTH_STRING"] == "admin:the-users-own"

@@ -257,6 +257,7 @@ def test_events_after_each_query_never_block_or_fail_it(api_project, scripted_ll
         assert payload["status"] == "answered" and payload["question_chars"] == len(QUESTION)
         assert set(payload["timings"]) == {"dense", "sparse", "fuse"} and payload["latency_ms"] > 0
         assert TOKEN not in json.dumps(event) and QUESTION not in json.dumps(event)
+        assert "returned" not in payload and "principal" not in payload and payload["returned_count"] >= 1  # 39.2
 
         def broken(**event):
             raise ConnectionError("no Prefect")
