@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 from ragline.flows import failpoints, settings
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
+from ragline.flows.formats.base import BudgetExceeded
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.embedder import Embedder
 
@@ -94,10 +95,10 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
     for i, doc in enumerate(documents):
         offsets, words = _bounded_tokens(encodings["offset_mapping"][i],
                                          encodings.word_ids(i) if hasattr(encodings, "word_ids") else None)
-        budget = _Budget(doc, len(offsets), seconds, ctx)
+        budget = _ChunkingDeadline(doc, len(offsets), seconds, ctx)
         try:
             found = _document_chunks(doc, offsets, words, title_lengths[i], size, params, tokenizer, ctx, budget.tick)
-        except OverBudget as exc:
+        except BudgetExceeded as exc:
             ctx.fail(doc.source_id, str(exc))
             continue
         chunks.extend(found)
@@ -108,11 +109,7 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
     return chunks
 
 
-class OverBudget(Exception):
-    """A document whose chunking took over ``RAGLINE_DOCUMENT_MAX_SECONDS``: skipped with the reason."""
-
-
-class _Budget:
+class _ChunkingDeadline:
     """One document's chunking deadline, checked between chunks, and its progress lines when it is
     long (over PROGRESS_CHARS): the only sign of life a run gives while it chunks a 10 MB file."""
 
@@ -124,7 +121,7 @@ class _Budget:
 
     def tick(self, token: int) -> None:
         if time.monotonic() > self.deadline:
-            raise OverBudget(f"chunking took over the document_max_seconds limit of {self.seconds:g} s")
+            raise BudgetExceeded(f"chunking took over the document_max_seconds limit of {self.seconds:g} s")
         if self.every and token >= self.next:
             self.ctx.logger.info("chunking %s (%d characters): %d%% of its %d tokens", self.doc.source_id,
                                  len(self.doc.text), 100 * token // self.tokens, self.tokens)
