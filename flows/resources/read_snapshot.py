@@ -60,7 +60,7 @@ def signature(folder: Path) -> dict[str, tuple[int, int, int]]:
             info = path.stat()
         except FileNotFoundError:
             continue
-        if path.is_file():
+        if path.is_file() and not path.name.endswith(SKIPPED):  # (a writer's reads change its -shm)
             found[str(path.relative_to(folder))] = (info.st_size, info.st_mtime_ns, info.st_ino)
     return found
 

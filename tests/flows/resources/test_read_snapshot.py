@@ -82,3 +82,22 @@ def test_a_folder_that_never_stops_changing_is_named(tmp_path, private_tmp, monk
     with pytest.raises(IndexBusy, match=f"{source} kept changing while it was copied for reading"):
         read_snapshot.take(source, "a store")
     assert not list(private_tmp.iterdir())
+
+
+def test_sqlites_shared_memory_file_is_neither_copied_nor_watched(tmp_path, private_tmp, monkeypatch):
+    """A writer's own reads change ``chroma.sqlite3-shm``; SQLite rebuilds it in the copy."""
+    source = tmp_path / "store"
+    source.mkdir()
+    (source / "chroma.sqlite3").write_bytes(b"db")
+    (source / "chroma.sqlite3-shm").write_bytes(b"0")
+    copy, copies = read_snapshot._copy, []
+
+    def copy_while_read(src: Path, dst: Path) -> None:
+        copy(src, dst)
+        copies.append(dst)
+        (source / "chroma.sqlite3-shm").write_bytes(b"01")
+
+    monkeypatch.setattr(read_snapshot, "_copy", copy_while_read)
+    snapshot = read_snapshot.take(source, "a store")
+    assert len(copies) == 1 and sorted(p.name for p in snapshot.iterdir()) == ["chroma.sqlite3"]
+    read_snapshot.discard(snapshot)
