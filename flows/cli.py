@@ -753,9 +753,33 @@ def _eval(args) -> int:
                     if result["overlay"] else "  tuned overlay: none (pipelines file as written)"))
     for metric in METRICS:
         print(f"  {metric:<11} {result[metric]:.4f}")
+    for line in _depth_lines(result["documents_per_query"]) + _unevaluated_lines(result["not_evaluated"]):
+        print(printable(line))
     print(printable(f"  index: {result['index_summary']} in {result['index_seconds']} s; "
                     f"query: {result['query_ms_mean']} ms mean"))
     return 0
+
+
+def _depth_lines(depth: dict[str, Any]) -> list[str]:
+    """What the document-level metrics were computed over (a pipeline returns chunks, not documents)."""
+    line = (f"  metrics over distinct documents: recall@{depth['target']} over the top {depth['target']} documents "
+            f"of each query (retrieval depth multiplied up to {depth['deepest_scale']}x to reach them)")
+    if not depth["queries_short"]:
+        return [line]
+    return [line, f"  {depth['queries_short']} queries found fewer than {depth['target']} documents (fewest "
+                  f"{depth['fewest']}: the index or the depth limit ran out): {', '.join(depth['short_queries'])}"]
+
+
+def _unevaluated_lines(skipped: dict[str, str]) -> list[str]:
+    """Each judged query that was not evaluated, grouped by why (a past-limit group is counted)."""
+    by_reason: dict[str, list[str]] = {}
+    for qid, reason in skipped.items():
+        by_reason.setdefault(reason, []).append(qid)
+    lines = []
+    for reason, ids in by_reason.items():
+        named = ", ".join(ids) if not reason.startswith("past --limit") else f"{ids[0]} ... {ids[-1]}"
+        lines.append(f"  not evaluated ({len(ids)} judged queries, {reason}): {named}")
+    return lines
 
 
 def _evaluation(args, kind: str, settings: dict[str, Any], work) -> dict[str, Any]:

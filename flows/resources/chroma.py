@@ -1,6 +1,8 @@
 """ChromaDB vector store: embedded PersistentClient by default, HttpClient when a host is set.
 
-Both modes behave the same. Against a server every Chroma call retries transient connection
+Both modes behave the same. An embedded process that has only read opens a private copy of the
+folder (``read_snapshot``: embedded Chroma writes its files whenever a process opens them), so a
+query never writes the store; its first write switches it to the folder itself. Against a server every Chroma call retries transient connection
 failures (server restarting, connection reset, timeout) with exponential backoff until
 ``retries`` or ``retry_max_seconds`` runs out, then raises ``ChromaUnavailable`` naming the
 server. In both modes a cached collection handle that went stale (the collection was dropped
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import DependencyUnavailable, IndexUnavailable
+from ragline.flows.resources import read_snapshot
 from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.store_owner import Owned
 from ragline.flows.resources.state import REMEDY, StoreMissing, disk_fault, store_health
@@ -120,6 +123,8 @@ class ChromaStore(Owned, Resource):
         self._lock = threading.RLock()
         self._client = Lazy(self._new_client, self._lock)
         self._max_batch: int | None = None
+        self._writes = False  # this process has written (or means to): the client opens the folder itself
+        self._snapshot: Path | None = None  # the private copy a reading client opened instead
 
     @property
     def server(self) -> str | None:
@@ -146,6 +151,7 @@ class ChromaStore(Owned, Resource):
     # ------------------------------------------------------------------ connection
     @property
     def client(self):
+        """The client that writes (embedded: over the folder itself, not a reader's copy)."""
         return self._retrying("connect", self._connect)
 
     @property
@@ -159,8 +165,15 @@ class ChromaStore(Owned, Resource):
         collection), as ``all_ids`` and the query paths read."""
         return self._retrying("open the collection", lambda: self._open(create=False))
 
-    def _connect(self):
-        return self._client.get()
+    def _connect(self, write: bool = True):
+        """The client; ``write=False`` (a read) lets an embedded one open a private copy. The first
+        write drops a copy's client: from then on this process works on the folder itself."""
+        with self._lock:
+            if write and not self._writes:
+                self._writes = True
+                if self._snapshot is not None:
+                    self._drop_client()
+            return self._client.get()
 
     def _new_client(self):
         import chromadb
@@ -171,12 +184,36 @@ class ChromaStore(Owned, Resource):
                                          settings=self._settings())
             _set_http_timeout(client, self.spec.timeout_seconds)
             return client
-        self.path.mkdir(parents=True, exist_ok=True)
+        folder = self.path if self._writes else self._reading_copy()
+        folder.mkdir(parents=True, exist_ok=True)
         try:
-            return chromadb.PersistentClient(path=str(self.path), settings=self._settings())
+            return chromadb.PersistentClient(path=str(folder), settings=self._settings())
         except Exception:
-            _forget_failed_system(str(self.path))
+            _forget_system(str(folder))
             raise
+
+    def _reading_copy(self) -> Path:
+        """A private copy of the folder for a process that has not written (``read_snapshot``)."""
+        if not (self.path / "chroma.sqlite3").is_file():
+            raise StoreMissing(f"{self.location}: there is no store at {self.path}; {REMEDY}")
+        started = time.perf_counter()
+        self._snapshot = read_snapshot.take(self.path, self.location)
+        log.debug("%s: reading a private copy at %s (%.2f s to copy)", self.location, self._snapshot,
+                  time.perf_counter() - started)
+        return self._snapshot
+
+    def _drop_client(self) -> None:
+        """Close the client and remove the copy it read (the lock held)."""
+        self._collection = None
+        client, snapshot = self._client.reset(), self._snapshot
+        self._snapshot = None
+        try:
+            if client is not None:
+                client.close()
+        finally:
+            if snapshot is not None:
+                _forget_system(str(snapshot))
+                read_snapshot.discard(snapshot)
 
     def _settings(self):
         """Telemetry off in both modes; a token goes through Chroma's own provider, read from the env."""
@@ -220,7 +257,7 @@ class ChromaStore(Owned, Resource):
         if not self.spec.host and not (self.path / "chroma.sqlite3").is_file():
             raise StoreMissing(f"{self.location}: there is no store at {self.path}; {REMEDY}")
         try:
-            return self._connect().get_collection(self.spec.collection, embedding_function=None)
+            return self._connect(write=False).get_collection(self.spec.collection, embedding_function=None)
         except NotFoundError as exc:
             raise StoreMissing(f"{self.location}: the collection does not exist; {REMEDY}") from exc
 
@@ -249,10 +286,7 @@ class ChromaStore(Owned, Resource):
 
     def close(self) -> None:
         with self._lock:
-            self._collection = None
-            client = self._client.reset()
-        if client is not None:
-            client.close()
+            self._drop_client()
 
     # ------------------------------------------------------------------ faults
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
@@ -293,14 +327,11 @@ class ChromaStore(Owned, Resource):
             fault = disk_fault(exc, self.path, f"chroma {what} in")
             if fault is None:
                 raise
-            with self._lock:
-                self._collection = None
-                client = self._client.reset()
-            if client is not None:
-                try:
-                    client.close()
-                except Exception as close_error:  # noqa: BLE001 - the disk fault is the error to report
-                    log.warning("%s: could not close the client after %s: %s", self.location, what, close_error)
+            try:
+                with self._lock:
+                    self._drop_client()
+            except Exception as close_error:  # noqa: BLE001 - the disk fault is the error to report
+                log.warning("%s: could not close the client after %s: %s", self.location, what, close_error)
             raise fault from exc
 
     def _log_retry(self, what: str, state: Any) -> None:
@@ -412,10 +443,11 @@ class ChromaStore(Owned, Resource):
         """The score ``query`` gives ``vectors`` as a query's passages carry it (see ``_passage``)."""
         return space_scores(self.spec.space, query, vectors)
 
-    def _batch_size(self) -> int:
+    def _batch_size(self, write: bool = True) -> int:
         """write_batch_size, capped at what the client accepts per call (5461 for embedded Chroma)."""
         if self._max_batch is None:
-            self._max_batch = self._retrying("read the batch limit", lambda: self._connect().get_max_batch_size())
+            self._max_batch = self._retrying("read the batch limit",
+                                             lambda: self._connect(write=write).get_max_batch_size())
         limit = self._max_batch
         return min(self.spec.write_batch_size, limit) if limit > 0 else self.spec.write_batch_size
 
@@ -435,7 +467,7 @@ class ChromaStore(Owned, Resource):
     def metadatas(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         """The stored metadata of these chunks (those present)."""
         out: dict[str, dict[str, Any]] = {}
-        size = self._batch_size()
+        size = self._batch_size(write=False)
         for start in range(0, len(ids), size):
             batch = ids[start:start + size]
             got = self._call("get metadata", lambda c: c.get(ids=batch, include=["metadatas"]), create=False)
@@ -479,12 +511,13 @@ class ChromaStore(Owned, Resource):
         ]
 
 
-def _forget_failed_system(path: str) -> None:
-    """Chroma (1.5) keeps the engine of a PersistentClient that failed to start (a read-only or
-    full folder) in its per-folder cache, and every later client for that folder, in this process,
-    gets the broken one ("'RustBindingsAPI' object has no attribute 'bindings'") even once the
-    folder is writable again. Drop it when no client holds it. (Private attributes: skipped
-    silently if a Chroma release renames them.)"""
+def _forget_system(path: str) -> None:
+    """Drop Chroma's (1.5) cached engine for a folder no client uses. Chroma keeps the engine of a
+    PersistentClient that failed to start (a read-only or full folder) in its per-folder cache,
+    and every later client for that folder, in this process, gets the broken one ("'RustBindingsAPI'
+    object has no attribute 'bindings'") even once the folder is writable again; and a removed
+    reading copy's engine would stay cached for the life of the process. (Private attributes:
+    skipped silently if a Chroma release renames them.)"""
     try:
         from chromadb.api.shared_system_client import SharedSystemClient
 
