@@ -131,8 +131,8 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     numbers = [k for k in keys if HAS_DIGIT.search(k)]
     if missing := [n for n in numbers if not any(mentions(u.scored + " " + u.before, n) for u in units)]:
         return refusal(f"no sentence in the references mentions {', '.join(missing)}", keys)
-    units = [u for u in units if all(mentions(u.document.passage.text, n) for n in numbers)
-             and (len(words(u.scored)) >= params.min_words or TABLE_ROW.match(u.text))]
+    units = [u for u in units if len(words(u.scored)) >= params.min_words or TABLE_ROW.match(u.text)]
+    units = naming(units, numbers)
     kind = question_type(question)
     typed = [u for u in units if set_value(u, kind, question)] if kind else units
     if not typed:
@@ -145,6 +145,18 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
                        f"{params.min_score:.2f}: \"{clipped(best.text)}\" [{best.document.number}])", keys,
                        confidence=best.score)
     return answered(best, typed, keys, params)
+
+
+def naming(units: list[Unit], numbers: list[str]) -> list[Unit]:
+    """The units that name every number of the question: in the sentence itself where some do, else
+    with the sentence before it ('It was released on ...'), else anywhere in the passage."""
+    if not numbers:
+        return units
+    for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before, lambda u: u.document.passage.text):
+        found = [u for u in units if all(mentions(where(u), n) for n in numbers)]
+        if found:
+            return found
+    return []
 
 
 TYPE_WORDS = {"number": "a number", "date": "a date", "place": "a place", "name": "a name"}
