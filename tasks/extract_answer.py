@@ -47,10 +47,16 @@ MONTHS = ("january february march april may june july august september october n
           "jan feb mar apr jun jul aug sep sept oct nov dec").split()
 MONTH = r"(?:" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 DATE = re.compile(rf"\b(?:{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\d{{1,2}}(?:st|nd|rd|th)?\s+{MONTH},?\s+\d{{4}}|"
-                  rf"{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?|{MONTH},?\s+\d{{4}}|\d{{4}}-\d{{2}}-\d{{2}}|"
+                  rf"{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?|\d{{1,2}}(?:st|nd|rd|th)?\s+{MONTH}|{MONTH},?\s+\d{{4}}|\d{{4}}-\d{{2}}-\d{{2}}|"
                   rf"\d{{1,2}}/\d{{1,2}}/\d{{2,4}}|(?:1[0-9]|20)\d{{2}})\b", re.I)
 AMOUNT = re.compile(r"(?<![\w.])(?:[$€£¥]\s?)?\d[\d,]*(?:\.\d+)?(?:\s?(?:%|percent|billion|million|thousand|bn|m|k)\b)?",
                     re.I)
+CLOCK = re.compile(r"\b(?:[01]?\d|2[0-3])[:.][0-5]\d\b|\b\d{1,2}\s?(?:am|pm)\b", re.I)
+NUMERAL_WORDS = ("one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty forty fifty "
+                 "sixty hundred thousand half dozen").split()
+NUMBER_WORD = re.compile(r"\b(?:" + "|".join(NUMERAL_WORDS) + r")\b", re.I)
+PERIOD = re.compile(r"\b(?:within|after|before|by|in|for|every)\s+(?:\d+|" + "|".join(NUMERAL_WORDS) +
+                    r")(?:\s+working)?\s+(?:minutes?|hours?|days?|weeks?|months?|years?)\b", re.I)
 # a run of capitalised words (particles and initials inside it): a name, a place, a title
 NAME = regex.compile(r"\p{Lu}[\p{L}\p{M}'’.-]*(?:\s+(?:(?:de|da|del|van|von|der|di|la|le|of|the|and|&)\s+)?"
                      r"\p{Lu}[\p{L}\p{M}'’.-]*|\s+\d+\b)*")
@@ -61,9 +67,16 @@ their not no yes so than then also just only very more most much many some any a
 CAPITALISED_FUNCTION = frozenset(w.capitalize() for w in FUNCTION) | {"According", "After", "Before", "During",
                                                                       "Since", "Today", "Yesterday", "However"}
 
+# words a question is asked with rather than about: never a reason to refuse when the index lacks them
+ASKING_WORDS = frozenset("""long quickly soon often happened happen happens held hold holds take takes took place
+need needs used mean means work works called named kind type exactly usually typically allowed possible required
+require requires give gives given says said tell told know find found list describe explain name happening done
+make makes doing going become became""".split())
+
 QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first that matches
-    ("number", r"\bhow (?:many|much|long|old|far|often)\b|\b(?:what|which) (?:is the )?(?:number|amount|price|"
-               r"cost|percentage|percent|rate|size|limit|maximum|minimum|revenue)\b|\brevenue\b"),
+    ("number", r"\bhow (?:many|much|long|old|far|often)\b|\b(?:which|what) (?:\w+ )?version\b|"
+               r"\b(?:what|which) (?:is the )?(?:number|amount|price|cost|percentage|percent|rate|size|limit|"
+               r"maximum|minimum|revenue)\b|\brevenue\b"),
     ("date", r"^\s*when\b|\b(?:what|which) (?:year|date|day|month|time)\b|\b(?:release|premiere|launch|start|end|"
              r"due) date\b|\bdate of\b|\bdeadline\b|\bwhen (?:was|is|did|does|will)\b"),
     ("place", r"^\s*where\b|\b(?:which|what) (?:city|country|place|state|venue|stadium|location)\b|\blocation\b"),
@@ -125,16 +138,14 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     if not context.documents:
         return refusal(context.withheld or "no relevant documents were found", [])
     keys = key_terms(question)
-    units = [u for d in context.documents for u in split_units(d) if len(u.scored) <= params.max_sentence_chars]
-    if not units:
-        return refusal("the references hold no sentence", keys)
-    numbers = [k for k in keys if HAS_DIGIT.search(k)]
-    if missing := [n for n in numbers if not any(mentions(u.scored + " " + u.before, n) for u in units)]:
+    if missing := unmentioned(question, keys, context, sparse):
         return refusal(f"no sentence in the references mentions {', '.join(missing)}", keys)
-    units = [u for u in units if len(words(u.scored)) >= params.min_words or TABLE_ROW.match(u.text)]
-    units = naming(units, numbers)
+    units = [u for d in context.documents for u in split_units(d)
+             if len(u.scored) <= params.max_sentence_chars
+             and (len(words(u.scored)) >= params.min_words or TABLE_ROW.match(u.text))]
     kind = question_type(question)
     typed = [u for u in units if set_value(u, kind, question)] if kind else units
+    typed = naming(typed, [k for k in keys if HAS_DIGIT.search(k)])
     if not typed:
         return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and units
                        else "no sentence of the references speaks to the question", keys)
@@ -145,6 +156,34 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
                        f"{params.min_score:.2f}: \"{clipped(best.text)}\" [{best.document.number}])", keys,
                        confidence=best.score)
     return answered(best, typed, keys, params)
+
+
+def unmentioned(question: str, keys: list[str], context: Context, sparse: BM25Index | None) -> list[str]:
+    """The question's key terms no reference holds: a number, date or version, a name (a capitalised
+    word past the first), or a word the whole index never uses (by its own statistics). Such a
+    question asks about something the references do not speak of ('Plover 3.13', 'SAML')."""
+    texts = [d.passage.text for d in context.documents]
+    held = {s for t in texts for s in stem_words(t)}
+    first = (words(question) or [""])[0]
+    names = [k for k in keys if HAS_DIGIT.search(k) or (k[:1].isupper() and k != first)]
+    missing = [k for k in names if not any(mentions(t, k) for t in texts)
+               and not (not HAS_DIGIT.search(k) and stem_words(k) and stem_words(k)[0] in held)]
+    return missing + [k for k in unknown_words(keys, sparse) if k not in missing]
+
+
+def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
+    """Lower-case key words the index holds in no passage at all (none without BM25 statistics); the
+    words a question is asked with ('how long', 'what happened', 'where is it held') never count."""
+    candidates = [k for k in keys if k.islower() and len(k) > 3 and not HAS_DIGIT.search(k)
+                  and k not in ASKING_WORDS]
+    if sparse is None or not candidates:
+        return []
+    try:
+        terms = sparse.terms(candidates)
+        frequencies, total = sparse.document_frequencies({t for ts in terms for t in ts})
+    except Exception:  # noqa: BLE001 - the statistics are only a shortcut to a refusal
+        return []
+    return [k for k, ts in zip(candidates, terms) if total and ts and all(frequencies.get(t, 0) == 0 for t in ts)]
 
 
 def naming(units: list[Unit], numbers: list[str]) -> list[Unit]:
@@ -204,6 +243,10 @@ def split_units(document: ContextDocument) -> list[Unit]:
         header = ""
         if not line.strip() or HEADING.match(line) or LIST_ITEM.match(line):
             flush()
+            if HEADING.match(line):  # a heading is a unit of its own ('Quillstack 5.2 (released 14 March 2025)')
+                start, end = stripped(text, line_start + len(HEADING.match(line).group()), line_start + len(line))
+                units.append(Unit(document, start, end, scored=text[start:end], before=previous))
+                previous = text[start:end]
             if not line.strip() or HEADING.match(line):
                 continue
         block = (block[0] if block else line_start, line_start + len(line))
@@ -280,7 +323,7 @@ def set_value(unit: Unit, kind: str, question: str) -> bool:
     not (a name is trimmed of the question's own words at its edges); record it (passage offsets)
     and say whether there was one."""
     asked = set(stem_words(question)) | {w.lower() for w in words(question)}
-    for start, end in value_spans(unit.text, kind):
+    for start, end in value_spans(unit.text, kind, unit.document.passage.text):
         if kind in ("name", "place"):
             start, end = trimmed(unit.text, start, end, asked)
         value_words = [w for w in words(unit.text[start:end]) if w.lower() not in FUNCTION]
@@ -310,16 +353,25 @@ def trimmed(text: str, start: int, end: int, asked: set[str]) -> tuple[int, int]
     return (tokens[0][0], tokens[-1][1]) if tokens else (start, start)
 
 
-def value_spans(text: str, kind: str) -> list[tuple[int, int]]:
+def value_spans(text: str, kind: str, passage: str = "") -> list[tuple[int, int]]:
+    """Where values of ``kind`` stand in ``text``: a date (or a time of day, or a period: 'within 30
+    days'), a number (digits or a number word), else a name."""
     if kind == "date":
-        return [m.span() for m in DATE.finditer(text)]
+        return sorted([m.span() for m in DATE.finditer(text)] + [m.span() for m in CLOCK.finditer(text)]
+                      + [m.span() for m in PERIOD.finditer(text)])
     if kind == "number":
-        return [m.span() for m in AMOUNT.finditer(text) if HAS_DIGIT.search(m.group())]
-    return [span for span in name_spans(text)]
+        dates = [m.span() for m in DATE.finditer(text) if not re.fullmatch(r"\d{4}", m.group())]
+        return sorted([m.span() for m in AMOUNT.finditer(text) if HAS_DIGIT.search(m.group())
+                       and not any(a <= m.start() < b for a, b in dates)]  # the 9 of '9 December 2024' counts nothing
+                      + [m.span() for m in NUMBER_WORD.finditer(text)])
+    return name_spans(text, passage)
 
 
-def name_spans(text: str) -> list[tuple[int, int]]:
-    """Capitalised runs, without a capitalised function word that opens a sentence ('The', 'In')."""
+def name_spans(text: str, passage: str = "") -> list[tuple[int, int]]:
+    """Capitalised runs, without a capitalised function word that opens a sentence ('The', 'In'), and
+    without a single word that opens it and is written in lower case elsewhere in the passage
+    ('Critical incidents are ...' where 'critical' occurs): an ordinary word, not a name."""
+    lowered = {w for w in words(passage) if w.islower()}
     spans = []
     for match in NAME.finditer(text):
         start, value = match.start(), match.group()
@@ -329,6 +381,8 @@ def name_spans(text: str) -> list[tuple[int, int]]:
             if not rest or not rest[0].isupper():
                 continue
             start, value = match.end() - len(rest), rest
+        if start == 0 and " " not in value.strip() and value.strip(".'’").lower() in lowered:
+            continue
         spans.append((start, start + len(value.rstrip(".'’"))))
     return spans
 
