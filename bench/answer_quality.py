@@ -36,6 +36,7 @@ from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 
 OWN = REPO / "bench" / "data" / "answer_quality"
+COMPANY = REPO / "tests" / "fixtures" / "company"
 RGB_SETS = (("positive", "RGB en_fact, answer present"), ("negative", "RGB en_fact, answer absent"),
             ("positive_wrong", "RGB en_fact, counterfactual (fake answer stated)"))
 
@@ -61,12 +62,16 @@ def score(rows: list[dict]) -> dict:
             "refused_when_answerable": rate([r for r in answerable if r["refused"]], answerable),
             "refused_when_not": rate([r for r in unanswerable if r["refused"]], unanswerable),
             "citation_validity": rate([r for r in answered if r["valid"]], answered),
-            "median_s": round(statistics.median(r["seconds"] for r in rows), 3) if rows else None}
+            "median_s": round(statistics.median(r["seconds"] for r in rows), 3) if rows else None,
+            "evidence_median_s": round(statistics.median(e), 3) if (e := [r["evidence_s"] for r in rows
+                                                                          if r["evidence_s"] is not None]) else None}
 
 
 def row(answer: Answer, golds: list[str], answerable: bool, seconds: float) -> dict:
     return {"answerable": answerable, "refused": answer.refused, "right": bool(contains(answer.text, golds)),
-            "valid": valid_citations(answer), "seconds": seconds, "text": answer.text[:300], "reason": answer.reason,
+            "valid": valid_citations(answer), "seconds": seconds,
+            "evidence_s": answer.evidence.seconds if answer.evidence is not None else None,
+            "text": answer.text[:300], "reason": answer.reason,
             "answered_by": answer.answered_by}
 
 
@@ -76,11 +81,23 @@ def timed_ask(project, pipeline: str, query) -> tuple[Answer, float]:
     return answer, time.perf_counter() - started
 
 
-def own_set(pipelines: list[str], workdir: Path) -> dict:
+def own_questions() -> tuple[list[dict], list[str]]:
     questions = json.loads((OWN / "questions.json").read_text())
-    folder = workdir / "own"
+    return questions["answerable"], questions["unanswerable"]
+
+
+def company_questions() -> tuple[list[dict], list[str]]:
+    """Issue 24's questions on tests/fixtures/company, written before this bench: held out from its tuning."""
+    questions = json.loads((COMPANY.parent / "company-questions.json").read_text())
+    return ([{"question": q, "answers": [a]} for q, a in questions["answerable"].items()],
+            questions["unanswerable"] + questions["off_topic"])
+
+
+def document_set(name: str, docs: Path, questions, pipelines: list[str], workdir: Path) -> dict:
+    answerable_items, unanswerable = questions
+    folder = workdir / name
     shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(OWN / "docs", folder / "docs")
+    shutil.copytree(docs, folder / "docs")
     shutil.copytree(REPO / "prompts", folder / "prompts")
     (folder / "pipelines.yaml").write_text((REPO / "pipelines.yaml").read_text().replace(
         "paths: [samples/docs]", "paths: [docs]"))
@@ -90,11 +107,11 @@ def own_set(pipelines: list[str], workdir: Path) -> dict:
     results = {}
     for pipeline in pipelines:
         rows = []
-        for item in questions["answerable"]:
+        for item in answerable_items:
             answer, seconds = timed_ask(project, pipeline, item["question"])
             rows.append({"question": item["question"], **row(answer, item["answers"],
                                                             bool(contains(texts, item["answers"])), seconds)})
-        for question in questions["unanswerable"]:
+        for question in unanswerable:
             answer, seconds = timed_ask(project, pipeline, question)
             rows.append({"question": question, **row(answer, ["\0"], False, seconds)})
         results[pipeline] = {**score(rows), "rows": rows}
@@ -135,15 +152,16 @@ def llm_up(project) -> str | None:
 
 def table(result: dict) -> list[str]:
     lines = ["| set | pipeline | questions (answerable) | right | wrong but answered | refused when answerable | "
-             "refused when not | citations valid | median s |", "|---|---|---|---|---|---|---|---|---|"]
+             "refused when not | citations valid | median s (evidence step) |", "|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v: "–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-    sets = [("own", "own QA set")] + [(c, label) for c, label in RGB_SETS]
+    sets = [("own", "own QA set"), ("company", "issue 24's company questions (held out)")] + list(RGB_SETS)
     for key, label in sets:
-        for pipeline, r in (result["own"] if key == "own" else result["rgb"].get(key, {})).items():
+        for pipeline, r in (result[key] if key in ("own", "company") else result["rgb"].get(key, {})).items():
             extra = f" (repeats the fake answer: {r['repeats_fake']:.2f})" if "repeats_fake" in r else ""
             lines.append(f"| {label}{extra} | `{pipeline}` | {r['questions']} ({r['answerable']}) | {fmt(r['right'])} | "
                          f"**{fmt(r['wrong_but_answered'])}** | {fmt(r['refused_when_answerable'])} | "
-                         f"{fmt(r['refused_when_not'])} | {fmt(r['citation_validity'])} | {fmt(r['median_s'])} |")
+                         f"{fmt(r['refused_when_not'])} | {fmt(r['citation_validity'])} | {fmt(r['median_s'])} "
+                         f"({fmt(r['evidence_median_s'])}) |")
     return lines
 
 
@@ -159,7 +177,9 @@ def main() -> None:
     if "ask" in pipelines and (why := llm_up(load_project(REPO / "pipelines.yaml", tuned=False))):
         pipelines.remove("ask")
         left_out["ask"] = why
-    result = {"split": args.split, "pipelines": pipelines, "left_out": left_out, "own": own_set(pipelines, workdir),
+    own = document_set("own", OWN / "docs", own_questions(), pipelines, workdir)
+    company = document_set("company", COMPANY, company_questions(), pipelines, workdir)
+    result = {"split": args.split, "pipelines": pipelines, "left_out": left_out, "own": own, "company": company,
               "rgb": {} if args.skip_rgb else rgb_sets(pipelines, workdir, args.split)}
     save("answer_quality", result)
     print("\n".join(table(result)))

@@ -25,6 +25,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import regex
@@ -71,7 +72,7 @@ CAPITALISED_FUNCTION = frozenset(w.capitalize() for w in FUNCTION) | {"According
 ASKING_WORDS = frozenset("""long quickly soon often happened happen happens held hold holds take takes took place
 need needs used mean means work works called named kind type exactly usually typically allowed possible required
 require requires give gives given says said tell told know find found list describe explain name happening done
-make makes doing going become became""".split())
+make makes doing going become became version versions date year time number amount""".split())
 
 QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first that matches
     ("number", r"\bhow (?:many|much|long|old|far|often)\b|\b(?:which|what) (?:\w+ )?version\b|"
@@ -97,6 +98,8 @@ class Params(BaseModel):
     type_weight: float = Field(0.1, ge=0, le=1, description="weight of holding a value of the asked type")
     agreement_weight: float = Field(0.1, ge=0, le=1, description="weight of another passage stating that value")
     max_sentence_chars: int = Field(600, ge=50, description="longer sentences are left out as answers")
+    max_candidates: int = Field(12, ge=1, le=500, description="sentences embedded per question: those covering "
+                                                                "most of its key terms (the embedding is the cost)")
     min_words: int = Field(5, ge=1, le=50, description="shorter sentences (a heading, a caption) are left out as "
                                                        "answers; a table row is always a candidate")
 
@@ -149,7 +152,7 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     if not typed:
         return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and units
                        else "no sentence of the references speaks to the question", keys)
-    score_units(question, typed, kind, params, embedder, sparse)
+    typed = score_units(question, typed, kind, params, embedder, sparse)
     best = max(typed, key=lambda u: u.score)
     if best.score < params.min_score:
         return refusal(f"no sentence in the references answers it closely enough (best {best.score:.2f} < "
@@ -393,27 +396,43 @@ def value_key(text: str) -> str:
 
 # ----------------------------------------------------------------------------- scoring
 def score_units(question: str, units: list[Unit], kind: str | None, params: Params, embedder: Embedder,
-                sparse: BM25Index | None) -> None:
-    """Each unit's score: cosine, key-term coverage, asked type, agreement across passages."""
-    vectors = embedder.encode_documents([u.scored for u in units])
-    asked = embedder.encode_queries([question])[0]
-    cosines = vectors @ asked / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(asked), 1e-12)
+                sparse: BM25Index | None) -> list[Unit]:
+    """The units worth embedding (the ``max_candidates`` that cover most of the question's key terms),
+    each scored: cosine, key-term coverage, asked type, agreement across passages."""
     weights = term_weights(question, [u.scored for u in units], sparse)
     values = [value_key(u.document.passage.text[slice(*u.value)]) if u.value else "" for u in units]
-    for unit, cosine, value in zip(units, cosines, values):
+    for unit, value in zip(units, values):
         stated_by = {v.document.number for v, other in zip(units, values) if other and other == value}
-        agreement = min(1.0, (len(stated_by) - 1) / 2) if value else 0.0
-        parts = {"similarity": float(cosine), "coverage": coverage(unit, weights),
-                 "type": 1.0 if unit.value or not kind else 0.0, "agreement": agreement}
+        unit.parts = {"coverage": coverage(unit, weights), "type": 1.0 if unit.value or not kind else 0.0,
+                      "agreement": min(1.0, (len(stated_by) - 1) / 2) if value else 0.0}
+    order = sorted(range(len(units)), key=lambda i: -(units[i].parts["coverage"] + units[i].parts["agreement"]))
+    kept = [units[i] for i in sorted(order[:params.max_candidates])]
+    vectors = embedder.encode_documents([u.scored for u in kept])  # one batch
+    asked = embedder.encode_queries([question])[0]
+    cosines = vectors @ asked / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(asked), 1e-12)
+    for unit, cosine in zip(kept, cosines):
+        parts = unit.parts
+        parts["similarity"] = float(cosine)
         parts["score"] = (params.similarity_weight * parts["similarity"] + params.coverage_weight * parts["coverage"]
                           + params.type_weight * parts["type"] + params.agreement_weight * parts["agreement"])
-        unit.parts = parts
+    return kept
+
+
+@lru_cache(maxsize=1)
+def stemmer():
+    import Stemmer
+
+    return Stemmer.Stemmer("english")
+
+
+@lru_cache(maxsize=4096)
+def _stems(text: str) -> tuple[str, ...]:
+    return tuple(stemmer().stemWords([w.lower() for w in words(text)]))
 
 
 def stem_words(text: str) -> list[str]:
-    import Stemmer
-
-    return Stemmer.Stemmer("english").stemWords([w.lower() for w in words(text)])
+    """English Snowball stems of the text's words (cached: a passage's sentences are stemmed once)."""
+    return list(_stems(text))
 
 
 def term_weights(question: str, texts: list[str], sparse: BM25Index | None) -> dict[str, float]:
