@@ -141,6 +141,66 @@ def rgb_sets(pipelines: list[str], workdir: Path, split: str) -> dict:
     return results
 
 
+WH = {"number": "How many", "date": "When", "name": "Who"}
+KEYWORDS = 4  # a pseudo-question keeps the sentence's rarest content words, as users' short questions do
+
+
+def pseudo_questions(texts: list[str], limit: int, seed: int = 0) -> list[tuple[str, int, str]]:
+    """(question, passage index, source sentence) made from the passages alone, no labels: a sentence
+    holding a number, date or name loses that value, keeps its four rarest content words and is asked
+    with the matching wh-word ("How many Kestrel paid annual leave?" from "... receives 28 days ...")."""
+    import random
+
+    from ragline.flows.contracts import ContextDocument, Passage
+    from ragline.tasks.extract_answer import FUNCTION, split_units, value_spans, words
+
+    frequency: dict[str, int] = {}
+    for text in texts:
+        for w in {w.lower() for w in words(text)}:
+            frequency[w] = frequency.get(w, 0) + 1
+    made = []
+    for i, text in enumerate(texts):
+        document = ContextDocument(number=1, passage=Passage(chunk_id="c", source_id="s", text=text))
+        for unit in split_units(document):
+            for kind, wh in WH.items():
+                spans = value_spans(unit.text, kind, text)
+                if spans and 8 <= len(words(unit.text)) <= 40:
+                    start, end = spans[0]
+                    rest = [w for w in words(unit.text[:start] + " " + unit.text[end:]) if w.lower() not in FUNCTION]
+                    rarest = set(sorted(rest, key=lambda w: frequency.get(w.lower(), 0))[:KEYWORDS])
+                    made.append((f"{wh} {' '.join(w for w in rest if w in rarest)}?", i, unit.text))
+                    break
+    random.Random(seed).shuffle(made)
+    return made[:limit]
+
+
+def calibrate(split: str, keep: float = 0.95, limit: int = 300) -> dict:
+    """The evidence score that ``keep`` of the pseudo-questions clear with their own sentence in the
+    passage: the label-free floor (``extract_answer``'s ``min_score``), from the own set's documents and
+    the RGB split's passages (their text only: no question, no answer)."""
+    import numpy as np
+
+    from ragline.flows.contracts import Context, ContextDocument, Passage
+    from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+    from ragline.tasks.extract_answer import Params, evidence_answer
+
+    items = load_rgb(DATA / "rgb" / "en_fact.json")
+    texts = [p.read_text() for p in sorted((OWN / "docs").iterdir())] + [
+        t for i, it in enumerate(items) if split == "all" or (i % 2 == 1) == (split == "test")
+        for t in it.passages["positive"] + it.passages["negative"]]
+    embedder, params = Embedder(EmbedderSpec(type="sentence_transformer")), Params(min_score=0.0)
+    scores = []
+    for question, i, sentence in pseudo_questions(texts, limit):
+        context = Context(documents=[ContextDocument(number=1, passage=Passage(chunk_id="c", source_id="s",
+                                                                                text=texts[i]))])
+        answer = evidence_answer(question, context, params, embedder)
+        scores.append(answer.confidence if not answer.refused and answer.spans[0].text == sentence else 0.0)
+    found = [s for s in scores if s > 0]
+    return {"pseudo_questions": len(scores), "own_sentence_found": round(len(found) / max(1, len(scores)), 3),
+            "keep": keep, "floor": round(float(np.quantile(found, 1 - keep)), 3) if found else None,
+            "floors": {k: round(float(np.quantile(found, 1 - k)), 3) for k in (0.9, 0.95, 0.98)} if found else {}}
+
+
 def llm_up(project) -> str | None:
     """Why the `ask` pipeline's LLM cannot be used here, or None."""
     try:
@@ -170,7 +230,11 @@ def main() -> None:
     parser.add_argument("--pipelines", default="ask_extractive,ask")
     parser.add_argument("--split", choices=("test", "dev", "all"), default="test")
     parser.add_argument("--skip-rgb", action="store_true")
+    parser.add_argument("--calibrate", action="store_true", help="only place the label-free floor (pseudo-questions)")
     args = parser.parse_args()
+    if args.calibrate:
+        print(json.dumps(calibrate("dev" if args.split == "test" else args.split)))
+        return
     pipelines = args.pipelines.split(",")
     workdir = OUT / "answer_quality"
     left_out = {}

@@ -89,7 +89,7 @@ QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first tha
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    min_score: float = Field(0.45, ge=0, le=1, description="refuse when the best sentence scores below this "
+    min_score: float = Field(0.51, ge=0, le=1, description="refuse when the best sentence scores below this "
                                                             "(placed without labels, from pseudo-queries)")
     max_sentences: int = Field(1, ge=1, le=5, description="sentences in the answer: the best, then those of "
                                                           "other passages that state the same value")
@@ -162,23 +162,38 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
 
 
 def unmentioned(question: str, keys: list[str], context: Context, sparse: BM25Index | None) -> list[str]:
-    """The question's key terms no reference holds: a number, date or version, a name (a capitalised
-    word past the first), or a word the whole index never uses (by its own statistics). Such a
-    question asks about something the references do not speak of ('Plover 3.13', 'SAML')."""
+    """The question's key terms no reference holds: a number, date or version (in digits or, up to
+    twelve, in words: 'season 4' is the 'fourth season'), and, by the index's own statistics, a name
+    or word no passage of the index uses at all. Such a question asks about something the references
+    do not speak of ('Plover 3.13', 'SAML'). A name the index knows but these references lack is
+    not refused here: the references may call it otherwise ('the third quarter' for 'Q3')."""
     texts = [d.passage.text for d in context.documents]
-    held = {s for t in texts for s in stem_words(t)}
-    first = (words(question) or [""])[0]
-    names = [k for k in keys if HAS_DIGIT.search(k) or (k[:1].isupper() and k != first)]
-    missing = [k for k in names if not any(mentions(t, k) for t in texts)
-               and not (not HAS_DIGIT.search(k) and stem_words(k) and stem_words(k)[0] in held)]
+    numbers = [k for k in keys if HAS_DIGIT.search(k)]
+    missing = [k for k in numbers if not any(names(t, k) for t in texts)]
     return missing + [k for k in unknown_words(keys, sparse) if k not in missing]
 
 
+SPELLED = {str(n): (cardinal, ordinal) for n, (cardinal, ordinal) in enumerate(zip(
+    "zero one two three four five six seven eight nine ten eleven twelve".split(),
+    "zeroth first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth".split()))}
+
+
+def spelled(text: str, number: str) -> bool:
+    """Whether ``text`` writes a small number in words ('four', 'fourth'), or a quarter ('Q3') as
+    'third quarter'."""
+    if quarter := re.fullmatch(r"[qQ]([1-4])", number):
+        return re.search(rf"\b{SPELLED[quarter.group(1)][1]}[ -]quarter\b", text, re.I) is not None
+    return number in SPELLED and any(re.search(rf"\b{w}\b", text, re.I) for w in SPELLED[number])
+
+
+def names(text: str, number: str) -> bool:
+    return mentions(text, number) or spelled(text, number)
+
+
 def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
-    """Lower-case key words the index holds in no passage at all (none without BM25 statistics); the
+    """Key words (names too) the index holds in no passage at all (none without BM25 statistics); the
     words a question is asked with ('how long', 'what happened', 'where is it held') never count."""
-    candidates = [k for k in keys if k.islower() and len(k) > 3 and not HAS_DIGIT.search(k)
-                  and k not in ASKING_WORDS]
+    candidates = [k for k in keys if len(k) > 3 and not HAS_DIGIT.search(k) and k.lower() not in ASKING_WORDS]
     if sparse is None or not candidates:
         return []
     try:
@@ -195,7 +210,7 @@ def naming(units: list[Unit], numbers: list[str]) -> list[Unit]:
     if not numbers:
         return units
     for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before, lambda u: u.document.passage.text):
-        found = [u for u in units if all(mentions(where(u), n) for n in numbers)]
+        found = [u for u in units if all(names(where(u), n) for n in numbers)]
         if found:
             return found
     return []
@@ -303,8 +318,9 @@ def key_terms(question: str) -> list[str]:
     seen: dict[str, None] = {}
     tokens = words(question)
     for i, token in enumerate(tokens):
+        token = re.sub(r"['’]s$", "", token.rstrip(".,:"))  # "Tesla's" is about Tesla
         if HAS_DIGIT.search(token) or token.lower() not in FUNCTION and len(token) > 1:
-            seen.setdefault(token.rstrip(".,:"), None)
+            seen.setdefault(token, None)
     return sorted(seen, key=lambda t: (not HAS_DIGIT.search(t), not t[:1].isupper()))
 
 
@@ -435,11 +451,21 @@ def stem_words(text: str) -> list[str]:
     return list(_stems(text))
 
 
+@lru_cache(maxsize=1)
+def function_words() -> frozenset[str]:
+    """Function words of the languages bm25s lists (English's own list above): 'wie', 'ist', 'le'."""
+    import bm25s.stopwords as lists
+
+    return FUNCTION | frozenset(w for name in dir(lists) if name.startswith("STOPWORDS_")
+                                for w in getattr(lists, name) if isinstance(w, str))
+
+
 def term_weights(question: str, texts: list[str], sparse: BM25Index | None) -> dict[str, float]:
-    """The question's content stems, each weighted by its IDF: from the index's own statistics when
-    one is bound, else from the candidate sentences (a word every sentence holds weighs little)."""
+    """The question's content stems (function words of any listed language left out), each weighted by
+    its IDF: from the index's own statistics when one is bound, else from the candidate sentences (a
+    word every sentence holds weighs little)."""
     terms = list(dict.fromkeys(s for w, s in zip(words(question), stem_words(question))
-                               if w.lower() not in FUNCTION and len(w) > 1))
+                               if w.lower() not in function_words() and len(w) > 1))
     numbers = [w.lower() for w in words(question) if HAS_DIGIT.search(w)]
     if not terms:
         return {}
