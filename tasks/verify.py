@@ -97,8 +97,10 @@ def checked_answer(query: Query, answer: Answer, context: Context, params: Param
             return _refuse(answer, params, "the answer cites no reference")
         if (reason := ungrounded(answer.text, query.text, cited, params.min_grounding)):
             return _refuse(answer, params, reason)
-    if not params.fact_check or llm is None:
+    if not params.fact_check:
         return answer
+    if llm is None:
+        raise ValueError("fact_check: true needs an openai_compatible resource (or set fact_check: false)")
     variables = {"question": clip(query.text, 1000), "answer": clip(answer.text, 2000),
                  "documents": context.documents}
     probabilities = (_binary(variables, params, ctx, llm) if params.method == "binary"
