@@ -65,6 +65,7 @@ FUNCTION = frozenset("""a an the of in on at to for from by with about into over
 are be been being do does did has have had will would can could should shall may might must it its this that these
 those there here what which who whom whose when where why how i you he she we they me him her us them my your his our
 their not no yes so than then also just only very more most much many some any all each every both either other""".split())
+CALENDAR = frozenset(MONTHS) | frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
 CAPITALISED_FUNCTION = frozenset(w.capitalize() for w in FUNCTION) | {"According", "After", "Before", "During",
                                                                       "Since", "Today", "Yesterday", "However"}
 
@@ -144,10 +145,11 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     if missing := unmentioned(question, keys, context, sparse):
         return refusal(f"no sentence in the references mentions {', '.join(missing)}", keys)
     units = [u for d in context.documents for u in split_units(d)
-             if len(u.scored) <= params.max_sentence_chars
+             if len(u.scored) <= params.max_sentence_chars and not u.scored.rstrip().endswith("?")  # asks, not answers
              and (len(words(u.scored)) >= params.min_words or TABLE_ROW.match(u.text))]
     kind = question_type(question)
-    typed = [u for u in units if set_value(u, kind, question)] if kind else units
+    references = "\n".join(d.passage.text for d in context.documents)  # what counts as an ordinary word
+    typed = [u for u in units if set_value(u, kind, question, references)] if kind else units
     typed = naming(typed, [k for k in keys if HAS_DIGIT.search(k)])
     if not typed:
         return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and units
@@ -337,15 +339,15 @@ def mentions(text: str, term: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- values of the asked type
-def set_value(unit: Unit, kind: str, question: str) -> bool:
+def set_value(unit: Unit, kind: str, question: str, references: str = "") -> bool:
     """Find the first value of ``kind`` in the unit's own text that says something the question does
     not (a name is trimmed of the question's own words at its edges); record it (passage offsets)
     and say whether there was one."""
     asked = set(stem_words(question)) | {w.lower() for w in words(question)}
-    for start, end in value_spans(unit.text, kind, unit.document.passage.text):
+    for start, end in value_spans(unit.text, kind, references or unit.document.passage.text):
         if kind in ("name", "place"):
             start, end = trimmed(unit.text, start, end, asked)
-        value_words = [w for w in words(unit.text[start:end]) if w.lower() not in FUNCTION]
+        value_words = [w for w in words(unit.text[start:end]) if w.lower() not in FUNCTION or acronym(w)]
         if not value_words:
             continue
         new = [w for w, s in zip(value_words, stem_words(" ".join(value_words))) if s not in asked]
@@ -363,7 +365,7 @@ def trimmed(text: str, start: int, end: int, asked: set[str]) -> tuple[int, int]
     tokens = [(m.start() + start, m.end() + start) for m in WORD.finditer(text[start:end])]
     def known(span: tuple[int, int]) -> bool:
         word = text[span[0]:span[1]]
-        return word.lower() in asked or word.lower() in FUNCTION or stem_words(word)[:1] == [] or \
+        return word.lower() in asked or word.lower() in FUNCTION and not acronym(word) or stem_words(word)[:1] == [] or \
             stem_words(word)[0] in asked
     while tokens and known(tokens[0]):
         tokens.pop(0)
@@ -387,23 +389,29 @@ def value_spans(text: str, kind: str, passage: str = "") -> list[tuple[int, int]
 
 
 def name_spans(text: str, passage: str = "") -> list[tuple[int, int]]:
-    """Capitalised runs, without a capitalised function word that opens a sentence ('The', 'In'), and
-    without a single word that opens it and is written in lower case elsewhere in the passage
-    ('Critical incidents are ...' where 'critical' occurs): an ordinary word, not a name."""
+    """Capitalised runs, trimmed of the words at their edges that are not names: a capitalised
+    function word ('The', 'In'), a weekday or month, an ordinary word the passage also writes in lower
+    case ('Critical incidents' where 'critical' occurs, 'Meet the new CEO', 'Films based on ...');
+    a run with nothing left, or one letter, is no name."""
     lowered = {w for w in words(passage) if w.islower()}
     spans = []
     for match in NAME.finditer(text):
-        start, value = match.start(), match.group()
-        first = value.split()[0]
-        if first in CAPITALISED_FUNCTION:
-            rest = value[len(first):].lstrip()
-            if not rest or not rest[0].isupper():
-                continue
-            start, value = match.end() - len(rest), rest
-        if start == 0 and " " not in value.strip() and value.strip(".'’").lower() in lowered:
-            continue
-        spans.append((start, start + len(value.rstrip(".'’"))))
+        tokens = [(m.start() + match.start(), m.end() + match.start()) for m in WORD.finditer(match.group())]
+        ordinary = lambda span: not acronym(text[span[0]:span[1]]) and (  # noqa: E731
+            text[span[0]:span[1]] in CAPITALISED_FUNCTION or text[span[0]:span[1]].lower() in lowered
+            or text[span[0]:span[1]].lower() in CALENDAR)
+        while tokens and ordinary(tokens[0]):
+            tokens.pop(0)
+        while tokens and ordinary(tokens[-1]):
+            tokens.pop()
+        if tokens and tokens[-1][1] - tokens[0][0] > 1:
+            spans.append((tokens[0][0], tokens[-1][1]))
     return spans
+
+
+def acronym(word: str) -> bool:
+    """'IT', 'NFL': a name even where the same letters are a word in lower case ('it')."""
+    return len(word) > 1 and word.isupper()
 
 
 def value_key(text: str) -> str:
