@@ -11,13 +11,17 @@ a second (the sentences of the inserted passages are embedded in one batch):
   whether it holds a value of the type the question asks for (who: a name, when: a date, how many:
   a number, where: a place) that the question does not already hold, plus agreement (that value
   stated by another passage too);
-- a number, date or version the question names must be in the sentence (or the one before it):
-  when no sentence of the references mentions it, the answer is a refusal that names it
-  ("no sentence in the references mentions 3.13"); a typed question whose references hold no value
-  of its type is refused the same way;
+- a number, date or version the question names must be in the references (in digits or, up to
+  twelve, in words): when none mentions it, the answer is a refusal that names it ("no sentence in
+  the references mentions 3.13"); the sentences that name it themselves are preferred, then those
+  whose previous sentence does, then the rest of its passage. A name or word the whole index never
+  uses (its BM25 statistics) is refused the same way ('SAML'); a typed question whose references
+  hold no value of its type is refused too;
 - the best sentence must clear ``min_score``; its default was placed without labels, from
-  pseudo-queries (a sentence's rare words asked against passages with and without that sentence,
-  ``bench/answer_quality.py --calibrate``), as the answerability gate's floor is.
+  pseudo-questions made from passages alone (a sentence loses its value, keeps its rarest words and
+  is asked with the matching wh-word; the score 95 % of them clear with their own sentence:
+  ``bench/answer_quality.py --calibrate``), as the answerability gate's floor is. Only the 12
+  sentences covering most key terms are embedded (one batch): the embedding is the cost.
 """
 from __future__ import annotations
 
