@@ -456,6 +456,41 @@ def page_label(start: int | None, end: int | None = None) -> str:
     return f"p. {start}" if end is None or end == start else f"pp. {start}-{end}"
 
 
+class EvidenceSpan(BaseModel):
+    """One cited sentence (or table row) of an evidence answer, located exactly in its passage."""
+
+    number: int = Field(description="the [n] of the inserted passage it comes from (its Source's number)")
+    chunk_id: str
+    source_id: str
+    start: int = Field(ge=0, description="character offset of the sentence in the passage text as inserted "
+                                         "(Source.passage): passage[start:end] == text")
+    end: int = Field(ge=0)
+    text: str = Field(description="the sentence or table row, exactly as in the passage")
+    value_start: int | None = Field(None, description="the answering value inside it (a number, date, name), as "
+                                                      "offsets in the same passage text; None: the whole sentence")
+    value_end: int | None = None
+    score: float = Field(0.0, description="the sentence's answer score (what confidence is made of)")
+
+
+class EvidenceAnswer(BaseModel):
+    """The extractive answer (``extract_answer``): the sentence(s) of the inserted passages that
+    answer the question, cited, with exact offsets, or a refusal with its reason. Computed for
+    every question before any LLM call, in well under a second: what a surface shows first."""
+
+    text: str = Field("", description="the answering sentence(s), each followed by its [n]; '' when refused")
+    refused: bool = False
+    reason: str = Field("", description="why it refuses (e.g. 'no sentence in the references mentions 3.13')")
+    confidence: float = Field(0.0, ge=0, le=1, description="how sure the extractor is: its best sentence's score")
+    value: str = Field("", description="the answering value of the first span (a number, date, name), '' if none")
+    citations: list[int] = Field(default_factory=list, description="[n] markers in order of appearance")
+    spans: list[EvidenceSpan] = Field(default_factory=list, description="the cited sentences, best first")
+    sources: list[Source] = Field(default_factory=list, description="the cited references, as on Answer")
+    key_terms: list[str] = Field(default_factory=list, description="the question's key terms the answer had to "
+                                                                   "cover (numbers, dates, versions, names, rare "
+                                                                   "words), as written in the question")
+    seconds: float = Field(0.0, description="time the extractor took")
+
+
 class Answer(BaseModel):
     """The final response of a query pipeline, with its evidence and its checks."""
 
@@ -469,11 +504,19 @@ class Answer(BaseModel):
     confidence: float | None = Field(None, description="geometric-mean token probability of the answer")
     verdict: str | None = Field(None, description="supported, contradicted or not_enough_information")
     refused: bool = False
-    reason: str = Field("", description="why the answer was replaced by the refusal text")
+    reason: str = Field("", description="why the answer was replaced by the refusal text (or, answered_by "
+                                        "evidence, why the generated answer was replaced by the evidence answer)")
     draft: str = Field("", description="the generated text before a refusal replaced it")
     retrievals: int = Field(0, description="extra retrievals made during generation (FLARE)")
     skipped: dict[str, str] = Field(default_factory=dict, description="steps whose `when` left them out (or whose "
                                                                       "inputs came only from such steps): step -> why")
+    evidence: EvidenceAnswer | None = Field(None, description="the extractive evidence answer computed before "
+                                                                "generation (None: the pipeline has no "
+                                                                "extract_answer step)")
+    answered_by: Literal["llm", "evidence", ""] = Field(
+        "", description="llm: the generated text, grounded in the evidence; evidence: the evidence answer's text "
+                        "(no LLM, or the LLM's answer was replaced: `reason` says why, `draft` holds it); "
+                        "'': a refusal, or a pipeline without evidence")
 
 
 def to_json(value: Any) -> Any:

@@ -129,7 +129,9 @@ def fact_check_claims(project: Project, pipeline: str, items: list[RgbItem]) -> 
     checked = [i for i in items if i.fake_answers and i.passages["positive"]]
     results = {}
     for name, override in CHECKS.items():
-        params = step.stage.params.model_validate({**step.params.model_dump(), **override})
+        overridden = compiled.with_overrides({step.id: override})  # binds the LLM where fact_check turns it on
+        checker = next(s for s in overridden.steps if s.id == step.id)
+        params = checker.params
         prompt = step.spec.prompt or step.stage.default_prompt(params)
         kept_true = flagged_fake = 0
         for item in checked:
@@ -141,7 +143,7 @@ def fact_check_claims(project: Project, pipeline: str, items: list[RgbItem]) -> 
                 ctx = StepContext(pipeline=pipeline, step_id=step.id, prompt_name=prompt,
                                   render_prompt=project.prompts.render)
                 claimed = Answer(question=item.query, text=claim, citations=[d.number for d in documents])
-                verdict = engine.invoke(compiled, step, {"query": query, "context": context, "answer": claimed},
+                verdict = engine.invoke(overridden, checker, {"query": query, "context": context, "answer": claimed},
                                         ctx, params=params)
                 kept_true += is_true and not verdict.refused
                 flagged_fake += (not is_true) and verdict.refused
