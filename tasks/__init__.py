@@ -8,7 +8,8 @@ every module is listed and registers the name it is listed under."""
 
 STAGES: dict[str, str] = {name: f"ragline.tasks.{name}" for name in (
     "adapt_embedder", "answer_direct", "answerable", "chunk", "classify", "convert", "embed", "enrich",
-    "expand_context", "expand_prf", "expand_terms", "fuse", "generate", "generate_flare", "generate_map_reduce",
+    "expand_context", "expand_prf", "expand_terms", "extract_answer", "fuse", "generate", "generate_flare",
+    "generate_map_reduce",
     "index", "insert", "load", "pseudo_queries", "recall_history", "refine_abstractive", "refine_extract",
     "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense", "retrieve_examples",
     "retrieve_sparse", "retrieve_summaries", "rewrite", "self_query", "summarize_communities", "tune_retrieval",

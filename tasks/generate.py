@@ -6,10 +6,10 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Answer, Context, Query, Source
+from ragline.flows.contracts import Answer, Context, EvidenceAnswer, Query, Source
 from ragline.flows.resources.llm_output import MarkupFilter, clip, normalize_text, parse_citations, sentences, strip_markup
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import Completion, LLMClient
+from ragline.flows.resources.llm import Completion, LLMClient, LLMUnavailable
 from ragline.tasks.retrieve_examples import Example
 
 REFUSAL = "I cannot answer this question"
@@ -84,15 +84,25 @@ class Params(SystemPrompt):
        prompt_variables=("question", "instruction", "documents", "refusal", "examples", "conversation"),
        other_prompts=system_templates)
 def generate(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
-             examples: list[Example] | None = None) -> Answer:
+             examples: list[Example] | None = None, evidence: EvidenceAnswer | None = None) -> Answer:
     """Generate from the numbered references (after worked examples, when a step retrieved them);
-    record token logprobs for the confidence check."""
+    record token logprobs for the confidence check. After an evidence step (``extract_answer``):
+    no call where the evidence refuses (the answer could not be grounded in it), and an LLM that
+    fails or times out is a refusal with its reason, which ``verify`` replaces by the evidence."""
     if not context.documents:
         return refusal(query, params.refusal, context.withheld or "no relevant documents were found")
+    if evidence is not None and evidence.refused:
+        return refusal(query, params.refusal, f"the evidence refuses: {evidence.reason}")
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), instruction=query.instruction,
                         documents=context.documents, refusal=params.refusal, examples=examples or [],
                         conversation=conversation(query, params))
-    completion = complete(with_system(prompt, system_message(params, ctx)), params, ctx, llm)
+    try:
+        completion = complete(with_system(prompt, system_message(params, ctx)), params, ctx, llm)
+    except LLMUnavailable as exc:
+        if evidence is None:
+            raise
+        ctx.logger.warning("generation failed (%s); the evidence answer stands", exc)
+        return refusal(query, params.refusal, f"the LLM failed: {exc}")
     return answer_from(query, completion, context, params.refusal,
                        min_overlap=params.min_overlap if params.attribute else None)
 

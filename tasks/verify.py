@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Answer, Context, Query, Source
+from ragline.flows.contracts import Answer, Context, EvidenceAnswer, Query, Source
 from ragline.flows.resources.llm_output import clip, option_probabilities, sentences, strip_citations
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
@@ -52,14 +52,36 @@ class Params(BaseModel):
     refusal: str = Field(REFUSAL)
 
 
+def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
+    """The LLM only for the fact check; grounding and the evidence need none (``ask_extractive``)."""
+    return {"llm": ("fact_check", "fact_check: true asks the LLM whether the references support the answer")} \
+        if params.fact_check else {}
+
+
 @stage("verify", params=Params, produces="answer", kind="query", uses={"llm": ("openai_compatible",)},
+       reads_roles=reads_roles,
        prompt=lambda p: "fact_check_support" if p.method == "binary" else "fact_check",
        prompt_variables=("question", "answer", "documents"),
        other_prompts=lambda p: ({"fact_check_contradict": ("question", "answer", "documents")}
                                 if p.method == "binary" else {}))
-def verify(query: Query, answer: Answer, context: Context, params: Params, ctx: StepContext,
-           llm: LLMClient) -> Answer:
-    """Judge the answer; keep it, or replace it by the refusal and say why."""
+def verify(query: Query, context: Context, params: Params, ctx: StepContext, answer: Answer | None = None,
+           evidence: EvidenceAnswer | None = None, llm: LLMClient | None = None) -> Answer:
+    """Judge the answer; keep it, or replace it by the refusal and say why. After an evidence step
+    (``extract_answer``) the evidence comes first: the generated answer is kept only where it is
+    grounded in the evidence's sentences, else the evidence answer is shown, labelled as such;
+    without a generated answer (``ask_extractive``) the evidence answer is the answer."""
+    if answer is None:
+        if evidence is None:
+            raise ValueError("verify needs an answer (a generate step) or an evidence answer (an extract_answer "
+                             "step) upstream")
+        return from_evidence(query, evidence, params)
+    checked = checked_answer(query, answer, context, params, ctx, llm)
+    return checked if evidence is None else evidence_first(query, checked, evidence, params)
+
+
+def checked_answer(query: Query, answer: Answer, context: Context, params: Params, ctx: StepContext,
+                   llm: LLMClient | None) -> Answer:
+    """The generated answer's own checks: confidence, degeneracy, grounding, the LLM's fact check."""
     if answer.refused:
         return answer
     if answer.confidence is not None and answer.confidence < params.min_confidence:
@@ -74,7 +96,7 @@ def verify(query: Query, answer: Answer, context: Context, params: Params, ctx: 
             return _refuse(answer, params, "the answer cites no reference")
         if (reason := ungrounded(answer.text, query.text, cited, params.min_grounding)):
             return _refuse(answer, params, reason)
-    if not params.fact_check:
+    if not params.fact_check or llm is None:
         return answer
     variables = {"question": clip(query.text, 1000), "answer": clip(answer.text, 2000),
                  "documents": context.documents}
@@ -89,6 +111,54 @@ def verify(query: Query, answer: Answer, context: Context, params: Params, ctx: 
         return _refuse(checked, params, f"fact check: {verdict.replace('_', ' ')} "
                                         f"(p={probabilities[verdict]:.2f})")
     return checked
+
+
+# ----------------------------------------------------------------------------- evidence first
+def from_evidence(query: Query, evidence: EvidenceAnswer, params: Params, reason: str = "",
+                  draft: str = "") -> Answer:
+    """The evidence answer as the pipeline's answer (or its refusal, with the evidence's reason)."""
+    if evidence.refused:
+        return Answer(question=query.original or query.text, text=params.refusal, refused=True,
+                      reason=evidence.reason, draft=draft, evidence=evidence)
+    return Answer(question=query.original or query.text, text=evidence.text, sources=evidence.sources,
+                  citations=evidence.citations, confidence=evidence.confidence, reason=reason, draft=draft,
+                  evidence=evidence, answered_by="evidence")
+
+
+def evidence_first(query: Query, checked: Answer, evidence: EvidenceAnswer, params: Params) -> Answer:
+    """The generated answer where the evidence grounds it; else the evidence answer (or its refusal):
+    a failed, degenerate or refused generation never hides an answer the evidence gives, and a
+    generated answer never stands where the evidence refuses."""
+    if evidence.refused:
+        if checked.refused:
+            return checked.model_copy(update={"evidence": evidence})
+        return from_evidence(query, evidence, params, draft=checked.text)
+    if checked.refused:
+        return from_evidence(query, evidence, params, reason=f"the generated answer was replaced by the evidence "
+                                                             f"answer: {checked.reason}",
+                             draft=checked.draft or checked.text)
+    if problem := against_evidence(checked.text, query.text, evidence, params.min_grounding):
+        return from_evidence(query, evidence, params, reason=f"the generated answer was replaced by the evidence "
+                                                             f"answer: {problem}", draft=checked.text)
+    return checked.model_copy(update={"evidence": evidence, "answered_by": "llm"})
+
+
+def against_evidence(answer: str, question: str, evidence: EvidenceAnswer, min_grounding: float) -> str | None:
+    """Why a generated answer is not grounded in the evidence's sentences, or None: it drops the
+    evidence's value, states a number they do not hold, or too few of its own words are in them."""
+    said = " ".join(span.text for span in evidence.spans)
+    known = set(tokens(said)) | set(stems(tokens(said)))
+    written = set(tokens(answer)) | set(stems(tokens(answer)))
+    value = [w for w in tokens(evidence.value) if len(w) > 1 and w not in STOPWORDS]
+    if value and not all(w in written for w in value):
+        return f"it does not give the evidence's value '{evidence.value}'"
+    asked = set(tokens(question))
+    if stray := [w for w in tokens(answer) if NUMBER.fullmatch(w) and w not in known and w not in asked]:
+        return f"its number {stray[0]} is not in the evidence"
+    found, total = grounding(answer, question, [said])
+    if total and found / total < min_grounding:
+        return f"not grounded in the evidence: {found} of {total} answer words found"
+    return None
 
 
 # Words that carry no claim of their own: function words, the prompt's and a chatty model's filler
