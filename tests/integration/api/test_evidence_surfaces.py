@@ -3,9 +3,11 @@ session's indexed SciFact papers: `/v1/query` (JSON: `answer.evidence`; SSE: an 
 first, before any token), `/v1/chat/completions` with the stock `openai` client (`evidence` and
 `answered_by` in `model_extra`; streaming: a chunk carrying the evidence before any text), with the
 scripted LLM, with no LLM (`ask_extractive`) and with the LLM at a closed port (the evidence
-answers, not a refusal); and a client that leaves after the evidence event."""
+answers, not a refusal); a client that leaves after the evidence event; and the chat page in
+Debian's headless Chromium (the evidence first, its sentence highlighted inside its passage)."""
 from __future__ import annotations
 
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import openai
 import pytest
 
 from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, events, running, write_project
+from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
 
 pytestmark = pytest.mark.integration
 
@@ -194,3 +197,75 @@ def test_an_openai_stream_with_the_llm_down_answers_with_the_evidence(served_llm
     assert text == evidence["text"]
     stop = next(c for c in chunks if c.choices and c.choices[0].finish_reason == "stop")
     assert stop.model_extra["answered_by"] == "evidence" and not stop.model_extra["verification"]["refused"]
+
+
+# ----------------------------------------------------------------------------- the chat page, in Chromium
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        pytest.fail(f"no Chromium at {CHROMIUM}: run `bash deploy/bootstrap.sh` (it installs Debian's chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+def open_page(browser, url: str):
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    page = context.new_page()
+    page.add_init_script(f"sessionStorage.setItem('ragline.token', {TOKEN!r})")
+    page.goto(url + "/")
+    page.wait_for_selector("#pipeline option[value=ask_evidence]", state="attached")
+    return context, page
+
+
+def assert_highlighted(card, evidence: dict) -> None:
+    """The evidence section shows each cited passage whole with its sentence marked at its offsets."""
+    span = evidence["spans"][0]
+    passage = next(s["passage"] for s in evidence["sources"] if s["number"] == span["number"])
+    shown = card.locator(f"section.evidence .evidence-source[id$='-evidence-source-{span['number']}']")
+    assert shown.locator("blockquote").text_content() == passage
+    mark = shown.locator("blockquote mark").first
+    assert mark.text_content() == span["text"]
+    assert (int(mark.get_attribute("data-start")), int(mark.get_attribute("data-end"))) == (span["start"], span["end"])
+    assert card.locator("section.evidence .evidence-text").inner_text() == evidence["text"]
+
+
+def test_the_page_shows_the_evidence_highlighted_before_the_generated_answer(browser, served_evidence, fresh_script,
+                                                                             paced):
+    fresh_script.answer = GROUNDED
+    evidence = query(served_evidence, "ask_evidence").json()["answer"]["evidence"]
+    context, page = open_page(browser, served_evidence)
+    try:
+        drafts: list[str] = []  # what the generated draft held when the evidence appeared
+        page.expose_function("sawEvidence", lambda draft: drafts.append(draft))
+        page.evaluate("""() => new MutationObserver((_, observer) => {
+            const box = document.querySelector('section.evidence');
+            if (!box) return;
+            observer.disconnect();
+            const draft = document.querySelector('.answer.streaming');
+            window.sawEvidence(draft ? draft.textContent : 'the answer was already rendered');
+        }).observe(document.getElementById('results'), {subtree: true, childList: true, characterData: true})""")
+        card = ask(page, QUESTION, pipeline="ask_evidence")
+        assert drafts == [""], "the evidence should show before any generated text"
+        assert_highlighted(card, evidence)
+        assert card.locator(".answer").inner_text() == GROUNDED
+        assert card.locator(".answered-by").count() == 0 and card.locator(".banner.refusal").count() == 0
+    finally:
+        context.close()
+
+
+def test_the_page_with_the_llm_down_shows_the_evidence_as_the_answer(browser, served_llm_down):
+    evidence = query(served_llm_down, "ask_extractive").json()["answer"]["evidence"]
+    context, page = open_page(browser, served_llm_down)
+    try:
+        card = ask(page, QUESTION, pipeline="ask_evidence")
+        assert_highlighted(card, evidence)
+        assert "Answered by the evidence above" in card.locator(".answered-by").inner_text()
+        assert card.locator(".banner").count() == 0  # neither a refusal nor an error
+        card.locator("section.evidence a.cite").first.click()
+        assert page.evaluate("location.hash").endswith(f"-evidence-source-{evidence['spans'][0]['number']}")
+    finally:
+        context.close()
