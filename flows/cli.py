@@ -578,12 +578,14 @@ def _print_answer(answer: dict[str, Any], as_json: bool, streamed: bool) -> None
         return
     if streamed:
         print("\n")
-        if answer["refused"]:
+        if answer["refused"] or answer.get("answered_by") == "evidence":
             print(printable(answer["text"], keep_newlines=True))
     else:
         print(printable(answer["text"], keep_newlines=True))
     if answer["refused"] and answer.get("reason"):
         print(printable(f"({answer['reason']})"))
+    elif answer.get("answered_by") == "evidence":
+        print(printable(f"(evidence answer{': ' + answer['reason'] if answer.get('reason') else ''})"))
     for source in [] if answer["refused"] else answer.get("sources", []):
         where = f" ({source['collection']})" if source.get("collection") else ""
         print(printable(f"[{source['number']}] {source.get('title') or source['source_id']} — {source.get('path')}"
@@ -1081,9 +1083,12 @@ def _quickstart(args) -> int:
     project, report = index_paths(args, [args.folder] if args.folder else [], index, orchestrate=True)
     if report.incomplete:
         return 1
+    _search_and_evidence(project, args.question)  # no LLM: printed before one is started or waited for
+    if "ask" not in project.pipelines or "llm" not in project.spec.resources:
+        return 0
     with _packaged_llms(project, args.start_llm, required=False) as servers:
         try:
-            return _search_and_answer(project, args.question)
+            return _generated_answer(project, args.question)
         except Exception:
             dead = [server for server in servers if server.exited() is not None]
             if not dead:
@@ -1093,14 +1098,24 @@ def _quickstart(args) -> int:
             return 1
 
 
-def _search_and_answer(project, question: str) -> int:
+def _search_and_evidence(project, question: str) -> None:
+    """The search's top passages, then the evidence answer (``ask_extractive``: no LLM, about a second)."""
     from ragline.flows.run import engine
 
     print(f"\nsearch: {printable(question)}\n")
     passages = engine.run(project.pipeline("search"), {"query": question}, orchestrate=True)
     _print_passages([_plain(p) for p in passages[:5]], as_json=False)
-    if "ask" not in project.pipelines or "llm" not in project.spec.resources:
-        return 0
+    if "ask_extractive" in project.pipelines:
+        answer = engine.run(project.pipeline("ask_extractive"), {"query": question}, orchestrate=True)
+        print(printable(f"evidence: {answer.text}" + (f"  ({answer.reason})" if answer.refused else ""),
+                        keep_newlines=True))
+        _print_sources(answer)
+
+
+def _generated_answer(project, question: str) -> int:
+    """The `ask` pipeline's answer, once its LLM answers (evidence first: see pipelines.yaml)."""
+    from ragline.flows.run import engine
+
     llm = project.resource("llm")
     if llm.health().status != "up":
         print(printable(f"(no LLM server at {llm.spec.base_url}: start one with `bash deploy/vllm/setup.sh && "
@@ -1108,11 +1123,18 @@ def _search_and_answer(project, question: str) -> int:
         return 0
     print(f"\nask: {printable(question)}\n")
     answer = engine.run(project.pipeline("ask"), {"query": question}, orchestrate=True)
-    print(printable(f"answer: {answer.text}" + (f"  ({answer.reason})" if answer.refused else ""), keep_newlines=True))
+    label = (f"  ({answer.reason})" if answer.refused else
+             f"  (evidence answer{': ' + answer.reason if answer.reason else ''})" if answer.answered_by == "evidence"
+             else "")
+    print(printable(f"answer: {answer.text}{label}", keep_newlines=True))
+    _print_sources(answer)
+    return 0
+
+
+def _print_sources(answer) -> None:
     for source in [] if answer.refused else answer.sources:
         page = f", {source.page}" if source.page else ""
         print(printable(f"  [{source.number}] {source.title or source.source_id} — {source.path}{page}"))
-    return 0
 
 
 if __name__ == "__main__":

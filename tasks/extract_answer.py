@@ -25,6 +25,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import regex
@@ -47,10 +48,16 @@ MONTHS = ("january february march april may june july august september october n
           "jan feb mar apr jun jul aug sep sept oct nov dec").split()
 MONTH = r"(?:" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 DATE = re.compile(rf"\b(?:{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\d{{1,2}}(?:st|nd|rd|th)?\s+{MONTH},?\s+\d{{4}}|"
-                  rf"{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?|{MONTH},?\s+\d{{4}}|\d{{4}}-\d{{2}}-\d{{2}}|"
+                  rf"{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?|\d{{1,2}}(?:st|nd|rd|th)?\s+{MONTH}|{MONTH},?\s+\d{{4}}|\d{{4}}-\d{{2}}-\d{{2}}|"
                   rf"\d{{1,2}}/\d{{1,2}}/\d{{2,4}}|(?:1[0-9]|20)\d{{2}})\b", re.I)
 AMOUNT = re.compile(r"(?<![\w.])(?:[$€£¥]\s?)?\d[\d,]*(?:\.\d+)?(?:\s?(?:%|percent|billion|million|thousand|bn|m|k)\b)?",
                     re.I)
+CLOCK = re.compile(r"\b(?:[01]?\d|2[0-3])[:.][0-5]\d\b|\b\d{1,2}\s?(?:am|pm)\b", re.I)
+NUMERAL_WORDS = ("one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty forty fifty "
+                 "sixty hundred thousand half dozen").split()
+NUMBER_WORD = re.compile(r"\b(?:" + "|".join(NUMERAL_WORDS) + r")\b", re.I)
+PERIOD = re.compile(r"\b(?:within|after|before|by|in|for|every)\s+(?:\d+|" + "|".join(NUMERAL_WORDS) +
+                    r")(?:\s+working)?\s+(?:minutes?|hours?|days?|weeks?|months?|years?)\b", re.I)
 # a run of capitalised words (particles and initials inside it): a name, a place, a title
 NAME = regex.compile(r"\p{Lu}[\p{L}\p{M}'’.-]*(?:\s+(?:(?:de|da|del|van|von|der|di|la|le|of|the|and|&)\s+)?"
                      r"\p{Lu}[\p{L}\p{M}'’.-]*|\s+\d+\b)*")
@@ -61,9 +68,16 @@ their not no yes so than then also just only very more most much many some any a
 CAPITALISED_FUNCTION = frozenset(w.capitalize() for w in FUNCTION) | {"According", "After", "Before", "During",
                                                                       "Since", "Today", "Yesterday", "However"}
 
+# words a question is asked with rather than about: never a reason to refuse when the index lacks them
+ASKING_WORDS = frozenset("""long quickly soon often happened happen happens held hold holds take takes took place
+need needs used mean means work works called named kind type exactly usually typically allowed possible required
+require requires give gives given says said tell told know find found list describe explain name happening done
+make makes doing going become became version versions date year time number amount""".split())
+
 QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first that matches
-    ("number", r"\bhow (?:many|much|long|old|far|often)\b|\b(?:what|which) (?:is the )?(?:number|amount|price|"
-               r"cost|percentage|percent|rate|size|limit|maximum|minimum|revenue)\b|\brevenue\b"),
+    ("number", r"\bhow (?:many|much|long|old|far|often)\b|\b(?:which|what) (?:\w+ )?version\b|"
+               r"\b(?:what|which) (?:is the )?(?:number|amount|price|cost|percentage|percent|rate|size|limit|"
+               r"maximum|minimum|revenue)\b|\brevenue\b"),
     ("date", r"^\s*when\b|\b(?:what|which) (?:year|date|day|month|time)\b|\b(?:release|premiere|launch|start|end|"
              r"due) date\b|\bdate of\b|\bdeadline\b|\bwhen (?:was|is|did|does|will)\b"),
     ("place", r"^\s*where\b|\b(?:which|what) (?:city|country|place|state|venue|stadium|location)\b|\blocation\b"),
@@ -84,6 +98,8 @@ class Params(BaseModel):
     type_weight: float = Field(0.1, ge=0, le=1, description="weight of holding a value of the asked type")
     agreement_weight: float = Field(0.1, ge=0, le=1, description="weight of another passage stating that value")
     max_sentence_chars: int = Field(600, ge=50, description="longer sentences are left out as answers")
+    max_candidates: int = Field(12, ge=1, le=500, description="sentences embedded per question: those covering "
+                                                                "most of its key terms (the embedding is the cost)")
     min_words: int = Field(5, ge=1, le=50, description="shorter sentences (a heading, a caption) are left out as "
                                                        "answers; a table row is always a candidate")
 
@@ -125,26 +141,64 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     if not context.documents:
         return refusal(context.withheld or "no relevant documents were found", [])
     keys = key_terms(question)
-    units = [u for d in context.documents for u in split_units(d) if len(u.scored) <= params.max_sentence_chars]
-    if not units:
-        return refusal("the references hold no sentence", keys)
-    numbers = [k for k in keys if HAS_DIGIT.search(k)]
-    if missing := [n for n in numbers if not any(mentions(u.scored + " " + u.before, n) for u in units)]:
+    if missing := unmentioned(question, keys, context, sparse):
         return refusal(f"no sentence in the references mentions {', '.join(missing)}", keys)
-    units = [u for u in units if all(mentions(u.document.passage.text, n) for n in numbers)
+    units = [u for d in context.documents for u in split_units(d)
+             if len(u.scored) <= params.max_sentence_chars
              and (len(words(u.scored)) >= params.min_words or TABLE_ROW.match(u.text))]
     kind = question_type(question)
     typed = [u for u in units if set_value(u, kind, question)] if kind else units
+    typed = naming(typed, [k for k in keys if HAS_DIGIT.search(k)])
     if not typed:
         return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and units
                        else "no sentence of the references speaks to the question", keys)
-    score_units(question, typed, kind, params, embedder, sparse)
+    typed = score_units(question, typed, kind, params, embedder, sparse)
     best = max(typed, key=lambda u: u.score)
     if best.score < params.min_score:
         return refusal(f"no sentence in the references answers it closely enough (best {best.score:.2f} < "
                        f"{params.min_score:.2f}: \"{clipped(best.text)}\" [{best.document.number}])", keys,
                        confidence=best.score)
     return answered(best, typed, keys, params)
+
+
+def unmentioned(question: str, keys: list[str], context: Context, sparse: BM25Index | None) -> list[str]:
+    """The question's key terms no reference holds: a number, date or version, a name (a capitalised
+    word past the first), or a word the whole index never uses (by its own statistics). Such a
+    question asks about something the references do not speak of ('Plover 3.13', 'SAML')."""
+    texts = [d.passage.text for d in context.documents]
+    held = {s for t in texts for s in stem_words(t)}
+    first = (words(question) or [""])[0]
+    names = [k for k in keys if HAS_DIGIT.search(k) or (k[:1].isupper() and k != first)]
+    missing = [k for k in names if not any(mentions(t, k) for t in texts)
+               and not (not HAS_DIGIT.search(k) and stem_words(k) and stem_words(k)[0] in held)]
+    return missing + [k for k in unknown_words(keys, sparse) if k not in missing]
+
+
+def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
+    """Lower-case key words the index holds in no passage at all (none without BM25 statistics); the
+    words a question is asked with ('how long', 'what happened', 'where is it held') never count."""
+    candidates = [k for k in keys if k.islower() and len(k) > 3 and not HAS_DIGIT.search(k)
+                  and k not in ASKING_WORDS]
+    if sparse is None or not candidates:
+        return []
+    try:
+        terms = sparse.terms(candidates)
+        frequencies, total = sparse.document_frequencies({t for ts in terms for t in ts})
+    except Exception:  # noqa: BLE001 - the statistics are only a shortcut to a refusal
+        return []
+    return [k for k, ts in zip(candidates, terms) if total and ts and all(frequencies.get(t, 0) == 0 for t in ts)]
+
+
+def naming(units: list[Unit], numbers: list[str]) -> list[Unit]:
+    """The units that name every number of the question: in the sentence itself where some do, else
+    with the sentence before it ('It was released on ...'), else anywhere in the passage."""
+    if not numbers:
+        return units
+    for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before, lambda u: u.document.passage.text):
+        found = [u for u in units if all(mentions(where(u), n) for n in numbers)]
+        if found:
+            return found
+    return []
 
 
 TYPE_WORDS = {"number": "a number", "date": "a date", "place": "a place", "name": "a name"}
@@ -192,6 +246,10 @@ def split_units(document: ContextDocument) -> list[Unit]:
         header = ""
         if not line.strip() or HEADING.match(line) or LIST_ITEM.match(line):
             flush()
+            if HEADING.match(line):  # a heading is a unit of its own ('Quillstack 5.2 (released 14 March 2025)')
+                start, end = stripped(text, line_start + len(HEADING.match(line).group()), line_start + len(line))
+                units.append(Unit(document, start, end, scored=text[start:end], before=previous))
+                previous = text[start:end]
             if not line.strip() or HEADING.match(line):
                 continue
         block = (block[0] if block else line_start, line_start + len(line))
@@ -268,7 +326,7 @@ def set_value(unit: Unit, kind: str, question: str) -> bool:
     not (a name is trimmed of the question's own words at its edges); record it (passage offsets)
     and say whether there was one."""
     asked = set(stem_words(question)) | {w.lower() for w in words(question)}
-    for start, end in value_spans(unit.text, kind):
+    for start, end in value_spans(unit.text, kind, unit.document.passage.text):
         if kind in ("name", "place"):
             start, end = trimmed(unit.text, start, end, asked)
         value_words = [w for w in words(unit.text[start:end]) if w.lower() not in FUNCTION]
@@ -298,16 +356,25 @@ def trimmed(text: str, start: int, end: int, asked: set[str]) -> tuple[int, int]
     return (tokens[0][0], tokens[-1][1]) if tokens else (start, start)
 
 
-def value_spans(text: str, kind: str) -> list[tuple[int, int]]:
+def value_spans(text: str, kind: str, passage: str = "") -> list[tuple[int, int]]:
+    """Where values of ``kind`` stand in ``text``: a date (or a time of day, or a period: 'within 30
+    days'), a number (digits or a number word), else a name."""
     if kind == "date":
-        return [m.span() for m in DATE.finditer(text)]
+        return sorted([m.span() for m in DATE.finditer(text)] + [m.span() for m in CLOCK.finditer(text)]
+                      + [m.span() for m in PERIOD.finditer(text)])
     if kind == "number":
-        return [m.span() for m in AMOUNT.finditer(text) if HAS_DIGIT.search(m.group())]
-    return [span for span in name_spans(text)]
+        dates = [m.span() for m in DATE.finditer(text) if not re.fullmatch(r"\d{4}", m.group())]
+        return sorted([m.span() for m in AMOUNT.finditer(text) if HAS_DIGIT.search(m.group())
+                       and not any(a <= m.start() < b for a, b in dates)]  # the 9 of '9 December 2024' counts nothing
+                      + [m.span() for m in NUMBER_WORD.finditer(text)])
+    return name_spans(text, passage)
 
 
-def name_spans(text: str) -> list[tuple[int, int]]:
-    """Capitalised runs, without a capitalised function word that opens a sentence ('The', 'In')."""
+def name_spans(text: str, passage: str = "") -> list[tuple[int, int]]:
+    """Capitalised runs, without a capitalised function word that opens a sentence ('The', 'In'), and
+    without a single word that opens it and is written in lower case elsewhere in the passage
+    ('Critical incidents are ...' where 'critical' occurs): an ordinary word, not a name."""
+    lowered = {w for w in words(passage) if w.islower()}
     spans = []
     for match in NAME.finditer(text):
         start, value = match.start(), match.group()
@@ -317,6 +384,8 @@ def name_spans(text: str) -> list[tuple[int, int]]:
             if not rest or not rest[0].isupper():
                 continue
             start, value = match.end() - len(rest), rest
+        if start == 0 and " " not in value.strip() and value.strip(".'’").lower() in lowered:
+            continue
         spans.append((start, start + len(value.rstrip(".'’"))))
     return spans
 
@@ -327,27 +396,43 @@ def value_key(text: str) -> str:
 
 # ----------------------------------------------------------------------------- scoring
 def score_units(question: str, units: list[Unit], kind: str | None, params: Params, embedder: Embedder,
-                sparse: BM25Index | None) -> None:
-    """Each unit's score: cosine, key-term coverage, asked type, agreement across passages."""
-    vectors = embedder.encode_documents([u.scored for u in units])
-    asked = embedder.encode_queries([question])[0]
-    cosines = vectors @ asked / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(asked), 1e-12)
+                sparse: BM25Index | None) -> list[Unit]:
+    """The units worth embedding (the ``max_candidates`` that cover most of the question's key terms),
+    each scored: cosine, key-term coverage, asked type, agreement across passages."""
     weights = term_weights(question, [u.scored for u in units], sparse)
     values = [value_key(u.document.passage.text[slice(*u.value)]) if u.value else "" for u in units]
-    for unit, cosine, value in zip(units, cosines, values):
+    for unit, value in zip(units, values):
         stated_by = {v.document.number for v, other in zip(units, values) if other and other == value}
-        agreement = min(1.0, (len(stated_by) - 1) / 2) if value else 0.0
-        parts = {"similarity": float(cosine), "coverage": coverage(unit, weights),
-                 "type": 1.0 if unit.value or not kind else 0.0, "agreement": agreement}
+        unit.parts = {"coverage": coverage(unit, weights), "type": 1.0 if unit.value or not kind else 0.0,
+                      "agreement": min(1.0, (len(stated_by) - 1) / 2) if value else 0.0}
+    order = sorted(range(len(units)), key=lambda i: -(units[i].parts["coverage"] + units[i].parts["agreement"]))
+    kept = [units[i] for i in sorted(order[:params.max_candidates])]
+    vectors = embedder.encode_documents([u.scored for u in kept])  # one batch
+    asked = embedder.encode_queries([question])[0]
+    cosines = vectors @ asked / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(asked), 1e-12)
+    for unit, cosine in zip(kept, cosines):
+        parts = unit.parts
+        parts["similarity"] = float(cosine)
         parts["score"] = (params.similarity_weight * parts["similarity"] + params.coverage_weight * parts["coverage"]
                           + params.type_weight * parts["type"] + params.agreement_weight * parts["agreement"])
-        unit.parts = parts
+    return kept
+
+
+@lru_cache(maxsize=1)
+def stemmer():
+    import Stemmer
+
+    return Stemmer.Stemmer("english")
+
+
+@lru_cache(maxsize=4096)
+def _stems(text: str) -> tuple[str, ...]:
+    return tuple(stemmer().stemWords([w.lower() for w in words(text)]))
 
 
 def stem_words(text: str) -> list[str]:
-    import Stemmer
-
-    return Stemmer.Stemmer("english").stemWords([w.lower() for w in words(text)])
+    """English Snowball stems of the text's words (cached: a passage's sentences are stemmed once)."""
+    return list(_stems(text))
 
 
 def term_weights(question: str, texts: list[str], sparse: BM25Index | None) -> dict[str, float]:

@@ -17,6 +17,7 @@ from ragline.flows.contracts import Answer, Context, EvidenceAnswer, Query, Sour
 from ragline.flows.resources.llm_output import clip, option_probabilities, sentences, strip_citations
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.llm import LLMClient
+from ragline.tasks.extract_answer import question_type
 from ragline.tasks.generate import REFUSAL
 
 Verdict = Literal["supported", "contradicted", "not_enough_information"]
@@ -155,6 +156,10 @@ def against_evidence(answer: str, question: str, evidence: EvidenceAnswer, min_g
     asked = set(tokens(question))
     if stray := [w for w in tokens(answer) if NUMBER.fullmatch(w) and w not in known and w not in asked]:
         return f"its number {stray[0]} is not in the evidence"
+    if question_type(question) not in ("name", "place") and evidence.spans:
+        stated = [w for w in tokens(evidence.spans[0].text) if NUMBER.fullmatch(w) and w not in asked]
+        if dropped := [w for w in stated if w not in written]:  # "30 seconds" where it changed "from 30 to 90"
+            return f"it leaves out the evidence's {dropped[0]}"
     found, total = grounding(answer, question, [said])
     if total and found / total < min_grounding:
         return f"not grounded in the evidence: {found} of {total} answer words found"

@@ -105,6 +105,9 @@ def test_a_failing_quickstart_is_one_line_without_traceback(tmp_path, broken_llm
         f"after 4 attempts (POST {broken_llm.removesuffix('/v1')}/tokenize): InternalServerError: Error code: 500 - "
         f"engine dead\n"), result.stderr[-3000:]
     assert "index: added 4" in result.stdout and "search: " in result.stdout
+    # the evidence answer needs no LLM: printed before the broken one is asked
+    assert "evidence: A document that cannot be read is reported by path with the reason and skipped; the run goes " \
+           "on. [1]\n  [1] observability — samples/docs/observability.txt\n" in result.stdout, result.stdout[-2000:]
 
 
 # ----------------------------------------------------------------------------- item 3: one LLM story
