@@ -34,14 +34,16 @@ class PrefectUnavailable(DependencyUnavailable):
 
 
 def run(pipeline: CompiledPipeline, inputs: dict[str, Any] | None = None, *, orchestrate: bool = True,
-        progress: Any = None, on_token: Callable[[str], None] | None = None, trace: list | None = None) -> Any:
+        progress: Any = None, on_token: Callable[[str], None] | None = None, trace: list | None = None,
+        on_step: Callable[[str, Any], None] | None = None) -> Any:
     """Run a pipeline: as a Prefect flow run (default) or directly in this process.
     ``on_token`` receives generated text as it streams (in-process only); ``trace`` (a list)
-    receives (step id, seconds) for every step of a query pipeline."""
+    receives (step id, seconds) for every step of a query pipeline; ``on_step`` (step id, output)
+    for each query step as soon as it finishes."""
     inputs = inputs or {}
     if pipeline.kind == PipelineKind.QUERY:
         inputs = coerce_inputs(pipeline, inputs)  # a bad request fails here, before any flow run
-    hooks = DriverHooks(progress, on_token, trace)
+    hooks = DriverHooks(progress, on_token, trace, on_step)
     if not orchestrate:
         arrival = QUERY_ARRIVAL.set(QUERY_ARRIVAL.get() or time.monotonic())
         vectors = QUERY_VECTORS.set({} if pipeline.kind == PipelineKind.QUERY else None)  # this query's own

@@ -100,7 +100,7 @@ def run_pipeline(pipeline: str, inputs: dict[str, Any] | None = None, file: str 
     runner = task_runner(compiled.spec.runner)
     driver = drivers.DRIVER.get()
     progress = _run_progress(driver.progress) if compiled.kind == PipelineKind.INGESTION else driver.progress
-    hooks = DriverHooks(progress, driver.on_token, driver.trace)
+    hooks = DriverHooks(progress, driver.on_token, driver.trace, driver.on_step)
     vectors = step_context.QUERY_VECTORS.set({} if compiled.kind == PipelineKind.QUERY else None)  # shared by steps
     try:
         with _api_for_workers(runner), PrefectExecutor(runner) as executor:

@@ -30,7 +30,7 @@ def execute_pipeline(pipeline: CompiledPipeline, inputs: dict[str, Any], executo
 def _execute(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, hooks: DriverHooks) -> Any:
     if pipeline.kind == PipelineKind.INGESTION:
         return run_ingestion(pipeline, executor, hooks.progress)
-    output = run_query(pipeline, coerce_inputs(pipeline, inputs), executor, hooks.trace)
+    output = run_query(pipeline, coerce_inputs(pipeline, inputs), executor, hooks.trace, hooks.on_step)
     return jobs.publish(pipeline, output) if pipeline.kind == PipelineKind.JOB else output
 
 

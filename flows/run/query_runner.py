@@ -1,8 +1,10 @@
 """Running a query pipeline: every step submitted at once, each starting when its inputs are ready."""
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 from ragline.flows.contracts import Answer, PipelineKind, Query, Skipped, StepResult
@@ -11,6 +13,8 @@ from ragline.flows.run.executors import Run, settle
 from ragline.flows.spec.model import CompiledPipeline
 from ragline.flows.resources import filters
 from ragline.flows.run.steps import PipelineRef
+
+log = logging.getLogger("ragline.run")
 
 # Set (to a dict) by a caller that wants every step's output of the query runs in its context: the
 # served query log records the rewritten query and the passages retrieved, not just the answer.
@@ -51,14 +55,17 @@ def _check_collections(pipeline: CompiledPipeline, wanted: list[str] | None) -> 
                          f"{', '.join(repr(n) for n in unknown) or '(none named)'}; {searched}", field="collections")
 
 
-def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, trace: list | None = None) -> Any:
-
+def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any, trace: list | None = None,
+              on_step: Callable[[str, Any], None] | None = None) -> Any:
+    """Every step submitted at once; ``on_step`` sees each step's output as soon as it is ready."""
     run = Run(pipeline, executor, PipelineRef.of(pipeline))
     sources: dict[str, Any] = {name: StepResult(value) for name, value in inputs.items()}
     idle = idle_steps(pipeline)  # e.g. weighed 0 by every fuse step they feed: not run
     steps = [s for s in pipeline.steps if s.id not in idle]
     for step in pipeline.steps:
         sources[step.id] = StepResult([]) if step.id in idle else run.submit(step, sources)
+        if on_step is not None and step.id not in idle:
+            when_ready(sources[step.id], step.id, on_step)
     results = settle(run, steps, sources)
     if trace is not None:  # the steps that ran; those skipped are listed on the answer
         trace.extend((step.id, result.seconds) for step, result in zip(steps, results) if not result.skipped)
@@ -67,6 +74,27 @@ def run_query(pipeline: CompiledPipeline, inputs: dict[str, Any], executor: Any,
         outputs.update((step.id, result.value) for step, result in zip(steps, results) if not result.skipped)
     skipped = {step.id: result.skipped for step, result in zip(steps, results) if result.skipped}
     return with_skipped(pipeline, run.result(sources[pipeline.output]).value, skipped)
+
+
+def when_ready(future: Any, step_id: str, on_step: Callable[[str, Any], None]) -> None:
+    """Hands a step's output to ``on_step`` when its future completes. Registered before any later
+    step is submitted, so with the direct executor it runs before the steps waiting for this one
+    start (an evidence event precedes the generated tokens). A failed or skipped step hands nothing
+    (the run reports its failure); a failing hook is logged, never the run's failure."""
+    def ready(done: Any) -> None:
+        try:
+            result = done.result()
+        except Exception:  # noqa: BLE001 - the step's failure is settle's to report
+            return
+        if not isinstance(result, StepResult) or result.skipped:
+            return
+        try:
+            on_step(step_id, result.value)
+        except Exception:  # noqa: BLE001 - a surface's hook must not fail the run
+            log.warning("the step-output hook failed on step '%s'", step_id, exc_info=True)
+
+    if isinstance(future, Future) or isinstance(getattr(future, "wrapped_future", None), Future):
+        future.add_done_callback(ready)  # in this process only: a cluster's future would ask its API
 
 
 def with_skipped(pipeline: CompiledPipeline, value: Any, skipped: dict[str, str]) -> Any:

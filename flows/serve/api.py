@@ -72,6 +72,8 @@ from ragline.flows.serve.query_service import (
     CHECK_TIMEOUT_SECONDS,
     DEFAULT_MAX_QUESTION_CHARS,
     DependencyStatus,
+    EVIDENCE_NOTICE,
+    EarlyEvidence,
     ERRORS,
     OPENAI_PATHS,
     Outcome,
@@ -101,11 +103,15 @@ def query_router(service: QueryService) -> APIRouter:
     @router.post("/query", response_model=QueryResponse, responses=ERRORS,
                  summary="Run a query pipeline: an answer with its sources, or ranked passages")
     async def query(body: QueryRequest, request: Request) -> Response:
-        """JSON by default. With `"stream": true`, server-sent events: `event: token` /
-        `data: {"text": ...}` for every generated piece, then exactly one `event: answer` whose data is
-        this endpoint's JSON response plus `replaced_by_refusal` (when true, verification replaced the
-        streamed draft with the refusal text: discard the streamed tokens), or `event: error` /
-        `data: {"error": {...}}`. Comment lines (`: keep-alive`) may arrive while a step runs."""
+        """JSON by default. With `"stream": true`, server-sent events: first, for a pipeline with an
+        evidence step, `event: evidence` / `data: {"answer_id", "pipeline", "step", "latency_ms",
+        "evidence": {...}}` as soon as the extractive answer is ready (before any generated text);
+        then `event: token` / `data: {"text": ...}` for every generated piece, then exactly one
+        `event: answer` whose data is this endpoint's JSON response plus `replaced_by_refusal` (when
+        true, verification replaced the streamed draft with the refusal text: discard the streamed
+        tokens) and `replaced_by_evidence` (the draft was replaced by the evidence answer), or
+        `event: error` / `data: {"error": {...}}`. Comment lines (`: keep-alive`) may arrive while a
+        step runs."""
         rid = request_id(request)
         try:
             service.check_question(body.question, "question", 422)
@@ -139,14 +145,25 @@ async def _sse_query(service: QueryService, pipeline: CompiledPipeline, query: d
     try:
         async for item in service.stream(pipeline, query, answer_id=answer_id, request_id=rid, principal=principal):
             if isinstance(item, Outcome):
-                final = {**item.to_json(), "replaced_by_refusal": item.replaced_by_refusal()}
-                if final["replaced_by_refusal"]:
-                    final["notice"] = REPLACED_NOTICE
-                yield sse("answer", final)
+                yield sse("answer", _final(item))
+            elif isinstance(item, EarlyEvidence):
+                yield sse("evidence", {"answer_id": answer_id, "pipeline": pipeline.name, "step": item.step,
+                                       "latency_ms": item.latency_ms, "evidence": item.evidence})
             else:
                 yield sse("token", None if item is None else {"text": item})
     except Exception as exc:  # noqa: BLE001 - the status line is sent: report in-band
         yield sse("error", service.failure(exc, rid).body())
+
+
+def _final(outcome: Outcome) -> dict[str, Any]:
+    """The stream's `answer` event: the JSON response, and whether the streamed draft stands."""
+    final = {**outcome.to_json(), "replaced_by_refusal": outcome.replaced_by_refusal(),
+             "replaced_by_evidence": outcome.replaced_by_evidence()}
+    if final["replaced_by_refusal"]:
+        final["notice"] = REPLACED_NOTICE
+    elif final["replaced_by_evidence"]:
+        final["notice"] = EVIDENCE_NOTICE
+    return final
 
 
 # ----------------------------------------------------------------------------- chat page

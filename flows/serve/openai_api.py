@@ -5,12 +5,17 @@ the question (it must be the user's), earlier user/assistant messages the histor
 developer) messages are dropped: the pipeline's prompts and its own system prompt (``generate``'s
 ``system``) decide how it answers, and a caller must not override them. The stock ``openai``
 client works unchanged: ragline's extras are top-level JSON fields it keeps in ``model_extra``,
-``sources`` and ``verification`` ({verdict, refused, reason, confidence}), on the response or, when
-streaming, on the last chunk (``finish_reason: "stop"``), as RAGFlow and Perplexity do.
+``sources``, ``verification`` ({verdict, refused, reason, confidence}), ``evidence`` (the extractive
+evidence answer: its sentences, their offsets in the cited passages, its sources; null without an
+evidence step) and ``answered_by`` (llm, evidence or ''), on the response or, when streaming, on
+the last chunk (``finish_reason: "stop"``), as RAGFlow and Perplexity do. A stream also sends the
+evidence as soon as it is ready, on a chunk of its own with an empty delta, before any generated
+text.
 
 Streaming cannot take back what it sent: when verification replaces the streamed draft by the
-refusal, one more content delta says so and carries the refusal text (a client that only joins the
-deltas shows the withdrawal), and ``verification.replaced_by_refusal`` is true. Usage figures are
+refusal or by the evidence answer, one more content delta says so and carries the answer's text (a
+client that only joins the deltas shows the withdrawal), and ``verification.replaced_by_refusal``
+(or ``replaced_by_evidence``) is true. Usage figures are
 estimates (~4 characters per token): one answer may take several LLM calls (rewrite, generate,
 fact check), none of them billed by this server. A search pipeline answers with its passages as a
 numbered list.
@@ -28,7 +33,8 @@ from fastapi.sse import EventSourceResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Source
-from ragline.flows.serve.query_service import ANSWER_ID_HEADER, ERRORS, STREAM_HEADERS, ApiError, Outcome, QueryService
+from ragline.flows.serve.query_service import ANSWER_ID_HEADER, ERRORS, STREAM_HEADERS, ApiError, EarlyEvidence, Outcome
+from ragline.flows.serve.query_service import QueryService
 from ragline.flows.serve.query_service import request_id, sse
 from ragline.flows.serve.query_service import access_for, estimate_tokens
 from ragline.flows.serve.principals import may_query, principal_of, query_collections, reading_groups
@@ -101,6 +107,11 @@ class ChatCompletion(BaseModel):
     answer_id: str | None = Field(None, description="ragline: this answer's id (also the X-Answer-ID header), for "
                                                     "POST /v1/feedback")
     verification: dict[str, Any] = Field(description="verdict, refused, reason, confidence")
+    evidence: dict[str, Any] | None = Field(None, description="ragline: the extractive evidence answer (text, "
+                                            "spans with offsets into their sources' passages, sources); null "
+                                            "without an evidence step")
+    answered_by: str = Field("", description="ragline: llm (the generated text, grounded in the evidence), "
+                                             "evidence (the evidence answer's text) or '' (a refusal, or no evidence)")
 
 
 def openai_router(service: QueryService) -> APIRouter:
@@ -126,9 +137,10 @@ def openai_router(service: QueryService) -> APIRouter:
     @router.post("/chat/completions", response_model=ChatCompletion, responses=ERRORS,
                  summary="Answer the last user message with a query pipeline (OpenAI-compatible)")
     async def chat(body: ChatRequest, request: Request) -> Response:
-        """With `stream: true`: `chat.completion.chunk` frames (`data: {...}`), the last with
-        `finish_reason: "stop"`, `sources` and `verification`; a usage chunk when
-        `stream_options.include_usage`; then `data: [DONE]`."""
+        """With `stream: true`: `chat.completion.chunk` frames (`data: {...}`): the role, then (with an
+        evidence step) a chunk with an empty delta and `evidence` before any text, the text, the last
+        with `finish_reason: "stop"`, `sources`, `verification`, `evidence` and `answered_by`; a usage
+        chunk when `stream_options.include_usage`; then `data: [DONE]`."""
         rid = request_id(request)
         try:
             pipeline, query = _parse(service, body)
@@ -239,16 +251,19 @@ def _page_suffix(passage: Any) -> str:
 
 
 def extras(outcome: Outcome) -> dict[str, Any]:
-    """``sources``, ``verification`` and ``answer_id``: read by the stock client from ``model_extra``."""
+    """``sources``, ``verification``, ``evidence``, ``answered_by`` and ``answer_id``: read by the
+    stock client from ``model_extra``."""
     if not outcome.is_answer:
         sources = [{**Source.of(n, p).model_dump(mode="json"), "score": p.score}
                    for n, p in enumerate(outcome.value, start=1)]
         return {"sources": sources, "verification": {"verdict": None, "refused": False, "reason": "",
-                                                     "confidence": None}, "answer_id": outcome.answer_id}
-    answer = outcome.value
-    return {"sources": [] if answer.refused else [s.model_dump(mode="json") for s in answer.sources],
-            "verification": {"verdict": answer.verdict, "refused": answer.refused, "reason": answer.reason,
-                             "confidence": answer.confidence}, "answer_id": outcome.answer_id}
+                                                     "confidence": None}, "evidence": None, "answered_by": "",
+                "answer_id": outcome.answer_id}
+    answer = outcome.answer_json()  # redacted: no server path in sources, evidence or reason
+    return {"sources": [] if answer["refused"] else answer["sources"],
+            "verification": {"verdict": answer["verdict"], "refused": answer["refused"], "reason": answer["reason"],
+                             "confidence": answer["confidence"]}, "evidence": answer.get("evidence"),
+            "answered_by": answer.get("answered_by", ""), "answer_id": outcome.answer_id}
 
 
 async def _chunks(service: QueryService, pipeline: Any, query: dict[str, Any], reply: Reply,
@@ -259,6 +274,8 @@ async def _chunks(service: QueryService, pipeline: Any, query: dict[str, Any], r
                                          principal=principal):
             if item is None:
                 yield sse(None, None)
+            elif isinstance(item, EarlyEvidence):  # before any text: the client can show it at once
+                yield reply.chunk({}, evidence=item.evidence)
             elif isinstance(item, Outcome):
                 for frame in _final(reply, item):
                     yield frame
@@ -273,13 +290,14 @@ def _final(reply: Reply, outcome: Outcome) -> list[bytes]:
     """Whatever text the tokens did not carry, the stop chunk with the extras, the usage chunk."""
     frames, text = [], content(outcome)
     streamed = "".join(outcome.tokens)
-    replaced = outcome.replaced_by_refusal()
+    replaced = outcome.replaced_by_refusal() or outcome.replaced_by_evidence()
     if replaced:
         frames.append(reply.chunk({"content": WITHDRAWN + text}))
     elif not outcome.tokens:
         frames.append(reply.chunk({"content": text}))
     tail = extras(outcome)
-    tail["verification"]["replaced_by_refusal"] = replaced
+    tail["verification"]["replaced_by_refusal"] = outcome.replaced_by_refusal()
+    tail["verification"]["replaced_by_evidence"] = outcome.replaced_by_evidence()
     frames.append(reply.chunk({}, "stop", **tail))
     if reply.include_usage:
         sent = streamed + (WITHDRAWN + text if replaced else "" if outcome.tokens else text)

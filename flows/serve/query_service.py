@@ -26,7 +26,7 @@ from ragline.flows import settings, telemetry
 from ragline.flows.access import checked, without_acl
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import CompiledPipeline, Project
-from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, Passage, PipelineKind
+from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, Answer, EvidenceAnswer, Passage, PipelineKind
 from ragline.flows.resources import warm_up as warm_up_resources
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_log import QueryLog, describe_run, index_generations, now_iso
@@ -46,6 +46,8 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
 REPLACED_NOTICE = ("verification replaced the streamed draft with the refusal text: discard the streamed tokens "
                    "and show answer.text")
+EVIDENCE_NOTICE = ("the streamed draft was replaced by the evidence answer (answer.reason says why): discard the "
+                   "streamed tokens and show answer.text")
 ANSWER_ID_HEADER = "X-Answer-ID"  # also `answer_id` in the body: what POST /v1/feedback names
 
 
@@ -120,8 +122,9 @@ class QueryRequest(BaseModel):
     history: list[HistoryTurn] = Field(default_factory=list, description="earlier chat turns, oldest first")
     filters: dict[str, Any] | None = Field(None, description='Chroma-style metadata `where`, e.g. '
                                                              '{"format": "markdown"}')
-    stream: bool = Field(False, description="answer as server-sent events: `token` events, then one `answer` "
-                                            "event (answer pipelines only)")
+    stream: bool = Field(False, description="answer as server-sent events: an `evidence` event first (pipelines "
+                                            "with an evidence step), `token` events, then one `answer` event "
+                                            "(answer pipelines only)")
     top_k: int | None = Field(None, ge=1, description="return at most this many passages (search pipelines)")
     collections: list[str] | None = Field(None, min_length=1, description="the named collections to search "
                                           "(pipelines.yaml `collections`); default: all this credential may query")
@@ -145,12 +148,15 @@ class QueryResponse(BaseModel):
     answer_id: str | None = Field(None, description="this answer's id (also the X-Answer-ID header): rate it with "
                                                     "POST /v1/feedback")
     pipeline: str
-    answer: Answer | None = Field(None, description="for pipelines that answer (the output is an Answer)")
+    answer: Answer | None = Field(None, description="for pipelines that answer (the output is an Answer); "
+                                                    "`answer.evidence` is the extractive evidence answer")
     passages: list[Passage] | None = Field(None, description="for search pipelines (the output is passages)")
     timings: dict[str, float] = Field(description="milliseconds spent in each step")
     latency_ms: float = Field(description="the whole run, milliseconds")
     replaced_by_refusal: bool | None = Field(None, description="streaming only: verification replaced the streamed "
                                                                "draft with the refusal text; discard the tokens")
+    replaced_by_evidence: bool | None = Field(None, description="streaming only: the streamed draft was replaced by "
+                                                                "the evidence answer; discard the tokens")
 
 
 class DependencyStatus(BaseModel):
@@ -182,6 +188,7 @@ class Outcome:
     latency_ms: float
     tokens: list[str] = field(default_factory=list)
     answer_id: str | None = None
+    redact: Redactor | None = None  # the server's: no server path in what a client is shown
 
     @property
     def is_answer(self) -> bool:
@@ -194,11 +201,21 @@ class Outcome:
         """Streamed text was shown that the final answer no longer stands behind."""
         return bool(self.tokens) and self.is_answer and self.value.refused and bool(self.value.draft)
 
+    def replaced_by_evidence(self) -> bool:
+        """Streamed text was shown, and the answer is the evidence answer instead (verification did
+        not ground the draft in the evidence, or the LLM failed half-way)."""
+        return bool(self.tokens) and self.is_answer and self.value.answered_by == "evidence"
+
+    def answer_json(self) -> dict[str, Any]:
+        """The Answer as a client sees it (redacted: its sources and evidence show no server path)."""
+        body = self.value.model_dump(mode="json")
+        return self.redact.answer(body) if self.redact is not None else body
+
     def to_json(self, top_k: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"answer_id": self.answer_id} if self.answer_id else {}
         body["pipeline"] = self.pipeline
         if self.is_answer:
-            body["answer"] = self.value.model_dump(mode="json")
+            body["answer"] = self.answer_json()
         else:
             items = list(self.value)[:top_k] if top_k else list(self.value)
             body["passages"] = [_shown(p.model_dump(mode="json") if hasattr(p, "model_dump") else p) for p in items]
@@ -209,6 +226,16 @@ class Outcome:
         ids and never text."""
         items = self.value.sources if self.is_answer else self.value
         return list(dict.fromkeys(_source_ids(items)))[:limit]
+
+
+@dataclass
+class EarlyEvidence:
+    """The evidence answer of a streamed run, as soon as its step finished: redacted JSON, and the
+    milliseconds since the run started (the time to the first cited answer)."""
+
+    step: str
+    evidence: dict[str, Any]
+    latency_ms: float
 
 
 def _source_ids(items: Any) -> Iterator[str]:
@@ -369,8 +396,10 @@ class QueryService:
 
     async def run(self, pipeline: CompiledPipeline, query: dict[str, Any], *, surface: str = "query",
                   on_token: Callable[[str], None] | None = None, answer_id: str | None = None,
-                  request_id: str | None = None, principal: str | None = None) -> Outcome:
-        """The pipeline on a driver thread; the event loop only awaits it."""
+                  request_id: str | None = None, principal: str | None = None,
+                  on_step: Callable[[str, Any], None] | None = None) -> Outcome:
+        """The pipeline on a driver thread; the event loop only awaits it. ``on_token`` and
+        ``on_step`` (each step's output when ready) are called on the run's threads."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         outputs: dict[str, Any] | None = {} if self.query_log is not None else None
@@ -379,7 +408,7 @@ class QueryService:
             if self.query_log is not None else None
         try:  # in this request's context: the run's span is a child of the request's
             value, trace = await loop.run_in_executor(self.drivers, contextvars.copy_context().run, _run, pipeline,
-                                                      query, on_token, outputs)
+                                                      query, on_token, outputs, on_step)
         except Exception as exc:
             seconds = time.perf_counter() - started
             self.events.query_done(pipeline.name, "failed", _ms(seconds), {}, len(query["text"]), surface,
@@ -388,7 +417,8 @@ class QueryService:
             self._log(logged, "failed", _ms(seconds), {}, None, {}, error=type(exc).__name__)
             raise
         seconds = time.perf_counter() - started
-        outcome = Outcome(pipeline.name, value, {step: _ms(s) for step, s in trace}, _ms(seconds), answer_id=answer_id)
+        outcome = Outcome(pipeline.name, value, {step: _ms(s) for step, s in trace}, _ms(seconds), answer_id=answer_id,
+                          redact=self.redact)
         self.events.query_done(pipeline.name, outcome.status(), outcome.latency_ms, outcome.timings,
                                len(query["text"]), surface, principal=principal, answer_id=answer_id,
                                returned=outcome.returned_ids())
@@ -415,24 +445,35 @@ class QueryService:
 
     async def stream(self, pipeline: CompiledPipeline, query: dict[str, Any], *, surface: str = "query",
                      answer_id: str | None = None, request_id: str | None = None, principal: str | None = None
-                     ) -> AsyncIterator[str | None | Outcome]:
-        """Generated pieces as they come (``None`` now and then while nothing does), then the Outcome.
-        The run goes on to the end (and emits its event) if the client leaves."""
+                     ) -> AsyncIterator[str | None | EarlyEvidence | Outcome]:
+        """The evidence answer as soon as its step finishes (an ``EarlyEvidence``, before any
+        generated piece: the generating step waits for it), generated pieces as they come (``None``
+        now and then while nothing does), then the Outcome. The run goes on to the end (and emits
+        its event) if the client leaves."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         listening = threading.Event()
         listening.set()
         done = object()
+        started = time.perf_counter()
+        evidence_sent = threading.Event()
 
-        def on_token(text: str) -> None:  # in the generating step's thread
+        def hand_over(item: Any) -> None:  # from the run's threads to the loop, in order
             if listening.is_set():
                 try:
-                    loop.call_soon_threadsafe(queue.put_nowait, text)
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
                 except RuntimeError:  # the loop is closed: the server is stopping
                     listening.clear()
 
-        job = asyncio.ensure_future(self.run(pipeline, query, surface=surface, on_token=on_token, answer_id=answer_id,
-                                             request_id=request_id, principal=principal))
+        def on_step(step: str, value: Any) -> None:  # in the finished step's thread
+            if isinstance(value, EvidenceAnswer) and not evidence_sent.is_set():
+                evidence_sent.set()  # the first evidence step's: what the client sees first
+                hand_over(EarlyEvidence(step, self.redact.evidence(value.model_dump(mode="json")),
+                                        _ms(time.perf_counter() - started)))
+
+        job = asyncio.ensure_future(self.run(pipeline, query, surface=surface, on_token=hand_over,
+                                             answer_id=answer_id, request_id=request_id, principal=principal,
+                                             on_step=on_step))
         job.add_done_callback(lambda finished: (queue.put_nowait(done), finished.cancelled() or finished.exception()))
         tokens: list[str] = []
         getter: asyncio.Future | None = None
@@ -446,7 +487,8 @@ class QueryService:
                 item, getter = getter.result(), None
                 if item is done:
                     break
-                tokens.append(item)
+                if isinstance(item, str):
+                    tokens.append(item)
                 yield item
             outcome = job.result()
             outcome.tokens = tokens
@@ -557,11 +599,12 @@ def _bound(step: Any) -> list[str]:
 
 
 def _run(pipeline: CompiledPipeline, query: dict[str, Any], on_token: Callable[[str], None] | None,
-         outputs: dict[str, Any] | None = None) -> tuple[Any, list[tuple[str, float]]]:
+         outputs: dict[str, Any] | None = None, on_step: Callable[[str, Any], None] | None = None
+         ) -> tuple[Any, list[tuple[str, float]]]:
     trace: list[tuple[str, float]] = []
     if outputs is not None:
         STEP_OUTPUTS.set(outputs)  # in this run's own context copy
-    value = engine.run(pipeline, {"query": query}, orchestrate=False, on_token=on_token, trace=trace)
+    value = engine.run(pipeline, {"query": query}, orchestrate=False, on_token=on_token, trace=trace, on_step=on_step)
     return value, trace
 
 

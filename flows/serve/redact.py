@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from ragline.flows.serve.layout import data_dir_of, results_dir
 from ragline.flows.spec.compile import Project
@@ -44,6 +45,32 @@ class Redactor:
         for path, label in self.hidden:
             text = text.replace(path, label)
         return self.PATH.sub(lambda m: m.group(0) if self._allowed(m.group(0)) else "<path>", text)
+
+    def answer(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """An Answer's JSON as a client sees it: its reason (which may quote an error), its sources'
+        and its evidence's names redacted; passage and answer text untouched (the evidence's
+        offsets point into the passages)."""
+        shown = {**answer, "reason": self(answer.get("reason")), "sources": self.sources(answer.get("sources"))}
+        if isinstance(answer.get("evidence"), dict):
+            shown["evidence"] = self.evidence(answer["evidence"])
+        return shown
+
+    def evidence(self, evidence: dict[str, Any]) -> dict[str, Any]:
+        """An EvidenceAnswer's JSON with the same redaction as the answer's sources."""
+        spans = [{**span, **self._names(span, ("chunk_id", "source_id"))} for span in evidence.get("spans") or []]
+        return {**evidence, "reason": self(evidence.get("reason")), "sources": self.sources(evidence.get("sources")),
+                "spans": spans}
+
+    def sources(self, sources: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """Cited sources with any server path in their ids, title, path or member documents replaced."""
+        return [{**s, **self._names(s, SOURCE_NAMES),
+                 "documents": [self(d) for d in s.get("documents") or []]} for s in sources or []]
+
+    def _names(self, item: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+        return {name: self(item[name]) for name in fields if isinstance(item.get(name), str)}
+
+
+SOURCE_NAMES = ("chunk_id", "source_id", "title", "path")
 
 
 def _source_roots(project: Project) -> list[str]:
