@@ -47,6 +47,7 @@ HEAD = """      - {id: rewrite, task: rewrite, with: {mode: conversational}}
 """
 INSERT = "      - {id: insert,  task: insert, with: {order: lost_in_the_middle, max_tokens: 1000, max_documents: 5}}\n"
 GATE = "      - {id: gate,    task: answerable}\n"
+EVIDENCE = "      - {id: evidence, task: extract_answer}\n"  # as the shipped `ask`: evidence first
 ANSWER = "      - {id: answer,  task: generate, with: {max_tokens: 128}}\n"
 CHECK = "      - {id: check,   task: verify, with: {min_grounding: 0.6, fact_check: false}}\n"
 # name: (label, the steps between fuse and insert, the answer step(s), fuse top_k, history?)
@@ -83,7 +84,7 @@ MEMORY = "      - {id: memory,  task: recall_history, with: {recent_turns: 2, k:
 def pipeline_yaml(name: str) -> str:
     _, refine, answer, top_k, _ = VARIANTS[name]
     head = (MEMORY if name == "g_memory" else "") + HEAD.replace("TOPK", str(top_k))
-    return f"  {name}:\n    kind: query\n    steps:\n{head}{refine}{INSERT}{GATE}{answer}{CHECK}"
+    return f"  {name}:\n    kind: query\n    steps:\n{head}{refine}{INSERT}{GATE}{EVIDENCE}{answer}{CHECK}"
 
 
 def workspace(held_back: list[RgbItem], timeout: float | None = None, workers: int = 1) -> Path:

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, TypeVar
 
@@ -108,6 +109,17 @@ def is_transient(exc: BaseException | None) -> bool:
     return isinstance(exc, ValueError) and isinstance(exc.__context__, network)
 
 
+@dataclass(eq=False)
+class _Copy:
+    """A private reading copy, while reads are in flight on it: its client, once retired (stale), is
+    closed by the last of them."""
+
+    folder: Path
+    mark: tuple
+    reads: int = 0
+    client: Any = None
+
+
 class ChromaStore(Owned, Resource):
     """One collection. The client is created lazily and shared (Chroma clients are thread-safe)."""
 
@@ -125,6 +137,8 @@ class ChromaStore(Owned, Resource):
         self._max_batch: int | None = None
         self._writes = False  # this process has written (or means to): the client opens the folder itself
         self._snapshot: Path | None = None  # the private copy a reading client opened instead
+        self._snapshot_mark: tuple = ()  # the folder's read_snapshot.mark when that copy was taken
+        self._copies: list[_Copy] = []  # copies with reads in flight: the current one, then stale ones
 
     @property
     def server(self) -> str | None:
@@ -197,6 +211,7 @@ class ChromaStore(Owned, Resource):
         if not (self.path / "chroma.sqlite3").is_file():
             raise StoreMissing(f"{self.location}: there is no store at {self.path}; {REMEDY}")
         started = time.perf_counter()
+        self._snapshot_mark = read_snapshot.mark(self.path)  # before the copy: a later write retakes it
         self._snapshot = read_snapshot.take(self.path, self.location)
         log.debug("%s: reading a private copy at %s (%.2f s to copy)", self.location, self._snapshot,
                   time.perf_counter() - started)
@@ -204,6 +219,7 @@ class ChromaStore(Owned, Resource):
 
     def _drop_client(self) -> None:
         """Close the client and remove the copy it read (the lock held)."""
+        self._copies = [copy for copy in self._copies if copy.folder != self._snapshot]
         self._collection = None
         client, snapshot = self._client.reset(), self._snapshot
         self._snapshot = None
@@ -287,6 +303,7 @@ class ChromaStore(Owned, Resource):
     def close(self) -> None:
         with self._lock:
             self._drop_client()
+            self._close_retired()
 
     # ------------------------------------------------------------------ faults
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
@@ -347,15 +364,55 @@ class ChromaStore(Owned, Resource):
     def _fresh(self, what: str, op: Callable[[Any], T], create: bool = True) -> T:
         from chromadb.errors import NotFoundError
 
-        handle = self._open(create)
+        handle, reads = self._open_counted(create)
         try:
-            return op(handle)
-        except NotFoundError:
-            with self._lock:  # dropped or recreated by someone else: look it up again (by name)
-                if self._collection is handle:
-                    self._collection = None
-            log.warning("%s: collection handle went stale during %s; re-opening it", self.location, what)
-            return op(self._open(create))
+            try:
+                return op(handle)
+            except NotFoundError:
+                with self._lock:  # dropped or recreated by someone else: look it up again (by name)
+                    if self._collection is handle:
+                        self._collection = None
+                log.warning("%s: collection handle went stale during %s; re-opening it", self.location, what)
+                return op(self._open(create))
+        finally:
+            self._read_done(reads)
+
+    def _open_counted(self, create: bool) -> tuple[Any, _Copy | None]:
+        """The collection, and for a read on a private copy that copy, its read counted. A copy the
+        folder has changed since (another process, or this one, wrote) is retired first: its client
+        closes once its last read in flight ends, and this read opens a new copy."""
+        with self._lock:
+            current = self._copies[-1] if self._copies and self._copies[-1].folder == self._snapshot else None
+            if not create and current is not None and read_snapshot.mark(self.path) != current.mark:
+                log.debug("%s: the folder changed since its copy was taken; reading a new copy", self.location)
+                current.client, self._collection, self._snapshot = self._client.reset(), None, None
+            handle = self._open(create)
+            if self._snapshot is None:
+                return handle, None
+            if current is None or current.folder != self._snapshot:
+                current = _Copy(self._snapshot, self._snapshot_mark)
+                self._copies.append(current)
+            current.reads += 1
+            return handle, current
+
+    def _read_done(self, copy: _Copy | None) -> None:
+        if copy is not None:
+            with self._lock:
+                copy.reads -= 1
+                self._close_retired()
+
+    def _close_retired(self) -> None:
+        """Close every retired copy no read uses any more (the lock held)."""
+        for copy in [c for c in self._copies if c.folder != self._snapshot and c.reads <= 0]:
+            self._copies.remove(copy)
+            try:
+                if copy.client is not None:
+                    copy.client.close()
+            except Exception as exc:  # noqa: BLE001 - a stale copy that will not close is only removed
+                log.warning("%s: could not close a stale reading copy: %s", self.location, exc)
+            finally:
+                _forget_system(str(copy.folder))
+                read_snapshot.discard(copy.folder)
 
     # ------------------------------------------------------------------ operations
     def reset(self) -> None:
@@ -476,8 +533,12 @@ class ChromaStore(Owned, Resource):
 
     def update_metadata(self, metadatas: dict[str, dict[str, Any]]) -> None:
         """Change stored chunks' metadata in place (vectors and text kept): Chroma merges the keys
-        given into each chunk's metadata, and a key given as None is removed."""
+        given into each chunk's metadata, and a key given as None is removed. A write: from here on
+        this process works on the folder itself, not on a private reading copy (the update would be
+        lost with the copy); the collection is still never created here."""
         ids = sorted(metadatas)
+        if ids:
+            self._retrying("connect", self._connect)
         size = self._batch_size()
         for start in range(0, len(ids), size):
             batch = ids[start:start + size]

@@ -7,7 +7,9 @@ and the other segment files when vectors were still unsaved), then purges the lo
 read-only mode, and a reader that skipped its engine would have to re-implement its log, HNSW and
 metadata formats. So a process that has not written opens a copy: the store's own files are never
 written by a ``search``, ``ask``, ``eval`` or ``check``, and a copy taken while an ingestion run
-writes the folder is detected (a file changed during the copy) and taken again. A process that
+writes the folder is detected (a file changed during the copy) and taken again. A long-lived reader (``ragline api``
+over an embedded folder, a test process) compares the folder's ``mark`` before every read and
+takes a new copy once another process (or its own ingestion) has written. A process that
 goes on to write (ingestion, ``check --repair``) drops the copy and opens the folder itself.
 
 The copy costs what the folder weighs (``os.sendfile`` in the kernel, a reflink on file systems
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -50,6 +53,26 @@ def take(source: Path, what: str) -> Path:
         time.sleep(min(2.0, 0.05 * 2 ** attempt))
     raise IndexBusy(f"{what}: {source} kept changing while it was copied for reading ({ATTEMPTS} attempts): an "
                     f"ingestion run is writing it; try again when it ends, or serve the store (`ragline serve`)")
+
+
+def mark(folder: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """The files directly in ``folder`` (Chroma's ``chroma.sqlite3`` and its journal) with size,
+    modification time and inode: every write to the store changes one (its log and metadata live
+    there), so a reader compares it before each read to know its copy is stale. A few stat calls:
+    cheap enough for every query."""
+    found = []
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return ()
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False) and not entry.name.endswith(SKIPPED):
+                info = entry.stat(follow_symlinks=False)
+                found.append((entry.name, info.st_size, info.st_mtime_ns, info.st_ino))
+        except FileNotFoundError:
+            continue
+    return tuple(sorted(found))
 
 
 def signature(folder: Path) -> dict[str, tuple[int, int, int]]:

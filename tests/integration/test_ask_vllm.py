@@ -50,7 +50,10 @@ def test_ask_refuses_what_the_corpus_does_not_contain(sample_project):
 def test_streaming_as_a_prefect_flow(sample_project, prefect_server):
     pipeline = sample_project.pipeline("ask").with_overrides({"answer": {"stream": True}})
     pieces: list[str] = []
-    answer = engine.run(pipeline, {"query": "Where can I watch pipeline runs?"}, on_token=pieces.append)
+    # a question the evidence answers: the LLM is called only then (evidence first, issue 34)
+    answer = engine.run(pipeline, {"query": "What happens to a document that cannot be read?"},
+                        on_token=pieces.append)
+    assert answer.evidence is not None and not answer.evidence.refused
     assert len(pieces) > 1
     assert "".join(pieces).strip().removeprefix("Answer:").strip()[:20] in (answer.draft or answer.text)
 
@@ -63,8 +66,8 @@ def test_conversational_rewrite_with_history(sample_project):
                         {"query": {"text": "And how does it keep them up to date?", "history": history}},
                         orchestrate=False, trace=trace)
     assert answer.question == "And how does it keep them up to date?"
-    assert [step for step, _ in trace] == ["rewrite", "dense", "sparse", "fuse", "insert", "gate", "answer",
-                                        "check"]
+    assert [step for step, _ in trace] == ["rewrite", "dense", "sparse", "fuse", "insert", "gate", "evidence",
+                                        "answer", "check"]
 
 
 # Contract tests, not quality ones: short generations keep the CPU model's minutes down.

@@ -233,10 +233,10 @@ def test_a_read_only_data_folder_fails_naming_it_changes_nothing_and_a_rerun_con
         line = err.strip().splitlines()[-1]
         assert "Traceback" not in err
         assert line.startswith(f"error: index state {idx / 'state.sqlite'}: read-only file system"), line
-        # Embedded Chroma cannot open a read-only folder at all (it writes on start): a search says so
-        assert main(["search", records[0]["title"], "-f", str(project)]) == 1
-        line = capsys.readouterr().err.strip().splitlines()[-1]
-        assert f"{idx / 'chroma'}: read-only file system" in line and "step 'dense'" in line, line
+        # A search reads a private copy of the embedded store (read_snapshot): a read-only folder still answers
+        assert main(["search", records[0]["title"], "-f", str(project)]) == 0
+        out = capsys.readouterr().out
+        assert records[0]["title"][:60] in out, out[:500]
     clear_cache()
     assert snapshot(project) == before
     rerun = run_index(project)

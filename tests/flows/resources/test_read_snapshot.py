@@ -101,3 +101,55 @@ def test_sqlites_shared_memory_file_is_neither_copied_nor_watched(tmp_path, priv
     snapshot = read_snapshot.take(source, "a store")
     assert len(copies) == 1 and sorted(p.name for p in snapshot.iterdir()) == ["chroma.sqlite3"]
     read_snapshot.discard(snapshot)
+
+
+def test_a_long_lived_reader_sees_what_another_process_wrote_and_removes_its_stale_copy(tmp_path, private_tmp):
+    """A served API or a test process reading for a long time: a write by another process (here another
+    store object on the same folder) shows on its next read, and its earlier copy is gone."""
+    writer = make(tmp_path)
+    writer.upsert([chunk(f"e{i}", basis(i), source=f"s{i}") for i in range(3)])
+    writer.close()
+    reader = make(tmp_path)
+    assert reader.count() == 3
+    first = list(private_tmp.iterdir())
+
+    other = make(tmp_path)
+    other.upsert([chunk("late", basis(5), source="s-late")])
+    other.close()
+    assert reader.count() == 4 and reader.query(np.asarray([basis(5)]), k=1)[0][0].chunk_id == "late"
+    assert len(list(private_tmp.iterdir())) == 1 and list(private_tmp.iterdir()) != first
+    reader.close()
+    assert not list(private_tmp.iterdir())
+
+
+def test_a_read_in_flight_keeps_its_copy_until_it_ends(tmp_path, private_tmp):
+    """A copy a write made stale is closed by the last read that uses it, not under it."""
+    writer = make(tmp_path)
+    writer.upsert([chunk("a", basis(0), source="s0")])
+    writer.close()
+    reader = make(tmp_path)
+    seen: list[int] = []
+
+    def read_while_another_process_writes(collection):
+        other = make(tmp_path)
+        other.upsert([chunk("b", basis(1), source="s1")])
+        other.close()
+        seen.append(reader.count())  # a nested read: takes a new copy, the first one stays open
+        return collection.count()
+
+    assert reader._call("count", read_while_another_process_writes, create=False) == 1
+    assert seen == [2]
+    assert len(list(private_tmp.iterdir())) == 1  # the stale copy went with its last read
+    reader.close()
+
+
+def test_a_metadata_update_by_a_process_that_only_read_reaches_the_folder(tmp_path, private_tmp):
+    """Re-granting access changes metadata only: written through a reading copy it was lost with it."""
+    writer = make(tmp_path)
+    writer.upsert([chunk("a", basis(0), source="s0")])
+    writer.close()
+    process = make(tmp_path)
+    assert process.metadatas(["a"])["a"].get("group") is None  # it has read (as re-granting does first): a private copy
+    process.update_metadata({"a": {"group": "eng"}})
+    process.close()
+    assert make(tmp_path).metadatas(["a"])["a"]["group"] == "eng"
