@@ -359,6 +359,8 @@ class IndexReport(BaseModel):
                                          "them, a moved project, a renamed root): their vectors were kept")
     regranted: int = Field(0, description="unchanged sources whose access groups changed: their chunks' metadata "
                                           "was updated in place, nothing re-embedded")
+    repaired: int = Field(0, description="sources re-indexed because a store had lost or garbled them (a deleted "
+                                         "Chroma folder, a dropped collection): the run's repair forgot them first")
     chunks_written: int = 0
     chunks_deleted: int = 0
     failures: list[Failure] = Field(default_factory=list)
@@ -371,8 +373,8 @@ class IndexReport(BaseModel):
         return [f for f in self.failures if f.root]
 
     def merge(self, other: "IndexReport") -> "IndexReport":
-        fields = ("added", "updated", "deleted", "unchanged", "failed", "migrated", "regranted", "chunks_written",
-                  "chunks_deleted")
+        fields = ("added", "updated", "deleted", "unchanged", "failed", "migrated", "regranted", "repaired",
+                  "chunks_written", "chunks_deleted")
         merged = {f: getattr(self, f) + getattr(other, f) for f in fields}
         return IndexReport(**merged, failures=self.failures + other.failures, roots=self.roots + other.roots,
                            seconds=self.seconds + other.seconds)
@@ -384,7 +386,9 @@ class IndexReport(BaseModel):
                 + (f"; {self.migrated} sources moved to root-relative ids without re-embedding"
                    if self.migrated else "")
                 + (f"; {self.regranted} sources re-granted (access changed) without re-embedding"
-                   if self.regranted else ""))
+                   if self.regranted else "")
+                + (f"; {self.repaired} sources repaired (re-embedded: a store had lost them)"
+                   if self.repaired else ""))
 
 
 class ContextDocument(BaseModel):

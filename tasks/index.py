@@ -77,9 +77,10 @@ def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, stor
     failpoints.hit("index.after_upsert")
     state.record(ctx.pipeline, ctx.fingerprint, documents, chunks)
     failpoints.hit("index.after_record")
-    added = sum(1 for s in source_ids if s not in known)
-    return IndexReport(added=added, updated=len(source_ids) - added, chunks_written=len(chunks),
-                       chunks_deleted=len(old_ids - new_ids))
+    fresh = [s for s in source_ids if s not in known]
+    repaired = len(set(fresh) & integrity.repairing(state)) if fresh else 0
+    return IndexReport(added=len(fresh) - repaired, repaired=repaired, updated=len(source_ids) - len(fresh),
+                       chunks_written=len(chunks), chunks_deleted=len(old_ids - new_ids))
 
 
 def granted(chunks: list[Chunk], documents: list[Document]) -> None:
@@ -92,26 +93,38 @@ def granted(chunks: list[Chunk], documents: list[Document]) -> None:
 
 @index.on_session
 @contextmanager
-def session(params: Params, ctx: StepContext, state: IndexState) -> Iterator[None]:
-    """One writer per index: hold the state's lease for the whole run (plan, batches, finalize)."""
+def session(params: Params, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
+            state: IndexState) -> Iterator[None]:
+    """One writer per index: hold the state's lease for the whole run (plan, batches, finalize), and
+    repair the stores first, before the sources are listed."""
     def waiting(holder: LeaseHolder) -> None:
         ctx.logger.warning("waiting: the index is being written by %s", holder.describe())
 
     with state.lease(f"{ctx.pipeline} run", wait=params.wait, timeout=params.wait_timeout_seconds, on_wait=waiting):
         state.clear_listed()  # this run's listing starts empty (a killed run's is never read as this one's)
+        repair_stores(params, ctx, store, sparse, state)
         yield
+
+
+def repair_stores(params: Params, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
+                  state: IndexState) -> None:
+    """Finish an interrupted run and repair any store that no longer agrees with the state, before
+    the listing compares the sources with the state: the sources a repair forgets are then listed as
+    changed and re-embedded by this same run (repaired in the plan, they were listed as unchanged
+    first and stayed missing until the next run). They are remembered (``integrity.REPAIRING``) until
+    a run finishes, so the summary counts them as repaired, a killed run's included."""
+    check_roles(store, sparse)
+    integrity.resume(store)  # first: an interrupted restore would read as missing chunks and be re-embedded
+    if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
+        integrity.mark_repairing(state, reconcile(store, state, ctx.logger.warning))
+    integrity.repair(integrity.compare(store, sparse, state, writer=True), store, sparse, state, ctx.logger.warning)
 
 
 @index.on_plan
 def plan(documents: list[Document], failures: list[Failure], covered: list[Coverage], params: Params,
          ctx: StepContext, store: ChromaStore, sparse: BM25Index, state: IndexState) -> IngestPlan:
-    """Decide what changed since the last run, after repairing an interrupted one and any store
-    that no longer agrees with the state."""
-    check_roles(store, sparse)
-    integrity.resume(store)  # first: an interrupted restore would read as missing chunks and be re-embedded
-    if params.reconcile == "always" or state.get_meta(DIRTY) == "1":
-        reconcile(store, state, ctx.logger.warning)
-    integrity.repair(integrity.compare(store, sparse, state, writer=True), store, sparse, state, ctx.logger.warning)
+    """Decide what changed since the last run (the stores were repaired by ``session``, before the
+    sources were listed)."""
     state.set_meta(DIRTY, "1")
     record_failures(state, ctx.pipeline, failures)
     # planned in SQL over the state: the sources the listing marked unchanged (``IndexState.mark_listed``)
@@ -256,6 +269,7 @@ def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: Ste
     failpoints.hit("finalize.after_publish")
     state.promote_deferred()  # e.g. the full listing that vouches for a change journal (tasks/load.py)
     state.set_meta(DIRTY, "0")
+    state.set_meta(integrity.REPAIRING, "[]")  # every source a repair forgot was re-indexed by now (or failed, and said so)
     gate_floor(params, ctx, state)
     return IndexReport(deleted=len(plan.removed), chunks_deleted=len(removed_ids))
 

@@ -40,7 +40,8 @@ from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, Stor
 
 log = logging.getLogger("ragline.bm25")
 T = TypeVar("T")
-UNREADABLE = (ValueError, KeyError, TypeError)  # what a damaged manifest, ids.json or meta.json raises on load
+UNREADABLE = (ValueError, KeyError, TypeError, EOFError)  # what a damaged manifest, ids.json, meta.json or a
+# truncated .npy raises on load (numpy: "No data left in file" is an EOFError)
 
 
 def _bm25s():
@@ -158,6 +159,21 @@ class BM25Index(Resource):
             return folder
         return next((self.path / name for name in _listed(manifest) if not (self.path / name).exists()), None)
 
+    def _torn(self, published: dict[str, Any]) -> Path | None:
+        """A file of the published version that a load would fail on, or None. Cheap: every array's
+        header and length (a memory map, no data read) and each JSON file's last byte; a file cut
+        short by a crash, a full disk or a copy fails one of them."""
+        folder = self.path / published["version"]
+        try:
+            manifest = json.loads((folder / self.MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            manifest = None
+        folders = [folder] + [self.path / name for name in sorted(_listed(manifest))]
+        for path in (p for f in folders if f.is_dir() for p in sorted(f.iterdir())):
+            if not _whole(path):
+                return path
+        return None
+
     def problem(self, state: IndexState | None = None) -> str | None:
         """Why the published version cannot be searched as the state says it should, in one line, or
         None. Cheap (the pointer, its manifest, a few stats, two counts): run by every ingestion run and
@@ -178,6 +194,12 @@ class BM25Index(Resource):
         missing = self._missing(published)
         if missing is not None:
             return f"{self.location}: the published version {missing} is missing"
+        torn = self._torn(published)
+        if torn is not None:
+            return f"{self.location}: the published version's file {torn} is truncated or unreadable"
+        if state is not None and _foreign(published, state):
+            return (f"{self.location}: the published version was built from another index state (change log "
+                    f"{published.get('log')}, the state's is {state.chunk_log_id()})")
         if chunks is not None and published.get("count") != chunks and published["generation"] == state.generation:
             return (f"{self.location}: the published version holds {published.get('count')} passages, the index "
                     f"state {chunks} chunks")
@@ -200,6 +222,8 @@ class BM25Index(Resource):
             return generation != 0
         if self._missing(published) is not None:
             return True  # a published folder was deleted: rebuild it
+        if _foreign(published, state):
+            return True  # built from another state (this one was lost and made anew): its generations mean nothing here
         return published["generation"] != generation or published["settings"] != self.settings
 
     def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None, force: bool = False) -> bool:
@@ -854,6 +878,32 @@ def _manifest_or_none(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _foreign(published: dict[str, Any], state: IndexState) -> bool:
+    """Whether a published version was built from another state than ``state``: its change log id
+    (a random id each new state file draws) is not the state's. A version or a state without one
+    (older formats) says nothing."""
+    try:
+        current = state.chunk_log_id()
+    except StoreMissing:
+        return False
+    return published.get("log") is not None and current is not None and published["log"] != current
+
+
+def _whole(path: Path) -> bool:
+    """Whether an array (``.npy``: header and data length) or a JSON file (ends with its closing
+    bracket) was written whole; other files pass."""
+    try:
+        if path.suffix == ".npy":
+            np.load(path, mmap_mode="r")
+        elif path.suffix == ".json":
+            with open(path, "rb") as handle:
+                handle.seek(max(0, path.stat().st_size - 64))
+                return handle.read().rstrip()[-1:] in (b"}", b"]")
+    except (OSError, *UNREADABLE):
+        return False
+    return True
 
 
 def _listed(manifest: dict[str, Any] | None) -> set[str]:

@@ -31,12 +31,14 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from ragline.flows.resources.bm25 import BM25Index
-from ragline.flows.resources.chroma import ChromaStore, ChromaUnavailable
+from ragline.flows.resources.chroma import ChromaStore, ChromaUnavailable, space_scores
 from ragline.flows.resources.state import REMEDY, IndexState, StorageError, StoreDamaged, StoreMissing
 
 SAMPLE = 32  # chunk ids checked in Chroma per ingestion run
+REPAIRING = "repairing"  # state meta: JSON list of the sources a repair forgot that no finished run re-indexed yet
 VERIFIED = "verified_store"  # state meta: the embedded store's files, generation and chunks when last found sound
-Repair = Literal["reconcile", "reembed_all", "rebuild_bm25"]
+Repair = Literal["reconcile", "reembed_all", "rebuild_bm25", "reindex"]
+SELF_QUERIES = 32  # stored vectors ``ragline check`` searches for: each must find itself (or its exact twin)
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,13 @@ class Finding:
     store: Literal["state", "chroma", "milvus", "bm25"]
     message: str  # one line naming the store and its path
     repair: Repair | None
+    sources: tuple[str, ...] = ()  # "reindex": the sources to re-embed
 
     @property
     def line(self) -> str:
         how = {"reconcile": "re-embed the missing sources and delete the vectors the state does not name",
                "reembed_all": "re-embed every source", "rebuild_bm25": "rebuild BM25 from the index state",
+               "reindex": f"re-embed their {len(self.sources)} sources",
                None: "cannot be repaired in place"}[self.repair]
         return f"{self.store}: {self.message} ({how})"
 
@@ -121,12 +125,37 @@ def _chroma(store: ChromaStore, state: IndexState, chunks: int, full: bool,
         if absent:
             findings.append(Finding(kind, f"{store.location} lacks {len(absent)} of {len(sample)} sampled chunks "
                                               f"the index state names", "reconcile"))
+    if full and count:
+        findings += _unreachable(store, state)
     if full and embedder_key and count:
         stored_key = store.stored_embedder()
         if stored_key not in (None, embedder_key):
             findings.append(Finding(kind, f"{store.location} holds vectors of embedder settings {stored_key}, the "
                                               f"ingestion pipeline embeds with {embedder_key}", "reembed_all"))
     return findings
+
+
+def _unreachable(store: ChromaStore, state: IndexState) -> list[Finding]:
+    """A sample of stored vectors, each searched for: a vector that is stored but that no search
+    finds (a damaged HNSW graph) is invisible to dense retrieval while every count agrees. A search
+    that finds an exact twin (a duplicate passage) first counts as finding it."""
+    sample = state.sample_chunk_ids(SELF_QUERIES)
+    vectors = store.vectors(sample)
+    ids = [cid for cid in sample if cid in vectors]
+    if not ids:
+        return []
+    import numpy as np
+
+    queries = np.asarray([vectors[cid] for cid in ids], dtype=np.float32)
+    hits = store.query(queries, 10)
+    own = [float(space_scores(store.spec.space, q, q[None])[0]) for q in queries]  # a vector's score for itself
+    lost = [cid for cid, found, best in zip(ids, hits, own)
+            if cid not in {p.chunk_id for p in found} and not (found and found[0].score >= best - 1e-4)]
+    if not lost:
+        return []
+    sources = sorted({meta["source_id"] for meta in state.chunks_by_id(lost).values()})
+    return [Finding(store.type_name(), f"{store.location}: {len(lost)} of {len(ids)} sampled vectors are stored but "
+                                       f"no search finds them (a damaged vector index)", "reindex", tuple(sources))]
 
 
 def _verified(store: ChromaStore, state: IndexState, chunks: int) -> str | None:
@@ -199,23 +228,44 @@ def _generation(state: IndexState) -> int:
 
 
 def repair(findings: list[Finding], store: ChromaStore, sparse: BM25Index | None, state: IndexState,
-           say: Callable[[str], Any]) -> None:
+           say: Callable[[str], Any]) -> set[str]:
     """Repair what the findings allow, saying one line each; raise StoreDamaged naming the first
-    finding that needs a hand (a damaged state file, an unreadable Chroma store). The caller holds
-    the writer lease."""
+    finding that needs a hand (a damaged state file, an unreadable Chroma store). Returns the
+    sources forgotten, which the ingestion run re-embeds. The caller holds the writer lease."""
     by_hand = [f for f in findings if f.repair is None]
     if by_hand:
         raise StoreDamaged(by_hand[0].message)
     for finding in findings:
         say(f"repairing {finding.line}")
     actions = {f.repair for f in findings}
+    forgotten: set[str] = set()
     if "reembed_all" in actions:
-        state.forget(list(state.sources()))
+        forgotten = set(state.sources())
+        state.forget(sorted(forgotten))
         store.reset()
     elif "reconcile" in actions:
-        reconcile(store, state, say)
-    if sparse is not None and "rebuild_bm25" in actions:
-        sparse.sync(state, force=True)
+        forgotten = reconcile(store, state, say)
+    lost = {source for f in findings if f.repair == "reindex" for source in f.sources} - forgotten
+    if lost and "reembed_all" not in actions:
+        store.delete(sorted(state.chunk_ids(sorted(lost))))
+        state.forget(sorted(lost))
+        forgotten |= lost
+    mark_repairing(state, forgotten)
+    if sparse is not None and ("rebuild_bm25" in actions or forgotten):
+        sparse.sync(state, force=True)  # (BM25 without the forgotten ones until this run re-indexes them)
+    return forgotten
+
+
+def mark_repairing(state: IndexState, sources: set[str]) -> None:
+    """Remember sources a repair forgot, so the run that re-indexes them counts them as repaired
+    (a killed run's too); a finished ingestion run clears the list."""
+    if sources:
+        state.set_meta(REPAIRING, json.dumps(sorted(sources | repairing(state))))
+
+
+def repairing(state: IndexState) -> set[str]:
+    """The sources a repair forgot that no finished run has re-indexed yet."""
+    return set(json.loads(state.get_meta(REPAIRING) or "[]"))
 
 
 def reconcile(store: ChromaStore, state: IndexState, say: Callable[[str], Any] | None = None) -> set[str]:
@@ -226,13 +276,26 @@ def reconcile(store: ChromaStore, state: IndexState, say: Callable[[str], Any] |
     stored = store.all_ids()
     expected = _state_ids(state)
     extra = stored - expected
+    sources: set[str] = set()
     if extra:
         say(f"removing {len(extra)} vectors the index state does not name (an interrupted run, or a lost state)")
+        sources = _chunkless(store, state, extra)
         store.delete(sorted(extra))
     missing = expected - stored
-    sources: set[str] = set()
     if missing:
-        sources = {meta["source_id"] for meta in state.chunks_by_id(sorted(missing)).values()}
+        sources |= {meta["source_id"] for meta in state.chunks_by_id(sorted(missing)).values()}
+    if sources:
         say(f"re-indexing {len(sources)} sources whose vectors are missing")
         state.forget(sources)
     return sources
+
+
+def _chunkless(store: ChromaStore, state: IndexState, extra: set[str]) -> set[str]:
+    """The sources the state still lists although it lost the chunk rows of ``extra`` (vectors it
+    does not name, whose metadata names those sources): listed as unchanged, they would stay out of
+    every retriever for good once their vectors are removed."""
+    owners = {meta.get("source_id") for meta in store.metadatas(sorted(extra)).values()} - {None}
+    try:
+        return set(state.known(sorted(owners))) if owners else set()
+    except StoreMissing:
+        return set()

@@ -69,7 +69,7 @@ def check(project: Any, repair: bool, say: Callable[[str], Any], reindex: Callab
                 say(f"finished an interrupted rebuild of {store.location}")
                 findings = integrity.compare(store, sparse, state, full=True, embedder_key=key)
             integrity.repair(findings, store, sparse, state, say)
-        if any(f.repair in ("reconcile", "reembed_all") for f in findings):
+        if any(f.repair in ("reconcile", "reembed_all", "reindex") for f in findings):
             for pipeline in index.pipelines:
                 say(f"re-indexing with pipeline '{pipeline}'")
                 reindex(pipeline)
