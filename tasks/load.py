@@ -38,6 +38,7 @@ from ragline.flows.sources import (
     cache_folder,
     source_types,
 )
+from ragline.flows.resources.integrity import repairing
 from ragline.flows.sources.journal import Journal, journal_file
 from ragline.flows.sources.local import NonEmpty, Root, read_file, stat_signal
 from ragline.flows.spec.registry import stage
@@ -604,6 +605,8 @@ class JournalListing:
         is ready vouches for the journal from the end of its run (``IndexState.defer_meta``)."""
         if (ctx.project is None or known.state is None or not _journaled(root, roots, params)
                 or _unreachable(root.location) is not None):
+            return None
+        if repairing(known.state):  # a repair forgot sources whose files did not change: only a full listing finds them
             return None
         data_dir = Path(ctx.project.data_dir or ctx.project.base_dir).resolve()
         journal = Journal(journal_file(data_dir, ctx.pipeline, root.location))

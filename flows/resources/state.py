@@ -296,6 +296,7 @@ class IndexState(Resource):
         super().__init__(spec, base_dir)
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
+        self._reader_inode: int | None = None  # the file the read-only connection opened
         self._lock = threading.RLock()
 
     @property
@@ -329,6 +330,9 @@ class IndexState(Resource):
         with self._guarded():
             if self._conn is not None:
                 return self._conn
+            if self._reader is not None and self._replaced():
+                self._reader.close()  # the file was deleted or replaced (a rebuilt state): read the new one
+                self._reader = None
             if self._reader is None:
                 if not self.path.is_file():
                     raise StoreMissing(f"index state {self.path} does not exist: nothing is indexed yet, or it was "
@@ -338,8 +342,13 @@ class IndexState(Resource):
                 if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is None:
                     conn.close()
                     raise StoreMissing(f"index state {self.path} holds no index (empty file): {REMEDY}")
-                self._reader = conn
+                self._reader, self._reader_inode = conn, _inode(self.path)
             return self._reader
+
+    def _replaced(self) -> bool:
+        """Whether the file the read-only connection opened is no longer the one at ``path``: a
+        long-lived reader (``ragline serve``'s /readyz) kept reading a deleted file's inode."""
+        return _inode(self.path) != self._reader_inode
 
     def exists(self) -> bool:
         """Whether there is a state to read (query paths: no state means nothing indexed)."""
@@ -1146,6 +1155,13 @@ def _rollback_journal(conn: sqlite3.Connection) -> None:
 
 def _acl_text(groups: Iterable[str]) -> str:
     return json.dumps(sorted(set(groups)))
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def _batched(items: list[Any], size: int) -> Iterator[list[Any]]:

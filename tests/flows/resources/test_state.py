@@ -446,3 +446,22 @@ def test_deferred_metadata_is_set_when_the_run_finishes(state):
     state.clear_listed()  # a run that died: the next run's start drops what it deferred
     state.promote_deferred()
     assert state.get_meta("journal:p:docs") == "vouched"
+
+
+def test_a_reader_follows_a_state_file_deleted_and_rebuilt_behind_it(tmp_path):
+    """`ragline serve` reads the state for /readyz for hours: the file deleted, then rebuilt by
+    `ragline index`, is read anew (was: the deleted inode, so a healthy store was reported down)."""
+    spec = StateSpec(type="index_state", path=str(tmp_path / "state.sqlite"))
+    writer = IndexState(spec)
+    writer.record("index", "fp", [doc("a")], chunks_of("a"))
+    writer.close()
+    reader = IndexState(spec)
+    assert reader.counts() == (1, 2)
+    (tmp_path / "state.sqlite").unlink()
+    rebuilt = IndexState(spec)
+    rebuilt.record("index", "fp", [doc("a"), doc("b")], chunks_of("a") + chunks_of("b"))
+    rebuilt.close()
+    assert reader.counts() == (2, 4)
+    (tmp_path / "state.sqlite").unlink()
+    with pytest.raises(StoreMissing):
+        reader.counts()
