@@ -36,7 +36,7 @@ from ragline.flows.files import write_atomic
 from ragline.flows.resources import bm25_segments
 from ragline.flows.resources.filters import FilterError, matches
 from ragline.flows.resources.base import Health, Resource
-from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
+from ragline.flows.resources.state import CHUNK_LOG, REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
 
 log = logging.getLogger("ragline.bm25")
 T = TypeVar("T")
@@ -199,7 +199,7 @@ class BM25Index(Resource):
             return f"{self.location}: the published version's file {torn} is truncated or unreadable"
         if state is not None and _foreign(published, state):
             return (f"{self.location}: the published version was built from another index state (change log "
-                    f"{published.get('log')}, the state's is {state.chunk_log_id()})")
+                    f"{published.get('log')}, the state's is {_log_id(state)})")
         if chunks is not None and published.get("count") != chunks and published["generation"] == state.generation:
             return (f"{self.location}: the published version holds {published.get('count')} passages, the index "
                     f"state {chunks} chunks")
@@ -884,11 +884,17 @@ def _foreign(published: dict[str, Any], state: IndexState) -> bool:
     """Whether a published version was built from another state than ``state``: its change log id
     (a random id each new state file draws) is not the state's. A version or a state without one
     (older formats) says nothing."""
-    try:
-        current = state.chunk_log_id()
-    except StoreMissing:
-        return False
+    current = _log_id(state)
     return published.get("log") is not None and current is not None and published["log"] != current
+
+
+def _log_id(state: IndexState) -> str | None:
+    """The state's change-log id, read as a query reads (a query path never creates the state)."""
+    try:
+        record = state.get_meta(CHUNK_LOG)
+    except StoreMissing:
+        return None
+    return json.loads(record).get("id") if record else None
 
 
 def _whole(path: Path) -> bool:

@@ -55,6 +55,9 @@ def check(project: Any, repair: bool, say: Callable[[str], Any], reindex: Callab
         store, state = project.resource(index.store), project.resource(index.state)
         sparse = project.resource(index.sparse) if index.sparse else None
         key = project.resource(index.embedder).spec.vectors_key() if index.embedder else None
+        if repair and not state.exists():  # a lost state: a new one, which the stores are brought to
+            with state.lease("ragline check --repair"):
+                say(f"{state.location}: missing, a new one started (the next ingestion run re-indexes every source)")
         findings = integrity.compare(store, sparse, state, full=True, embedder_key=key)
         for finding in findings:
             say(finding.line)

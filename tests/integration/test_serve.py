@@ -362,3 +362,23 @@ def test_the_dashboard_shows_scheduled_runs_their_task_runs_the_schedule_and_que
                 page.screenshot(path=str(DASHBOARD_PNG))
         finally:
             browser.close()
+
+
+def test_a_store_damaged_under_serve_is_repaired_by_one_ingest_run(served, project):
+    """Issue 40.1 through the served path: the notes' chunk rows deleted from their state while serve
+    runs (their vectors stay in the managed Chroma server); one `/v1/ingest` run, a real deployment
+    run as a schedule starts it, re-embeds the note and counts it as repaired, not as unchanged."""
+    import sqlite3
+
+    with sqlite3.connect(project.parent / "idx" / "notes_state.sqlite") as db:
+        db.execute("DELETE FROM chunks")
+    started = httpx.post(f"{served}/v1/ingest", json={"pipeline": "notes"}, headers=AUTH, timeout=30)
+    assert started.status_code == 202, started.text
+    status = _wait_status(served, started.json()["run_id"], FINAL)
+    assert status["state"] == "COMPLETED", status
+    assert "unchanged 0" in status["summary"] and "1 sources repaired" in status["summary"], status["summary"]
+    with sqlite3.connect(project.parent / "idx" / "notes_state.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] > 0
+    again = httpx.post(f"{served}/v1/ingest", json={"pipeline": "notes"}, headers=AUTH, timeout=30)
+    status = _wait_status(served, again.json()["run_id"], FINAL)
+    assert status["summary"].startswith("added 0, updated 0, deleted 0, unchanged 1"), status["summary"]
