@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,12 +56,11 @@ def delete_chroma(idx: Path) -> None:
 
 
 def empty_chroma(idx: Path) -> None:
-    import chromadb
-
-    client = chromadb.PersistentClient(path=str(idx / "chroma"))
-    client.delete_collection("test")
-    client.create_collection("test")
-    client.close()
+    """In another process, as a user's script would (two Chroma engines on one folder in one process
+    lock each other's SQLite)."""
+    script = ("import chromadb, sys; c = chromadb.PersistentClient(path=sys.argv[1]); "
+              "c.delete_collection('test'); c.create_collection('test')")
+    subprocess.run([sys.executable, "-c", script, str(idx / "chroma")], check=True, timeout=120)
 
 
 def swap_chroma(idx: Path) -> None:
