@@ -33,6 +33,7 @@ BAND = 0.15  # top and bottom share of a page where running headers and footers 
 EDGE_ROWS = 2  # rows of each band looked at
 REPEATED_SHARE = 0.4  # a band line on at least this share of the pages (and two pages) is a running one
 MIN_GUTTER = 9.0  # points: the narrowest gap between two columns
+WORD_GAP = 0.15  # a gap between two characters over this share of their size separates words (pdftotext-like)
 HYPHENATED = re.compile(r"[^\W\d_]-$")
 
 
@@ -173,7 +174,7 @@ def _read_page(page: Any) -> _Page:
             x0, top, x1, bottom = table.bbox
             found.append(_Table(top, bottom, x0, x1, rows))
     text = page.filter(lambda o: o.get("object_type") != "char" or not _inside(o, boxes)) if boxes else page
-    words = text.extract_words(keep_blank_chars=False, use_text_flow=False)
+    words = text.extract_words(x_tolerance_ratio=WORD_GAP, keep_blank_chars=False, use_text_flow=False)
     return _Page(width=float(page.width), height=float(page.height), rows=_rows(words), tables=found)
 
 
