@@ -35,6 +35,7 @@ REPEATED_SHARE = 0.4  # a band line on at least this share of the pages (and two
 MIN_GUTTER = 9.0  # points: the narrowest gap between two columns
 WORD_GAP = 0.15  # a gap between two characters over this share of their size separates words (pdftotext-like)
 HYPHENATED = re.compile(r"[^\W\d_]-$")
+UNMAPPED = re.compile(r"\(cid:\d+\)")  # pdfminer's name for a glyph its font maps to no character
 
 
 @dataclass
@@ -194,7 +195,7 @@ def _rows(words: list[dict]) -> list[_Row]:
         else:
             row = _Row(word["top"], word["bottom"])
             rows.append(row)
-        row.words.append((float(word["x0"]), float(word["x1"]), word["text"]))
+        row.words.append((float(word["x0"]), float(word["x1"]), UNMAPPED.sub("", word["text"]) or word["text"]))
     for row in rows:
         row.words.sort()
     return rows
