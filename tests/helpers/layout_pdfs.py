@@ -3,6 +3,8 @@ across pages, two columns positioned line by line, a running header and footer o
 word hyphenated at a line end. What each holds is known, so a converter's output can be checked."""
 from __future__ import annotations
 
+import textwrap
+
 from fpdf import FPDF
 
 HEADER = "Quillfeather Logistics - Annual Operations Review 2025"
@@ -52,16 +54,18 @@ def table_report(repeat_header: bool = True) -> bytes:
 
 
 def two_column_report() -> bytes:
-    """A page with a full-width title over two columns of text written line by line."""
+    """A page with a full-width title over two columns of text written line by line across the page
+    (left line 1, right line 1, left line 2, ...: the content stream interleaves the columns, as many
+    exported reports and papers do), then a page of one column."""
     pdf = Report()
     pdf.add_page()
     pdf.multi_cell(0, 8, "Fleet and depots in two columns", align="C")
-    pdf.ln(4)
-    top = pdf.get_y()
-    pdf.set_xy(10, top)
-    pdf.multi_cell(88, 6, " ".join(LEFT))
-    pdf.set_xy(112, top)
-    pdf.multi_cell(88, 6, " ".join(RIGHT))
+    top = pdf.get_y() + 8
+    left, right = textwrap.wrap(" ".join(LEFT), 44), textwrap.wrap(" ".join(RIGHT), 44)
+    for n in range(max(len(left), len(right))):
+        for x, lines in ((10, left), (112, right)):
+            if n < len(lines):
+                pdf.text(x, top + 6 * n, lines[n])
     pdf.add_page()
     pdf.multi_cell(0, 6, "A second page of one column, so the running header and footer repeat.")
     return bytes(pdf.output())
