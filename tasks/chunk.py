@@ -2,7 +2,11 @@
 
 Chunks follow the document's structure: one never crosses a page boundary (unless the page is
 shorter than ``min_tokens``) nor a Markdown heading (unless the sections on both sides fit one
-chunk together), and never splits a Markdown table row. Each chunk records its page range
+chunk together), and never splits a Markdown table row. A table starts a chunk of its own unless
+it fits with what is around it; one longer than a chunk is split between rows, each piece after
+the first opening with the table's header row again, and every chunk holding table rows is marked
+``table: true`` with the table's ``caption`` (the short line just before it, else its heading).
+Each chunk records its page range
 (``page_start``/``page_end``) and its section path (``section``: "Heading > Subheading"); with
 ``prepend_section`` the path also opens the chunk's text (what the embedder and BM25 see), which
 bench/section_context.py measures.
@@ -30,6 +34,8 @@ SENTENCE_END = (".", "!", "?", ":", ";", "\n")
 PLAIN_FORMATS = frozenset({"text", "pdf", "jsonl", "rtf"})
 MD_HEADING = re.compile(r"(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 TABLE_ROW = re.compile(r"^[ \t]*\|.*$", re.M)
+TABLE_RULE = re.compile(r"^[ \t]*\|(?:[ \t]*:?-+:?[ \t]*\|)+[ \t]*$")  # the line under a header row
+CAPTION_CHARS = 200  # a longer line before a table is text, not its caption
 # WordPiece (MiniLM's tokenizer) reads a word over 100 characters as one unknown token: a 10 MB line
 # without spaces would be one token, and one chunk of 10 MB. Such a token is cut into pieces of
 # PIECE_CHARS characters, each counted as a token, so every chunk stays within size * PIECE_CHARS.
@@ -76,7 +82,7 @@ class Params(BaseModel):
 
 
 @stage("chunk", params=Params, produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion",
-       version=4)
+       version=5)
 def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder: Embedder) -> list[Chunk]:
     """Split documents into chunks measured in the embedding model's tokens."""
     if not documents:  # convert may drop a whole batch; fast tokenizers fail on an empty one
@@ -147,6 +153,7 @@ def _document_chunks(doc: Document, offsets, words, title_length: int, size: int
                      ctx: StepContext, tick: Callable[[int], None]) -> list[Chunk]:
     """One document's chunks (``tick`` is called with the token reached, between chunks)."""
     sections = _Sections(doc.text if doc.format not in PLAIN_FORMATS else "")
+    tables = _tables(doc.text)
     title = doc.title if params.prepend_title else ""
     rooms = _path_lengths(tokenizer, sections, title, starts=[o[0] for o in offsets]) \
         if params.prepend_section else {}
@@ -160,7 +167,7 @@ def _document_chunks(doc: Document, offsets, words, title_length: int, size: int
     if params.mode == "window":
         spans = [(s, e, j > 0) for j, (s, e) in enumerate(_window_spans(len(offsets), budget, step, tick))]
     elif params.structure:
-        spans = _structure_spans(doc, offsets, words, budget, overlap, params.min_tokens, rooms, tick)
+        spans = _structure_spans(doc, offsets, words, budget, overlap, params.min_tokens, rooms, tick, tables)
     else:
         spans = [(s, e, j > 0) for j, (s, e) in
                  enumerate(_sentence_spans(doc.text, offsets, words, budget, overlap, tick=tick))]
@@ -170,13 +177,68 @@ def _document_chunks(doc: Document, offsets, words, title_length: int, size: int
     chunks: list[Chunk] = []
     for ordinal, (piece, begin, end) in enumerate(pieces):
         context = sections.context(begin, piece, title) if params.prepend_section else ""
+        held = [t for t in tables if t.start < end and begin < t.end]  # tables with rows in the piece
+        if held and params.mode == "tokens" and params.structure and held[0].body <= begin:
+            piece = f"{held[0].header}\n{piece}"  # a piece of a table after its first: its header again
         text = f"{context}\n{piece}" if context else piece
         text = f"{doc.title}\n{text}" if params.prepend_title and not _starts_with_title(piece, doc.title) \
             else text
         chunks.append(Chunk(chunk_id=chunk_id(ctx.fingerprint, doc.source_id, ordinal, text),
                             source_id=doc.source_id, ordinal=ordinal, text=text, title=doc.title,
-                            metadata={**doc.metadata, "chunk": ordinal, **_where(doc, sections, begin, end)}))
+                            metadata={**doc.metadata, "chunk": ordinal, **_where(doc, sections, begin, end),
+                                      **_table_metadata(held, sections)}))
     return chunks
+
+
+class _Table:
+    """A Markdown table in a text: where it starts, where its rows after the header start, where it
+    ends (character offsets), its header lines (the header row and the rule under it), its caption."""
+
+    def __init__(self, start: int, body: int, end: int, header: str, caption: str):
+        self.start, self.body, self.end, self.header, self.caption = start, body, end, header, caption
+
+
+def _tables(text: str) -> list[_Table]:
+    """The Markdown tables of a text: runs of '|' lines whose second line is a rule ('|---|---|').
+    A table a PDF continues on the next page is one run (its pages are joined by one newline)."""
+    found: list[_Table] = []
+    if "|" not in text:
+        return found
+    lines, offset = [], 0
+    for line in text.split("\n"):
+        lines.append((offset, line))
+        offset += len(line) + 1
+    n = 0
+    while n < len(lines):
+        if not (n + 1 < len(lines) and lines[n][1].lstrip().startswith("|") and TABLE_RULE.match(lines[n + 1][1])):
+            n += 1
+            continue
+        last = n + 1
+        while last + 1 < len(lines) and lines[last + 1][1].lstrip().startswith("|"):
+            last += 1
+        start, rule_end = lines[n][0], lines[n + 1][0] + len(lines[n + 1][1])
+        end = lines[last][0] + len(lines[last][1])
+        found.append(_Table(start, min(rule_end + 1, end), end, text[start:rule_end], _caption(lines, n)))
+        n = last + 1
+    return found
+
+
+def _caption(lines: list[tuple[int, str]], at: int) -> str:
+    """The short line just before line ``at`` (a blank line between them allowed), '' when none."""
+    for _, line in reversed(lines[max(0, at - 2):at]):
+        if line.strip():
+            line = line.strip().lstrip("#").strip()
+            return line if len(line) <= CAPTION_CHARS and not line.startswith("|") else ""
+    return ""
+
+
+def _table_metadata(held: list[_Table], sections: "_Sections") -> dict[str, str | bool]:
+    """``table: true`` for a chunk with table rows, and the caption of its first table (else the
+    heading of the section the table is in)."""
+    if not held:
+        return {}
+    caption = held[0].caption or sections.at(held[0].start).rsplit(" > ", 1)[-1]
+    return {"table": True, **({"caption": caption} if caption else {})}
 
 
 def _where(doc: Document, sections: "_Sections", begin: int, end: int) -> dict[str, str | int]:
@@ -258,15 +320,17 @@ def _headings(text: str) -> list[tuple[int, int, str]]:
 
 
 def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int, min_tokens: int,
-                     rooms: dict[int, int] | None = None, tick: Callable[[int], None] | None = None
-                     ) -> list[tuple[int, int, bool]]:
+                     rooms: dict[int, int] | None = None, tick: Callable[[int], None] | None = None,
+                     tables: list[_Table] | None = None) -> list[tuple[int, int, bool]]:
     """(start, end, is_tail) token spans that follow the document's pages and sections.
 
     Pages are hard boundaries, except a page under ``min_tokens`` tokens, which joins the page
     before it (a page number or a lone caption is no chunk of its own). Within a page, consecutive
     sections are packed while they fit ``budget`` together; a larger section is split on its own by
     sentences (with ``overlap``), and its last pieces are tails (dropped when tiny, as before). No
-    span ends inside a Markdown table row unless one row alone exceeds the budget."""
+    span ends inside a Markdown table row unless one row alone exceeds the budget. A table's start
+    and end are cuts like headings; a section of table rows is split with room left for its header
+    lines, which the pieces after the first repeat."""
     n = len(offsets)
     if n == 0:
         return []
@@ -274,8 +338,12 @@ def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int, m
     def token_at(char: int) -> int:
         return bisect.bisect_left(starts, char)
     pages = _merge_small([0, *sorted({t for c in doc.pages[1:] if 0 < (t := token_at(c)) < n}), n], min_tokens)
+    tables = tables or []
     headings = sorted({token_at(offset) for offset, _, _ in
-                       (_headings(doc.text) if doc.format not in PLAIN_FORMATS else [])})
+                       (_headings(doc.text) if doc.format not in PLAIN_FORMATS else [])}
+                      | {token_at(at) for t in tables for at in (t.start, t.end)} - {n})
+    # (first body token, end token, tokens of the header lines) of each table, for the room it takes
+    heads = [(token_at(t.body), token_at(t.end), token_at(t.body) - token_at(t.start)) for t in tables]
     blocked = _inside_table_rows(doc.text, starts)
     spans: list[tuple[int, int, bool]] = []
     for page_start, page_end in zip(pages, pages[1:]):
@@ -283,6 +351,12 @@ def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int, m
         cuts = [page_start, *inside, page_end]
         for group_start, group_end in _pack(cuts, budget, rooms or {}):
             room = _room(rooms or {}, group_start, budget)
+            # a group that opens inside a table's rows, or is split inside one: its pieces may open
+            # with the table's header lines, so they leave room for them
+            opening = any(b <= group_start < e for b, e, _ in heads)
+            if opening or group_end - group_start > budget - room:
+                room += min(max((h for b, e, h in heads if b < group_end and group_start < e), default=0),
+                            (budget - room) // 2)
             pieces = _sentence_spans(doc.text, offsets, words, budget - room, overlap, group_start, group_end,
                                      blocked, tick)
             spans.extend((s, e, j > 0) for j, (s, e) in enumerate(pieces))

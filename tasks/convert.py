@@ -97,13 +97,17 @@ def tidy_whitespace(text: str) -> str:
 
 
 def tidy_pages(text: str, pages: list[int]) -> tuple[str, list[int]]:
-    """``tidy_whitespace`` page by page, with the page starts moved to where the pages now start."""
+    """``tidy_whitespace`` page by page, with the page starts moved to where the pages now start. A
+    page that goes on with a Markdown table (joined to the page before by one newline, as the PDF
+    converter does) stays joined so, so the table stays one."""
     ends = pages[1:] + [len(text)]
     tidied, starts = "", []
     for start, end in zip(pages, ends):
         page = tidy_whitespace(text[start:end])
         if page and tidied:
-            tidied += "\n\n"
+            goes_on = page.startswith("|") and text[start - 2:start] != "\n\n" and text[start - 1:start] == "\n" \
+                and tidied.rsplit("\n", 1)[-1].startswith("|")
+            tidied += "\n" if goes_on else "\n\n"
         starts.append(len(tidied))
         tidied += page
     return tidied, starts

@@ -1,12 +1,80 @@
-"""PDF through pypdf, page by page: the page starts travel with the text, so chunks cite pages. A
-page without a text layer (a scan) is read by OCR from its images, up to ``ocr_max_pages`` a file."""
+"""PDF page by page, with its layout: the page starts travel with the text, so chunks cite pages.
+
+pypdf opens the file first (encryption, the metadata title, and the ``document_max_member_bytes``
+limit on every content stream, enforced while inflating), then pdfplumber (pdfminer.six's
+characters with their positions, and its ruling-line table finder) reads each page:
+
+- tables as Markdown tables, header row first; a table that goes on at the top of the next page
+  with as many columns is one table (a repeated header row there is dropped), joined to the page
+  before by a single newline so it stays one Markdown table, its rows still on their own page;
+- reading order by columns: a page whose lines share a wide vertical gap is read left column, then
+  right, between the lines that cross the gap (a title, a full-width figure caption);
+- running headers and footers (a line in the top or bottom band of most pages, digits aside, page
+  numbers included) are dropped, and a word hyphenated at a line end is joined;
+- a page pdfplumber cannot read falls back to pypdf's text; a page without a text layer (a scan) is
+  read by OCR from its images, up to ``ocr_max_pages`` a file.
+"""
 from __future__ import annotations
 
 import io
+import math
+import re
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from ragline.flows.formats import ocr
-from ragline.flows.formats.base import Converted, FormatError, Options, paged
+from ragline.flows.formats.base import Converted, FormatError, Options, markdown_table
+
+# a metadata title that names nothing (what PDF writers put when the author gave none)
+MEANINGLESS_TITLE = re.compile(r"^(\(?anonymous\)?|untitled[\s\d-]*|none|null|unknown|document\d*|title|\W*)$", re.I)
+BAND = 0.15  # top and bottom share of a page where running headers and footers are looked for
+EDGE_ROWS = 2  # rows of each band looked at
+REPEATED_SHARE = 0.4  # a band line on at least this share of the pages (and two pages) is a running one
+MIN_GUTTER = 9.0  # points: the narrowest gap between two columns
+WORD_GAP = 0.15  # a gap between two characters over this share of their size separates words (pdftotext-like)
+HYPHENATED = re.compile(r"[^\W\d_]-$")
+UNMAPPED = re.compile(r"\(cid:\d+\)")  # pdfminer's name for a glyph its font maps to no character
+
+
+@dataclass
+class _Row:
+    """Words on one line of a page (outside tables): (x0, x1, text) each, left to right."""
+
+    top: float
+    bottom: float
+    words: list[tuple[float, float, str]] = field(default_factory=list)
+
+    @property
+    def x0(self) -> float:
+        return self.words[0][0]
+
+    @property
+    def x1(self) -> float:
+        return self.words[-1][1]
+
+    @property
+    def text(self) -> str:
+        return " ".join(w[2] for w in self.words)
+
+
+@dataclass
+class _Table:
+    top: float
+    bottom: float
+    x0: float
+    x1: float
+    rows: list[list[str]]
+
+
+@dataclass
+class _Page:
+    width: float = 0.0
+    height: float = 0.0
+    rows: list[_Row] = field(default_factory=list)
+    tables: list[_Table] = field(default_factory=list)
+    text: str | None = None  # pypdf's text, when pdfplumber could not read the page
 
 
 def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
@@ -18,8 +86,10 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
             reader = PdfReader(io.BytesIO(data))
             if reader.is_encrypted and not reader.decrypt(""):  # an empty user password still opens many
                 raise FormatError("encrypted PDF: a password is needed to read it")
-            pages = _page_texts(reader, options)
+            _inflate_contents(reader, options)
             title = str((reader.metadata.title if reader.metadata else None) or "").strip()
+            laid_out = _layout(data, reader, options)
+            pages, glued = _page_texts(laid_out, options)
             metadata, why_not = _ocr_scans(reader, pages, options)
     except FormatError:
         raise
@@ -28,10 +98,12 @@ def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
                           f"{options.max_member_bytes} bytes ({exc})") from None
     except Exception as exc:  # pypdf raises many exception types on malformed files
         raise FormatError(f"unreadable PDF: {type(exc).__name__}: {exc}") from None
-    text, starts = paged(pages)
+    text, starts = _joined(pages, glued)
     if not text:
         raise FormatError("PDF has no extractable text (scanned images?)" + (f"; {why_not}" if why_not else ""))
-    return Converted(text=text, title=title, pages=starts, metadata={"pages": len(starts), **metadata})
+    tables = sum(1 for page in laid_out for _ in page.tables)
+    return Converted(text=text, title="" if MEANINGLESS_TITLE.match(title) else title, pages=starts,
+                     metadata={"pages": len(starts), **({"tables": tables} if tables else {}), **metadata})
 
 
 def _stream_limits(options: Options) -> dict[str, int]:
@@ -43,15 +115,270 @@ def _stream_limits(options: Options) -> dict[str, int]:
                                    "maximum_declared_stream_length", "image_maximum_buffer_size")}
 
 
-def _page_texts(reader: Any, options: Options) -> list[str]:
-    """Each page's text, the document's time and text budget checked before each page."""
-    pages: list[str] = []
-    size = 0
+def _inflate_contents(reader: Any, options: Options) -> None:
+    """Every page's content stream and form XObjects inflated once by pypdf, under the stream limits:
+    pdfminer (which pdfplumber reads through) has no such limit, so a bomb is refused here first."""
     for page in reader.pages:
+        options.check()
+        contents = page.get_contents()
+        if contents is not None:
+            contents.get_data()
+        resources = page.get("/Resources")
+        xobjects = resources.get_object().get("/XObject") if resources is not None else None
+        for ref in (xobjects.get_object().values() if xobjects is not None else ()):
+            xobject = ref.get_object()
+            if xobject.get("/Subtype") == "/Form":
+                xobject.get_data()
+
+
+# --- layout: pdfplumber's words and tables per page ---------------------------------------------
+
+def _layout(data: bytes, reader: Any, options: Options) -> list[_Page]:
+    """Each page's rows of words and its tables (positions in points from the top); a page (or a
+    file) pdfplumber cannot read keeps pypdf's text instead."""
+    import pdfplumber
+
+    try:
+        document = pdfplumber.open(io.BytesIO(data), password="")
+    except Exception:  # pdfminer refuses what pypdf read: the file's text as pypdf gives it
+        return [_Page(text=page.extract_text() or "") for page in _checked(reader.pages, options)]
+    laid_out: list[_Page] = []
+    size = 0
+    with document:
+        for n, page in enumerate(_checked(document.pages, options, lambda: size)):
+            try:
+                laid_out.append(_read_page(page))
+            except Exception:  # a page pdfminer trips on: pypdf's text for it
+                laid_out.append(_Page(text=reader.pages[n].extract_text() or ""))
+            finally:
+                page.close()  # its characters and layout are not kept past the page
+            size += sum(len(r.text) + 1 for r in laid_out[-1].rows) + len(laid_out[-1].text or "") + \
+                sum(len(c) + 3 for t in laid_out[-1].tables for row in t.rows for c in row)
+    return laid_out
+
+
+def _checked(pages: Any, options: Options, size: Any = lambda: 0) -> Any:
+    """The pages, the document's time and text budget checked before each."""
+    for page in pages:
+        options.check(size())
+        yield page
+
+
+def _read_page(page: Any) -> _Page:
+    tables = page.find_tables()  # ruling lines: cells drawn as a grid
+    boxes = [t.bbox for t in tables]
+    found = []
+    for table in tables:
+        rows = [[" ".join((c or "").split()) for c in row] for row in table.extract()]
+        rows = [row for row in rows if any(row)]
+        if rows:
+            x0, top, x1, bottom = table.bbox
+            found.append(_Table(top, bottom, x0, x1, rows))
+    text = page.filter(lambda o: o.get("object_type") != "char" or not _inside(o, boxes)) if boxes else page
+    words = text.extract_words(x_tolerance_ratio=WORD_GAP, keep_blank_chars=False, use_text_flow=False)
+    return _Page(width=float(page.width), height=float(page.height), rows=_rows(words), tables=found)
+
+
+def _inside(obj: dict, boxes: list[tuple[float, float, float, float]]) -> bool:
+    x, y = (obj["x0"] + obj["x1"]) / 2, (obj["top"] + obj["bottom"]) / 2
+    return any(x0 <= x <= x1 and top <= y <= bottom for x0, top, x1, bottom in boxes)
+
+
+def _rows(words: list[dict]) -> list[_Row]:
+    """Words grouped into lines: a word whose top is within half a line of the row's joins it."""
+    rows: list[_Row] = []
+    for word in sorted(words, key=lambda w: (w["top"], w["x0"])):
+        height = word["bottom"] - word["top"]
+        if rows and word["top"] - rows[-1].top <= max(2.0, height / 2):
+            row = rows[-1]
+            row.bottom = max(row.bottom, word["bottom"])
+        else:
+            row = _Row(word["top"], word["bottom"])
+            rows.append(row)
+        row.words.append((float(word["x0"]), float(word["x1"]), UNMAPPED.sub("", word["text"]) or word["text"]))
+    for row in rows:
+        row.words.sort()
+    return rows
+
+
+# --- text: headers and footers out, columns in order, tables joined ------------------------------
+
+def _page_texts(laid_out: list[_Page], options: Options) -> tuple[list[str], list[bool]]:
+    """Each page's Markdown, and whether it goes on with the table the page before ends with."""
+    running = _running_lines(laid_out)
+    items_of = []
+    for page in laid_out:
+        if page.text is not None:
+            items_of.append([])
+            continue
+        rows = [row for zone, row in _banded(page) if (zone, _key(row.text)) not in running]
+        items_of.append(_reading_order(rows, page.tables, page.width))
+    texts, glued, size = [], [], 0
+    header: list[str] | None = None  # the header row of the table the page before ends with
+    for page, items in zip(laid_out, items_of):
         options.check(size)
-        pages.append(page.extract_text() or "")
-        size += len(pages[-1])
-    return pages
+        if page.text is not None:
+            texts.append(page.text)
+            glued.append(False)
+            header = None
+            continue
+        goes_on = bool(items) and header is not None and isinstance(items[0], _Table) \
+            and len(items[0].rows[0]) == len(header)
+        if goes_on and items[0].rows[0] == header:  # the header row repeated on the new page
+            items[0].rows.pop(0)
+            if not items[0].rows:
+                items.pop(0)
+                goes_on = bool(items) and isinstance(items[0], _Table) and len(items[0].rows[0]) == len(header)
+        texts.append(_markdown(items, continued=goes_on))
+        glued.append(goes_on)
+        size += len(texts[-1])
+        if items and isinstance(items[-1], _Table):
+            header = header if goes_on and len(items) == 1 else items[-1].rows[0]
+        else:
+            header = None
+    return texts, glued
+
+
+def _banded(page: _Page) -> list[tuple[str, _Row]]:
+    """Each row with its band: 'top' or 'bottom' for the first and last rows in those bands, else ''."""
+    rows = page.rows
+    banded = []
+    for n, row in enumerate(rows):
+        zone = ""
+        if n < EDGE_ROWS and row.bottom <= page.height * BAND:
+            zone = "top"
+        elif n >= len(rows) - EDGE_ROWS and row.top >= page.height * (1 - BAND):
+            zone = "bottom"
+        banded.append((zone, row))
+    return banded
+
+
+def _key(text: str) -> str:
+    """A line as compared across pages: case and spacing aside, every number the same."""
+    return re.sub(r"\d+", "#", " ".join(text.split()).lower())
+
+
+def _running_lines(laid_out: list[_Page]) -> set[tuple[str, str]]:
+    """(band, key) of the lines in the top or bottom band of most pages: running headers, footers,
+    page numbers."""
+    pages = [page for page in laid_out if page.rows]
+    seen: Counter = Counter()
+    for page in pages:
+        seen.update({(zone, _key(row.text)) for zone, row in _banded(page) if zone})
+    least = max(2, math.ceil(REPEATED_SHARE * len(pages)))
+    return {line for line, count in seen.items() if count >= least}
+
+
+def _reading_order(rows: list[_Row], tables: list[_Table], width: float) -> list[_Row | _Table]:
+    """Rows and tables in reading order: top to bottom, or by columns when the page has two."""
+    gutter = _gutter(rows, width)
+    items: list[tuple[float, int, _Row | _Table]] = [(r.top, 0, r) for r in rows] + [(t.top, 1, t) for t in tables]
+    items.sort(key=lambda item: (item[0], item[1]))
+    if gutter is None:
+        return [item for _, _, item in items]
+    ordered: list[_Row | _Table] = []
+    left: list[_Row | _Table] = []
+    right: list[_Row | _Table] = []
+    for _, _, item in items:
+        if isinstance(item, _Table):
+            parts = (item, None) if item.x1 <= gutter else (None, item) if item.x0 >= gutter else None
+        else:
+            parts = _split(item, gutter)
+        if parts is None:  # across both columns: the columns above it come first
+            ordered.extend(left + right + [item])
+            left, right = [], []
+            continue
+        if parts[0] is not None:
+            left.append(parts[0])
+        if parts[1] is not None:
+            right.append(parts[1])
+    return ordered + left + right
+
+
+def _split(row: _Row, gutter: float) -> tuple[_Row | None, _Row | None] | None:
+    """A row's words left and right of the gutter; None when a word crosses it or the two sides are
+    closer than a gutter (one line across both columns)."""
+    left = [w for w in row.words if w[1] <= gutter]
+    right = [w for w in row.words if w[0] >= gutter]
+    if len(left) + len(right) < len(row.words):
+        return None
+    if left and right and right[0][0] - left[-1][1] < MIN_GUTTER:
+        return None
+    return (_Row(row.top, row.bottom, left) if left else None, _Row(row.top, row.bottom, right) if right else None)
+
+
+def _gutter(rows: list[_Row], width: float) -> float | None:
+    """The x of the gap between two columns of text, or None for a page of one column: a gap of at
+    least MIN_GUTTER points in the middle of the page, inside at least three rows and a quarter of
+    them, with lines of column width (a fifth of the page, typically) on both sides."""
+    if len(rows) < 6 or width <= 0:
+        return None
+    gaps = []  # (start, end) of each row's wide gaps in the middle of the page
+    for row in rows:
+        row_gaps = [(a[1], b[0]) for a, b in zip(row.words, row.words[1:])
+                    if b[0] - a[1] >= MIN_GUTTER and a[1] < width * 0.7 and b[0] > width * 0.3]
+        gaps.append(row_gaps)
+    best, count = None, 0
+    for x in range(int(width * 0.3), int(width * 0.7) + 1, 2):
+        covering = sum(1 for row_gaps in gaps if any(a <= x <= b for a, b in row_gaps))
+        if covering > count:
+            best, count = float(x), covering
+    if best is None or count < max(3, len(rows) // 4):
+        return None
+    split = [parts for row in rows if (parts := _split(row, best)) is not None and parts[0] and parts[1]]
+    lefts = [p[0].x1 - p[0].x0 for p in split]
+    rights = [p[1].x1 - p[1].x0 for p in split]
+    if not split or statistics.median(lefts) < width / 5 or statistics.median(rights) < width / 5:
+        return None  # labels and values, not columns
+    return best
+
+
+def _markdown(items: list[_Row | _Table], continued: bool) -> str:
+    """Rows as lines (a blank line where the text leaves a gap, a hyphenated word joined), tables as
+    Markdown tables (the first going on from the page before: its rows only)."""
+    blocks: list[str] = []
+    lines: list[str] = []
+    last: _Row | None = None
+    for n, item in enumerate(items):
+        if isinstance(item, _Table):
+            if lines:
+                blocks.append("\n".join(lines))
+            lines, last = [], None
+            table = markdown_table(item.rows)
+            if n == 0 and continued:
+                head, _, rest = table.partition("\n")
+                table = "\n".join([head] + rest.split("\n")[1:])  # no separator line: rows of the table above
+            blocks.append(table)
+            continue
+        text = item.text
+        if last is not None and lines:
+            height = max(1.0, last.bottom - last.top)
+            if item.top < last.top or item.top - last.bottom > 0.8 * height:  # a new column or a paragraph
+                blocks.append("\n".join(lines))
+                lines = []
+            elif HYPHENATED.search(lines[-1]) and text[:1].islower():
+                first, _, text = text.partition(" ")
+                lines[-1] = lines[-1][:-1] + first
+        if text:
+            lines.append(text)
+        last = item
+    if lines:
+        blocks.append("\n".join(lines))
+    return "\n\n".join(b for b in blocks if b.strip())
+
+
+def _joined(pages: list[str], glued: list[bool]) -> tuple[str, list[int]]:
+    """Page texts joined by blank lines (by one newline before a page that goes on with a table, so
+    it stays one Markdown table), with each page's start offset (an empty page starts where the next
+    one does, so page numbers stay those of the file)."""
+    text, starts = "", []
+    for page, glue in zip(pages, glued):
+        page = page.strip()
+        if page and text:
+            text += "\n" if glue else "\n\n"
+        starts.append(len(text))
+        text += page
+    return text, starts
 
 
 def _ocr_scans(reader: Any, pages: list[str], options: Options) -> tuple[dict[str, int | float], str]:

@@ -255,3 +255,12 @@ def test_svg_title_is_not_the_page_title():
     (doc,), _ = run([html_doc(raw)])
 
     assert (doc.title, doc.text) == ("Page", "## Deep heading\n\nBody.")
+
+
+def test_a_table_going_on_at_the_next_page_stays_one_table_and_pages_stay_exact():
+    from ragline.tasks.convert import tidy_pages
+    text = "Intro  text.\n\n| A | B |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n\nAfter."
+    pages = [0, text.index("| 3 |"), text.index("After")]
+    tidied, starts = tidy_pages(text, pages)
+    assert tidied == "Intro text.\n\n| A | B |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n\nAfter."
+    assert [tidied[s:s + 5] for s in starts] == ["Intro", "| 3 |", "After"]

@@ -1,0 +1,90 @@
+"""PDF conversion keeps the layout (issue 35.1), on PDFs fpdf2 writes from known content: a 75-row
+table across three pages is one Markdown table (header kept once, each row on one line, each on the
+page it is printed on), two columns read in order, running headers, footers and page numbers gone,
+a hyphenated line end joined, a meaningless metadata title not used."""
+from __future__ import annotations
+
+import bisect
+import io
+
+import pytest
+from pypdf import PdfReader
+
+from ragline.flows.formats import pdf
+from tests.helpers.documents import make_pdf
+from tests.helpers.layout_pdfs import (CAPTION, COLUMNS, FOOTER, HEADER, HYPHENATED, LEFT, RIGHT, ROWS, table_report,
+                                       two_column_report)
+
+
+def line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def printed_on(data: bytes, needle: str) -> int:
+    """The page (1-based) pypdf finds ``needle`` on: where the PDF prints it, independently of pdfplumber."""
+    pages = [n for n, page in enumerate(PdfReader(io.BytesIO(data)).pages, start=1) if needle in page.extract_text()]
+    assert len(pages) == 1, (needle, pages)
+    return pages[0]
+
+
+@pytest.mark.parametrize("repeat_header", [True, False], ids=["header-repeated-per-page", "header-once"])
+def test_a_table_across_three_pages_is_one_markdown_table_on_its_pages(repeat_header):
+    data = table_report(repeat_header)
+    converted = pdf.convert(data, "review.pdf")
+
+    assert len(converted.pages) == 3 == converted.metadata["pages"]
+    lines = converted.text.split("\n")
+    table = [n for n, text in enumerate(lines) if text.startswith("|")]
+    assert table == list(range(table[0], table[0] + 77))  # one table: header, rule, 75 rows, no gap
+    assert lines[table[0]] == line(COLUMNS) and lines[table[0] + 1] == "|---|---|---|---|"
+    assert lines[table[0] - 2] == CAPTION
+    assert [lines[n] for n in table[2:]] == [line(row) for row in ROWS]  # every row whole, in order
+    assert converted.text.count(line(COLUMNS)) == 1
+    pages = set()
+    for row in ROWS:  # each row on the page the PDF prints it on
+        page = bisect.bisect_right(converted.pages, converted.text.index(line(row)))
+        assert page == printed_on(data, row[0] + " "), row
+        pages.add(page)
+    assert pages == {1, 2, 3}
+
+
+def test_running_headers_footers_and_page_numbers_are_dropped_and_hyphens_joined():
+    for data in (table_report(), two_column_report()):
+        text = pdf.convert(data, "review.pdf").text
+        assert HEADER not in text and "Quillfeather" not in text
+        assert "Confidential" not in text and "page 1" not in text.lower()
+    text = pdf.convert(table_report(), "review.pdf").text
+    assert "every quarter\nof the year" in text and "quar-" not in text
+    assert HYPHENATED[0][:-5] in text  # the rest of the line is untouched
+
+
+def test_two_columns_are_read_column_by_column():
+    converted = pdf.convert(two_column_report(), "fleet.pdf")
+    flat = " ".join(converted.text.split())
+    where = [flat.find(sentence) for sentence in ["Fleet and depots in two columns", *LEFT, *RIGHT]]
+    assert -1 not in where, flat  # every sentence whole
+    assert where == sorted(where)  # the title, then the left column, then the right one
+    assert converted.pages[1] == converted.text.index("A second page")
+
+
+def test_a_one_page_document_keeps_its_lines_and_a_meaningless_title_is_not_used():
+    converted = pdf.convert(make_pdf(["Reindeer herding report from Lapland"], title="(anonymous)"), "r.pdf")
+    assert converted.text == "Reindeer herding report from Lapland" and converted.title == ""
+    for title in ("untitled", "Untitled 3", "", " "):
+        assert pdf.convert(make_pdf(["Some text here"], title=title), "r.pdf").title == ""
+    assert pdf.convert(make_pdf(["Some text here"], title="Annual review"), "r.pdf").title == "Annual review"
+
+
+def test_a_page_number_alone_at_the_foot_of_each_page_is_dropped():
+    from fpdf import FPDF
+    document = FPDF()
+    document.set_font("Helvetica", size=11)
+    places = ["Bergen", "the Lofoten islands", "Tromso", "the North Cape"]
+    for n, place in enumerate(places, start=1):
+        document.add_page()
+        document.multi_cell(0, 6, f"Chapter {n} tells of the voyage to {place}, day {n * 3} of the crossing.")
+        document.set_y(-15)
+        document.cell(0, 8, str(n), align="C")
+    converted = pdf.convert(bytes(document.output()), "voyage.pdf")
+    assert converted.text.split("\n\n") == [f"Chapter {n} tells of the voyage to {place}, day {n * 3} of the "
+                                            f"crossing." for n, place in enumerate(places, start=1)]
