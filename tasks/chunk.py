@@ -190,7 +190,7 @@ def _document_chunks(doc: Document, offsets, words, title_length: int, size: int
     return chunks
 
 
-class _Table:
+class _TextTable:
     """A Markdown table in a text: where it starts, where its rows after the header start, where it
     ends (character offsets), its header lines (the header row and the rule under it), its caption."""
 
@@ -198,10 +198,10 @@ class _Table:
         self.start, self.body, self.end, self.header, self.caption = start, body, end, header, caption
 
 
-def _tables(text: str) -> list[_Table]:
+def _tables(text: str) -> list[_TextTable]:
     """The Markdown tables of a text: runs of '|' lines whose second line is a rule ('|---|---|').
     A table a PDF continues on the next page is one run (its pages are joined by one newline)."""
-    found: list[_Table] = []
+    found: list[_TextTable] = []
     if "|" not in text:
         return found
     lines, offset = [], 0
@@ -218,7 +218,7 @@ def _tables(text: str) -> list[_Table]:
             last += 1
         start, rule_end = lines[n][0], lines[n + 1][0] + len(lines[n + 1][1])
         end = lines[last][0] + len(lines[last][1])
-        found.append(_Table(start, min(rule_end + 1, end), end, text[start:rule_end], _caption(lines, n)))
+        found.append(_TextTable(start, min(rule_end + 1, end), end, text[start:rule_end], _caption(lines, n)))
         n = last + 1
     return found
 
@@ -232,7 +232,7 @@ def _caption(lines: list[tuple[int, str]], at: int) -> str:
     return ""
 
 
-def _table_metadata(held: list[_Table], sections: "_Sections") -> dict[str, str | bool]:
+def _table_metadata(held: list[_TextTable], sections: "_Sections") -> dict[str, str | bool]:
     """``table: true`` for a chunk with table rows, and the caption of its first table (else the
     heading of the section the table is in)."""
     if not held:
@@ -321,7 +321,7 @@ def _headings(text: str) -> list[tuple[int, int, str]]:
 
 def _structure_spans(doc: Document, offsets, words, budget: int, overlap: int, min_tokens: int,
                      rooms: dict[int, int] | None = None, tick: Callable[[int], None] | None = None,
-                     tables: list[_Table] | None = None) -> list[tuple[int, int, bool]]:
+                     tables: list[_TextTable] | None = None) -> list[tuple[int, int, bool]]:
     """(start, end, is_tail) token spans that follow the document's pages and sections.
 
     Pages are hard boundaries, except a page under ``min_tokens`` tokens, which joins the page

@@ -60,7 +60,9 @@ class _Row:
 
 
 @dataclass
-class _Table:
+class _PageTable:
+    """A table pdfplumber found on a page: its bounding box and its rows of cell text."""
+
     top: float
     bottom: float
     x0: float
@@ -73,7 +75,7 @@ class _Page:
     width: float = 0.0
     height: float = 0.0
     rows: list[_Row] = field(default_factory=list)
-    tables: list[_Table] = field(default_factory=list)
+    tables: list[_PageTable] = field(default_factory=list)
     text: str | None = None  # pypdf's text, when pdfplumber could not read the page
 
 
@@ -173,7 +175,7 @@ def _read_page(page: Any) -> _Page:
         rows = [row for row in rows if any(row)]
         if rows:
             x0, top, x1, bottom = table.bbox
-            found.append(_Table(top, bottom, x0, x1, rows))
+            found.append(_PageTable(top, bottom, x0, x1, rows))
     text = page.filter(lambda o: o.get("object_type") != "char" or not _inside(o, boxes)) if boxes else page
     words = text.extract_words(x_tolerance_ratio=WORD_GAP, keep_blank_chars=False, use_text_flow=False)
     return _Page(width=float(page.width), height=float(page.height), rows=_rows(words), tables=found)
@@ -222,17 +224,17 @@ def _page_texts(laid_out: list[_Page], options: Options) -> tuple[list[str], lis
             glued.append(False)
             header = None
             continue
-        goes_on = bool(items) and header is not None and isinstance(items[0], _Table) \
+        goes_on = bool(items) and header is not None and isinstance(items[0], _PageTable) \
             and len(items[0].rows[0]) == len(header)
         if goes_on and items[0].rows[0] == header:  # the header row repeated on the new page
             items[0].rows.pop(0)
             if not items[0].rows:
                 items.pop(0)
-                goes_on = bool(items) and isinstance(items[0], _Table) and len(items[0].rows[0]) == len(header)
+                goes_on = bool(items) and isinstance(items[0], _PageTable) and len(items[0].rows[0]) == len(header)
         texts.append(_markdown(items, continued=goes_on))
         glued.append(goes_on)
         size += len(texts[-1])
-        if items and isinstance(items[-1], _Table):
+        if items and isinstance(items[-1], _PageTable):
             header = header if goes_on and len(items) == 1 else items[-1].rows[0]
         else:
             header = None
@@ -269,18 +271,18 @@ def _running_lines(laid_out: list[_Page]) -> set[tuple[str, str]]:
     return {line for line, count in seen.items() if count >= least}
 
 
-def _reading_order(rows: list[_Row], tables: list[_Table], width: float) -> list[_Row | _Table]:
+def _reading_order(rows: list[_Row], tables: list[_PageTable], width: float) -> list[_Row | _PageTable]:
     """Rows and tables in reading order: top to bottom, or by columns when the page has two."""
     gutter = _gutter(rows, width)
-    items: list[tuple[float, int, _Row | _Table]] = [(r.top, 0, r) for r in rows] + [(t.top, 1, t) for t in tables]
+    items: list[tuple[float, int, _Row | _PageTable]] = [(r.top, 0, r) for r in rows] + [(t.top, 1, t) for t in tables]
     items.sort(key=lambda item: (item[0], item[1]))
     if gutter is None:
         return [item for _, _, item in items]
-    ordered: list[_Row | _Table] = []
-    left: list[_Row | _Table] = []
-    right: list[_Row | _Table] = []
+    ordered: list[_Row | _PageTable] = []
+    left: list[_Row | _PageTable] = []
+    right: list[_Row | _PageTable] = []
     for _, _, item in items:
-        if isinstance(item, _Table):
+        if isinstance(item, _PageTable):
             parts = (item, None) if item.x1 <= gutter else (None, item) if item.x0 >= gutter else None
         else:
             parts = _split(item, gutter)
@@ -333,14 +335,14 @@ def _gutter(rows: list[_Row], width: float) -> float | None:
     return best
 
 
-def _markdown(items: list[_Row | _Table], continued: bool) -> str:
+def _markdown(items: list[_Row | _PageTable], continued: bool) -> str:
     """Rows as lines (a blank line where the text leaves a gap, a hyphenated word joined), tables as
     Markdown tables (the first going on from the page before: its rows only)."""
     blocks: list[str] = []
     lines: list[str] = []
     last: _Row | None = None
     for n, item in enumerate(items):
-        if isinstance(item, _Table):
+        if isinstance(item, _PageTable):
             if lines:
                 blocks.append("\n".join(lines))
             lines, last = [], None
