@@ -36,7 +36,7 @@ from ragline.flows.files import write_atomic
 from ragline.flows.resources import bm25_segments
 from ragline.flows.resources.filters import FilterError, matches
 from ragline.flows.resources.base import Health, Resource
-from ragline.flows.resources.state import CHUNK_LOG, REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
+from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
 
 log = logging.getLogger("ragline.bm25")
 T = TypeVar("T")
@@ -164,11 +164,7 @@ class BM25Index(Resource):
         header and length (a memory map, no data read) and each JSON file's last byte; a file cut
         short by a crash, a full disk or a copy fails one of them."""
         folder = self.path / published["version"]
-        try:
-            manifest = json.loads((folder / self.MANIFEST).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            manifest = None
-        folders = [folder] + [self.path / name for name in sorted(_listed(manifest))]
+        folders = [folder] + [self.path / name for name in sorted(_listed(_manifest_or_none(folder / self.MANIFEST)))]
         for path in (p for f in folders if f.is_dir() for p in sorted(f.iterdir())):
             if not _whole(path):
                 return path
@@ -199,7 +195,7 @@ class BM25Index(Resource):
             return f"{self.location}: the published version's file {torn} is truncated or unreadable"
         if state is not None and _foreign(published, state):
             return (f"{self.location}: the published version was built from another index state (change log "
-                    f"{published.get('log')}, the state's is {_log_id(state)})")
+                    f"{published.get('log')}, the state's is {state.chunk_log_id()})")
         if chunks is not None and published.get("count") != chunks and published["generation"] == state.generation:
             return (f"{self.location}: the published version holds {published.get('count')} passages, the index "
                     f"state {chunks} chunks")
@@ -884,17 +880,11 @@ def _foreign(published: dict[str, Any], state: IndexState) -> bool:
     """Whether a published version was built from another state than ``state``: its change log id
     (a random id each new state file draws) is not the state's. A version or a state without one
     (older formats) says nothing."""
-    current = _log_id(state)
-    return published.get("log") is not None and current is not None and published["log"] != current
-
-
-def _log_id(state: IndexState) -> str | None:
-    """The state's change-log id, read as a query reads (a query path never creates the state)."""
     try:
-        record = state.get_meta(CHUNK_LOG)
+        current = state.chunk_log_id()
     except StoreMissing:
-        return None
-    return json.loads(record).get("id") if record else None
+        return False
+    return published.get("log") is not None and current is not None and published["log"] != current
 
 
 def _whole(path: Path) -> bool:

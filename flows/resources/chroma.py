@@ -137,8 +137,7 @@ class ChromaStore(Owned, Resource):
         self._max_batch: int | None = None
         self._writes = False  # this process has written (or means to): the client opens the folder itself
         self._snapshot: Path | None = None  # the private copy a reading client opened instead
-        self._snapshot_mark: tuple = ()  # the folder's read_snapshot.mark when that copy was taken
-        self._copies: list[_Copy] = []  # copies with reads in flight: the current one, then stale ones
+        self._copies: list[_Copy] = []  # the current copy (last) and stale ones with reads still in flight
 
     @property
     def server(self) -> str | None:
@@ -211,8 +210,9 @@ class ChromaStore(Owned, Resource):
         if not (self.path / "chroma.sqlite3").is_file():
             raise StoreMissing(f"{self.location}: there is no store at {self.path}; {REMEDY}")
         started = time.perf_counter()
-        self._snapshot_mark = read_snapshot.mark(self.path)  # before the copy: a later write retakes it
+        mark = read_snapshot.mark(self.path)  # before the copy: a write during it retakes it at the next read
         self._snapshot = read_snapshot.take(self.path, self.location)
+        self._copies.append(_Copy(self._snapshot, mark))
         log.debug("%s: reading a private copy at %s (%.2f s to copy)", self.location, self._snapshot,
                   time.perf_counter() - started)
         return self._snapshot
@@ -382,18 +382,19 @@ class ChromaStore(Owned, Resource):
         folder has changed since (another process, or this one, wrote) is retired first: its client
         closes once its last read in flight ends, and this read opens a new copy."""
         with self._lock:
-            current = self._copies[-1] if self._copies and self._copies[-1].folder == self._snapshot else None
+            current = self._current_copy()
             if not create and current is not None and read_snapshot.mark(self.path) != current.mark:
                 log.debug("%s: the folder changed since its copy was taken; reading a new copy", self.location)
                 current.client, self._collection, self._snapshot = self._client.reset(), None, None
             handle = self._open(create)
-            if self._snapshot is None:
-                return handle, None
-            if current is None or current.folder != self._snapshot:
-                current = _Copy(self._snapshot, self._snapshot_mark)
-                self._copies.append(current)
-            current.reads += 1
+            current = self._current_copy()
+            if current is not None:
+                current.reads += 1
             return handle, current
+
+    def _current_copy(self) -> _Copy | None:
+        """The copy the client reads now (None: it reads the folder, or a server)."""
+        return self._copies[-1] if self._copies and self._copies[-1].folder == self._snapshot else None
 
     def _read_done(self, copy: _Copy | None) -> None:
         if copy is not None:

@@ -246,7 +246,7 @@ def repair(findings: list[Finding], store: ChromaStore, sparse: BM25Index | None
     elif "reconcile" in actions:
         forgotten = reconcile(store, state, say)
     lost = {source for f in findings if f.repair == "reindex" for source in f.sources} - forgotten
-    if lost and "reembed_all" not in actions:
+    if lost:  # (none after reembed_all: every source is forgotten already)
         store.delete(sorted(state.chunk_ids(sorted(lost))))
         state.forget(sorted(lost))
         forgotten |= lost

@@ -489,10 +489,10 @@ class IndexState(Resource):
                 for cid, text, meta, sid, title in rows]
 
     def chunk_log_id(self) -> str | None:
-        """The id of this state's chunk change log (a new state file has a new one). Writers only."""
-        with self._guarded():
-            row = self.conn.execute("SELECT value FROM meta WHERE key=?", (CHUNK_LOG,)).fetchone()
-        return json.loads(row[0])["id"] if row else None
+        """The id of this state's chunk change log (a new state file has a new one). Read as any meta
+        is: a query that compares it (BM25's published version) never creates the state."""
+        record = self.get_meta(CHUNK_LOG)
+        return json.loads(record)["id"] if record else None
 
     def chunk_changes(self, since: int, log_id: str | None) -> ChunkChanges | None:
         """The chunks written or deleted since generation ``since`` (by the log ``log_id``), with the
