@@ -142,11 +142,15 @@ def assert_whole(project: Path, records: list[dict]) -> None:
     clear_cache()
 
 
-@pytest.mark.parametrize("damage", list(CHROMA_DAMAGE))
-def test_one_run_repairs_a_damaged_store(tmp_path, capsys, damage):
+CASES = [("chroma", name) for name in CHROMA_DAMAGE] + [("milvus", name) for name in MILVUS_DAMAGE]
+
+
+@pytest.mark.parametrize(("backend", "damage"), CASES, ids=[f"{b}: {d}" for b, d in CASES])
+def test_one_run_repairs_a_damaged_store(tmp_path, capsys, backend, damage):
     records = scifact_records(RECORDS)
-    project = make_project(tmp_path, index_and_search_yaml(), records)
-    harm, reembeds = CHROMA_DAMAGE[damage]
+    yaml, damages = (index_and_search_yaml(), CHROMA_DAMAGE) if backend == "chroma" else (milvus_yaml(), MILVUS_DAMAGE)
+    project = make_project(tmp_path, yaml, records)
+    harm, reembeds = damages[damage]
     harm(tmp_path / "idx")
     line = index_once(project, capsys)
     if reembeds:
@@ -155,19 +159,6 @@ def test_one_run_repairs_a_damaged_store(tmp_path, capsys, damage):
         assert f"unchanged {RECORDS}" in line, line
     assert_whole(project, records)
     assert "repaired" not in index_once(project, capsys)  # repaired once: the next run has nothing to do
-
-
-@pytest.mark.parametrize("damage", list(MILVUS_DAMAGE))
-def test_one_run_repairs_a_damaged_milvus_store(tmp_path, capsys, damage):
-    records = scifact_records(RECORDS)
-    project = make_project(tmp_path, milvus_yaml(), records)
-    harm, _ = MILVUS_DAMAGE[damage]
-    harm(tmp_path / "idx")
-    line = index_once(project, capsys)
-    assert f"{RECORDS} sources repaired" in line and "added 0," in line, line
-    snap = snapshot(project)
-    assert [c[0] for c in snap["chroma"]] == snap["state_chunks"] and snap["state_chunks"]
-    assert main(["check", "-f", str(project)]) == 0
 
 
 def test_a_lost_state_and_a_changed_corpus_leave_no_stale_passage_anywhere(tmp_path, capsys):

@@ -16,9 +16,9 @@ from ragline.tasks.load import Params as LoadParams, load
 WORDS = "protein membrane receptor pathway signal tumour cohort treatment antibody vaccine".split()
 
 
-def prose(marker: str, n: int, seed: int = 0) -> str:
+def prose(marker: str, n: int, seed: int = 0, words: list[str] = WORDS) -> str:
     rng = random.Random(seed)
-    return " ".join(f"{marker} {' '.join(rng.choice(WORDS) for _ in range(rng.randint(5, 10)))}." for _ in range(n))
+    return " ".join(f"{marker} {' '.join(rng.choice(words) for _ in range(rng.randint(5, 10)))}." for _ in range(n))
 
 
 def run(document: Document, embedder, **params):

@@ -4,30 +4,21 @@ between rows, every piece after the first opening with the header row again; tab
 table over three pages, running header and footer), and on Markdown."""
 from __future__ import annotations
 
+import functools
 import io
-import random
 
 from pypdf import PdfReader
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
-from ragline.tasks.chunk import Params, chunk
 from ragline.tasks.convert import Params as ConvertParams, convert
 from ragline.tasks.load import Params as LoadParams, load
 from tests.helpers.layout_pdfs import CAPTION, COLUMNS, FOOTER, HEADER, ROWS, table_report, two_column_report
+from tests.tasks.test_chunk_structure import prose as structure_prose, run
 
 HEAD = "| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|"
 WORDS = "depot parcel route van driver schedule warehouse freight".split()
-
-
-def prose(marker: str, n: int, seed: int = 0) -> str:
-    rng = random.Random(seed)
-    return " ".join(f"{marker} {' '.join(rng.choice(WORDS) for _ in range(rng.randint(5, 10)))}." for _ in range(n))
-
-
-def run(document: Document, embedder, **params):
-    return chunk.fn(documents=[document], params=Params(**params), ctx=StepContext(pipeline="t", step_id="c"),
-                    embedder=embedder)
+prose = functools.partial(structure_prose, words=WORDS)  # the logistics report's vocabulary
 
 
 def body(c) -> str:
