@@ -115,8 +115,24 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def _prefect_get(url: str, attempts: int = 6) -> httpx.Response:
+    """GET from the Prefect API; no answer within 30 s or a 5xx (SQLite busy under the scheduler on a
+    loaded 2-core CI machine) is asked again, as Prefect's own client does; the last answer returned."""
+    for attempt in range(attempts):
+        try:
+            response = httpx.get(url, timeout=30)
+        except httpx.TimeoutException:
+            if attempt == attempts - 1:
+                raise
+            continue
+        if response.status_code < 500 or attempt == attempts - 1:
+            return response
+        time.sleep(1 + attempt)
+    raise AssertionError("unreachable")
+
+
 def _deployment(prefect_api: str, pipeline: str) -> dict:
-    response = httpx.get(f"{prefect_api}/deployments/name/ragline/{pipeline}", timeout=30)
+    response = _prefect_get(f"{prefect_api}/deployments/name/ragline/{pipeline}")
     response.raise_for_status()
     return response.json()
 
@@ -146,10 +162,14 @@ def _wait_flow_run(prefect_api: str, run_id: str, timeout: float = 180) -> dict:
     deadline = time.monotonic() + timeout
     run: dict = {"state": "not read yet"}
     while time.monotonic() < deadline:
-        try:  # a starved Prefect server may answer one poll late: the deadline decides, not one read
-            run = httpx.get(f"{prefect_api}/flow_runs/{run_id}", timeout=30).json()
+        try:  # a starved Prefect server may answer one poll late or with a 5xx: the deadline decides
+            response = httpx.get(f"{prefect_api}/flow_runs/{run_id}", timeout=30)
         except httpx.TimeoutException:
             continue
+        if response.status_code >= 500:
+            time.sleep(1)
+            continue
+        run = response.json()
         if run["state"]["type"] in FINAL:
             return run
         time.sleep(0.5)

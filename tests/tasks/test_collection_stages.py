@@ -36,11 +36,13 @@ QUERIES = """
       - {id: insert, task: insert, with: {max_documents: 1}}
       - {id: answer, task: generate_flare, with: {mode: instruct, k: 2, max_retrievals: 1}}
 """
-DOCS = {  # "harbour" is in every document: max_df 0.5 leaves it out of the feedback terms
+DOCS = {  # "harbour" is in every document: max_df 0.5 leaves it out of the feedback terms. The memos share no
+    # term with FLARE's question, so its first search finds the ferry note alone: two collections' best
+    # passages tie under RRF, and a tie is broken by chunk id (a hash), which is no test of FLARE
     "notes/ferry.md": "# Ferry\n\nThe harbour ferry leaves at dawn; tickets are sold at the pier kiosk.\n",
     "notes/tides.md": "# Tides\n\nHarbour tides peak twice a day; the ferry waits for the high tide.\n",
     "memos/cranes.md": "# Cranes\n\nThe harbour cranes unload containers; crane operators work in shifts.\n",
-    "memos/fees.md": "# Fees\n\nHarbour fees are billed per container and per ferry crossing.\n",
+    "memos/fees.md": "# Fees\n\nHarbour fees are billed per container and per crossing.\n",
 }
 
 
