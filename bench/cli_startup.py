@@ -1,6 +1,7 @@
 """Start-up time of the ragline command as a user runs it (issue 24.5): wall time of the console
 script for `--help`, `validate`, an `index` with nothing changed, and `search` (cold: in-process,
-loading the embedder; and answered by a running `ragline api` of the same project).
+loading the embedder; and answered by a running `ragline api` of the same project); and the peak RSS
+of each variant's process for the cold `search` (issue 38.1).
 
 Each figure is a ratio against a baseline measured in the same run, on the same machine, the
 variants' runs interleaved (medians of ``--repeats``):
@@ -47,14 +48,22 @@ def script(python: str) -> list[str]:
     return [str(Path(python).parent / "ragline")]
 
 
+PEAK_RSS_MB: list[float] = []  # of every process `timed` ran, in order
+
+
 def timed(command: list[str], cwd: Path, env: dict[str, str], repeats: int) -> list[float]:
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()
-        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-        seconds.append(time.perf_counter() - started)
-        if result.returncode not in (0,):
-            raise SystemExit(f"{' '.join(command)} exited {result.returncode}: {result.stderr[-2000:]}")
+        with tempfile.TemporaryFile() as stderr:
+            child = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+            _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS (ru_maxrss, KiB on Linux)
+            seconds.append(time.perf_counter() - started)
+            child.returncode = os.waitstatus_to_exitcode(status)
+            PEAK_RSS_MB.append(usage.ru_maxrss / 1024)
+            if child.returncode != 0:
+                stderr.seek(0)
+                raise SystemExit(f"{' '.join(command)} exited {child.returncode}: {stderr.read()[-2000:].decode()}")
     return seconds
 
 
@@ -111,6 +120,7 @@ def main() -> None:
     env = {**os.environ, "RAGLINE_API_TOKEN": TOKEN, "RAGLINE_START_LLM": "0"}
     env.pop("PREFECT_API_URL", None)
     results: dict[str, dict[str, float]] = {}
+    peaks: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ragline-cli-bench-") as folder:
         root = workspace(Path(folder) / "project", env)
         before_env = {**env, "PYTHONPATH": str(checkout(args.before, Path(folder) / "before"))} if args.before else None
@@ -121,10 +131,14 @@ def main() -> None:
             if before_env:
                 variants["before_s"] = ([sys.executable, "-c", MAIN, *arguments], before_env)
             times: dict[str, list[float]] = {key: [] for key in variants}
+            rss: dict[str, list[float]] = {key: [] for key in variants}
             for _ in range(repeats):  # interleaved (A B C A B C ...): the machine's drift hits every variant alike
                 for key, (command, variant_env) in variants.items():
                     times[key] += timed(command, root, variant_env, 1)
+                    rss[key].append(PEAK_RSS_MB[-1])
             row = {key: median(values) for key, values in times.items()}
+            if name.startswith("search"):
+                peaks[name] = {key.replace("_s", "_mb"): round(statistics.median(values)) for key, values in rss.items()}
             results[name] = {**row, "target_s": target} if target else row
         cold = results["search (cold, in-process)"]["after_s"]
         api = running_api(root, env)
@@ -141,7 +155,12 @@ def main() -> None:
         for label, value in baselines:
             lines.append(f"| {name} | {row['after_s']} | {value} ({label}) | {value / row['after_s']:.1f}x | "
                          f"{'< %g s' % row['target_s'] if row.get('target_s') else ''} |")
-    save("cli_startup", {"repeats": args.repeats, "before": args.before, "results": results})
+    for name, row in peaks.items():
+        for key in ("eager_mb", "before_mb"):
+            if key in row:
+                lines.append(f"| {name}: peak RSS (MB) | {row['after_mb']} | {row[key]} ({key.removesuffix('_mb')}) | "
+                             f"{row[key] / row['after_mb']:.1f}x |  |")
+    save("cli_startup", {"repeats": args.repeats, "before": args.before, "results": results, "peak_rss_mb": peaks})
     publish("cli_startup", lines)
 
 

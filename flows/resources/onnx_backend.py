@@ -9,17 +9,17 @@ tokenizer, pooling and normalisation stay sentence-transformers' own modules, so
 exactly like the torch model.
 
 Exports go to ``$RAGLINE_CACHE_DIR/onnx/<key>/`` (default ``~/.cache/ragline``), never next to
-the model: packaged models live in site-packages, which is not ours to write at run time.
+the model: packaged models live in site-packages, which is not ours to write at run time
+(``onnx_files``; the torch-free query encoder, ``onnx_query``, reads them from there).
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import copy
 import importlib.util
 import json
 import logging
 import os
-import platform
 import shutil
 import tempfile
 import warnings
@@ -28,12 +28,18 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ragline.flows import settings
+from ragline.flows.resources.onnx_files import (  # noqa: F401 - cache_root, cache_dir: this module's API too
+    EXPORT_FORMAT,
+    cache_dir,
+    cache_root,
+    fp32_file,
+    int8_file,
+    quantization_config,
+)
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-EXPORT_FORMAT = 1  # bump when the export or quantisation recipe changes, to invalidate old caches
 ONNX_PIP = 'pip install "onnxruntime>=1.31" "onnx>=1.23"'
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -63,58 +69,28 @@ def _require(package: str) -> None:
                            f"Install it with: {ONNX_PIP}")
 
 
-def cache_root() -> Path:
-    """Folder holding the ONNX exports; RAGLINE_CACHE_DIR overrides ~/.cache/ragline."""
-    base = settings.get("cache_dir")
-    return Path(base).expanduser() / "onnx"
-
-
-def quantization_config() -> str:
-    """optimum's name for the int8 recipe that suits this CPU: VNNI does u8*s8 dot products in one instruction."""
-    if platform.machine().lower() in ("arm64", "aarch64"):
-        return "arm64"
-    flags = _cpu_flags()
-    if "avx512_vnni" in flags:
-        return "avx512_vnni"
-    if "avx512f" in flags and "avx512bw" in flags:
-        return "avx512"
-    return "avx2"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
-def cache_dir(path: str, variant: str) -> Path:
-    """Cache folder keyed by the model's location, its files' sizes and times, and the variant.
-
-    The file stats make a reinstalled or retrained model at the same path re-export instead of
-    serving stale vectors; stat-ing is cheap where hashing 90 MB of weights on every load is not.
-    """
-    source = Path(path)
-    parts = [str(EXPORT_FORMAT), variant, str(source.resolve()) if source.exists() else path]
-    if source.is_dir():
-        parts += [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(source.iterdir()) if f.is_file()]
-    return cache_root() / hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+def export_for_queries(model, path: str) -> Path:
+    """The fp32 export of a loaded torch ``SentenceTransformer`` (the ``torch`` backend's), made once,
+    for the torch-free query encoder (``onnx_query``). Exported from a copy: the export switches the
+    transformer's attention implementation, and the caller keeps encoding documents with ``model``."""
+    target = fp32_file(path)
+    if not target.is_file():
+        _ensure_fp32(copy.deepcopy(model), path)
+    return target
 
 
 def _ensure_fp32(model, path: str) -> Path:
-    final = cache_dir(path, "fp32")
-    _build_once(final, lambda tmp: _export(model, tmp / "model.onnx"), {"source": path, "variant": "fp32"})
-    return final / "model.onnx"
+    target = fp32_file(path)
+    _build_once(target.parent, lambda tmp: _export(model, tmp / target.name), {"source": path, "variant": "fp32"})
+    return target
 
 
-def _ensure_int8(fp32_file: Path, path: str) -> Path:
+def _ensure_int8(source: Path, path: str) -> Path:
     config = quantization_config()
-    name = f"model_qint8_{config}.onnx"
-    final = cache_dir(path, f"qint8_{config}")
-    _build_once(final, lambda tmp: _quantize(fp32_file, tmp / name, config),
+    target = int8_file(path)
+    _build_once(target.parent, lambda tmp: _quantize(source, tmp / target.name, config),
                 {"source": path, "variant": f"qint8_{config}"})
-    return final / name
+    return target
 
 
 def _build_once(final: Path, build: Callable[[Path], None], meta: dict) -> None:

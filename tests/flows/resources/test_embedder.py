@@ -212,8 +212,8 @@ def test_within_one_query_a_text_is_encoded_once_and_no_step_can_change_the_shar
     from ragline.flows.context import QUERY_VECTORS
 
     encoded: list[list[str]] = []
-    original = minilm._encode
-    monkeypatch.setattr(minilm, "_encode", lambda texts: encoded.append(list(texts)) or original(texts))
+    original = minilm._encode_queries  # the query vectors' path (ONNX Runtime or torch, issue 38.1)
+    monkeypatch.setattr(minilm, "_encode_queries", lambda texts: encoded.append(list(texts)) or original(texts))
     token = QUERY_VECTORS.set({})
     try:
         first = minilm.encode_queries(["which mat did the cat pick?"])
