@@ -44,7 +44,7 @@ from ragline.tasks.pseudo_queries import ABBREVIATION, SENTENCE
 
 WORD = regex.compile(r"[\p{L}\p{N}][\p{L}\p{M}\p{N}]*(?:[.,:/'’-][\p{L}\p{N}]+)*")
 HAS_DIGIT = re.compile(r"\d")
-INITIAL = regex.compile(r"(?:^|\s)\p{Lu}\.$")  # 'Niels B.' ends no sentence
+INITIAL = regex.compile(r"(?:^|[\s.])\p{Lu}\.$")  # 'Niels B.' ends no sentence
 INSIDE_CAPITAL = regex.compile(r"(?<=[\p{Ll}\p{N},;:]\s+)\p{Lu}[\p{L}\p{M}'’.-]*")
 TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
 TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-[\s:|-]*\|?\s*$")
@@ -84,7 +84,9 @@ nomination nominations list lists crew cast council member members feature featu
 edition award awards prize prizes season seasons episode episodes release re-release anniversary cut update updates
 trailer news results result rankings ranking standings official officials staff board committee executive chief
 manager head leader captain coach player players star stars actor actress host review reviews guide watch view meet
-see read find learn check join click download live full complete new latest top best official page home""".split())
+see read find learn check join click download live full complete new latest top best official page home year month
+week day championship championships tournament tournaments final finals game games match event ceremony show series
+usd eur gbp am pm pst est gmt utc cet""".split())
 
 # words a question is asked with rather than about: never a reason to refuse when the index lacks them
 ASKING_WORDS = frozenset("""long quickly soon often happened happen happens held hold holds take takes took place
@@ -96,12 +98,11 @@ ORDINALS = ("first second third fourth fifth sixth seventh eighth ninth tenth el
             "fourteenth fifteenth twentieth hundredth").split()
 DETERMINERS = frozenset("the its his her their our your this that".split())
 # qualifiers that pick one of several events, editions or groups: the answering passage must name them
-# ('the women's final', 'the first season'), each by any of its forms
+# ('the women's final', 'the first season'), each by any of its forms. The men's event is left out: it is
+# the one references often leave unmarked ('the ATP year-end No. 1', 'Wimbledon champion').
 QUALIFIERS = {**{o: (o,) for o in ORDINALS},
               **{w: ("women", "woman", "women's", "female", "ladies", "ladies'", "girls", "girls'")
-                 for w in ("women", "women's", "woman", "female", "ladies", "girls")},
-              **{w: ("men", "man", "men's", "male", "gentlemen", "boys", "boys'")
-                 for w in ("men", "men's", "male", "boys")}}
+                 for w in ("women", "women's", "woman", "female", "ladies", "girls")}}
 MONEY_QUESTION = re.compile(r"\b(?:revenue|revenues|price|cost|costs|salary|budget|worth|fee|fees|income|profit|"
                             r"earnings|sales|valuation|net worth)\b", re.I)
 MONEY = re.compile(r"[$€£¥]|\b(?:usd|eur|gbp|chf|jpy|dollars?|euros?|pounds?|yen|billion|million|thousand|bn|trillion)\b",
@@ -120,7 +121,7 @@ QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first tha
     ("date", r"^\s*when\b|\b(?:what|which) (?:year|date|day|month|time)\b|\b(?:release|premiere|launch|start|end|"
              r"due) date\b|\bdate of\b|\bdeadline\b|\bwhen (?:was|is|did|does|will)\b"),
     ("place", r"^\s*where\b|\b(?:which|what) (?:city|country|place|state|venue|stadium|location)\b|\blocation\b"),
-    ("name", r"^\s*(?:who|whom|whose)\b|\b(?:which|what) (?:person|company|team|player|actor|actress|director|"
+    ("name", r"^\s*(?:who|whom|whose)\b|\bname of\b|\b(?:which|what) (?:person|company|team|player|actor|actress|director|"
              r"movie|film|country|club|firm|band|author)\b"),
 )
 
@@ -190,10 +191,16 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     kind = question_type(question)
     references = "\n".join(d.passage.text for d in context.documents)  # what counts as an ordinary word
     typed = [u for u in units if set_value(u, kind, question, references)] if kind else units
-    typed = naming(typed, [k for k in keys if HAS_DIGIT.search(k)] + qualifiers(question))
-    if not typed:
-        return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and units
-                       else "no sentence of the references speaks to the question", keys)
+    constraints = [k for k in keys if HAS_DIGIT.search(k)] + qualifiers(question)
+    if not (named := naming(typed, constraints, question)):
+        return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and not typed
+                       else "no sentence of the references speaks to the question" if not typed
+                       else f"no sentence in the references gives {TYPE_WORDS.get(kind, 'an answer')} together with "
+                            f"{', '.join(constraints)}", keys)
+    others = {id(u): elsewhere(u.scored, question) if kind in ("date", "name", "place") else None for u in named}
+    if not (typed := [u for u in named if not others[id(u)]]):
+        return refusal(f"the references speak of {', '.join(dict.fromkeys(o for o in others.values() if o))}, not of "
+                       f"what the question names", keys)
     typed = score_units(question, typed, kind, params, embedder, sparse)
     best = max(typed, key=lambda u: u.score)
     if best.score < params.min_score:
@@ -201,6 +208,42 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
                        f"{params.min_score:.2f}: \"{clipped(best.text)}\" [{best.document.number}])", keys,
                        confidence=best.score)
     return answered(best, typed, keys, params)
+
+
+def elsewhere(text: str, question: str) -> str | None:
+    """The other edition a sentence speaks of where it names the question's subject only with a number
+    the question does not hold: 'Zelda BotW 2', 'Season 5', 'Wimbledon 2019' for a question on 'Zelda',
+    'season 4', 'Wimbledon in 2021'. A name of the question is a capitalised word of it or a word before
+    its number ('season 4'); the sentence names it, at each of its mentions, followed by such a number.
+    None: the sentence speaks of what the question names (or does not name it)."""
+    tokens = words(question)
+    numbers = {t for t in tokens if HAS_DIGIT.search(t)}
+    subject = {t for i, t in enumerate(tokens) if not HAS_DIGIT.search(t) and t.lower() not in FUNCTION and (
+        i > 0 and t[:1].isupper() or i + 1 < len(tokens) and HAS_DIGIT.search(tokens[i + 1]))}
+    for name in subject:
+        mentions_of = [m for m in regex.finditer(rf"(?<![\p{{L}}\p{{N}}]){regex.escape(name)}(?:['’]s)?(?![\p{{L}}\p{{N}}])",
+                                                text, regex.I)]
+        extended = []
+        for m in mentions_of:
+            after = regex.match(r"[™®]?[ \t]+([\p{L}\p{N}][\p{L}\p{M}\p{N}]*(?:[.'’-][\p{L}\p{N}]+)*)", text[m.end():])
+            word = after.group(1) if after else ""
+            if word and HAS_DIGIT.search(word) and word not in numbers and not CLOCK.fullmatch(word):
+                extended.append(text[m.start():m.end() + after.end()])
+            else:
+                break
+        else:
+            if extended:
+                return extended[0]
+    return None
+
+
+def numbered_names(question: str) -> dict[str, list[str]]:
+    """The question's whole numbers that belong to a name, with that name's word: {'6': ['Pixel']}."""
+    found: dict[str, list[str]] = {}
+    for match in regex.finditer(r"(?<![\p{L}\p{N}])(\p{Lu}[\p{L}\p{M}]+)[™®]?\s+(\d{1,3})(?![\p{L}\p{N}.,])", question):
+        if match.group(1) not in CAPITALISED_FUNCTION:
+            found.setdefault(match.group(2), []).append(match.group(1))
+    return found
 
 
 def unmentioned(question: str, keys: list[str], context: Context, sparse: BM25Index | None) -> list[str]:
@@ -258,15 +301,18 @@ def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
     return [k for k, ts in zip(candidates, terms) if total and ts and all(frequencies.get(t, 0) == 0 for t in ts)]
 
 
-def naming(units: list[Unit], numbers: list[str]) -> list[Unit]:
+def naming(units: list[Unit], numbers: list[str], question: str = "") -> list[Unit]:
     """The units that name every number and qualifier of the question: in the sentence itself where
     some do, else with the sentence before it ('It was released on ...') or its title, else anywhere
-    in the passage."""
+    in the passage. The number of a name ('Pixel 6', 'Chronicles 2') may be named by that name alone
+    ('the Pixel Fall Launch event'), once some reference names the number: a passage on the other
+    edition names its own number, and ``elsewhere`` leaves its sentences out."""
     if not numbers:
         return units
+    alternatives = {n: [n, *numbered_names(question).get(n, [])] for n in numbers}
     for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before + " " + u.title,
                   lambda u: u.document.passage.text):
-        found = [u for u in units if all(names(where(u), n) for n in numbers)]
+        found = [u for u in units if all(any(names(where(u), a) for a in alternatives[n]) for n in numbers)]
         if found:
             return found
     return []
@@ -295,7 +341,7 @@ def split_units(document: ContextDocument) -> list[Unit]:
     def flush() -> None:
         nonlocal block, previous
         if block is not None:
-            for start, end in sentence_spans(text[block[0]:block[1]]):
+            for start, end in labelled(text[block[0]:block[1]], sentence_spans(text[block[0]:block[1]])):
                 units.append(Unit(document, block[0] + start, block[0] + end,
                                   scored=" ".join(text[block[0] + start:block[0] + end].split()), before=previous))
                 previous = units[-1].scored
@@ -339,6 +385,27 @@ def titled(units: list[Unit]) -> list[Unit]:
             continue
         unit.title = title
     return units
+
+
+LABEL_WORDS = 3
+
+
+def labelled(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sentences with a label of a few words before them joined to it: 'Release date. December 1, 2017'
+    (a field of a search snippet or a data sheet). A date alone before a sentence is not joined: that is
+    the date of the page ('Oct 19, 2021 ... Google announced ...'), not of what the sentence tells."""
+    joined: list[tuple[int, int]] = []
+    pending: int | None = None
+    for start, end in spans:
+        if pending is not None:
+            start, pending = pending, None
+        if len(words(text[start:end])) <= LABEL_WORDS and not HAS_DIGIT.search(text[start:end]):
+            pending = start
+            continue
+        joined.append((start, end))
+    if pending is not None:
+        joined.append((pending, spans[-1][1]))
+    return joined
 
 
 def stripped(text: str, start: int, end: int) -> tuple[int, int]:
@@ -421,7 +488,8 @@ def set_value(unit: Unit, kind: str, question: str, references: str = "") -> boo
         new = [w for w, s in zip(value_words, stem_words(" ".join(value_words)))
                if s not in asked and plain(w) not in asked]
         if kind in ("name", "place") and (len(new) < len(value_words) or initials(value_words) in asked
-                                          or all(descriptive(w) for w in value_words)):
+                                          or all(descriptive(w) for w in value_words)
+                                          or len("".join(value_words)) < 2):
             continue  # 'NFL Commissioners', 'United States' for 'US', 'Crew List': what was asked, or no name
         if new and fits(unit.text[start:end], kind, question):
             unit.value = (unit.start + start, unit.start + end)
@@ -448,7 +516,13 @@ def initials(value_words: list[str]) -> str:
 def descriptive(word: str) -> bool:
     """A word that says what someone or something is, not who or where: a role, a kind, a number word
     ('Chairman', 'Finalists', 'Four')."""
-    return word.lower() in DESCRIPTIVE or word.lower() in NUMERAL_WORDS or word.isdigit()
+    return word.lower() in DESCRIPTIVE or word.lower() in NUMERAL_WORDS or word.isdigit() or \
+        stem_words(word)[:1] in ([s] for s in descriptive_stems())
+
+
+@lru_cache(maxsize=1)
+def descriptive_stems() -> frozenset[str]:
+    return frozenset(stemmer().stemWords(sorted(DESCRIPTIVE)))
 
 
 def fits(value: str, kind: str, question: str) -> bool:
@@ -511,6 +585,8 @@ def name_spans(text: str, passage: str = "") -> list[tuple[int, int]]:
     spans = []
     for match in NAME.finditer(text):
         tokens = [(m.start() + match.start(), m.end() + match.start()) for m in WORD.finditer(match.group())]
+        ends = [i for i, (a, b) in enumerate(tokens[:-1]) if text[b:b + 1] == "." and b - a > 3]
+        tokens = tokens[:ends[0] + 1] if ends else tokens  # 'Forbes. Retrieved': a word and its full stop end it
         ordinary = lambda span: not acronym(text[span[0]:span[1]]) and (  # noqa: E731
             text[span[0]:span[1]] in CAPITALISED_FUNCTION or text[span[0]:span[1]].lower() in lowered
             or text[span[0]:span[1]].lower() in CALENDAR)
@@ -522,7 +598,8 @@ def name_spans(text: str, passage: str = "") -> list[tuple[int, int]]:
             continue
         first = text[tokens[0][0]:tokens[0][1]]
         at_start = not text[:tokens[0][0]].strip(" \t\"'“‘([*#-")
-        if at_start and len(tokens) == 1 and first not in inside and not acronym(first):
+        if at_start and len(tokens) == 1 and first not in inside and not acronym(first) \
+                and not re.match(r"\s*(?:,|['’]s\b|\()", text[tokens[0][1]:]):  # 'Musk, the founder': a name
             continue
         if at_start and acronym(first) and len(first) > 3 and text[tokens[0][1]:tokens[0][1] + 1] == ",":
             continue  # a dateline
