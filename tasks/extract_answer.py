@@ -129,7 +129,7 @@ QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first tha
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    min_score: float = Field(0.51, ge=0, le=1, description="refuse when the best sentence scores below this "
+    min_score: float = Field(0.54, ge=0, le=1, description="refuse when the best sentence scores below this "
                                                             "(placed without labels, from pseudo-queries)")
     max_sentences: int = Field(1, ge=1, le=5, description="sentences in the answer: the best, then those of "
                                                           "other passages that state the same value")
@@ -303,15 +303,14 @@ def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
 
 def naming(units: list[Unit], numbers: list[str], question: str = "") -> list[Unit]:
     """The units that name every number and qualifier of the question: in the sentence itself where
-    some do, else with the sentence before it ('It was released on ...') or its title, else anywhere
-    in the passage. The number of a name ('Pixel 6', 'Chronicles 2') may be named by that name alone
-    ('the Pixel Fall Launch event'), once some reference names the number: a passage on the other
+    some do, else with the sentence before it ('It was released on ...') or its title; not elsewhere in
+    the passage (a snippet on the 2019 final mentions 2021 in passing). The number of a name ('Pixel
+    6', 'Chronicles 2') may be named by that name alone ('the Pixel Fall Launch event'), once some reference names the number: a passage on the other
     edition names its own number, and ``elsewhere`` leaves its sentences out."""
     if not numbers:
         return units
     alternatives = {n: [n, *numbered_names(question).get(n, [])] for n in numbers}
-    for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before + " " + u.title,
-                  lambda u: u.document.passage.text):
+    for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before + " " + u.title):
         found = [u for u in units if all(any(names(where(u), a) for a in alternatives[n]) for n in numbers)]
         if found:
             return found
