@@ -44,6 +44,8 @@ from ragline.tasks.pseudo_queries import ABBREVIATION, SENTENCE
 
 WORD = regex.compile(r"[\p{L}\p{N}][\p{L}\p{M}\p{N}]*(?:[.,:/'’-][\p{L}\p{N}]+)*")
 HAS_DIGIT = re.compile(r"\d")
+INITIAL = regex.compile(r"(?:^|[\s.])\p{Lu}\.$")  # 'Niels B.' ends no sentence
+INSIDE_CAPITAL = regex.compile(r"(?<=[\p{Ll}\p{N},;:]\s+)\p{Lu}[\p{L}\p{M}'’.-]*")
 TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
 TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-[\s:|-]*\|?\s*$")
 HEADING = re.compile(r"^\s*#{1,6}\s")
@@ -69,15 +71,48 @@ FUNCTION = frozenset("""a an the of in on at to for from by with about into over
 are be been being do does did has have had will would can could should shall may might must it its this that these
 those there here what which who whom whose when where why how i you he she we they me him her us them my your his our
 their not no yes so than then also just only very more most much many some any all each every both either other""".split())
-CALENDAR = frozenset(MONTHS) | frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
-CAPITALISED_FUNCTION = frozenset(w.capitalize() for w in FUNCTION) | {"According", "After", "Before", "During",
-                                                                      "Since", "Today", "Yesterday", "However"}
+CALENDAR = frozenset(MONTHS) | frozenset("monday tuesday wednesday thursday friday saturday sunday spring summer "
+                                         "autumn fall winter".split())
+CAPITALISED_FUNCTION = frozenset(w.capitalize() for w in FUNCTION) | {
+    "According", "After", "Before", "During", "Since", "Today", "Yesterday", "However", "While", "Although", "Though",
+    "Because", "Unless", "Until", "Whereas", "Meanwhile", "Here", "Now", "Also", "Still", "Yet"}
+# words a headline or a snippet capitalises that name a role, a kind of thing or a part of a page, not
+# who or where: a value made only of them ('Chairman', 'Crew List', 'Four Finalists') is no name
+DESCRIPTIVE = frozenset("""chairman chairwoman chair director directors president vice ceo cfo coo cto founder
+co-founder owner winner winners champion champions finalist finalists semifinalist semifinalists nominee nominees
+nomination nominations list lists crew cast council member members feature features film films movie movies musical
+edition award awards prize prizes season seasons episode episodes release re-release anniversary cut update updates
+trailer news results result rankings ranking standings official officials staff board committee executive chief
+manager head leader captain coach player players star stars actor actress host review reviews guide watch view meet
+see read find learn check join click download live full complete new latest top best official page home year month
+week day championship championships tournament tournaments final finals game games match event ceremony show series
+usd eur gbp am pm pst est gmt utc cet""".split())
 
 # words a question is asked with rather than about: never a reason to refuse when the index lacks them
 ASKING_WORDS = frozenset("""long quickly soon often happened happen happens held hold holds take takes took place
 need needs used mean means work works called named kind type exactly usually typically allowed possible required
 require requires give gives given says said tell told know find found list describe explain name happening done
 make makes doing going become became version versions date year time number amount""".split())
+
+ORDINALS = ("first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth thirteenth "
+            "fourteenth fifteenth twentieth hundredth").split()
+DETERMINERS = frozenset("the its his her their our your this that".split())
+# qualifiers that pick one of several events, editions or groups: the answering passage must name them
+# ('the women's final', 'the first season'), each by any of its forms. The men's event is left out: it is
+# the one references often leave unmarked ('the ATP year-end No. 1', 'Wimbledon champion').
+QUALIFIERS = {**{o: (o,) for o in ORDINALS},
+              **{w: ("women", "woman", "women's", "female", "ladies", "ladies'", "girls", "girls'")
+                 for w in ("women", "women's", "woman", "female", "ladies", "girls")}}
+MONEY_QUESTION = re.compile(r"\b(?:revenue|revenues|price|cost|costs|salary|budget|worth|fee|fees|income|profit|"
+                            r"earnings|sales|valuation|net worth)\b", re.I)
+MONEY = re.compile(r"[$€£¥]|\b(?:usd|eur|gbp|chf|jpy|dollars?|euros?|pounds?|yen|billion|million|thousand|bn|trillion)\b",
+                   re.I)
+YEAR_ONLY = re.compile(r"(?:1[0-9]|20)\d{2}")
+CALENDAR_DATE = re.compile(rf"\b(?:{MONTH}|\d{{4}}-\d{{2}}-\d{{2}}|\d{{1,2}}/\d{{1,2}}/\d{{2,4}})", re.I)
+ASKS_YEAR = re.compile(r"\b(?:year|decade|century)\b", re.I)
+ASKS_DAY = re.compile(r"\b(?:date|day)\b", re.I)
+URL = re.compile(r"\bhttps?://[^\s<>\"')\]]+|\b(?:localhost|\d{1,3}(?:\.\d{1,3}){3}):\d+\b[^\s<>\"')\]]*")
+PATH = re.compile(r"(?<![\w/])(?:~|\.{1,2})?/(?:[\w.-]+/)*[\w.-]+/?|\b[\w.-]+/(?:[\w.-]+/)+[\w.-]*")
 
 QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first that matches
     ("number", r"\bhow (?:many|much|long|old|far|often)\b|\b(?:which|what) (?:\w+ )?version\b|"
@@ -86,7 +121,7 @@ QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first tha
     ("date", r"^\s*when\b|\b(?:what|which) (?:year|date|day|month|time)\b|\b(?:release|premiere|launch|start|end|"
              r"due) date\b|\bdate of\b|\bdeadline\b|\bwhen (?:was|is|did|does|will)\b"),
     ("place", r"^\s*where\b|\b(?:which|what) (?:city|country|place|state|venue|stadium|location)\b|\blocation\b"),
-    ("name", r"^\s*(?:who|whom|whose)\b|\b(?:which|what) (?:person|company|team|player|actor|actress|director|"
+    ("name", r"^\s*(?:who|whom|whose)\b|\bname of\b|\b(?:which|what) (?:person|company|team|player|actor|actress|director|"
              r"movie|film|country|club|firm|band|author)\b"),
 )
 
@@ -94,7 +129,7 @@ QUESTION_TYPES = (  # (type, pattern on the lower-cased question): the first tha
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    min_score: float = Field(0.51, ge=0, le=1, description="refuse when the best sentence scores below this "
+    min_score: float = Field(0.54, ge=0, le=1, description="refuse when the best sentence scores below this "
                                                             "(placed without labels, from pseudo-queries)")
     max_sentences: int = Field(1, ge=1, le=5, description="sentences in the answer: the best, then those of "
                                                           "other passages that state the same value")
@@ -118,7 +153,9 @@ class Unit:
     end: int
     scored: str  # what is embedded and matched: the sentence, or the row with its table's header
     before: str = ""  # the sentence before it in its passage (its subject is often named there)
+    title: str = ""  # the heading it stands under, or the passage's title line ('Watching runs')
     value: tuple[int, int] | None = None  # the answering value, offsets in the passage text
+    heading: bool = False
     parts: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -154,10 +191,16 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     kind = question_type(question)
     references = "\n".join(d.passage.text for d in context.documents)  # what counts as an ordinary word
     typed = [u for u in units if set_value(u, kind, question, references)] if kind else units
-    typed = naming(typed, [k for k in keys if HAS_DIGIT.search(k)])
-    if not typed:
-        return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and units
-                       else "no sentence of the references speaks to the question", keys)
+    constraints = [k for k in keys if HAS_DIGIT.search(k)] + qualifiers(question)
+    if not (named := naming(typed, constraints, question)):
+        return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and not typed
+                       else "no sentence of the references speaks to the question" if not typed
+                       else f"no sentence in the references gives {TYPE_WORDS.get(kind, 'an answer')} together with "
+                            f"{', '.join(constraints)}", keys)
+    others = {id(u): elsewhere(u.scored, question) if kind in ("date", "name", "place") else None for u in named}
+    if not (typed := [u for u in named if not others[id(u)]]):
+        return refusal(f"the references speak of {', '.join(dict.fromkeys(o for o in others.values() if o))}, not of "
+                       f"what the question names", keys)
     typed = score_units(question, typed, kind, params, embedder, sparse)
     best = max(typed, key=lambda u: u.score)
     if best.score < params.min_score:
@@ -167,6 +210,42 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
     return answered(best, typed, keys, params)
 
 
+def elsewhere(text: str, question: str) -> str | None:
+    """The other edition a sentence speaks of where it names the question's subject only with a number
+    the question does not hold: 'Zelda BotW 2', 'Season 5', 'Wimbledon 2019' for a question on 'Zelda',
+    'season 4', 'Wimbledon in 2021'. A name of the question is a capitalised word of it or a word before
+    its number ('season 4'); the sentence names it, at each of its mentions, followed by such a number.
+    None: the sentence speaks of what the question names (or does not name it)."""
+    tokens = words(question)
+    numbers = {t for t in tokens if HAS_DIGIT.search(t)}
+    subject = {t for i, t in enumerate(tokens) if not HAS_DIGIT.search(t) and t.lower() not in FUNCTION and (
+        i > 0 and t[:1].isupper() or i + 1 < len(tokens) and HAS_DIGIT.search(tokens[i + 1]))}
+    for name in subject:
+        mentions_of = [m for m in regex.finditer(rf"(?<![\p{{L}}\p{{N}}]){regex.escape(name)}(?:['’]s)?(?![\p{{L}}\p{{N}}])",
+                                                text, regex.I)]
+        extended = []
+        for m in mentions_of:
+            after = regex.match(r"[™®]?[ \t]+([\p{L}\p{N}][\p{L}\p{M}\p{N}]*(?:[.'’-][\p{L}\p{N}]+)*)", text[m.end():])
+            word = after.group(1) if after else ""
+            if word and HAS_DIGIT.search(word) and word not in numbers and not CLOCK.fullmatch(word):
+                extended.append(text[m.start():m.end() + after.end()])
+            else:
+                break
+        else:
+            if extended:
+                return extended[0]
+    return None
+
+
+def numbered_names(question: str) -> dict[str, list[str]]:
+    """The question's whole numbers that belong to a name, with that name's word: {'6': ['Pixel']}."""
+    found: dict[str, list[str]] = {}
+    for match in regex.finditer(r"(?<![\p{L}\p{N}])(\p{Lu}[\p{L}\p{M}]+)[™®]?\s+(\d{1,3})(?![\p{L}\p{N}.,])", question):
+        if match.group(1) not in CAPITALISED_FUNCTION:
+            found.setdefault(match.group(2), []).append(match.group(1))
+    return found
+
+
 def unmentioned(question: str, keys: list[str], context: Context, sparse: BM25Index | None) -> list[str]:
     """The question's key terms no reference holds: a number, date or version (in digits or, up to
     twelve, in words: 'season 4' is the 'fourth season'), and, by the index's own statistics, a name
@@ -174,9 +253,18 @@ def unmentioned(question: str, keys: list[str], context: Context, sparse: BM25In
     do not speak of ('Plover 3.13', 'SAML'). A name the index knows but these references lack is
     not refused here: the references may call it otherwise ('the third quarter' for 'Q3')."""
     texts = [d.passage.text for d in context.documents]
-    numbers = [k for k in keys if HAS_DIGIT.search(k)]
-    missing = [k for k in numbers if not any(names(t, k) for t in texts)]
+    constraints = [k for k in keys if HAS_DIGIT.search(k)] + qualifiers(question)
+    missing = [k for k in constraints if not any(names(t, k) for t in texts)]
     return missing + [k for k in unknown_words(keys, sparse) if k not in missing]
+
+
+def qualifiers(question: str) -> list[str]:
+    """The question's words that pick one of several editions, events or groups: an ordinal after a
+    determiner ('the first season': not 'first released') and a gender ('women's singles'), as written."""
+    tokens = words(question)
+    found = [t for i, t in enumerate(tokens) if t.lower() in QUALIFIERS and (
+        t.lower() not in ORDINALS or i > 0 and (tokens[i - 1].lower() in DETERMINERS or tokens[i - 1].endswith("'s")))]
+    return list(dict.fromkeys(found))
 
 
 SPELLED = {str(n): (cardinal, ordinal) for n, (cardinal, ordinal) in enumerate(zip(
@@ -192,8 +280,11 @@ def spelled(text: str, number: str) -> bool:
     return number in SPELLED and any(re.search(rf"\b{w}\b", text, re.I) for w in SPELLED[number])
 
 
-def names(text: str, number: str) -> bool:
-    return mentions(text, number) or spelled(text, number)
+def names(text: str, term: str) -> bool:
+    """Whether ``text`` names a number (in digits or words) or a qualifier (in any of its forms)."""
+    if forms := QUALIFIERS.get(term.lower()):
+        return any(mentions(text, form) for form in forms)
+    return mentions(text, term) or spelled(text, term)
 
 
 def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
@@ -210,13 +301,17 @@ def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
     return [k for k, ts in zip(candidates, terms) if total and ts and all(frequencies.get(t, 0) == 0 for t in ts)]
 
 
-def naming(units: list[Unit], numbers: list[str]) -> list[Unit]:
-    """The units that name every number of the question: in the sentence itself where some do, else
-    with the sentence before it ('It was released on ...'), else anywhere in the passage."""
+def naming(units: list[Unit], numbers: list[str], question: str = "") -> list[Unit]:
+    """The units that name every number and qualifier of the question: in the sentence itself where
+    some do, else with the sentence before it ('It was released on ...') or its title; not elsewhere in
+    the passage (a snippet on the 2019 final mentions 2021 in passing). The number of a name ('Pixel
+    6', 'Chronicles 2') may be named by that name alone ('the Pixel Fall Launch event'), once some reference names the number: a passage on the other
+    edition names its own number, and ``elsewhere`` leaves its sentences out."""
     if not numbers:
         return units
-    for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before, lambda u: u.document.passage.text):
-        found = [u for u in units if all(names(where(u), n) for n in numbers)]
+    alternatives = {n: [n, *numbered_names(question).get(n, [])] for n in numbers}
+    for where in (lambda u: u.scored, lambda u: u.scored + " " + u.before + " " + u.title):
+        found = [u for u in units if all(any(names(where(u), a) for a in alternatives[n]) for n in numbers)]
         if found:
             return found
     return []
@@ -245,7 +340,7 @@ def split_units(document: ContextDocument) -> list[Unit]:
     def flush() -> None:
         nonlocal block, previous
         if block is not None:
-            for start, end in sentence_spans(text[block[0]:block[1]]):
+            for start, end in labelled(text[block[0]:block[1]], sentence_spans(text[block[0]:block[1]])):
                 units.append(Unit(document, block[0] + start, block[0] + end,
                                   scored=" ".join(text[block[0] + start:block[0] + end].split()), before=previous))
                 previous = units[-1].scored
@@ -269,13 +364,47 @@ def split_units(document: ContextDocument) -> list[Unit]:
             flush()
             if HEADING.match(line):  # a heading is a unit of its own ('Quillstack 5.2 (released 14 March 2025)')
                 start, end = stripped(text, line_start + len(HEADING.match(line).group()), line_start + len(line))
-                units.append(Unit(document, start, end, scored=text[start:end], before=previous))
+                units.append(Unit(document, start, end, scored=text[start:end], before=previous, heading=True))
                 previous = text[start:end]
             if not line.strip() or HEADING.match(line):
                 continue
         block = (block[0] if block else line_start, line_start + len(line))
     flush()
+    return titled(units)
+
+
+def titled(units: list[Unit]) -> list[Unit]:
+    """Each unit with the heading above it: a Markdown heading, or a first line that reads as a title
+    (a few words, no sentence's end: 'Watching runs')."""
+    title = ""
+    for i, unit in enumerate(units):
+        if unit.heading or i == 0 and len(words(unit.scored)) <= 8 and not unit.scored.rstrip().endswith((".", "!", "?")) \
+                and not TABLE_ROW.match(unit.text):
+            title = unit.scored
+            continue
+        unit.title = title
     return units
+
+
+LABEL_WORDS = 3
+
+
+def labelled(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sentences with a label of a few words before them joined to it: 'Release date. December 1, 2017'
+    (a field of a search snippet or a data sheet). A date alone before a sentence is not joined: that is
+    the date of the page ('Oct 19, 2021 ... Google announced ...'), not of what the sentence tells."""
+    joined: list[tuple[int, int]] = []
+    pending: int | None = None
+    for start, end in spans:
+        if pending is not None:
+            start, pending = pending, None
+        if len(words(text[start:end])) <= LABEL_WORDS and not HAS_DIGIT.search(text[start:end]):
+            pending = start
+            continue
+        joined.append((start, end))
+    if pending is not None:
+        joined.append((pending, spans[-1][1]))
+    return joined
 
 
 def stripped(text: str, start: int, end: int) -> tuple[int, int]:
@@ -288,14 +417,15 @@ def stripped(text: str, start: int, end: int) -> tuple[int, int]:
 
 def sentence_spans(line: str) -> list[tuple[int, int]]:
     """(start, end) of each sentence of one line, split as the pseudo-queries split them (not after
-    e.g., et al. and the like)."""
+    e.g., et al. and the like), nor after a name's initial ('CEO Niels B. Christiansen')."""
     spans: list[tuple[int, int]] = []
     cursor = 0
     for gap in [*SENTENCE.finditer(line), None]:
         end = gap.start() if gap is not None else len(line)
         start, stop = stripped(line, cursor, end)
         if stop > start:
-            if spans and ABBREVIATION.search(line[spans[-1][0]:spans[-1][1]]):
+            if spans and (ABBREVIATION.search(line[spans[-1][0]:spans[-1][1]])
+                          or INITIAL.search(line[spans[-1][0]:spans[-1][1]])):
                 spans[-1] = (spans[-1][0], stop)
             else:
                 spans.append((start, stop))
@@ -345,22 +475,67 @@ def mentions(text: str, term: str) -> bool:
 # ----------------------------------------------------------------------------- values of the asked type
 def set_value(unit: Unit, kind: str, question: str, references: str = "") -> bool:
     """Find the first value of ``kind`` in the unit's own text that says something the question does
-    not (a name is trimmed of the question's own words at its edges); record it (passage offsets)
-    and say whether there was one."""
-    asked = set(stem_words(question)) | {w.lower() for w in words(question)}
+    not (a name is trimmed of the question's own words at its edges) and fits what the question asks
+    (see ``fits``); record it (passage offsets) and say whether there was one."""
+    asked = asked_words(question)
     for start, end in value_spans(unit.text, kind, references or unit.document.passage.text):
         if kind in ("name", "place"):
             start, end = trimmed(unit.text, start, end, asked)
         value_words = [w for w in words(unit.text[start:end]) if w.lower() not in FUNCTION or acronym(w)]
         if not value_words:
             continue
-        new = [w for w, s in zip(value_words, stem_words(" ".join(value_words))) if s not in asked]
-        if kind in ("name", "place") and len(new) < len(value_words):
-            continue  # 'NFL Commissioners and Presidents': part of what was asked, not its answer
-        if new:
+        new = [w for w, s in zip(value_words, stem_words(" ".join(value_words)))
+               if s not in asked and plain(w) not in asked]
+        if kind in ("name", "place") and (len(new) < len(value_words) or initials(value_words) in asked
+                                          or all(descriptive(w) for w in value_words)
+                                          or len("".join(value_words)) < 2):
+            continue  # 'NFL Commissioners', 'United States' for 'US', 'Crew List': what was asked, or no name
+        if new and fits(unit.text[start:end], kind, question):
             unit.value = (unit.start + start, unit.start + end)
             return True
     return False
+
+
+def asked_words(question: str) -> set[str]:
+    """The question's words as the value test compares them: stems, lower-cased words, and words
+    without their dots ('U.S.' is 'us')."""
+    return set(stem_words(question)) | {w.lower() for w in words(question)} | {plain(w) for w in words(question)}
+
+
+def plain(word: str) -> str:
+    return word.replace(".", "").lower()
+
+
+def initials(value_words: list[str]) -> str:
+    """'United States' -> 'us': a name the question wrote as its initials."""
+    capitals = [w for w in value_words if w[:1].isupper()]
+    return "".join(w[0] for w in capitals).lower() if len(capitals) > 1 else ""
+
+
+def descriptive(word: str) -> bool:
+    """A word that says what someone or something is, not who or where: a role, a kind, a number word
+    ('Chairman', 'Finalists', 'Four')."""
+    return word.lower() in DESCRIPTIVE or word.lower() in NUMERAL_WORDS or word.isdigit() or \
+        stem_words(word)[:1] in ([s] for s in descriptive_stems())
+
+
+@lru_cache(maxsize=1)
+def descriptive_stems() -> frozenset[str]:
+    return frozenset(stemmer().stemWords(sorted(DESCRIPTIVE)))
+
+
+def fits(value: str, kind: str, question: str) -> bool:
+    """Whether a value of ``kind`` answers what this question asks: an amount of money where it asks a
+    revenue, price or cost; a date finer than a year where it asks when (a year only where it asks the
+    year) and a calendar date where it asks the date or day (not a time of day or a period)."""
+    if kind == "number" and MONEY_QUESTION.search(question):
+        return MONEY.search(value) is not None
+    if kind == "date":
+        if YEAR_ONLY.fullmatch(value.strip()):
+            return ASKS_YEAR.search(question) is not None
+        if ASKS_DAY.search(question):
+            return CALENDAR_DATE.search(value) is not None
+    return True
 
 
 def trimmed(text: str, start: int, end: int, asked: set[str]) -> tuple[int, int]:
@@ -370,7 +545,7 @@ def trimmed(text: str, start: int, end: int, asked: set[str]) -> tuple[int, int]
     def known(span: tuple[int, int]) -> bool:
         word = text[span[0]:span[1]]
         return word.lower() in asked or word.lower() in FUNCTION and not acronym(word) or stem_words(word)[:1] == [] or \
-            stem_words(word)[0] in asked
+            stem_words(word)[0] in asked or plain(word) in asked
     while tokens and known(tokens[0]):
         tokens.pop(0)
     while tokens and known(tokens[-1]):
@@ -380,7 +555,8 @@ def trimmed(text: str, start: int, end: int, asked: set[str]) -> tuple[int, int]
 
 def value_spans(text: str, kind: str, passage: str = "") -> list[tuple[int, int]]:
     """Where values of ``kind`` stand in ``text``: a date (or a time of day, or a period: 'within 30
-    days'), a number (digits or a number word), else a name."""
+    days'), a number (digits or a number word), a place (a name, or a web address or a path: where
+    software is reached), else a name."""
     if kind == "date":
         return sorted([m.span() for m in DATE.finditer(text)] + [m.span() for m in CLOCK.finditer(text)]
                       + [m.span() for m in PERIOD.finditer(text)])
@@ -389,18 +565,27 @@ def value_spans(text: str, kind: str, passage: str = "") -> list[tuple[int, int]
         return sorted([m.span() for m in AMOUNT.finditer(text) if HAS_DIGIT.search(m.group())
                        and not any(a <= m.start() < b for a, b in dates)]  # the 9 of '9 December 2024' counts nothing
                       + [m.span() for m in NUMBER_WORD.finditer(text)])
+    if kind == "place":
+        addresses = [m.span() for m in URL.finditer(text)]
+        addresses += [m.span() for m in PATH.finditer(text) if not any(a <= m.start() < b for a, b in addresses)]
+        return sorted(name_spans(text, passage) + addresses)
     return name_spans(text, passage)
 
 
 def name_spans(text: str, passage: str = "") -> list[tuple[int, int]]:
     """Capitalised runs, trimmed of the words at their edges that are not names: a capitalised
-    function word ('The', 'In'), a weekday or month, an ordinary word the passage also writes in lower
-    case ('Critical incidents' where 'critical' occurs, 'Meet the new CEO', 'Films based on ...');
-    a run with nothing left, or one letter, is no name."""
+    function word ('The', 'In'), a weekday, month or season, an ordinary word the passage also writes
+    in lower case ('Critical incidents' where 'critical' occurs, 'Meet the new CEO', 'Films based on
+    ...'); a run with nothing left, one letter or no capital letter ('December 31' less the month), a
+    lone word that only a sentence's start capitalises ('View maps ...', where the references never
+    write 'View' inside a sentence) and a dateline ('COPENHAGEN, Denmark —') are no names."""
     lowered = {w for w in words(passage) if w.islower()}
+    inside = capitalised_inside(passage)
     spans = []
     for match in NAME.finditer(text):
         tokens = [(m.start() + match.start(), m.end() + match.start()) for m in WORD.finditer(match.group())]
+        ends = [i for i, (a, b) in enumerate(tokens[:-1]) if text[b:b + 1] == "." and b - a > 3]
+        tokens = tokens[:ends[0] + 1] if ends else tokens  # 'Forbes. Retrieved': a word and its full stop end it
         ordinary = lambda span: not acronym(text[span[0]:span[1]]) and (  # noqa: E731
             text[span[0]:span[1]] in CAPITALISED_FUNCTION or text[span[0]:span[1]].lower() in lowered
             or text[span[0]:span[1]].lower() in CALENDAR)
@@ -408,9 +593,23 @@ def name_spans(text: str, passage: str = "") -> list[tuple[int, int]]:
             tokens.pop(0)
         while tokens and ordinary(tokens[-1]):
             tokens.pop()
-        if tokens and tokens[-1][1] - tokens[0][0] > 1:
-            spans.append((tokens[0][0], tokens[-1][1]))
+        if not tokens or tokens[-1][1] - tokens[0][0] <= 1 or not any(text[a].isupper() for a, _ in tokens):
+            continue
+        first = text[tokens[0][0]:tokens[0][1]]
+        at_start = not text[:tokens[0][0]].strip(" \t\"'“‘([*#-")
+        if at_start and len(tokens) == 1 and first not in inside and not acronym(first) \
+                and not re.match(r"\s*(?:,|['’]s\b|\()", text[tokens[0][1]:]):  # 'Musk, the founder': a name
+            continue
+        if at_start and acronym(first) and len(first) > 3 and text[tokens[0][1]:tokens[0][1] + 1] == ",":
+            continue  # a dateline
+        spans.append((tokens[0][0], tokens[-1][1]))
     return spans
+
+
+@lru_cache(maxsize=256)
+def capitalised_inside(passage: str) -> frozenset[str]:
+    """Words the passage capitalises inside a sentence (after a lower-case word or a comma): names."""
+    return frozenset(m.group().rstrip(".'’-") for m in INSIDE_CAPITAL.finditer(passage))
 
 
 def acronym(word: str) -> bool:
@@ -496,10 +695,11 @@ def term_weights(question: str, texts: list[str], sparse: BM25Index | None) -> d
 
 
 def coverage(unit: Unit, weights: dict[str, float]) -> float:
-    """The IDF-weighted share of the question's content stems in the unit (or the sentence before it)."""
+    """The IDF-weighted share of the question's content stems in the unit (or the sentence before it,
+    or its title)."""
     if not weights:
         return 0.0
-    held = set(stem_words(unit.scored)) | {s for s in stem_words(unit.before)}
+    held = set(stem_words(unit.scored)) | set(stem_words(unit.before)) | set(stem_words(unit.title))
     total = sum(weights.values())
     return sum(w for t, w in weights.items() if t in held) / total if total else 0.0
 
