@@ -206,3 +206,41 @@ pipelines:
     answer = run(load_project(path).pipeline("p"), QUESTION)
     assert answer.answered_by == "evidence" and "27 days of paid annual leave" in answer.text
     assert answer.evidence is not None and answer.evidence.spans[0].text in answer.sources[0].passage
+
+
+REGATTA = ("The Harwick regatta of 2023 was won by the Osprey crew. "
+           "In the women's race of the Harwick regatta 2024, the Kittiwake crew finished first.")
+FERRY = ("# Ferry Line 4\n\nThe Ferry Line 5 timetable starts on 2 March 2026. "
+         "Ferry Line 4 leaves from the north pier.")
+REVENUE = ("Tallis Foods reported 14 stores in the region. "
+           "Tallis Foods posted annual revenue of 212 million euros in 2025.")
+SNIPPET = "Launch date. 17 June 2025. The Corvid board game sold out within a week."
+
+
+def test_a_qualifier_the_question_names_must_be_named_by_the_sentence(minilm):
+    """'the women's race': a sentence on the other race of that year is no answer."""
+    answer = ask(minilm, "Who won the women's race of the Harwick regatta 2023?", REGATTA)
+    assert answer.refused, answer.text
+    answered = ask(minilm, "Who won the women's race of the Harwick regatta 2024?", REGATTA)
+    assert not answered.refused and "Kittiwake" in answered.value, answered
+
+
+def test_a_sentence_on_another_numbered_edition_is_no_answer(minilm):
+    answer = ask(minilm, "When does the Line 4 timetable start?", FERRY)
+    assert answer.refused, answer.text  # only Line 5's date is given
+    assert "Line 5" in answer.reason
+
+
+def test_a_question_on_money_is_answered_by_an_amount_of_money(minilm):
+    answer = ask(minilm, "What was the revenue of Tallis Foods in 2025?", REVENUE)
+    assert not answer.refused and answer.value.startswith("212 million"), answer  # not '14 stores'
+    assert ask(minilm, "What was the revenue of Tallis Foods in 2025?", REVENUE.split(". ")[0] + ".").refused
+
+
+def test_a_field_label_joins_its_value():
+    """A snippet's 'Launch date. 17 June 2025.' is one unit: the label says what the date is."""
+    from ragline.tasks.extract_answer import split_units
+
+    [document] = context(SNIPPET).documents
+    assert [u.text for u in split_units(document)] == ["Launch date. 17 June 2025.",
+                                                       "The Corvid board game sold out within a week."]
