@@ -154,6 +154,7 @@ class Unit:
     scored: str  # what is embedded and matched: the sentence, or the row with its table's header
     before: str = ""  # the sentence before it in its passage (its subject is often named there)
     title: str = ""  # the heading it stands under, or the passage's title line ('Watching runs')
+    header: str = ""  # a table row's header row
     value: tuple[int, int] | None = None  # the answering value, offsets in the passage text
     heading: bool = False
     parts: dict[str, float] = field(default_factory=dict)
@@ -190,7 +191,7 @@ def evidence_answer(question: str, context: Context, params: Params, embedder: E
              and (len(words(u.scored)) >= params.min_words or TABLE_ROW.match(u.text))]
     kind = question_type(question)
     references = "\n".join(d.passage.text for d in context.documents)  # what counts as an ordinary word
-    typed = [u for u in units if set_value(u, kind, question, references)] if kind else units
+    typed = [u for u in units if set_value(u, kind, question, references) or not kind]  # a row: its asked cell
     constraints = [k for k in keys if HAS_DIGIT.search(k)] + qualifiers(question)
     if not (named := naming(typed, constraints, question)):
         return refusal(f"no sentence in the references gives {TYPE_WORDS[kind]} for the question" if kind and not typed
@@ -357,7 +358,7 @@ def split_units(document: ContextDocument) -> list[Unit]:
                 header = line
                 continue
             start, end = stripped(text, line_start, line_start + len(line))
-            units.append(Unit(document, start, end, scored=row_text(header, line), before=previous))
+            units.append(Unit(document, start, end, scored=row_text(header, line), before=previous, header=header))
             continue
         header = ""
         if not line.strip() or HEADING.match(line) or LIST_ITEM.match(line):
@@ -433,6 +434,25 @@ def sentence_spans(line: str) -> list[tuple[int, int]]:
     return spans
 
 
+def cell_spans(row: str) -> list[tuple[int, int]]:
+    """(start, end) of each cell's text inside a Markdown table row, trimmed of spaces."""
+    bars = [i for i, c in enumerate(row) if c == "|"]
+    return [stripped(row, a + 1, b) for a, b in zip(bars, bars[1:])]
+
+
+def column_cell(unit: Unit, asked: set[str]) -> tuple[int, int] | None:
+    """The cell (offsets in the row) under the header that shares most words with the question, its
+    value not one the question already holds; None where no header is named."""
+    names, spans = cells(unit.header), cell_spans(unit.text)
+    best, chosen = 0, None
+    for name, (start, end) in zip(names, spans):
+        named = {w for w in stem_words(name) if w not in FUNCTION} & asked
+        value = unit.text[start:end]
+        if len(named) > best and value and not set(stem_words(value)) <= asked:
+            best, chosen = len(named), (start, end)
+    return chosen
+
+
 def cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip().strip("|").split("|")]
 
@@ -473,11 +493,20 @@ def mentions(text: str, term: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- values of the asked type
-def set_value(unit: Unit, kind: str, question: str, references: str = "") -> bool:
+def set_value(unit: Unit, kind: str | None, question: str, references: str = "") -> bool:
     """Find the first value of ``kind`` in the unit's own text that says something the question does
     not (a name is trimmed of the question's own words at its edges) and fits what the question asks
-    (see ``fits``); record it (passage offsets) and say whether there was one."""
+    (see ``fits``); record it (passage offsets) and say whether there was one. A table row answers
+    with the cell of the column the question names ('vans' -> the Vans column), where it names one."""
     asked = asked_words(question)
+    if unit.header and (cell := column_cell(unit, asked)) is not None:
+        value = unit.text[cell[0]:cell[1]]
+        if kind is None or kind == "name" or (kind == "number" and HAS_DIGIT.search(value)) \
+                or value_spans(value, kind):
+            unit.value = (unit.start + cell[0], unit.start + cell[1])
+            return True
+    if kind is None:
+        return False
     for start, end in value_spans(unit.text, kind, references or unit.document.passage.text):
         if kind in ("name", "place"):
             start, end = trimmed(unit.text, start, end, asked)

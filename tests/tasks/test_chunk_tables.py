@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import io
 
+import pytest
 from pypdf import PdfReader
 
 from ragline.flows.context import StepContext
@@ -77,3 +78,33 @@ def test_a_small_table_stays_whole_and_a_long_one_repeats_its_header(minilm):
     assert all(len(minilm.tokenizer(c.text, add_special_tokens=False)["input_ids"]) <= 96 for c in chunks)
     found = "\n".join(c.text for c in depots)
     assert all("| " + " | ".join(row) + " |" in found for row in ROWS[:30])
+
+
+@pytest.mark.integration  # real ingestion: PDF, Chroma, BM25, the shipped ask_extractive
+@pytest.mark.parametrize("question, column", [("How many vans does Depot 42 have?", 3),
+                                              ("What is the on-time rate of Depot 42?", 2),
+                                              ("How many parcels per day does Depot 57 handle?", 1)])
+def test_a_question_on_a_pdf_table_is_answered_by_the_cell_of_its_row_and_column_citing_its_page(
+        tmp_path, question, column):
+    """Issue 35.3: the row the question names, the cell of the column it names, the page it is printed on."""
+    from ragline.flows.run import engine
+    from ragline.flows.spec.compile import load_project
+    from tests.helpers.data import REPO
+
+    data = table_report()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "review.pdf").write_bytes(data)
+    (tmp_path / "prompts").symlink_to(REPO / "prompts")
+    (tmp_path / "pipelines.yaml").write_text((REPO / "pipelines.yaml").read_text().replace(
+        "paths: [samples/docs]", "paths: [docs]"))
+    project = load_project(tmp_path / "pipelines.yaml", tuned=False)
+    engine.run(project.pipeline("index"), orchestrate=False)
+    answer = engine.run(project.pipeline("ask_extractive"), {"query": question}, orchestrate=False)
+
+    depot = next(w for w in question.split() if w.rstrip("?").isdigit()).rstrip("?")
+    row = next(r for r in ROWS if r[0] == f"Depot {depot}")
+    assert answer.answered_by == "evidence" and answer.evidence.value == row[column], answer.text
+    pages = [page.extract_text() for page in PdfReader(io.BytesIO(data)).pages]
+    page = next(n for n, text in enumerate(pages, start=1) if row[0] + " " in text)
+    [source] = answer.sources
+    assert (source.page_start, source.page_end) == (page, page) and source.source_id.endswith("review.pdf")
