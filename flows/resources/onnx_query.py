@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ragline.flows.errors import RaglineError
 from ragline.flows.resources.chunking_tokenizer import load_chunking_tokenizer
 from ragline.flows.resources.onnx_files import fp32_file, int8_file
 
@@ -42,7 +43,7 @@ LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "m
 OUTPUT_NAMES = ("last_hidden_state", "token_embeddings")
 
 
-class Unsupported(Exception):
+class Unsupported(RaglineError):
     """Why this model's queries cannot be encoded here (the embedder's own backend encodes them)."""
 
 

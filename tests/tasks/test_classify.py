@@ -199,8 +199,8 @@ def test_ask_routed_embeds_the_question_once(company_indexed, minilm, monkeypatc
     of the question for the whole request (issue: it was embedded by `route` and again by `dense`)."""
     question = "How many days of paid annual leave does a new employee get in the first year?"
     encoded: list[str] = []
-    original = minilm._encode
-    monkeypatch.setattr(minilm, "_encode", lambda texts: encoded.extend(texts) or original(texts))
+    original = minilm._encode_queries  # the torch-free encoder's or the model's: every query text passes here
+    monkeypatch.setattr(minilm, "_encode_queries", lambda texts: encoded.extend(texts) or original(texts))
     with ScriptedLLM(reply) as llm:
         monkeypatch.setenv("RAGLINE_LLM_BASE_URL", llm.base_url)
         project = load_project(company_indexed / "pipelines.yaml", tuned=False)
