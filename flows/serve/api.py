@@ -60,14 +60,13 @@ from ragline.flows.errors import ConfigError
 from ragline.flows.serve.discovery import published
 from ragline.flows.serve.metrics import INDEXES, metrics_router
 from ragline.flows.serve.oidc import OidcConfig
-from ragline.flows.serve.principals import Authenticator, query_collections, reading_groups
+from ragline.flows.serve.principals import Authenticator, scope_query
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.openai_api import openai_router
 from ragline.flows.serve.catalog import catalog_router
 from ragline.flows.serve.feedback import FEEDBACK_BODY_BYTES, feedback_router
 from ragline.flows.serve.query_service import (
     ANSWER_ID_HEADER,
-    access_for,
     ApiError,
     CHECK_TIMEOUT_SECONDS,
     DEFAULT_MAX_QUESTION_CHARS,
@@ -116,17 +115,15 @@ def query_router(service: QueryService) -> APIRouter:
         try:
             service.check_question(body.question, "question", 422)
             pipeline = service.pipeline(body.pipeline, stream=body.stream)
-            principal, searched = query_collections(request, pipeline, body.collections)
+            query = {"text": body.question, "history": [t.model_dump() for t in body.history],
+                     "filters": body.filters}
+            principal = scope_query(request, pipeline, query, body.collections)
             if body.stream and not service.answers(body.pipeline):
                 raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
                                     f"text; stream an answer pipeline or leave stream false", param="stream",
                                code="stream_not_supported")
         except ApiError as exc:
             return exc.response()
-        query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters,
-                 "access": access_for(reading_groups(principal))}  # set here only: the body cannot carry it
-        if searched is not None:
-            query["collections"] = searched  # what was asked, within what the principal may query
         answer_id = service.new_answer_id()
         if body.stream:
             return EventSourceResponse(_sse_query(service, pipeline, query, rid, answer_id, principal.id),
