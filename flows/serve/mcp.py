@@ -21,7 +21,9 @@ principal may not read is never found, and a refusal does not say whether it exi
 the client sends a progress token; a client's cancellation stops a generating run at its next token.
 """
 import asyncio
+import io
 import json
+import os
 import threading
 import types
 import uuid
@@ -30,11 +32,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import quote, unquote
 
+import anyio
 import mcp_types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, Field, ValidationError
@@ -60,7 +64,7 @@ from ragline.flows.serve.query_service import ApiError, Outcome, QueryRequest, Q
 MCP_PATH = "/mcp"
 SCHEME = "ragline"
 MAX_LISTED = 1000  # documents one list_documents call or one resources/list page names
-ARGUMENT_NAMES = {"question": "query", "top_k": "k"}  # QueryRequest's fields as search names them
+SEARCH_NAMES = {"question": "query", "top_k": "k"}  # QueryRequest's fields as the search tool names them
 
 
 # ----------------------------------------------------------------------------- results
@@ -215,15 +219,16 @@ class Tools:
 
     # -- search and ask
     def body(self, pipeline: str | None, default: str, answers: bool, **fields: Any) -> QueryRequest:
-        """The request ``/v1/query`` would get, validated by the same model (errors name the MCP argument)."""
+        """The request ``/v1/query`` would get, validated by the same model (errors name the tool's argument)."""
         name = pipeline or self.default_pipeline(default, answers)
         try:
             body = QueryRequest(pipeline=name, **{k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
             error = exc.errors()[0]
             field = ".".join(str(p) for p in error["loc"])
-            field = ARGUMENT_NAMES.get(field, field)
-            raise ApiError(422, f"field '{field}': {error['msg']}", param=field) from None
+            field = SEARCH_NAMES.get(field, field) if not answers else field
+            message = error["msg"].removeprefix("Value error, ")
+            raise ApiError(422, f"field '{field}': {message}", param=field) from None
         self.service.pipeline(body.pipeline)  # 404/400 naming the field
         if self.service.answers(body.pipeline) != answers:
             kind = ("answers", "an answering") if not answers else ("returns passages", "a passage")
@@ -616,8 +621,73 @@ def serve_stdio(project_path: str, *, data_dir: str | None = None, warm_up: bool
     if warm_up:
         threading.Thread(target=service.warm_up, name="ragline-mcp-warm-up", daemon=True).start()
     try:
-        mcp_server(service, operator_request).run("stdio")
+        anyio.run(_stdio, mcp_server(service, operator_request))
     finally:
         service.close()
         close_resources()
+
+
+async def _stdio(server: MCPServer) -> None:
+    """The SDK's stdio transport on the process's own stdin and stdout, with the wire claimed first
+    (fd 0 reads nothing, fd 1 is stderr: a stray print never corrupts the protocol) and every line
+    the SDK would drop answered (``Lines``)."""
+    wire_in = io.TextIOWrapper(os.fdopen(os.dup(0), "rb"), encoding="utf-8", errors="replace")
+    wire_out = Out(anyio.wrap_file(io.TextIOWrapper(os.fdopen(os.dup(1), "wb"), encoding="utf-8")))
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async runs, on our streams
+    async with stdio_server(Lines(anyio.wrap_file(wire_in), wire_out), wire_out) as (read, write):
+        await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
+
+class Out:
+    """stdout shared by the SDK's writer and ``Lines``: one whole line at a time."""
+
+    def __init__(self, file: Any):
+        self.file, self.lock = file, anyio.Lock()
+
+    async def write(self, text: str) -> None:
+        async with self.lock:
+            await self.file.write(text)
+            await self.file.flush()
+
+    async def flush(self) -> None:
+        pass  # each write flushed its line
+
+
+class Lines:
+    """stdin for the SDK's reader. A line it cannot parse (not JSON, a lone surrogate its parser
+    refuses) it drops without an answer, and its client waits for ever: such a line is answered
+    here with a JSON-RPC error (the request's id when it has one, the field at fault) and not passed on."""
+
+    def __init__(self, lines: Any, out: Out):
+        self.lines, self.out = lines, out
+
+    async def __aiter__(self):
+        async for line in self.lines:
+            error = refusal(line)
+            if error is None:
+                yield line
+            else:
+                await self.out.write(json.dumps(error) + "\n")
+
+
+def refusal(line: str) -> dict[str, Any] | None:
+    """The JSON-RPC error for a line the SDK cannot read (None: it can)."""
+    try:
+        mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return None
+    except ValidationError:
+        pass
+    try:
+        message = json.loads(line)
+    except ValueError as exc:
+        return {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"not JSON: {exc}"}}
+    number = message.get("id") if isinstance(message, dict) else None
+    try:
+        check_json(line.encode("utf-8", "surrogatepass"))
+        problem = ApiError(400, "not a JSON-RPC 2.0 message (jsonrpc, id, method, params)")
+    except BodyProblem as exc:
+        problem = ApiError(422, exc.message, param=exc.field, code=exc.code)
+    return {**rpc_error(problem), "id": number if isinstance(number, int | str) else None}
 
