@@ -198,6 +198,7 @@ class Tools:
         self.project = service.project
         self.shelves = shelves(self.project)
         self.documents = catalogue(self.project)
+        self.homes: dict[str, str] = {}
 
     # -- callers and their rights
     def principal(self, ctx: Context) -> Principal:
@@ -279,8 +280,10 @@ class Tools:
 
     def home(self, pipeline: str) -> str:
         """The collection of a pipeline's passages that do not say theirs (a file without collections)."""
-        names = sorted({s.name for s in self.shelves.values()} & _read_by(self.project, pipeline))
-        return names[0] if names else ""
+        if pipeline not in self.homes:
+            names = sorted(set(self.shelves) & _read_by(self.project, pipeline))
+            self.homes[pipeline] = names[0] if names else ""
+        return self.homes[pipeline]
 
     # -- reading the index state
     def passage(self, principal: Principal, chunk_id: str) -> Hit:
