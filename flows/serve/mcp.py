@@ -578,7 +578,7 @@ def _instructions(tools: Tools, local: bool) -> str:
 
 
 # ----------------------------------------------------------------------------- HTTP and stdio
-class Endpoint:
+class McpEndpoint:
     """``/mcp`` behind the guard: the session a request opens belongs to its principal (the SDK
     answers 404 to the session id sent with another credential), then the SDK's transport."""
 
@@ -597,8 +597,8 @@ class Endpoint:
         await self.app(scope, receive, send)
 
 
-def http_endpoint(service: QueryService) -> Endpoint:
-    return Endpoint(mcp_server(service, http_request))
+def http_endpoint(service: QueryService) -> McpEndpoint:
+    return McpEndpoint(mcp_server(service, http_request))
 
 
 RPC_CODES = {400: -32602, 413: -32602, 422: -32602, 401: -32600, 403: -32600, 404: -32600}
