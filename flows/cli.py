@@ -1,4 +1,4 @@
-"""The `ragline` command: validate, index, search, eval, tune, run, quickstart, feedback export, report."""
+"""The `ragline` command: validate, index, search, eval, tune, run, quickstart, api, serve, mcp, feedback export, report."""
 from __future__ import annotations
 
 import argparse
@@ -196,6 +196,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
+    _start_llm_flag(p)
+
+    p = command("mcp", _mcp, "Serve the project to an MCP client over stdio (Claude Desktop, Cursor): tools search, "
+                             "ask, list_collections, get_passage, list_documents and documents as resources, as the "
+                             "local operator (every collection and document). Over HTTP: /mcp of `api` and `serve`.")
     _start_llm_flag(p)
 
     p = command("serve", _serve, "Serve every pipeline as a Prefect deployment (schedules included) plus the "
@@ -959,6 +964,15 @@ def _api(args) -> int:
     return 0
 
 
+def _mcp(args) -> int:
+    from ragline.flows.serve.mcp import serve_stdio
+
+    with contextlib.ExitStack() as stack:  # stdout is the protocol's: every line of ours goes to stderr
+        _api_llms(_project(args), args.start_llm, stack, command="ragline mcp")
+        serve_stdio(args.file, data_dir=args.data_dir)
+    return 0
+
+
 def _token(args) -> str | None:
     from ragline.flows import settings
 
@@ -1083,14 +1097,14 @@ def _packaged_llms(project, enabled: bool, pipelines=None, required: bool = True
         yield servers
 
 
-def _api_llms(project, enabled: bool, stack: contextlib.ExitStack) -> None:
+def _api_llms(project, enabled: bool, stack: contextlib.ExitStack, command: str = "ragline api") -> None:
     """`ragline api`'s LLMs, as `serve`'s: the packaged one started in the background and supervised
     (/readyz reports it until it answers); any other endpoint that is down is one line, and the API
     serves search meanwhile."""
     from ragline.flows.ops.llm_server import ManagedLLM, PACKAGED_MODEL, should_start
 
     def say(line: str) -> None:
-        print(printable(f"ragline api: {line}"), file=sys.stderr, flush=True)
+        print(printable(f"{command}: {line}"), file=sys.stderr, flush=True)
 
     for base_url, model in sorted(_llm_endpoints(project)):
         if _accepts_connections(base_url):

@@ -106,6 +106,10 @@ class RaglineSettings(BaseSettings):
                                         "converted (checked between pages, slides, paragraphs, rows), and one "
                                         "document to be chunked (checked between chunks); past it the document is "
                                         "skipped with the reason and the run goes on")
+    mcp_search_pipeline: str = Field("search", description="the query pipeline the MCP `search` tool runs when the "
+                                     "call names none (`ragline mcp`, `/mcp`): one that returns passages")
+    mcp_ask_pipeline: str = Field("ask", description="the query pipeline the MCP `ask` tool runs when the call names "
+                                  "none: one that answers (`ask_extractive` needs no LLM)")
     failpoints: str = Field("", description="crash-safety tests only: `name[:n],...` kills the process the n-th "
                                             "time it reaches a named point")
     metrics: Flag = Field(True, description="record Prometheus metrics and serve them at `/metrics` of the API "

@@ -60,14 +60,14 @@ from ragline.flows.errors import ConfigError
 from ragline.flows.serve.discovery import published
 from ragline.flows.serve.metrics import INDEXES, metrics_router
 from ragline.flows.serve.oidc import OidcConfig
-from ragline.flows.serve.principals import Authenticator, query_collections, reading_groups
+from ragline.flows.serve.principals import Authenticator, scope_query
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.openai_api import openai_router
 from ragline.flows.serve.catalog import catalog_router
 from ragline.flows.serve.feedback import FEEDBACK_BODY_BYTES, feedback_router
+from ragline.flows.serve.mcp import MCP_PATH, http_endpoint, rpc_error
 from ragline.flows.serve.query_service import (
     ANSWER_ID_HEADER,
-    access_for,
     ApiError,
     CHECK_TIMEOUT_SECONDS,
     DEFAULT_MAX_QUESTION_CHARS,
@@ -116,17 +116,15 @@ def query_router(service: QueryService) -> APIRouter:
         try:
             service.check_question(body.question, "question", 422)
             pipeline = service.pipeline(body.pipeline, stream=body.stream)
-            principal, searched = query_collections(request, pipeline, body.collections)
+            query = {"text": body.question, "history": [t.model_dump() for t in body.history],
+                     "filters": body.filters}
+            principal = scope_query(request, pipeline, query, body.collections)
             if body.stream and not service.answers(body.pipeline):
                 raise ApiError(400, f"field 'stream': pipeline '{body.pipeline}' returns passages, not generated "
                                     f"text; stream an answer pipeline or leave stream false", param="stream",
                                code="stream_not_supported")
         except ApiError as exc:
             return exc.response()
-        query = {"text": body.question, "history": [t.model_dump() for t in body.history], "filters": body.filters,
-                 "access": access_for(reading_groups(principal))}  # set here only: the body cannot carry it
-        if searched is not None:
-            query["collections"] = searched  # what was asked, within what the principal may query
         answer_id = service.new_answer_id()
         if body.stream:
             return EventSourceResponse(_sse_query(service, pipeline, query, rid, answer_id, principal.id),
@@ -325,6 +323,7 @@ class Guard:
                     span.set_attributes({"http.route": route, "http.response.status_code": seen["status"]})
 
     async def _handle(self, scope: dict, receive: Callable, send: Callable, rid: str, seen: dict) -> None:
+        rpc = _under(scope["path"], MCP_PATH)  # an MCP client reads a refusal as a JSON-RPC error
         if self.auth.needs_thread(scope["headers"]):  # a JWT: its issuer's keys may have to be fetched
             verdict = await asyncio.to_thread(self.auth.authenticate, scope["headers"])
         else:
@@ -332,25 +331,27 @@ class Guard:
         principal = verdict.principal
         scope.setdefault("state", {}).update(request_id=rid, authorized=principal is not None, principal=principal)
         if not verdict.required and (refusal := foreign_host(scope["headers"], self.allowed_origins)):
-            return await _reply(send, ApiError(403, refusal[1], code=refusal[0]))
+            return await _reply(send, ApiError(403, refusal[1], code=refusal[0]), rpc=rpc)
         protected = any(_under(scope["path"], p) for p in self.protected) and scope["method"] != "OPTIONS"
         if principal is None and protected:
             why = verdict.refusal or "missing or wrong bearer token"
             return await _reply(send, ApiError(401, f"{why} (send `Authorization: Bearer <API key or token>`)",
-                                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
+                                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}),
+                                rpc=rpc)
         if protected and any(_under(scope["path"], p) for p in self.admin_only) and not principal.may("admin"):
             return await _reply(send, ApiError(403, f"forbidden: this credential lacks scope 'admin' needed to read "
-                                                    f"{scope['path'][:100]}", "permission_error", code="forbidden"))
+                                                    f"{scope['path'][:100]}", "permission_error", code="forbidden"),
+                                rpc=rpc)
         body = await self._read_body(scope, receive)
         if body is None:  # the client left before sending its whole body: nothing to answer
             return
         if isinstance(body, ApiError):
-            return await _reply(send, body, close=True)
+            return await _reply(send, body, close=True, rpc=rpc)
         if body and _json_request(scope):
             try:
                 check_json(body)
             except BodyProblem as problem:
-                return await _reply(send, _body_error(problem, scope["path"]))
+                return await _reply(send, _body_error(problem, scope["path"]), rpc=rpc)
         started = False
 
         async def replay() -> dict:
@@ -372,7 +373,7 @@ class Guard:
             log.error("request %s (%s %s) failed", rid, scope["method"], scope["path"], exc_info=exc)
             if started:
                 raise  # too late for a response: the server closes the connection
-            await _reply(send, internal_error(rid))
+            await _reply(send, internal_error(rid), rpc=rpc)
 
     async def _read_body(self, scope: dict, receive: Callable) -> bytes | ApiError | None:
         """The whole body, a 413 as soon as it is known to be too large (declared or sent), or None
@@ -445,8 +446,8 @@ def _tagged(send: Callable, rid: str, seen: dict, traceparent: str | None = None
     return tagged
 
 
-async def _reply(send: Callable, error: ApiError, close: bool = False) -> None:
-    body = json.dumps(error.body()).encode()
+async def _reply(send: Callable, error: ApiError, close: bool = False, rpc: bool = False) -> None:
+    body = json.dumps(rpc_error(error) if rpc else error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     if close:  # the rest of an oversized body is never read
@@ -532,12 +533,15 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     if max_question_chars < 1:
         raise ValueError(f"max_question_chars must be at least 1, got {max_question_chars}")
     service = QueryService(project, max_concurrent_runs=max_concurrent_runs, max_question_chars=max_question_chars)
+    mcp = http_endpoint(service)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if warm_up:
             await asyncio.to_thread(service.warm_up)
         INDEXES.watch(id(service), project)  # its index gauges in /metrics while it serves
-        yield
+        async with mcp.manager.run():  # MCP sessions live while the app serves
+            yield
         INDEXES.watch(id(service), None)
         service.close()
 
@@ -551,6 +555,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     app.include_router(catalog_router(service), dependencies=secured)
     for router in routers:
         app.include_router(router, dependencies=secured)
+    app.add_route(MCP_PATH, mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)  # streamable HTTP
     app.include_router(health_router(service, require_prefect))
     app.include_router(page_router())
     metrics = settings.get("metrics")
@@ -562,7 +567,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     private_metrics = ("/metrics",) if metrics and not settings.get("metrics_public") else ()
     body_limits = {"/v1/feedback": min(FEEDBACK_BODY_BYTES, max_body_bytes), **(body_limits or {})}
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_origins=cors_origins,
-                       protected=("/v1", *DOC_PATHS, *private_metrics), admin_only=private_metrics,
+                       protected=("/v1", MCP_PATH, *DOC_PATHS, *private_metrics), admin_only=private_metrics,
                        body_limits=body_limits, auth=authenticator(project, token))
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware

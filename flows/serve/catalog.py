@@ -35,12 +35,13 @@ def catalog_router(service: QueryService) -> APIRouter:
             raise ApiError(403, f"forbidden: this credential lacks "
                                 f"{principal.missing('query', list(project.collections))}",
                            "permission_error", code="forbidden")
-        return CollectionList(collections=[_info(project, c) for c in readable])
+        return CollectionList(collections=[collection_info(project, c) for c in readable])
 
     return router
 
 
-def _info(project, collection) -> CollectionInfo:
+def collection_info(project, collection) -> CollectionInfo:
+    """A named collection with its description and its index state's document and chunk counts."""
     description = project.pipelines[collection.pipeline].spec.description or ""
     states = [own for own in collection.resources.values() if project.spec.resources[own].type == "index_state"]
     documents = chunks = 0

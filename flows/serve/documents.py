@@ -262,6 +262,12 @@ class _Catalogue:
         raise ApiError(404, f"no document '{document_id[:200]}'", param="id", code="document_not_found")
 
 
+def catalogue(project: Any) -> _Catalogue:
+    """The documents of a compiled project as ``GET /v1/documents`` lists them (read-only): for a
+    surface without ingestion runs of its own (MCP's ``list_documents`` and resources)."""
+    return _Catalogue(_Runs(project))
+
+
 # ----------------------------------------------------------------------------- ingestion runs
 @dataclass
 class _Trigger:

@@ -36,8 +36,8 @@ from ragline.flows.contracts import Source
 from ragline.flows.serve.query_service import ANSWER_ID_HEADER, ERRORS, STREAM_HEADERS, ApiError, EarlyEvidence, Outcome
 from ragline.flows.serve.query_service import QueryService
 from ragline.flows.serve.query_service import request_id, sse
-from ragline.flows.serve.query_service import access_for, estimate_tokens
-from ragline.flows.serve.principals import may_query, principal_of, query_collections, reading_groups
+from ragline.flows.serve.query_service import estimate_tokens
+from ragline.flows.serve.principals import may_query, principal_of, query_collections, scope_query
 from ragline.flows.resources.filters import FilterError, validate
 
 WITHDRAWN = "\n\n[Verification withdrew the text above.] "
@@ -144,12 +144,9 @@ def openai_router(service: QueryService) -> APIRouter:
         rid = request_id(request)
         try:
             pipeline, query = _parse(service, body)
-            principal, searched = query_collections(request, pipeline, body.collections)
+            principal = scope_query(request, pipeline, query, body.collections)
         except ApiError as exc:
             return exc.response()
-        query["access"] = access_for(reading_groups(principal))  # set here only: the body cannot carry it
-        if searched is not None:
-            query["collections"] = searched
         reply = Reply(body, query)
         answer_id = service.new_answer_id()
         if body.stream:

@@ -31,7 +31,7 @@ from ragline.flows.contracts import PipelineKind
 from ragline.flows.run.check import indexes
 from ragline.flows.serve.keys import SCOPES, KeyStore, keys_file
 from ragline.flows.serve.oidc import JwtVerifier, OidcConfig, TokenRefused, looks_like_jwt
-from ragline.flows.serve.query_service import ApiError
+from ragline.flows.serve.query_service import ApiError, access_for
 
 ALL = "*"
 Kind = Literal["key", "jwt", "legacy-token", "local"]
@@ -146,6 +146,17 @@ def query_collections(request: Any, pipeline: Any, requested: list[str] | None) 
         raise ApiError(403, f"forbidden: this credential lacks {principal.missing('query', known)} (pipeline "
                             f"'{pipeline.name}')", "permission_error", code="forbidden")
     return principal, readable
+
+
+def scope_query(request: Any, pipeline: Any, query: dict[str, Any], requested: list[str] | None) -> Principal:
+    """The request's principal, with what it may read set on ``query``: its document access and the
+    named collections it searches (``query_collections``). Every surface that runs a query (``/v1/query``,
+    the OpenAI route, MCP) scopes it here, and only here: a body can never carry ``access``."""
+    principal, searched = query_collections(request, pipeline, requested)
+    query["access"] = access_for(reading_groups(principal))
+    if searched is not None:
+        query["collections"] = searched  # what was asked, within what the principal may query
+    return principal
 
 
 def may_query(principal: Principal, pipeline: Any) -> bool:

@@ -1,12 +1,16 @@
 """Document access through the HTTP API (issue 19 items 3 and 5): API keys with groups, a real
 uvicorn server, real embeddings, Chroma and BM25. Whatever a key asks, through `/v1/query` (JSON
 and streamed) or `/v1/chat/completions` (streamed), with or without its own filter, no passage,
-citation or stream frame carries a document its groups may not read; the query log names who asked."""
+citation or stream frame carries a document its groups may not read; nor does any MCP tool result,
+resource or progress notification (`/mcp`); the query log names who asked."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import anyio
 import httpx
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,9 +18,12 @@ from hypothesis import strategies as st
 from ragline.flows.resources import clear_cache
 from ragline.flows.serve.keys import KeyStore, keys_file
 from ragline.flows.serve.service import api_app
+from ragline.flows.spec.compile import load_project
 from tests.helpers.access_site import citing_llm, index_site, site_yaml, write_notes, write_pipelines
 from tests.helpers.api_harness import running
 from tests.helpers.query_log import logged_entry
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 pytestmark = pytest.mark.integration
 
@@ -123,6 +130,60 @@ def test_no_response_or_frame_carries_a_document_the_key_may_not_read(served, ke
         assert frames[-1] == "data: [DONE]"
         for frame in frames:
             assert folders_in(frame) <= readable(groups), (groups, frame[:300])
+
+
+@pytest.fixture(scope="module")
+def chunk_ids(project) -> list[str]:
+    return sorted(load_project(project).resource("state").chunk_ids())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(groups=st.sampled_from([frozenset(), frozenset(["hr"]), frozenset(["eng"]), frozenset(["legal"]),
+                               frozenset(["eng", "legal"])]),
+       words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
+       client_filter=st.sampled_from([None, {"chunk": {"$gte": 0}}, {"ragline_acl.hr": True}]),
+       chunk=st.integers(min_value=0, max_value=11))
+def test_no_mcp_result_resource_or_progress_carries_a_document_the_key_may_not_read(served, keys, chunk_ids, groups,
+                                                                                    words, client_filter, chunk):
+    """The same property over MCP: search, ask (and its progress notifications), get_passage of any
+    chunk, list_documents, the resource list and a read of every document."""
+    shown: list[str] = []
+
+    async def progress(done, total, message):
+        shown.append(message)
+
+    async def go():
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {keys[groups]}"},
+                                      timeout=httpx2.Timeout(30, read=300)) as http:
+            async with streamable_http_client(f"{served}/mcp", http_client=http) as (read, write):
+                async with ClientSession(read, write) as client:
+                    await client.initialize()
+                    arguments = {"query": " ".join(words), "k": 40}
+                    if client_filter is not None:
+                        arguments["filters"] = client_filter
+                    results = [await client.call_tool("search", arguments),
+                               await client.call_tool("ask", {"question": " ".join(words)}, progress_callback=progress),
+                               await client.call_tool("get_passage", {"chunk_id": chunk_ids[chunk % len(chunk_ids)]}),
+                               await client.call_tool("list_documents", {})]
+                    listed = await client.list_resources()
+                    results.append(listed)
+                    for folder in DOCS:
+                        try:
+                            results.append(await client.read_resource(f"ragline://test/kb/{folder}/note0.md"))
+                        except Exception as exc:  # noqa: BLE001 - a refusal names what was asked, nothing more
+                            shown.append(str(exc).replace(f"kb/{folder}/note0.md", "<asked>"))
+                    return results
+
+    results = anyio.run(go)
+    texts = [json.dumps(r.model_dump(mode="json")) for r in results] + shown
+    if client_filter is not None and "ragline_acl.hr" in client_filter:
+        assert results[0].is_error and "ragline_acl" in results[0].content[0].text  # cannot widen
+        texts = texts[1:]
+    for text in texts:
+        assert "ragline_acl" not in text and "/tmp/" not in text, text[:300]
+        assert folders_in(text) <= readable(groups), (groups, text[:300])
+    documents = results[3].structured_content["documents"]
+    assert {d["source"].split("/")[1] for d in documents} == readable(groups)  # not a wall around everything
 
 
 def test_every_reader_finds_what_its_groups_may_read(served, keys):
