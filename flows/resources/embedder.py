@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows import settings
 from ragline.flows.context import QUERY_VECTORS
 from ragline.flows.resources.base import Health, Lazy, Resource
+from ragline.flows.resources import onnx_query
 from ragline.flows.resources.chunking_tokenizer import load_chunking_tokenizer
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,6 @@ class Embedder(Resource):
         elif self.spec.device != "cpu":
             why = f"device {self.spec.device!r}: the lean encoder runs on the CPU"
         else:
-            from ragline.flows.resources import onnx_query
-
             try:
                 encoder = onnx_query.load(resolve_model_path(self.spec.model), self.spec.backend, self.spec.normalize,
                                           self.spec.max_seq_length)
@@ -165,8 +164,6 @@ class Embedder(Resource):
         if not settings.get("onnx_queries") or self.spec.device != "cpu" \
                 or any(importlib.util.find_spec(p) is None for p in ("onnx", "onnxruntime")):
             return
-        from ragline.flows.resources import onnx_query
-
         try:
             onnx_query.model_config(path)
             if onnx_query.onnx_file(path, "torch") is not None:

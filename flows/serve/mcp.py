@@ -47,6 +47,7 @@ from ragline.flows import settings
 from ragline.flows.access import readable
 from ragline.flows.contracts import EvidenceAnswer, page_label
 from ragline.flows.errors import InputError
+from ragline.flows.resources import close_resources
 from ragline.flows.run.check import indexes
 from ragline.flows.serve.catalog import collection_info
 from ragline.flows.serve.documents import catalogue
@@ -60,6 +61,7 @@ from ragline.flows.serve.principals import (
     scope_query,
 )
 from ragline.flows.serve.query_service import ApiError, Outcome, QueryRequest, QueryService, access_for
+from ragline.flows.spec.compile import load_project
 
 MCP_PATH = "/mcp"
 SCHEME = "ragline"
@@ -614,9 +616,6 @@ def rpc_error(error: ApiError) -> dict[str, Any]:
 def serve_stdio(project_path: str, *, data_dir: str | None = None, warm_up: bool = True) -> None:
     """``ragline mcp``: the server over stdin/stdout until the client closes it, as the local operator.
     The models load on a thread meanwhile, so the client's handshake is answered at once."""
-    from ragline.flows.resources import close_resources
-    from ragline.flows.spec.compile import load_project
-
     project = load_project(project_path)
     if data_dir:
         project = project.relocated(data_dir)
