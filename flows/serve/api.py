@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -66,6 +67,7 @@ from ragline.flows.serve.openai_api import openai_router
 from ragline.flows.serve.catalog import catalog_router
 from ragline.flows.serve.feedback import FEEDBACK_BODY_BYTES, feedback_router
 from ragline.flows.serve.mcp import MCP_PATH, http_endpoint, rpc_error
+from ragline.flows.serve.mcp import openapi_path as mcp_openapi_path
 from ragline.flows.serve.query_service import (
     ANSWER_ID_HEADER,
     ApiError,
@@ -556,6 +558,7 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     for router in routers:
         app.include_router(router, dependencies=secured)
     app.add_route(MCP_PATH, mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)  # streamable HTTP
+    app.openapi = functools.partial(_openapi_with_mcp, app, mcp.tools)  # a raw ASGI route FastAPI cannot describe
     app.include_router(health_router(service, require_prefect))
     app.include_router(page_router())
     metrics = settings.get("metrics")
@@ -583,6 +586,15 @@ DOC_PATHS = ("/docs", "/redoc", "/openapi.json")  # any authenticated caller may
 def authenticator(project: Project, token: str | None) -> Authenticator:
     """The credentials this project's API accepts: the token, its keys file, the OIDC issuer."""
     return Authenticator(token, data_dir_of(project), OidcConfig.from_settings())
+
+
+def _openapi_with_mcp(app: FastAPI, tools: list[Any]) -> dict[str, Any]:
+    """FastAPI's document of the routes, with ``/mcp`` described (``mcp.openapi_path``); made once."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)  # FastAPI's own, cached on the app
+        schema["paths"][MCP_PATH] = mcp_openapi_path(tools)
+        schema.setdefault("tags", []).append({"name": "mcp", "description": "the Model Context Protocol"})
+    return app.openapi_schema
 
 
 def _description(project: Project, token: str | None) -> str:

@@ -21,6 +21,7 @@ principal may not read is never found, and a refusal does not say whether it exi
 the client sends a progress token; a client's cancellation stops a generating run at its next token.
 """
 import asyncio
+import concurrent.futures
 import io
 import json
 import os
@@ -589,6 +590,7 @@ class McpEndpoint:
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))  # the guard's
         self.manager = server.session_manager
         self.app = StreamableHTTPASGIApp(self.manager)
+        self.tools = _listed_tools(server)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         principal = scope.get("state", {}).get("principal")
@@ -597,6 +599,56 @@ class McpEndpoint:
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=principal.id,
                                                       scopes=sorted(principal.scopes)))
         await self.app(scope, receive, send)
+
+
+def _listed_tools(server: MCPServer) -> list[mcp_types.Tool]:
+    """The tools as ``tools/list`` gives them; the SDK lists them only from a coroutine and an app may
+    be built inside a running loop, so on a thread of its own (a few milliseconds, once per app)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(anyio.run, server.list_tools).result()
+
+
+def openapi_path(tools: list[mcp_types.Tool]) -> dict[str, Any]:
+    """``/mcp`` in the API's OpenAPI document: the three methods of streamable HTTP, the JSON-RPC
+    body, the errors the guard answers, and every tool with its input and output schema
+    (``x-mcp-tools``), so a reader of ``/docs`` sees the MCP surface beside ``/v1/query``."""
+    listed = "; ".join(f"`{tool.name}`" for tool in tools)
+    refusals = {"401": {"description": "no or a wrong credential (a JSON-RPC error naming it)"},
+                "404": {"description": "an unknown session, or one opened with another credential"},
+                "413": {"description": "a body over the API's limit (a JSON-RPC error)"},
+                "422": {"description": "a body that is not JSON, a lone surrogate, nesting too deep "
+                                       "(a JSON-RPC error naming the field)"}}
+    security = [{"HTTPBearer": []}]
+    return {
+        "post": {
+            "tags": ["mcp"], "operationId": "mcp_post", "security": security,
+            "summary": "MCP over streamable HTTP: one JSON-RPC message",
+            "description": (f"The Model Context Protocol (docs/mcp.md): `initialize`, then `tools/list`, "
+                            f"`tools/call`, `resources/list`, `resources/read` with the `Mcp-Session-Id` the "
+                            f"server answered. Tools: {listed}. Each answers within the caller's rights. A "
+                            f"dropped connection does not cancel a call (the MCP transport's rule); "
+                            f"`notifications/cancelled` does."),
+            "parameters": [{"name": "Mcp-Session-Id", "in": "header", "required": False,
+                            "schema": {"type": "string"}, "description": "the session `initialize` opened"}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["jsonrpc", "method"],
+                "properties": {"jsonrpc": {"const": "2.0"}, "id": {"type": ["string", "integer"]},
+                               "method": {"type": "string", "examples": ["tools/call"]},
+                               "params": {"type": "object"}}}}}},
+            "responses": {"200": {"description": "the JSON-RPC response, or a stream of messages (progress, "
+                                                 "then the result) as server-sent events",
+                                  "content": {"application/json": {}, "text/event-stream": {}}},
+                          "202": {"description": "a notification or response accepted"}, **refusals},
+            "x-mcp-tools": [{"name": tool.name, "description": tool.description,
+                             "inputSchema": tool.input_schema, "outputSchema": tool.output_schema}
+                            for tool in tools]},
+        "get": {"tags": ["mcp"], "operationId": "mcp_stream", "security": security,
+                "summary": "MCP: the session's stream of server messages (server-sent events)",
+                "responses": {"200": {"description": "server-sent events",
+                                      "content": {"text/event-stream": {}}}, **refusals}},
+        "delete": {"tags": ["mcp"], "operationId": "mcp_end", "security": security,
+                   "summary": "MCP: end the session", "responses": {"200": {"description": "ended"}, **refusals}},
+    }
 
 
 def http_endpoint(service: QueryService) -> McpEndpoint:

@@ -168,6 +168,25 @@ def test_the_tools_are_listed_with_schemas_and_descriptions(served, keys):
 
 
 @pytest.mark.integration
+def test_the_openapi_document_describes_mcp_with_the_tools_the_server_lists(served, keys):
+    async def go():
+        async with session(served, keys["all"]) as client:
+            return (await client.list_tools()).tools
+    listed = {tool.name: tool for tool in anyio.run(go)}
+    assert httpx.get(f"{served}/openapi.json").status_code == 401  # the document needs a credential
+    document = httpx.get(f"{served}/openapi.json", headers={"Authorization": f"Bearer {keys['handbook']}"}).json()
+    described = document["paths"]["/mcp"]
+    assert set(described) == {"post", "get", "delete"}
+    assert all(method["security"] == [{"HTTPBearer": []}] for method in described.values())
+    tools = {tool["name"]: tool for tool in described["post"]["x-mcp-tools"]}
+    assert set(tools) == set(listed)
+    for name, tool in tools.items():
+        assert tool["inputSchema"] == listed[name].input_schema and tool["outputSchema"] == listed[name].output_schema
+    assert {"401", "404", "413", "422"} <= set(described["post"]["responses"])
+    assert "/v1/query" in document["paths"] and "mcp" in [tag["name"] for tag in document["tags"]]
+
+
+@pytest.mark.integration
 def test_search_finds_the_right_document_with_its_title_source_and_chunk_id(served, keys):
     started = time.perf_counter()
     result = call(served, keys["all"], "search", {"query": "how many vacation days a year", "k": 3})
