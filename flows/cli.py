@@ -251,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- ragline keys (issue 19.2)
 def _keys_command(command) -> None:
-    from ragline.flows.serve.keys import SCOPES
+    from ragline.flows.serve.scopes import SCOPES
 
     p = command("keys", _keys, "Manage the API keys of this project's `ragline api`/`serve` (kept hashed in "
                                "<data dir>/.ragline/keys.json; a running server sees changes on the next request).")

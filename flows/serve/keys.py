@@ -30,11 +30,11 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ragline.flows.errors import InputError
 from ragline.flows.files import write_atomic
+from ragline.flows.serve.scopes import SCOPES
 
 log = logging.getLogger("ragline.api")
 
 Scope = Literal["query", "ingest", "upload", "delete", "admin"]
-SCOPES: tuple[str, ...] = ("query", "ingest", "upload", "delete", "admin")
 PREFIX = "rl_"
 DEFAULT_LIFETIME = datetime.timedelta(days=90)
 MAX_LIFETIME = datetime.timedelta(days=365)
