@@ -4,12 +4,16 @@ module is imported at module level unless a listed reason says why not."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 LINT = REPO / "deploy" / "lint-imports"
@@ -113,3 +117,39 @@ def test_registering_the_builtin_stages_loads_no_scikit_learn_scipy_or_pandas():
 def test_each_package_says_what_it_owns(package):
     doc = ast.get_docstring(ast.parse((REPO / "flows" / package / "__init__.py").read_text()))
     assert doc and len(doc.split()) >= 8, f"flows/{package}/__init__.py needs a docstring saying what it owns"
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level names the product imports (module or function level) that are not the standard library's
+    or ragline's own, with the files that import each."""
+    found: dict[str, set[str]] = {}
+    for path in [*REPO.glob("flows/**/*.py"), *REPO.glob("tasks/**/*.py"), *REPO.glob("ragline/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("ragline", "__future__"):
+                    found.setdefault(top, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {canonicalize_name(Requirement(r).name) for r in requirements}
+
+
+def test_every_imported_third_party_package_is_declared():
+    """A package ragline imports is named in pyproject's dependencies or the extra of the feature that
+    uses it, not reached through another package's requirements (issue 37.4)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = _requirement_names(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        declared |= _requirement_names(extra)
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = {name: sorted(files) for name, files in _third_party_imports().items()
+                  if not {canonicalize_name(d) for d in distributions.get(name, [name])} & declared}
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
