@@ -357,7 +357,7 @@ def _feedback(args) -> int:
     data_dir = data_dir_of(_project(args))
     if args.qrels is not None:
         if not 0 <= args.test_share <= 1:
-            raise ValueError(f"--test-share {args.test_share}: expected a share between 0 and 1")
+            raise InputError(f"--test-share {args.test_share}: expected a share between 0 and 1")
         summary = export_qrels(data_dir, args.qrels, args.test_share)
         print(printable(f"{args.qrels}: {summary['queries']} judged questions ({summary['train']} train, "
                         f"{summary['test']} test) from {summary['rated_answers']} rated answers; skipped "
@@ -738,7 +738,7 @@ def _eval(args) -> int:
     if args.judge or args.testset or (args.dataset and _is_testset(args.dataset)):
         return _eval_testset(args, project)
     if not args.dataset:
-        raise ValueError("ragline eval needs --dataset, --testset, --judge or --generate-testset N")
+        raise InputError("ragline eval needs --dataset, --testset, --judge or --generate-testset N")
     if Path(args.dataset).is_file():
         return _eval_answers(args, project)
     args.pipeline = args.pipeline or "search"
@@ -816,10 +816,10 @@ def _generate_testset(args, project) -> int:
     from ragline.flows.evaluation.judge import generate_testset, save_testset
 
     if args.generate_testset < 1:
-        raise ValueError(f"--generate-testset {args.generate_testset}: give a number of questions of 1 or more")
+        raise InputError(f"--generate-testset {args.generate_testset}: give a number of questions of 1 or more")
     path = _testset_path(args, project)
     if args.dataset and not _is_testset(args.dataset) and Path(args.dataset).exists():
-        raise ValueError(f"{args.dataset}: not a generated test set; write one with --testset PATH (evaluation "
+        raise InputError(f"{args.dataset}: not a generated test set; write one with --testset PATH (evaluation "
                          "data is never overwritten)")
     with _packaged_llms(project, args.start_llm, [args.answer_pipeline]):
         rows, stats = generate_testset(project, args.generate_testset, seed=args.seed, pipeline=args.answer_pipeline)
@@ -840,7 +840,7 @@ def _eval_testset(args, project) -> int:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no test set; make one with `ragline eval --generate-testset N`")
     if not _is_testset(str(path)):
-        raise ValueError(f"{path}: not a generated test set (--judge scores answers to generated questions; "
+        raise InputError(f"{path}: not a generated test set (--judge scores answers to generated questions; "
                          "labelled data goes to --dataset without --judge)")
     pipeline = args.pipeline or "search"
     with _packaged_llms(project, args.start_llm, [args.answer_pipeline] if args.judge else [pipeline]):
@@ -891,7 +891,7 @@ def _set_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
         target, _, value = item.partition("=")
         step, _, param = target.partition(".")
         if not (step and param and value):
-            raise ValueError(f"--set {item!r}: expected STEP.PARAM=JSON")
+            raise InputError(f"--set {item!r}: expected STEP.PARAM=JSON")
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError:
@@ -918,7 +918,7 @@ def _tune(args) -> int:
                 overrides.setdefault(step.id, {})["write"] = False
     result = engine.run(pipeline.with_overrides(overrides), orchestrate=args.orchestrate)
     if not isinstance(result, TuneReport):
-        raise ValueError(f"pipeline '{args.pipeline}' does not end in a tune_retrieval step")
+        raise InputError(f"pipeline '{args.pipeline}' does not end in a tune_retrieval step")
     print(json.dumps(result.model_dump(mode="json")) if args.json else printable(summary(result), keep_newlines=True))
     return 0
 

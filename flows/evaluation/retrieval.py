@@ -12,6 +12,7 @@ from typing import Any
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import Project
+from ragline.flows.spec.model import WrongPipelineKind
 from ragline.flows.contracts import Passage
 from ragline.flows.files import write_atomic
 from ragline.flows.spec.fingerprint import _resource_fingerprint
@@ -152,8 +153,9 @@ def require_kinds(project: Project, **names: str | None) -> None:
     for kind, name in names.items():
         if name is not None and project.pipeline(name).kind != kind:
             fitting = ", ".join(n for n, p in project.pipelines.items() if p.kind == kind) or "none"
-            raise ValueError(f"pipeline '{name}' is {_article(project.pipeline(name).kind)} pipeline; this needs "
-                             f"{_article(kind)} pipeline ({kind} pipelines in {project.path.name}: {fitting})")
+            raise WrongPipelineKind(f"pipeline '{name}' is {_article(project.pipeline(name).kind)} pipeline; this "
+                                    f"needs {_article(kind)} pipeline ({kind} pipelines in {project.path.name}: "
+                                    f"{fitting})", field="pipeline")
 
 
 def _article(kind: str) -> str:

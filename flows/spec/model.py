@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from ragline.flows.errors import InputError
 from ragline.flows.spec.fingerprint import pipeline_fingerprint
 from ragline.flows.spec.prompts import PromptLibrary, library, prompt_problems
 from ragline.flows.spec.registry import Stage
@@ -64,6 +66,24 @@ def with_read_roles(stage: Stage, task: str, params: BaseModel, resources: dict[
         elif candidates:
             problems.append((("uses",), several(task, role, types, candidates)))
     return bound, problems
+
+
+class UnknownPipeline(InputError, KeyError):
+    """A pipeline name the file does not declare (a KeyError too, for the lookups that expect one)."""
+
+    http_status = 404
+    error_code = "pipeline_not_found"
+
+    def __str__(self) -> str:  # the message, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
+
+
+class WrongPipelineKind(InputError):
+    """A pipeline of the wrong kind for the command (an ingestion pipeline where a query one runs
+    would load its own paths and delete every other document from the index)."""
+
+    http_status = 400
+    error_code = "wrong_pipeline_kind"
 
 
 @dataclass
@@ -181,8 +201,8 @@ class Project:
 
     def pipeline(self, name: str) -> CompiledPipeline:
         if name not in self.pipelines:
-            raise KeyError(f"no pipeline {name!r} in {self.path}{suggest(name, list(self.pipelines))}; "
-                           f"available: {', '.join(self.pipelines)}")
+            raise UnknownPipeline(f"no pipeline {name!r} in {self.path}{suggest(name, list(self.pipelines))}; "
+                                  f"available: {', '.join(self.pipelines)}", field="pipeline")
         return self.pipelines[name]
 
     def with_resource(self, name: str, **fields: Any) -> "Project":

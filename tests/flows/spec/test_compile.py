@@ -152,3 +152,18 @@ def test_the_external_allowlist_joins_code_extra_and_pyproject(tmp_path):
     registry.set_allowed_modules(["from_code"])
     assert external_allowlist(tmp_path / "pipelines.yaml", ["from_flag"]) == (
         ("from_code", "from_flag", "from_pyproject"), [])
+
+
+def test_an_unknown_or_wrong_kind_of_pipeline_is_a_typed_input_error_naming_the_field(make_project):
+    """The CLI and the API decide by the error's class (issue 37.4): no builtin exception reaches them."""
+    from ragline.flows.evaluation.retrieval import require_kinds
+    from ragline.flows.spec.model import UnknownPipeline, WrongPipelineKind
+
+    project = load_project(make_project(GOOD), tuned=False)
+    with pytest.raises(UnknownPipeline) as unknown:
+        project.pipeline("serch")
+    assert str(unknown.value).startswith("no pipeline 'serch'") and "did you mean 'search'" in str(unknown.value)
+    assert unknown.value.field == "pipeline" and unknown.value.exit_code == 2 and unknown.value.http_status == 404
+    assert isinstance(unknown.value, KeyError)  # the lookups that catch a KeyError still do
+    with pytest.raises(WrongPipelineKind, match="pipeline 'search' is a query pipeline; this needs an ingestion"):
+        require_kinds(project, ingestion="search")
