@@ -16,7 +16,7 @@ from typing import Any
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import Project
-from ragline.flows.evaluation.retrieval import require_kinds
+from ragline.flows.spec.model import require_kinds
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, ContextDocument, Passage, Query
 from ragline.flows.resources.llm_output import normalize_text as normalize, strip_citations

@@ -33,7 +33,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, ContextDocument, Passage
-from ragline.flows.evaluation.retrieval import document_id, require_kinds
+from ragline.flows.evaluation.retrieval import document_id
+from ragline.flows.spec.model import require_kinds
 from ragline.flows.files import write_atomic
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, option_probabilities, parse_citations, sentences, strip_citations

@@ -12,7 +12,7 @@ from typing import Any
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import Project
-from ragline.flows.spec.model import WrongPipelineKind
+from ragline.flows.spec.model import require_kinds
 from ragline.flows.contracts import Passage
 from ragline.flows.files import write_atomic
 from ragline.flows.spec.fingerprint import _resource_fingerprint
@@ -145,21 +145,6 @@ def in_workspace(project: Project, workspace: Path) -> Project:
         return project.relocated(workspace)
     applied = project.overlay.path if project.overlay is not None else None
     return apply_overlay(project.untuned.relocated(workspace), path=applied)
-
-
-def require_kinds(project: Project, **names: str | None) -> None:
-    """Refuse, before anything runs, a pipeline of the wrong kind (an ingestion pipeline given as the
-    query pipeline would load its own paths and delete everything else from the index)."""
-    for kind, name in names.items():
-        if name is not None and project.pipeline(name).kind != kind:
-            fitting = ", ".join(n for n, p in project.pipelines.items() if p.kind == kind) or "none"
-            raise WrongPipelineKind(f"pipeline '{name}' is {_article(project.pipeline(name).kind)} pipeline; this "
-                                    f"needs {_article(kind)} pipeline ({kind} pipelines in {project.path.name}: "
-                                    f"{fitting})", field="pipeline")
-
-
-def _article(kind: str) -> str:
-    return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
 def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", index_pipeline: str = "index",

@@ -86,6 +86,21 @@ class WrongPipelineKind(InputError):
     error_code = "wrong_pipeline_kind"
 
 
+def require_kinds(project: "Project", **names: str | None) -> None:
+    """Refuse, before anything runs, a pipeline of the wrong kind (an ingestion pipeline given as the
+    query pipeline would load its own paths and delete everything else from the index)."""
+    for kind, name in names.items():
+        if name is not None and project.pipeline(name).kind != kind:
+            fitting = ", ".join(n for n, p in project.pipelines.items() if p.kind == kind) or "none"
+            raise WrongPipelineKind(f"pipeline '{name}' is {_article(project.pipeline(name).kind)} pipeline; this "
+                                    f"needs {_article(kind)} pipeline ({kind} pipelines in {project.path.name}: "
+                                    f"{fitting})", field="pipeline")
+
+
+def _article(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
 @dataclass
 class CompiledStep:
     spec: StepSpec

@@ -156,8 +156,7 @@ def test_the_external_allowlist_joins_code_extra_and_pyproject(tmp_path):
 
 def test_an_unknown_or_wrong_kind_of_pipeline_is_a_typed_input_error_naming_the_field(make_project):
     """The CLI and the API decide by the error's class (issue 37.4): no builtin exception reaches them."""
-    from ragline.flows.evaluation.retrieval import require_kinds
-    from ragline.flows.spec.model import UnknownPipeline, WrongPipelineKind
+    from ragline.flows.spec.model import UnknownPipeline, WrongPipelineKind, require_kinds
 
     project = load_project(make_project(GOOD), tuned=False)
     with pytest.raises(UnknownPipeline) as unknown:
