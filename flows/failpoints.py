@@ -11,7 +11,7 @@ _counts: dict[str, int] = {}
 
 
 def _armed() -> dict[str, int]:
-    spec = settings.get("failpoints")
+    spec = settings.project().failpoints
     armed = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, nth = item.partition(":")

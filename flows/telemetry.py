@@ -70,7 +70,7 @@ REFUSAL_REASONS = (("low confidence", "low_confidence"), ("degenerate answer", "
 
 
 def metrics_on() -> bool:
-    return bool(settings.get("metrics"))
+    return bool(settings.telemetry().metrics)
 
 
 def refusal_reason(text: str) -> str:
@@ -129,14 +129,14 @@ MAX_ATTRIBUTE_CHARS = 4000
 
 def traces_endpoint() -> str | None:
     """Where spans go (the full ``.../v1/traces`` URL), None when tracing is off."""
-    base = settings.get("otlp_endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    base = settings.telemetry().otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if base:
         return base.rstrip("/") + "/v1/traces" if not base.rstrip("/").endswith("/v1/traces") else base
     return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
 
 
 def content_on() -> bool:
-    return bool(settings.get("trace_content"))
+    return bool(settings.telemetry().trace_content)
 
 
 _tracers: dict[Any, Any] = {}  # the endpoint variables' texts -> tracer (None: off); asked per span

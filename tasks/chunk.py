@@ -96,7 +96,7 @@ def chunk(documents: list[Document], params: Params, ctx: StepContext, embedder:
     encodings = tokenizer([d.text for d in documents], add_special_tokens=False, return_offsets_mapping=True,
                           truncation=False, verbose=False)
     title_lengths = _title_lengths(tokenizer, documents) if params.prepend_title else [0] * len(documents)
-    seconds = settings.get("document_max_seconds")
+    seconds = settings.documents().document_max_seconds
     chunks: list[Chunk] = []
     for i, doc in enumerate(documents):
         offsets, words = _bounded_tokens(encodings["offset_mapping"][i],

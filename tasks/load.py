@@ -879,7 +879,7 @@ def _load_file(path: str, root: SourceRoot, data: bytes, mtime: float, params: P
     documents = _read_documents(path, root, data, mtime, params, ctx, media_type, versions)
     fallback = root.groups(path) if groups is None else groups
     out = []
-    limit = settings.get("document_max_chars")
+    limit = settings.documents().document_max_chars
     for document in documents:
         if len(document.text) > limit:  # a text file, a record, an attachment (converters stop sooner)
             ctx.fail(document.source_id, f"text of {len(document.text)} characters, over the document_max_chars "
@@ -1116,7 +1116,7 @@ def _budget(params: Params) -> formats.Options:
     than a child process per document: loading runs in the engine's threads, and a process per file
     would cost more than most files take; the parts a loop cannot interrupt (a C parser reading one
     XML member, pypdf inflating one stream) are bounded before they start by the size limits."""
-    limits = settings.current()
+    limits = settings.documents()
     seconds = limits.document_max_seconds
     return formats.Options(params.ocr, params.ocr_max_pages, params.ocr_languages,
                            max_member_bytes=limits.document_max_member_bytes,

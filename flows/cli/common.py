@@ -99,7 +99,7 @@ def set_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
 def api_token(args) -> str | None:
     from ragline.flows import settings
 
-    return args.token or settings.get("api_token") or None
+    return args.token or settings.auth().api_token or None
 
 
 def port_number(value: str) -> int:

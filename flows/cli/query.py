@@ -122,7 +122,7 @@ def answer_by_api(args) -> int | None:
         return None
     from ragline.flows import settings
 
-    if service.tuned and not settings.get("tuned"):  # RAGLINE_TUNED=0: the API's overlay is not wanted
+    if service.tuned and not settings.project().tuned:  # RAGLINE_TUNED=0: the API's overlay is not wanted
         return None
     token = _client_token(service)
     if service.token_required and not token:
@@ -166,7 +166,7 @@ def _client_token(service) -> str | None:
     """The token the CLI sends: where `ragline api` reads its own (RAGLINE_API_TOKEN, through settings)."""
     from ragline.flows import settings
 
-    return settings.get("api_token") or None
+    return settings.auth().api_token or None
 
 
 class _Refused(RaglineError):

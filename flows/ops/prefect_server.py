@@ -158,7 +158,7 @@ class ServerStartError(DependencyUnavailable):
 
 
 def ragline_home() -> Path:
-    return Path(settings.get("home")).expanduser()
+    return Path(settings.prefect().home).expanduser()
 
 
 def prefect_home() -> Path:
@@ -429,7 +429,7 @@ class ServerRecord(BaseModel):
 
 def idle_seconds() -> float | None:
     """How long the shared server waits for the next command; None: no sharing (0, or not POSIX)."""
-    seconds = float(settings.get("prefect_idle_seconds"))
+    seconds = float(settings.prefect().prefect_idle_seconds)
     return seconds if seconds > 0 and _fcntl() is not None else None
 
 

@@ -120,7 +120,7 @@ class Embedder(Resource):
     def _load_query_encoder(self):
         """The torch-free query encoder (``onnx_query``), or None: queries then go through the model
         (said once per embedder, at debug level)."""
-        if not settings.get("onnx_queries"):
+        if not settings.project().onnx_queries:
             why = "RAGLINE_ONNX_QUERIES is off"
         elif self.spec.device != "cpu":
             why = f"device {self.spec.device!r}: the lean encoder runs on the CPU"
@@ -161,7 +161,7 @@ class Embedder(Resource):
         """Export the torch model to ONNX once on this machine (a few seconds, at its first load: an
         ingestion), for the torch-free query encoder of later query processes; nothing where that
         encoder could not use the file."""
-        if not settings.get("onnx_queries") or self.spec.device != "cpu" \
+        if not settings.project().onnx_queries or self.spec.device != "cpu" \
                 or any(importlib.util.find_spec(p) is None for p in ("onnx", "onnxruntime")):
             return
         try:

@@ -17,7 +17,7 @@ EXPORT_FORMAT = 1  # bump when the export or quantisation recipe changes, to inv
 
 def cache_root() -> Path:
     """Folder holding the ONNX exports; RAGLINE_CACHE_DIR overrides ~/.cache/ragline."""
-    base = settings.get("cache_dir")
+    base = settings.project().cache_dir
     return Path(base).expanduser() / "onnx"
 
 

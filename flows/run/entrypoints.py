@@ -145,7 +145,7 @@ def served_deployments(parameters: dict[str, dict[str, Any]]) -> Iterator[None]:
     """Tell the flow-run processes this runner starts what each deployment was created with, so a
     run compares its parameters with that, not with what the Prefect API says now (anyone who can
     reach the API can also change a deployment's stored parameters)."""
-    previous = settings.get(SERVED)
+    previous = settings.serve().served_deployments
     settings.export(SERVED, json.dumps(parameters))
     try:
         yield
@@ -206,11 +206,11 @@ def deployment_refusal(given: dict[str, Any]) -> str | None:
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment(deployment_id)
     name = f"{FLOW_NAME}/{deployment.name}"
-    unknown = settings.get(REFUSED)
+    unknown = settings.serve().refused_parameters
     if unknown:
         return (f"deployment '{name}' refuses parameter {', '.join(repr(p) for p in unknown)}: the ragline flow "
                 f"takes only {', '.join(inspect.signature(run_pipeline.fn).parameters)}")
-    served = settings.get(SERVED)
+    served = settings.serve().served_deployments
     expected = served.get(name, deployment.parameters or {})
     for parameter in PINNED:
         if _normal(given.get(parameter)) != _normal(expected.get(parameter, _DEFAULTS.get(parameter))):
@@ -236,7 +236,7 @@ def _triggered_access(pipeline: CompiledPipeline, inputs: dict[str, Any] | None)
     (``DeployedQuery`` forbids the field); this is the only place it is given."""
     if pipeline.kind != PipelineKind.QUERY or not _deployment_run():
         return inputs
-    groups = settings.get("triggered_groups")
+    groups = settings.serve().triggered_groups
     query = dict(inputs or {}).get("query")
     query = {"text": query} if isinstance(query, str) else dict(query or {})
     query["access"] = None if "*" in groups else frozenset(groups)

@@ -561,13 +561,13 @@ def create_app(project_path: str, *, token: str | None = None, routers: Iterable
     app.openapi = functools.partial(_openapi_with_mcp, app, mcp.tools)  # a raw ASGI route FastAPI cannot describe
     app.include_router(health_router(service, require_prefect))
     app.include_router(page_router())
-    metrics = settings.get("metrics")
+    metrics = settings.telemetry().metrics
     if metrics:
         app.include_router(metrics_router())
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ApiError, _api_error)
-    private_metrics = ("/metrics",) if metrics and not settings.get("metrics_public") else ()
+    private_metrics = ("/metrics",) if metrics and not settings.telemetry().metrics_public else ()
     body_limits = {"/v1/feedback": min(FEEDBACK_BODY_BYTES, max_body_bytes), **(body_limits or {})}
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_origins=cors_origins,
                        protected=("/v1", MCP_PATH, *DOC_PATHS, *private_metrics), admin_only=private_metrics,
@@ -629,7 +629,7 @@ def serve_api(project_path: str, host: str = "127.0.0.1", port: int = 8080, toke
     ``limits`` (``connections.ConnectionLimits``, default: from the environment) bound slow and
     half-sent requests and the number of open connections."""
 
-    token = token or settings.get("api_token") or None
+    token = token or settings.auth().api_token or None
     if not is_loopback(host) and not credentials_configured(project_path, token, data_dir):
         raise ApiConfigError(f"refusing to serve the API on {host} (not loopback) without a token: pass --token "
                              f"(or set RAGLINE_API_TOKEN), create an API key (`ragline keys create`), set "

@@ -30,26 +30,22 @@ import json
 import resource
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ragline.flows import settings
 
-FROM_SETTINGS = ("header_timeout_seconds", "body_timeout_seconds", "max_connections", "keep_alive_seconds")
 
+class ConnectionLimits(settings.ConnectionFields):
+    """The settings' four limits (``RAGLINE_*``) plus the header size uvicorn is given."""
 
-class ConnectionLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    header_timeout_seconds: float = Field(10.0, gt=0, description="for a request line and headers to arrive")
-    body_timeout_seconds: float = Field(30.0, gt=0, description="for a whole body to arrive after its headers")
-    max_connections: int = Field(1000, ge=1, description="open sockets at most (lowered to fit the fd limit)")
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers, in bytes")
-    keep_alive_seconds: float = Field(5.0, gt=0, description="an idle keep-alive connection is closed after this")
 
     @classmethod
     def from_env(cls) -> ConnectionLimits:
         """From the ``RAGLINE_*`` settings (``flows.settings``); a bad value is an error naming its variable."""
-        return cls(**{field: settings.get(field) for field in FROM_SETTINGS})
+        return cls(**settings.connections().model_dump())
 
     def connection_cap(self) -> int:
         """``max_connections``, lowered so that sockets never take the fds the process needs."""

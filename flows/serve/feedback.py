@@ -114,7 +114,7 @@ class FeedbackStore:
 def feedback_router(service: QueryService) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["feedback"])
     store = FeedbackStore(data_dir_of(service.project) / FEEDBACK_FOLDER,
-                          int(settings.get("feedback_max_mb") * 1024 * 1024), settings.get("query_log_text"))
+                          int(settings.query_log().feedback_max_mb * 1024 * 1024), settings.query_log().query_log_text)
 
     @router.post("/feedback", status_code=201, response_model=FeedbackCreated, responses={**ERRORS, 429: ERRORS[400]},
                  summary="Rate an answer (thumbs up or down), optionally naming the passages that answer it")

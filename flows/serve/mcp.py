@@ -422,7 +422,7 @@ def mcp_server(service: QueryService, caller: Callable[[Context], Any]) -> MCPSe
         async def go() -> SearchResult:
             service.check_question(query, "query", 422)
             checked(query=query, filters=filters, collections=collections)
-            body = tools.body(pipeline, settings.get("mcp_search_pipeline"), False, question=query,
+            body = tools.body(pipeline, settings.mcp().mcp_search_pipeline, False, question=query,
                               filters=filters, collections=collections, top_k=k)
             outcome = await tools.run(ctx, body)
             home = tools.home(body.pipeline)
@@ -447,7 +447,7 @@ def mcp_server(service: QueryService, caller: Callable[[Context], Any]) -> MCPSe
         async def go() -> AskResult:
             service.check_question(question, "question", 422)
             checked(question=question, history=history, collections=collections)
-            body = tools.body(pipeline, settings.get("mcp_ask_pipeline"), True, question=question,
+            body = tools.body(pipeline, settings.mcp().mcp_ask_pipeline, True, question=question,
                               history=history, collections=collections)
             outcome = await tools.run(ctx, body, Progress(ctx, tools))
             return _answer(outcome, tools.home(body.pipeline))

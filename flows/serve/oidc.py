@@ -72,16 +72,16 @@ class OidcConfig:
     @classmethod
     def from_settings(cls) -> OidcConfig | None:
         """The configuration the environment gives, None when no issuer is set."""
-        issuer = settings.get("oidc_issuer")
+        issuer = settings.auth().oidc_issuer
         if not issuer:
             return None
-        return cls(issuer=issuer, audience=settings.get("oidc_audience") or "",
-                   jwks_url=settings.get("oidc_jwks_url"), jwks_file=settings.get("oidc_jwks_file"),
-                   algorithms=list(settings.get("oidc_algorithms")), groups_claim=settings.get("oidc_groups_claim"),
-                   scopes_claim=settings.get("oidc_scopes_claim"), scope_map=dict(settings.get("oidc_scope_map")),
-                   collections_claim=settings.get("oidc_collections_claim"),
-                   default_collections=list(settings.get("oidc_default_collections")),
-                   leeway_seconds=settings.get("oidc_leeway_seconds"))
+        return cls(issuer=issuer, audience=settings.auth().oidc_audience or "",
+                   jwks_url=settings.auth().oidc_jwks_url, jwks_file=settings.auth().oidc_jwks_file,
+                   algorithms=list(settings.auth().oidc_algorithms), groups_claim=settings.auth().oidc_groups_claim,
+                   scopes_claim=settings.auth().oidc_scopes_claim, scope_map=dict(settings.auth().oidc_scope_map),
+                   collections_claim=settings.auth().oidc_collections_claim,
+                   default_collections=list(settings.auth().oidc_default_collections),
+                   leeway_seconds=settings.auth().oidc_leeway_seconds)
 
 
 @dataclass(frozen=True)

@@ -148,10 +148,10 @@ class QueryLog:
     @classmethod
     def from_settings(cls, data_dir: Path) -> "QueryLog | None":
         """The log the settings ask for, None when ``query_log`` is off (then nothing is written)."""
-        if not settings.get("query_log"):
+        if not settings.query_log().query_log:
             return None
-        return cls(data_dir / LOG_FOLDER, max_bytes=int(settings.get("query_log_max_mb") * 1024 * 1024),
-                   retention_days=settings.get("query_log_retention_days"), text=settings.get("query_log_text"))
+        return cls(data_dir / LOG_FOLDER, max_bytes=int(settings.query_log().query_log_max_mb * 1024 * 1024),
+                   retention_days=settings.query_log().query_log_retention_days, text=settings.query_log().query_log_text)
 
     # -- the query path's side: hand over, never wait
     def record(self, entry: dict[str, Any], build: Callable[[dict[str, Any]], None] | None = None) -> None:

@@ -293,7 +293,7 @@ class Events:
         payload = {"pipeline": pipeline, "status": status, "latency_ms": latency_ms, "timings": timings,
                    "question_chars": question_chars, "surface": surface, "answer_id": answer_id,
                    "returned_count": len(returned or [])}
-        if settings.get("event_documents"):
+        if settings.telemetry().event_documents:
             payload.update(principal=principal, returned=returned or [])
         if error:
             payload["error_type"] = error

@@ -162,7 +162,7 @@ def served_pipelines(project: Project, serve_jobs: bool | None = None) -> list[s
     it declares a schedule or ``serve_jobs`` (None: the ``serve_jobs`` setting) asks for it, since
     anyone who may reach the Prefect API could otherwise re-tune or re-summarise the served index."""
     if serve_jobs is None:
-        serve_jobs = settings.get("serve_jobs")
+        serve_jobs = settings.serve().serve_jobs
     return [name for name, pipeline in project.pipelines.items()
             if pipeline.spec.kind != PipelineKind.JOB or serve_jobs or pipeline.spec.schedule is not None]
 

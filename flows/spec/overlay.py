@@ -49,7 +49,7 @@ log = logging.getLogger("ragline.overlay")
 
 def enabled_by_default() -> bool:
     """Whether commands apply the overlay: yes unless RAGLINE_TUNED is 0, false, no or off."""
-    return settings.get("tuned")
+    return settings.project().tuned
 
 
 def overlay_path(project: "Project", explicit: str | None = None) -> Path:

@@ -286,7 +286,7 @@ def set_allowed_modules(modules: Iterable[str]) -> None:
 
 def allowed_modules(extra: Iterable[str] = ()) -> tuple[str, ...]:
     """The process-wide allowlist: ``RAGLINE_ALLOW_MODULES``, ``set_allowed_modules`` and ``extra``."""
-    from_env = settings.get("allow_modules")
+    from_env = settings.project().allow_modules
     return tuple(dict.fromkeys([*_checked_names(from_env, ALLOW_ENV), *_SET_IN_CODE,
                                 *_checked_names(extra, "allow_modules")]))
 
