@@ -11,14 +11,19 @@ from ragline.flows.cli.common import API_PORT, api_token, keep_days, open_projec
 from ragline.flows.cli.llm import api_llms
 
 
-def register(command) -> None:
-    """This module's commands and their flags (``command`` adds a subparser with the common ones)."""
-    p = command("api", api, "Serve the HTTP API: queries, OpenAI-compatible chat, documents (uploads ingested in this "
-                             "process), health (OpenAPI at /docs).")
+def _listen_flags(p) -> None:
+    """Where `api` and `serve` listen and the token they want."""
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
     p.add_argument("--token",
                    help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
+
+
+def register(command) -> None:
+    """This module's commands and their flags (``command`` adds a subparser with the common ones)."""
+    p = command("api", api, "Serve the HTTP API: queries, OpenAI-compatible chat, documents (uploads ingested in this "
+                             "process), health (OpenAPI at /docs).")
+    _listen_flags(p)
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (CORS is off)")
     start_llm_flag(p)
@@ -30,10 +35,7 @@ def register(command) -> None:
 
     p = command("serve", serve, "Serve every pipeline as a Prefect deployment (schedules included) plus the "
                                  "HTTP API, in one supervised process.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=port_number, default=API_PORT, help=f"default {API_PORT} (the LLM endpoint has 8000)")
-    p.add_argument("--token",
-                   help="bearer token, required off loopback (prefer RAGLINE_API_TOKEN: flags show in ps)")
+    _listen_flags(p)
     p.add_argument("--no-api", action="store_true", help="serve the deployments only")
     p.add_argument("--start-prefect", action="store_true",
                    help="start a local Prefect server when PREFECT_API_URL is not set")
