@@ -45,9 +45,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import AdaptReport, PseudoQuery
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import BM25Index, in_memory, tokenize
+from ragline.flows.resources.bm25 import in_memory, tokenize
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec, resolve_model_path
 from ragline.flows.resources.state import IndexState
+from ragline.flows.resources.protocols import SparseIndex
 from ragline.tasks.tune_retrieval import Corpus, closest_of_other_documents
 from ragline.tasks.pseudo_queries import without
 
@@ -88,7 +89,7 @@ class Params(BaseModel):
 @stage("adapt_embedder", params=Params, produces="adaptation", kind="job",
        uses={"embedder": ("sentence_transformer",), "sparse": ("bm25", "milvus"), "state": ("index_state",)})
 def adapt_embedder(pairs: list[PseudoQuery], params: Params, ctx: StepContext, embedder: Embedder,
-                   sparse: BM25Index, state: IndexState) -> AdaptReport:
+                   sparse: SparseIndex, state: IndexState) -> AdaptReport:
     """Fine-tune the embedder on pseudo-query pairs with BM25 hard negatives; save it as a local model."""
     started = time.perf_counter()
     for name, value in OFFLINE.items():

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Feedback, Passage, Query
-from ragline.flows.resources.bm25 import BM25Index, tokenize
+from ragline.flows.resources.bm25 import tokenize
+from ragline.flows.resources.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.collection_index import by_collection
 
@@ -36,7 +37,7 @@ class Params(BaseModel):
 
 
 @stage("expand_prf", params=Params, produces="query", kind="query", uses={"sparse": ("bm25", "milvus")})
-def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: BM25Index,
+def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: SparseIndex,
                ctx: StepContext | None = None) -> Query:
     """Expand the query with the top passages' terms (RM3) for a second retrieval."""
     if not params.enabled:
@@ -44,7 +45,7 @@ def expand_prf(query: Query, passages: list[Passage], params: Params, sparse: BM
     return with_feedback(query, passages, params, sparse, ctx)
 
 
-def with_feedback(query: Query, passages: list[Passage], params: Params, sparse: BM25Index,
+def with_feedback(query: Query, passages: list[Passage], params: Params, sparse: SparseIndex,
                   ctx: StepContext | None = None) -> Query:
     """The query with RM3's feedback from ``passages`` (the tuner replays it on its own index)."""
     feedback = passages[: params.docs]
@@ -66,7 +67,7 @@ def with_feedback(query: Query, passages: list[Passage], params: Params, sparse:
     return query.model_copy(update={"feedback": Feedback(terms=terms, query_weight=params.query_weight, text=text)})
 
 
-def document_frequencies(terms: dict[str, float], sparse: BM25Index, ctx: StepContext | None,
+def document_frequencies(terms: dict[str, float], sparse: SparseIndex, ctx: StepContext | None,
                          collections: list[str] | None) -> tuple[dict[str, int], int]:
     """Each term's passage count and the passage count, summed over the collections the query
     searches (the step's own index without collections)."""
@@ -100,7 +101,7 @@ def relevance_model(documents: list[list[str]], weights: list[float]) -> dict[st
     return dict(model)
 
 
-def surface_forms(texts: list[str], sparse: BM25Index) -> dict[str, str]:
+def surface_forms(texts: list[str], sparse: SparseIndex) -> dict[str, str]:
     """The most frequent written word behind each index term (a stem reads badly to an embedder)."""
     words = [w for ws in tokenize(texts, stemmer="none", stopwords=sparse.spec.stopwords) for w in ws]
     stems = sparse.terms([" ".join(words)])[0] if sparse.spec.stemmer != "none" else words

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Feedback, Query
-from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, strip_markup
+from ragline.flows.resources.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.expand_prf import surface_forms
 from ragline.tasks.retrieve_dense import combined_filter
@@ -64,7 +64,7 @@ def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
        uses={"sparse": ("bm25", "milvus"), "llm": ("openai_compatible",)}, reads_roles=reads_roles,
        prompt=lambda p: "expand_terms" if p is not None and p.mode == "llm" else None,
        prompt_variables=("question", "n"))
-def expand_terms(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,
+def expand_terms(query: Query, params: Params, ctx: StepContext, sparse: SparseIndex,
                  llm: LLMClient | None = None) -> Query:
     """Add related terms (from the corpus's co-occurrences or the LLM) to the keyword query."""
     if not params.enabled:
@@ -92,7 +92,7 @@ def with_terms(query: Query, related: dict[str, float], written: dict[str, str],
 
 
 def corpus_terms(query: Query, own: set[str], params: Params,
-                 sparse: BM25Index) -> tuple[dict[str, float], dict[str, str]]:
+                 sparse: SparseIndex) -> tuple[dict[str, float], dict[str, str]]:
     """LCA: f(t) = prod over query terms q of (DELTA + co_degree(t, q)) ** idf(q), where
     co_degree(t, q) = log10(co(t, q) + 1) * idf(t) / log10(n) and co(t, q) = sum over the top n
     passages of tf(t) * tf(q): terms that meet every query term in the top passages, and are rare."""
@@ -126,7 +126,7 @@ def corpus_terms(query: Query, own: set[str], params: Params,
 
 
 def llm_terms(query: Query, own: set[str], params: Params, ctx: StepContext, llm: LLMClient,
-              sparse: BM25Index) -> tuple[dict[str, float], dict[str, str]]:
+              sparse: SparseIndex) -> tuple[dict[str, float], dict[str, str]]:
     """The LLM's synonyms and related terms, one per line or comma-separated, as index terms: each
     proposal weighs the same, shared by its terms; terms the index lacks or the request has are left out."""
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars), n=params.terms)

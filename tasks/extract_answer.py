@@ -37,8 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Context, ContextDocument, EvidenceAnswer, EvidenceSpan, Query, Source
-from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.pseudo_queries import ABBREVIATION, SENTENCE
 
@@ -171,7 +171,7 @@ class Unit:
 @stage("extract_answer", params=Params, produces="evidence", kind="query",
        uses={"embedder": ("sentence_transformer",), "sparse": ("bm25", "milvus")})
 def extract_answer(query: Query, context: Context, params: Params, ctx: StepContext, embedder: Embedder,
-                   sparse: BM25Index | None = None) -> EvidenceAnswer:
+                   sparse: SparseIndex | None = None) -> EvidenceAnswer:
     """The sentence of the references that answers the question, cited; or a refusal with its reason."""
     started = time.perf_counter()
     answer = evidence_answer(query.original or query.text, context, params, embedder, sparse)
@@ -179,7 +179,7 @@ def extract_answer(query: Query, context: Context, params: Params, ctx: StepCont
 
 
 def evidence_answer(question: str, context: Context, params: Params, embedder: Embedder,
-                    sparse: BM25Index | None = None) -> EvidenceAnswer:
+                    sparse: SparseIndex | None = None) -> EvidenceAnswer:
     """The extractive answer to ``question`` from the context's passages (see the module doc)."""
     if not context.documents:
         return refusal(context.withheld or "no relevant documents were found", [])
@@ -247,7 +247,7 @@ def numbered_names(question: str) -> dict[str, list[str]]:
     return found
 
 
-def unmentioned(question: str, keys: list[str], context: Context, sparse: BM25Index | None) -> list[str]:
+def unmentioned(question: str, keys: list[str], context: Context, sparse: SparseIndex | None) -> list[str]:
     """The question's key terms no reference holds: a number, date or version (in digits or, up to
     twelve, in words: 'season 4' is the 'fourth season'), and, by the index's own statistics, a name
     or word no passage of the index uses at all. Such a question asks about something the references
@@ -288,7 +288,7 @@ def names(text: str, term: str) -> bool:
     return mentions(text, term) or spelled(text, term)
 
 
-def unknown_words(keys: list[str], sparse: BM25Index | None) -> list[str]:
+def unknown_words(keys: list[str], sparse: SparseIndex | None) -> list[str]:
     """Key words (names too) the index holds in no passage at all (none without BM25 statistics); the
     words a question is asked with ('how long', 'what happened', 'where is it held') never count."""
     candidates = [k for k in keys if len(k) > 3 and not HAS_DIGIT.search(k) and k.lower() not in ASKING_WORDS]
@@ -652,7 +652,7 @@ def value_key(text: str) -> str:
 
 # ----------------------------------------------------------------------------- scoring
 def score_units(question: str, units: list[Unit], kind: str | None, params: Params, embedder: Embedder,
-                sparse: BM25Index | None) -> list[Unit]:
+                sparse: SparseIndex | None) -> list[Unit]:
     """The units worth embedding (the ``max_candidates`` that cover most of the question's key terms),
     each scored: cosine, key-term coverage, asked type, agreement across passages."""
     weights = term_weights(question, [u.scored for u in units], sparse)
@@ -700,7 +700,7 @@ def function_words() -> frozenset[str]:
                                 for w in getattr(lists, name) if isinstance(w, str))
 
 
-def term_weights(question: str, texts: list[str], sparse: BM25Index | None) -> dict[str, float]:
+def term_weights(question: str, texts: list[str], sparse: SparseIndex | None) -> dict[str, float]:
     """The question's content stems (function words of any listed language left out), each weighted by
     its IDF: from the index's own statistics when one is bound, else from the candidate sentences (a
     word every sentence holds weighs little)."""

@@ -19,9 +19,9 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, ContextDocument, Query
 from ragline.flows.resources.llm_output import clip
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import Completion, LLMClient
+from ragline.flows.resources.protocols import DenseStore
 from ragline.tasks.generate import REFUSAL, SystemPrompt, answer_from, refusal, system_message, system_templates, \
     with_system
 from ragline.tasks.collection_index import COLLECTION_KEY, by_collection
@@ -54,7 +54,7 @@ class Params(SystemPrompt):
        prompt_variables=("question", "instruction", "documents", "refusal", "draft"), other_prompts=system_templates,
        uses={"llm": ("openai_compatible",), "store": ("chroma", "milvus"), "embedder": ("sentence_transformer",)})
 def generate_flare(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
-                   store: ChromaStore, embedder: Embedder) -> Answer:
+                   store: DenseStore, embedder: Embedder) -> Answer:
     """Active retrieval (Jiang et al., 2023): uncertain sentences, or the model's own search requests,
     trigger retrieval before the answer goes on."""
     if params.mode == "instruct":
@@ -81,7 +81,7 @@ def generate_flare(query: Query, context: Context, params: Params, ctx: StepCont
 
 
 def _instruct(query: Query, context: Context, params: Params, ctx: StepContext, llm: LLMClient,
-              store: ChromaStore, embedder: Embedder) -> Answer:
+              store: DenseStore, embedder: Embedder) -> Answer:
     """FLARE-Instruct: the text up to a [Search(query)] token is kept, the query retrieved, and the
     model continues from the kept text with the new documents in its prompt."""
     documents = list(context.documents)

@@ -25,13 +25,12 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
 from ragline.flows.contracts import UNREAD_KEY, IngestPlan, WorkPage
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources import integrity
-from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.milvus import check_roles
 from ragline.flows.resources.integrity import reconcile
 from ragline.flows.resources.state import IndexState, LeaseHolder
 from ragline.flows.resources.source_ids import Moves, find_moves, may_move, move_chunks, move_tails
+from ragline.flows.resources.protocols import DenseStore, SparseIndex
 from ragline.tasks.answerable import record_floor
 
 DIRTY = "dirty"
@@ -57,7 +56,7 @@ USES = {"store": ("chroma", "milvus"), "sparse": ("bm25", "milvus"), "state": ("
 
 
 @stage("index", params=Params, produces="report", uses=USES, kind="ingestion")
-def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, store: ChromaStore,
+def index(chunks: list[Chunk], documents: list[Document], ctx: StepContext, store: DenseStore,
           state: IndexState) -> IndexReport:
     """Replace the chunks of this batch's documents in Chroma and the state record."""
     source_ids = [d.source_id for d in documents]
@@ -93,7 +92,7 @@ def granted(chunks: list[Chunk], documents: list[Document]) -> None:
 
 @index.on_session
 @contextmanager
-def session(params: Params, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
+def session(params: Params, ctx: StepContext, store: DenseStore, sparse: SparseIndex,
             state: IndexState) -> Iterator[None]:
     """One writer per index: hold the state's lease for the whole run (plan, batches, finalize), and
     repair the stores first, before the sources are listed."""
@@ -106,7 +105,7 @@ def session(params: Params, ctx: StepContext, store: ChromaStore, sparse: BM25In
         yield
 
 
-def repair_stores(params: Params, ctx: StepContext, store: ChromaStore, sparse: BM25Index,
+def repair_stores(params: Params, ctx: StepContext, store: DenseStore, sparse: SparseIndex,
                   state: IndexState) -> None:
     """Finish an interrupted run and repair any store that no longer agrees with the state, before
     the listing compares the sources with the state: the sources a repair forgets are then listed as
@@ -122,7 +121,7 @@ def repair_stores(params: Params, ctx: StepContext, store: ChromaStore, sparse: 
 
 @index.on_plan
 def plan(documents: list[Document], failures: list[Failure], covered: list[Coverage], params: Params,
-         ctx: StepContext, store: ChromaStore, sparse: BM25Index, state: IndexState) -> IngestPlan:
+         ctx: StepContext, store: DenseStore, sparse: SparseIndex, state: IndexState) -> IngestPlan:
     """Decide what changed since the last run (the stores were repaired by ``session``, before the
     sources were listed)."""
     state.set_meta(DIRTY, "1")
@@ -194,7 +193,7 @@ def pending(after: str, size: int, ctx: StepContext, state: IndexState) -> WorkP
     return WorkPage(documents=[d for _, d in page], steps=[step for step, _ in page])
 
 
-def migrate_ids(moves: Moves, store: ChromaStore, state: IndexState, ctx: StepContext) -> int:
+def migrate_ids(moves: Moves, store: DenseStore, state: IndexState, ctx: StepContext) -> int:
     """Rename moved sources in place (vectors kept: Chroma first, then the state in one transaction,
     so a crash between them is redone by the next run); say so in one line."""
     rows = state.source_chunks(moves.renamed)
@@ -208,7 +207,7 @@ def migrate_ids(moves: Moves, store: ChromaStore, state: IndexState, ctx: StepCo
     return len(moves.renamed)
 
 
-def regrant(documents: list[Document], store: ChromaStore, state: IndexState, ctx: StepContext) -> int:
+def regrant(documents: list[Document], store: DenseStore, state: IndexState, ctx: StepContext) -> int:
     """Apply changed access to unchanged documents in place: their chunks' metadata, never their
     vectors. Crash-safe like a replace: the state forgets their access (commit), Chroma's metadata
     is changed, then the state records the new groups on the sources and their chunks (one
@@ -253,8 +252,8 @@ def record_failures(state: IndexState, pipeline: str, failures: Iterable[Failure
 
 
 @index.on_finalize
-def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: StepContext, store: ChromaStore,
-             sparse: BM25Index, state: IndexState) -> IndexReport:
+def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: StepContext, store: DenseStore,
+             sparse: SparseIndex, state: IndexState) -> IndexReport:
     """Delete removed sources everywhere, republish BM25 if the state moved, mark the run clean,
     set the answerability floor of the published index; record every stage's failures (the engine
     collects them: load's, and those of the batches' steps, which plan could not know)."""
@@ -292,7 +291,7 @@ def gate_floor(params: Params, ctx: StepContext, state: IndexState) -> None:
                     floor.generation, floor.pairs)
 
 
-def _ensure_dimension(store: ChromaStore, state: IndexState, chunks: list[Chunk], ctx: StepContext) -> None:
+def _ensure_dimension(store: DenseStore, state: IndexState, chunks: list[Chunk], ctx: StepContext) -> None:
     """A new embedding model (new dimension) makes every stored vector stale: start the collection over."""
     new = next((len(c.embedding) for c in chunks if c.embedding is not None), None)
     if new is None:

@@ -419,10 +419,10 @@ def _sink(ctx: StepContext) -> Any:
     if ctx.project is None:
         return None
     try:
-        steps = ctx.project.pipeline(ctx.pipeline).steps
+        sink = ctx.project.pipeline(ctx.pipeline).sink
     except (KeyError, ValueError):
         return None
-    return next((s for s in steps if s.stage.plan is not None and "state" in s.resources), None)
+    return sink if sink is not None and "state" in sink.resources else None
 
 
 # --- finding files -------------------------------------------------------------------------

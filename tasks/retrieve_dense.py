@@ -17,9 +17,9 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query, Ranking
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources import filters
-from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing
+from ragline.flows.resources.protocols import DenseStore
 
 
 class Params(BaseModel):
@@ -45,7 +45,7 @@ def combined_filter(fixed: dict[str, Any] | None, requested: dict[str, Any] | No
 
 @stage("retrieve_dense", params=Params, produces="rankings", kind="query",
        uses={"store": ("chroma", "milvus"), "embedder": ("sentence_transformer",)})
-def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: ChromaStore,
+def retrieve_dense(query: Query, params: Params, ctx: StepContext, store: DenseStore,
                    embedder: Embedder) -> list[Ranking]:
     """Nearest chunks by embedding, per search text, honouring metadata filters."""
     texts = query.dense_texts()
@@ -84,14 +84,14 @@ def pooled(query: Query, texts: list[str], vectors: np.ndarray, normalize: bool)
     return [query.text, *texts[n:]], np.vstack([mean[None, :].astype(vectors.dtype), vectors[n:]])
 
 
-def _empty_store(store: ChromaStore, ctx: StepContext) -> None:
+def _empty_store(store: DenseStore, ctx: StepContext) -> None:
     chunks = indexed_chunks(ctx)
     if chunks:
         raise StoreDamaged(f"{store.location}: the collection is empty while the index state holds {chunks} "
                            f"chunks; {REMEDY}")
 
 
-def _unreadable(store: ChromaStore, exc: Exception) -> Exception:
+def _unreadable(store: DenseStore, exc: Exception) -> Exception:
     """Chroma's own error for a damaged embedded store (``database disk image is malformed``) as
     one line naming the folder and the remedy; any other error unchanged."""
     from chromadb.errors import InternalError

@@ -15,8 +15,8 @@ import time
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query, Ranking
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing
+from ragline.flows.resources.protocols import SparseIndex
 from ragline.tasks.retrieve_dense import Params, combined_filter, store_fault
 
 LEASE_STALE_SECONDS = 30.0  # as the index sink's lease: a holder silent this long is gone
@@ -27,7 +27,7 @@ RESET = ("BM25 settings changed since the index was built (pipelines.yaml or its
 
 @stage("retrieve_sparse", params=Params, produces="rankings", kind="query",
        uses={"sparse": ("bm25", "milvus"), "state": ("index_state",)})
-def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: BM25Index,
+def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: SparseIndex,
                     state: IndexState) -> list[Ranking]:
     """Best BM25 matches per search text (query2doc's and PRF's expansions when upstream steps made
     them); the same metadata filters as dense retrieval."""
@@ -55,7 +55,7 @@ def retrieve_sparse(query: Query, params: Params, ctx: StepContext, sparse: BM25
     return rankings
 
 
-def report_lag(sparse: BM25Index, state: IndexState, ctx: StepContext) -> None:
+def report_lag(sparse: SparseIndex, state: IndexState, ctx: StepContext) -> None:
     """Say (never repair) when the published version is not the state's; raise StoreDamaged when
     there is none, or it is unreadable, while the state holds chunks. Read-only: a pointer read, a
     meta read, and a count only when nothing is published.

@@ -30,8 +30,8 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.resources.llm_output import clip, parse_json, parse_lines
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.llm import MAX_SAMPLES, LLMClient
+from ragline.flows.resources.protocols import SparseIndex
 from ragline.tasks.verify import content, stems, tokens
 
 Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]
@@ -100,7 +100,7 @@ def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
        uses={"llm": ("openai_compatible",), "sparse": ("bm25", "milvus")}, reads_roles=reads_roles,
        prompt=lambda p: f"rewrite_{p.mode}",
        prompt_variables=lambda p: ("question", "history") if p.mode == "conversational" else ("question", "n"))
-def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient, sparse: BM25Index | None = None) -> Query:
+def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient, sparse: SparseIndex | None = None) -> Query:
     """Rewrite the request for retrieval; the result says what to search and how to answer."""
     if not params.enabled:
         return query
@@ -126,7 +126,7 @@ def rewrite(query: Query, params: Params, ctx: StepContext, llm: LLMClient, spar
 
 
 def _self_consistent(query: Query, question: str, params: Params, ctx: StepContext, llm: LLMClient,
-                     sparse: BM25Index | None) -> Query:
+                     sparse: SparseIndex | None) -> Query:
     """HyDE / query2doc over ``samples`` pseudo-documents of one call (see the module's docstring)."""
     if params.keyword and sparse is None:
         raise ValueError("rewrite with keyword: true and samples > 1 counts the samples' terms with the BM25 "

@@ -24,6 +24,7 @@ from ragline.flows.resources import filters
 from ragline.flows.resources.bm25 import BM25Index
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, parse_json
+from ragline.flows.resources.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.collection_index import by_collection
 
@@ -108,7 +109,7 @@ def reads_roles(params: Params) -> dict[str, tuple[str, str]]:
        prompt=lambda p: "self_query" if p is not None and p.mode == "llm" else None,
        prompt_variables=("question", "fields"))
 def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | None = None,
-               sparse: BM25Index | None = None) -> Query:
+               sparse: SparseIndex | None = None) -> Query:
     """Read a metadata filter out of the request and AND it with the query's own filters."""
     if params.fallback == "unfiltered" and sparse is None:
         raise ValueError("fallback 'unfiltered' counts matches in a bm25 resource: add one and name it in `uses`")

@@ -33,11 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Community, ContextDocument, Passage, SummaryReport
 from ragline.flows.resources import summaries
-from ragline.flows.resources.chroma import ChromaStore
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, strip_markup
 from ragline.flows.resources.state import IndexState
+from ragline.flows.resources.protocols import DenseStore
 from ragline.flows.spec.registry import stage
 
 COMMUNITY_VARIABLES = ("documents",)
@@ -74,7 +74,7 @@ def _prompts(params: Params) -> dict[str, tuple[str, ...]]:
        uses={"store": ("chroma",), "embedder": ("sentence_transformer",), "state": ("index_state",),
              "llm": ("openai_compatible",)},
        prompt="summarize_community", prompt_variables=COMMUNITY_VARIABLES, other_prompts=_prompts)
-def summarize_communities(params: Params, ctx: StepContext, store: ChromaStore, embedder: Embedder,
+def summarize_communities(params: Params, ctx: StepContext, store: DenseStore, embedder: Embedder,
                           state: IndexState, llm: LLMClient) -> SummaryReport:
     """Cluster the chunk vectors into two levels of communities and summarise those whose membership changed."""
     started = time.perf_counter()

@@ -59,8 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, GateCalibration, PipelineKind, PseudoQuery, TuneReport
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import BM25Index, LegacyVersion, in_memory, ranked, tokenize
-from ragline.flows.resources.chroma import ChromaStore
+from ragline.flows.resources.bm25 import LegacyVersion, in_memory, ranked, tokenize
 from ragline.flows.resources.embedder import Embedder
 from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.state import IndexState
@@ -74,6 +73,7 @@ from ragline.tasks.pseudo_queries import without
 from ragline.tasks.retrieve_sparse import LEASE_STALE_SECONDS
 from ragline.flows.contracts import ContextDocument, Passage, Query
 from ragline.flows.resources.llm_output import clip
+from ragline.flows.resources.protocols import DenseStore, SparseIndex
 
 Metric = Literal["ndcg@10", "mrr@10", "recall@100"]
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
@@ -209,8 +209,8 @@ def reads_roles(params: Params) -> dict[str, tuple[str, str] | None]:
 @stage("tune_retrieval", params=Params, produces="tuning", kind="job",
        uses={"store": ("chroma", "milvus"), "embedder": ("sentence_transformer",), "sparse": ("bm25", "milvus"),
              "state": ("index_state",), "llm": ("openai_compatible",)}, reads_roles=reads_roles)
-def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, store: ChromaStore,
-                   embedder: Embedder, sparse: BM25Index, state: IndexState,
+def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, store: DenseStore,
+                   embedder: Embedder, sparse: SparseIndex, state: IndexState,
                    llm: LLMClient | None = None) -> TuneReport:
     """Score fusion and BM25 settings on pseudo-queries; write the best as the tuned overlay."""
     started = time.perf_counter()
@@ -554,7 +554,7 @@ def variant_name(v: dict[str, Any]) -> str:
     return f"bm25 k1={v['k1']:g} b={v['b']:g} {v['stemmer']}"
 
 
-def rank_pairs(pairs: list[PseudoQuery], corpus: Corpus, store: ChromaStore, embedder: Embedder, spec: Any,
+def rank_pairs(pairs: list[PseudoQuery], corpus: Corpus, store: DenseStore, embedder: Embedder, spec: Any,
                params: Params, base: dict[str, Any], deadline: float | None,
                ctx: StepContext | None = None, timings: dict[str, float] | None = None) -> tuple[Rankings, bool]:
     """Each retriever's ranking of every pseudo-query, at the deepest depth tried, with every
@@ -565,7 +565,7 @@ def rank_pairs(pairs: list[PseudoQuery], corpus: Corpus, store: ChromaStore, emb
                         ctx, timings)
 
 
-def rank_queries(queries: list[str], corpus: Corpus, store: ChromaStore, embedder: Embedder, spec: Any,
+def rank_queries(queries: list[str], corpus: Corpus, store: DenseStore, embedder: Embedder, spec: Any,
                  variants: list[dict[str, Any]], depth: int, changed: dict[int, str] | None = None,
                  sources: list[int | None] | None = None, deadline: float | None = None,
                  ctx: StepContext | None = None, timings: dict[str, float] | None = None) -> tuple[Rankings, bool]:
@@ -597,7 +597,7 @@ def rank_queries(queries: list[str], corpus: Corpus, store: ChromaStore, embedde
     return cache, exhausted
 
 
-def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: ChromaStore, embedder: Embedder,
+def dense_rankings(queries: list[str], depth: int, corpus: Corpus, store: DenseStore, embedder: Embedder,
                    changed: dict[int, str], sources: list[int | None],
                    similarity: list[float | None] | None = None) -> list[list[tuple[int, float]]]:
     """Chroma's ranking per query; the query's own source document is re-scored from its chunks as

@@ -119,7 +119,7 @@ def describe_pipeline(pipeline) -> str:
     steps = " -> ".join(f"{s.id} ({s.stage.name})" for s in pipeline.steps)
     if pipeline.kind in (PipelineKind.QUERY, PipelineKind.JOB):
         return f"running {pipeline.kind} pipeline '{pipeline.name}': {steps}"
-    load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
+    load = pipeline.load_step
     paths = ", ".join(map(str, load.params.paths)) if load is not None else "its sources"
     return (f"running ingestion pipeline '{pipeline.name}': indexes {paths} (relative to "
             f"{pipeline.project.base_dir}) and removes documents no longer found there; steps: {steps}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.run import engine
+from ragline.flows.run.targets import load_step_id
 from ragline.flows.spec.compile import Project
 from ragline.flows.spec.model import require_kinds
 from ragline.flows.context import StepContext
@@ -90,7 +91,7 @@ def _index_corpus(project: Project, items: list[RgbItem], corpus: str, workdir: 
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     project = project.relocated(workdir / corpus)
     indexer = project.pipeline(index_pipeline)
-    load_step = next(s.id for s in indexer.steps if s.stage.name == "load")
+    load_step = load_step_id(indexer)
     engine.run(indexer.with_overrides({load_step: {"paths": [str(path)]}}), orchestrate=orchestrate)
     return project
 

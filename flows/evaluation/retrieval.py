@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.run import engine
+from ragline.flows.run.targets import load_step_id
 from ragline.flows.spec.compile import Project
 from ragline.flows.spec.model import require_kinds
 from ragline.flows.contracts import Passage
@@ -126,7 +127,7 @@ def eval_workspace(project: Project, dataset: BeirDataset, index_pipeline: str) 
     they share one index outside eval: the ingestion's finalize rebuilds BM25 alone for them."""
 
     pipeline = project.pipeline(index_pipeline)
-    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    sink = pipeline.sink
     middle = [s for s in pipeline.steps if s.stage.inputs and s is not sink]
     stored = {} if sink is None else {
         role: _resource_fingerprint(project.spec.resources[name]) for role, name in sorted(sink.resources.items())
@@ -158,7 +159,7 @@ def evaluate(project: Project, dataset: BeirDataset, pipeline: str = "search", i
     workspace = eval_workspace(project, dataset, index_pipeline)
     project = in_workspace(project, workspace)
     indexer = project.pipeline(index_pipeline)
-    load_step = next(s.id for s in indexer.steps if s.stage.name == "load")
+    load_step = load_step_id(indexer)
     started = time.perf_counter()
     report = engine.run(indexer.with_overrides({load_step: {"paths": [str(dataset.corpus.resolve())]}}),
                         orchestrate=orchestrate, progress=progress)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from ragline.flows.resources.bm25 import BM25Index
-from ragline.flows.resources.chroma import ChromaStore, ChromaUnavailable, space_scores
+from ragline.flows.resources.chroma import ChromaUnavailable, space_scores
 from ragline.flows.resources.state import REMEDY, IndexState, StorageError, StoreDamaged, StoreMissing
+from ragline.flows.resources.protocols import DenseStore, SparseIndex
 
 SAMPLE = 32  # chunk ids checked in Chroma per ingestion run
 REPAIRING = "repairing"  # state meta: JSON list of the sources a repair forgot that no finished run re-indexed yet
@@ -59,7 +59,7 @@ class Finding:
         return f"{self.store}: {self.message} ({how})"
 
 
-def resume(store: ChromaStore) -> bool:
+def resume(store: DenseStore) -> bool:
     """Let the store finish an operation of its own that a kill interrupted (milvus: a rebuild whose
     rows were being restored from their whole copy), before it is compared with the state: compared
     first, the rows not yet restored would read as lost and be re-embedded. True if it finished one.
@@ -68,7 +68,7 @@ def resume(store: ChromaStore) -> bool:
     return bool(finish()) if finish is not None else False
 
 
-def compare(store: ChromaStore, sparse: BM25Index | None, state: IndexState, *, full: bool = False,
+def compare(store: DenseStore, sparse: SparseIndex | None, state: IndexState, *, full: bool = False,
             embedder_key: str | None = None, writer: bool = False) -> list[Finding]:
     """Every disagreement found; cheap unless ``full``. A damaged state stops the comparison.
     ``writer`` (the ingestion run, under its lease): an embedded store whose files did not change
@@ -93,7 +93,7 @@ def compare(store: ChromaStore, sparse: BM25Index | None, state: IndexState, *, 
     return findings
 
 
-def _chroma(store: ChromaStore, state: IndexState, chunks: int, full: bool,
+def _chroma(store: DenseStore, state: IndexState, chunks: int, full: bool,
             embedder_key: str | None) -> list[Finding]:
     kind = store.type_name()  # chroma or milvus: the store the finding names
     try:
@@ -135,7 +135,7 @@ def _chroma(store: ChromaStore, state: IndexState, chunks: int, full: bool,
     return findings
 
 
-def _unreachable(store: ChromaStore, state: IndexState) -> list[Finding]:
+def _unreachable(store: DenseStore, state: IndexState) -> list[Finding]:
     """A sample of stored vectors, each searched for: a vector that is stored but that no search
     finds (a damaged HNSW graph) is invisible to dense retrieval while every count agrees. A search
     that finds an exact twin (a duplicate passage) first counts as finding it."""
@@ -158,7 +158,7 @@ def _unreachable(store: ChromaStore, state: IndexState) -> list[Finding]:
                                        f"no search finds them (a damaged vector index)", "reindex", tuple(sources))]
 
 
-def _verified(store: ChromaStore, state: IndexState, chunks: int) -> str | None:
+def _verified(store: DenseStore, state: IndexState, chunks: int) -> str | None:
     """What a sound check of an embedded Chroma store vouches for: its files (path, size, mtime,
     inode each), the state's generation and chunk count. None where that says nothing: a served
     store (``host``) or another engine, or a folder with no files."""
@@ -192,7 +192,7 @@ def _state_ids(state: IndexState) -> set[str]:
         return set()
 
 
-def _bm25(sparse: BM25Index, state: IndexState, chunks: int, full: bool) -> list[Finding]:
+def _bm25(sparse: SparseIndex, state: IndexState, chunks: int, full: bool) -> list[Finding]:
     problem = sparse.problem(state)
     if problem is not None:
         # a milvus collection's schema holds its analyzer: other settings rebuild it (every source re-indexed)
@@ -227,7 +227,7 @@ def _generation(state: IndexState) -> int:
         return 0
 
 
-def repair(findings: list[Finding], store: ChromaStore, sparse: BM25Index | None, state: IndexState,
+def repair(findings: list[Finding], store: DenseStore, sparse: SparseIndex | None, state: IndexState,
            say: Callable[[str], Any]) -> set[str]:
     """Repair what the findings allow, saying one line each; raise StoreDamaged naming the first
     finding that needs a hand (a damaged state file, an unreadable Chroma store). Returns the
@@ -268,7 +268,7 @@ def repairing(state: IndexState) -> set[str]:
     return set(json.loads(state.get_meta(REPAIRING) or "[]"))
 
 
-def reconcile(store: ChromaStore, state: IndexState, say: Callable[[str], Any] | None = None) -> set[str]:
+def reconcile(store: DenseStore, state: IndexState, say: Callable[[str], Any] | None = None) -> set[str]:
     """Make Chroma hold exactly the chunks the state names: delete the vectors it does not name, and
     forget the sources whose vectors are missing, so the ingestion plan re-embeds them. Returns
     the sources forgotten. Full scan: run after a crash, on a finding, or on request."""
@@ -290,7 +290,7 @@ def reconcile(store: ChromaStore, state: IndexState, say: Callable[[str], Any] |
     return sources
 
 
-def _chunkless(store: ChromaStore, state: IndexState, extra: set[str]) -> set[str]:
+def _chunkless(store: DenseStore, state: IndexState, extra: set[str]) -> set[str]:
     """The sources the state still lists although it lost the chunk rows of ``extra`` (vectors it
     does not name, whose metadata names those sources): listed as unchanged, they would stay out of
     every retriever for good once their vectors are removed."""

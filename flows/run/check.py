@@ -36,7 +36,7 @@ def indexes(project: Any) -> list[Index]:
     for pipeline in project.pipelines.values():
         if pipeline.kind != PipelineKind.INGESTION:
             continue
-        sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+        sink = pipeline.sink
         if sink is None or "store" not in sink.resources or "state" not in sink.resources:
             continue
         key = (sink.resources["store"], sink.resources.get("sparse"), sink.resources["state"])

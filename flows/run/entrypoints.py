@@ -332,7 +332,7 @@ def record_success(pipeline: CompiledPipeline) -> None:
     its deployment's schedule made, that too): what ``/metrics`` reports. Best effort."""
     from prefect.context import FlowRunContext
 
-    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    sink = pipeline.sink
     name = sink.resources.get("state") if sink is not None else None
     if name is None:
         return

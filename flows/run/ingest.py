@@ -46,7 +46,7 @@ def _batches(run: Run, sink: CompiledStep | None, plan: IngestPlan, origin: dict
 
 
 def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = None) -> IndexReport:
-    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    sink = pipeline.sink
     if sink is None or sink.stage.session is None:
         return _ingest(pipeline, executor, progress)
     ctx = StepContext(pipeline=pipeline.name, step_id=sink.id, base_dir=str(pipeline.project.base_dir))
@@ -58,7 +58,7 @@ def run_ingestion(pipeline: CompiledPipeline, executor: Any, progress: Any = Non
 def _ingest(pipeline: CompiledPipeline, executor: Any, progress: Any) -> IndexReport:
     started = time.perf_counter()
     sources_steps = [s for s in pipeline.steps if not s.stage.inputs and s.stage.produces == "documents"]
-    sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+    sink = pipeline.sink
     middle = [s for s in pipeline.steps if s not in sources_steps]
     run = Run(pipeline, executor, PipelineRef.of(pipeline), pipeline.fingerprint([s for s in middle if s is not sink]))
 

@@ -40,25 +40,24 @@ def ingestion_for(project: Project, name: str, paths: list[str] | tuple[()] = ()
     pipeline = project.pipeline(name)
     overrides: dict[str, dict[str, Any]] = {}
     if paths:
-        overrides[_load_step(pipeline)] = {"paths": [str(Path(p).resolve()) for p in paths]}
-    sink = next((s.id for s in pipeline.steps if s.stage.plan is not None), None)
-    if not wait and sink is not None:
-        overrides[sink] = {"wait": False}
+        overrides[load_step_id(pipeline)] = {"paths": [str(Path(p).resolve()) for p in paths]}
+    if not wait and pipeline.sink is not None:
+        overrides[pipeline.sink.id] = {"wait": False}
     return pipeline.with_overrides(overrides) if overrides else pipeline
 
 
 def source_locations(pipeline: CompiledPipeline) -> list[str]:
     """The load step's roots as absolute paths (the file's own are relative to its folder): what
     the user can find on disk, whatever names the index gives them."""
-    load = next((s for s in pipeline.steps if s.stage.name == "load"), None)
+    load = pipeline.load_step
     if load is None:
         return []
     return [os.path.abspath(os.path.join(pipeline.project.base_dir, os.path.expanduser(entry.path)))
             if entry.type == "local" else str(entry) for entry in load.params.paths]
 
 
-def _load_step(pipeline: CompiledPipeline) -> str:
-    found = next((s.id for s in pipeline.steps if s.stage.name == "load"), None)
-    if found is None:
+def load_step_id(pipeline: CompiledPipeline) -> str:
+    """The id of the step that reads the sources, to give it other paths; refused where there is none."""
+    if pipeline.load_step is None:
         raise InputError(f"pipeline '{pipeline.name}' has no load step to give paths to", field="paths")
-    return found
+    return pipeline.load_step.id

@@ -142,7 +142,7 @@ class _Runs:
         for name, pipeline in project.pipelines.items():
             if pipeline.kind != PipelineKind.INGESTION:
                 continue
-            sink = next((s for s in pipeline.steps if s.stage.plan is not None), None)
+            sink = pipeline.sink
             self.sinks[name] = sink
             self.state_resource[name] = sink.resources.get("state") if sink is not None else None
 

@@ -21,12 +21,11 @@ def folder_watchers(project: Project) -> list[FolderWatcher]:
     for name, pipeline in project.pipelines.items():
         if pipeline.kind is not PipelineKind.INGESTION:
             continue
-        for step in pipeline.steps:
-            if step.stage.name != "load":
-                continue
-            for folder in watched_folders(step.params, str(project.base_dir)):
-                journals.setdefault(os.path.realpath(folder), []).append(
-                    Journal(journal_file(data_dir, name, folder)))
+        load = pipeline.load_step
+        if load is None:
+            continue
+        for folder in watched_folders(load.params, str(project.base_dir)):
+            journals.setdefault(os.path.realpath(folder), []).append(Journal(journal_file(data_dir, name, folder)))
     return [FolderWatcher(root, found) for root, found in sorted(journals.items())]
 
 

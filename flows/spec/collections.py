@@ -74,7 +74,7 @@ def expand(checker: Any, project: Project) -> None:
         compiled = project.pipelines.get(template)
         if compiled is None:
             continue  # the template's own errors are reported
-        sink = next((s for s in compiled.steps if s.stage.plan is not None), None)
+        sink = compiled.sink
         if sink is None:
             checker.error(loc + ("template",), f"pipeline '{template}' has no index step to write a collection")
             continue

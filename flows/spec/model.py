@@ -142,6 +142,17 @@ class CompiledPipeline:
         return self.spec.kind
 
     @property
+    def sink(self) -> CompiledStep | None:
+        """The ingestion's sink, the step whose stage plans the run (``Stage.plan``: the index
+        state's writer); None in a query or job pipeline. The one place that finds it."""
+        return next((s for s in self.steps if s.stage.plan is not None), None)
+
+    @property
+    def load_step(self) -> CompiledStep | None:
+        """The step that lists and reads the sources (the ``load`` stage); None where there is none."""
+        return next((s for s in self.steps if s.stage.name == "load"), None)
+
+    @property
     def collections(self) -> list[str]:
         """The named collections this pipeline's retrievers search (empty: none are declared)."""
         return list(dict.fromkeys(name for s in self.steps for name in s.collections))
