@@ -271,8 +271,12 @@ class Embedder(Resource):
         return np.stack([shared[(model, t)] for t in texts])
 
     def _encode_queries(self, texts: list[str]) -> np.ndarray:
-        """Prefixed query texts to vectors: by the torch-free encoder where there is one."""
-        encoder = self._query_encoder.get() if texts else None
+        """Prefixed query texts to vectors: by the torch-free encoder where there is one, unless this
+        process holds the model already (an ingestion's answerable floor, a job): a second copy of the
+        model in onnxruntime cost an ingestion 130-230 MB of its peak for nothing (bench/vs_haystack.py)."""
+        if not texts or (self._model.loaded and not self._query_encoder.loaded):
+            return self._encode(texts)
+        encoder = self._query_encoder.get()
         if encoder is None:
             return self._encode(texts)
         return encoder.encode(texts, batch_size=self.spec.batch_size)

@@ -181,6 +181,22 @@ def test_lean_vectors_are_torchs(exported):
 
 @pytest.mark.integration
 @pytest.mark.onnx
+def test_a_process_holding_the_model_encodes_queries_with_it_not_a_second_copy(exported):
+    """An ingestion (its answerable floor) or a job has the torch model loaded: its queries go through
+    it, and the ONNX encoder is never loaded beside it (130-230 MB of an ingestion's peak)."""
+    _, torch_embedder = exported
+    vectors = torch_embedder.encode_queries(TEXTS)
+    assert torch_embedder._model.loaded and not torch_embedder._query_encoder.loaded
+    assert np.abs(vectors - torch_embedder._encode(TEXTS)).max() == 0
+    lean = Embedder(EmbedderSpec(type="sentence_transformer"))
+    lean.encode_queries(TEXTS)  # a query process: the lean encoder, no model
+    assert lean._query_encoder.loaded and not lean._model.loaded
+    lean.encode_documents(["an ingestion step in the same process"])
+    assert np.abs(lean.encode_queries(TEXTS) - vectors).max() < 1e-5  # the encoder it has stays in use
+
+
+@pytest.mark.integration
+@pytest.mark.onnx
 def test_scifact_rankings_are_torchs(exported):
     """Every judged SciFact test query (300) ranked over the abstracts judged for them (~340, embedded by
     torch): the top-10 of the torch query vector and of the ONNX one agree in >= 99 % of queries."""
