@@ -1,8 +1,10 @@
 """PDF page by page, with its layout: the page starts travel with the text, so chunks cite pages.
 
 pypdf opens the file first (encryption, the metadata title, and the ``document_max_member_bytes``
-limit on every content stream, enforced while inflating), then pdfplumber (pdfminer.six's
-characters with their positions, and its ruling-line table finder) reads each page:
+limit on every content stream, enforced while inflating), then PDFium (pypdfium2; ``pdfium_page``)
+reads each page's characters and ruling lines, which pdfplumber groups into words and its ruling-line
+table finder into tables (pdfminer.six, which pdfplumber reads through on its own, took five times
+as long):
 
 - tables as Markdown tables, header row first; a table that goes on at the top of the next page
   with as many columns is one table (a repeated header row there is dropped), joined to the page
@@ -11,7 +13,7 @@ characters with their positions, and its ruling-line table finder) reads each pa
   right, between the lines that cross the gap (a title, a full-width figure caption);
 - running headers and footers (a line in the top or bottom band of most pages, digits aside, page
   numbers included) are dropped, and a word hyphenated at a line end is joined;
-- a page pdfplumber cannot read falls back to pypdf's text; a page without a text layer (a scan) is
+- a page PDFium cannot read falls back to pypdf's text; a page without a text layer (a scan) is
   read by OCR from its images, up to ``ocr_max_pages`` a file.
 """
 from __future__ import annotations
@@ -82,7 +84,7 @@ class _Page:
     height: float = 0.0
     rows: list[_Row] = field(default_factory=list)
     tables: list[_PageTable] = field(default_factory=list)
-    text: str | None = None  # pypdf's text, when pdfplumber could not read the page
+    text: str | None = None  # pypdf's text, when PDFium could not read the page
 
 
 def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
@@ -125,7 +127,7 @@ def _stream_limits(options: Options) -> dict[str, int]:
 
 def _inflate_contents(reader: Any, options: Options) -> None:
     """Every page's content stream and form XObjects inflated once by pypdf, under the stream limits:
-    pdfminer (which pdfplumber reads through) has no such limit, so a bomb is refused here first."""
+    PDFium has no such limit, so a bomb is refused here first."""
     for page in reader.pages:
         options.check()
         contents = page.get_contents()
@@ -144,10 +146,8 @@ def _inflate_contents(reader: Any, options: Options) -> None:
 def _layout(data: bytes, reader: Any, options: Options) -> list[_Page]:
     """Each page's rows of words and its tables (positions in points from the top); a page (or a
     file) PDFium cannot read keeps pypdf's text instead."""
-    import pypdfium2  # here: only a PDF needs it (`ragline validate` need not)
-
     try:
-        document = pypdfium2.PdfDocument(data, password="")
+        document = pdfium_page.pdfium.PdfDocument(data, password="")
     except Exception:  # PDFium refuses what pypdf read: the file's text as pypdf gives it
         return [_Page(text=page.extract_text() or "") for page in _checked(reader.pages, options)]
     laid_out: list[_Page] = []
