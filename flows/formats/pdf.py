@@ -127,7 +127,7 @@ def _stream_limits(options: Options) -> dict[str, int]:
 
 def _inflate_contents(reader: Any, options: Options) -> None:
     """Every page's content stream and form XObjects inflated once by pypdf, under the stream limits:
-    PDFium has no such limit, so a bomb is refused here first."""
+    PDFium has no such setting, so a bomb is refused here first."""
     for page in reader.pages:
         options.check()
         contents = page.get_contents()
