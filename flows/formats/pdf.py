@@ -147,26 +147,21 @@ def _layout(data: bytes, reader: Any, options: Options) -> list[_Page]:
     """Each page's rows of words and its tables (positions in points from the top); a page (or a
     file) PDFium cannot read keeps pypdf's text instead."""
     try:
-        document = pdfium_page.pdfium.PdfDocument(data, password="")
+        document = pdfium_page.open_document(data)
     except Exception:  # PDFium refuses what pypdf read: the file's text as pypdf gives it
         return [_Page(text=page.extract_text() or "") for page in _checked(reader.pages, options)]
     laid_out: list[_Page] = []
     size = 0
     try:
-        for n in _checked(range(len(document)), options, lambda: size):
-            page = None
+        for n in _checked(range(pdfium_page.page_count(document)), options, lambda: size):
             try:
-                page = document[n]
-                laid_out.append(_read_page(page))
+                laid_out.append(_read_page(*pdfium_page.read_page(document, n, MAX_TABLE_EDGES)))
             except Exception:  # a page PDFium trips on: pypdf's text for it
                 laid_out.append(_Page(text=reader.pages[n].extract_text() or ""))
-            finally:
-                if page is not None:
-                    page.close()  # its characters and objects are not kept past the page
             size += sum(len(r.text) + 1 for r in laid_out[-1].rows) + len(laid_out[-1].text or "") + \
                 sum(len(c) + 3 for t in laid_out[-1].tables for row in t.rows for c in row)
     finally:
-        document.close()
+        pdfium_page.close_document(document)
     return laid_out
 
 
@@ -185,13 +180,11 @@ class _RuledPage:
     bbox: tuple[float, float, float, float]
 
 
-def _read_page(page: Any) -> _Page:
+def _read_page(view: pdfium_page.PageView, chars: list[dict], edges: list[dict]) -> _Page:
+    """The page's tables (pdfplumber's finder on its ruling edges) and its rows of words outside them."""
     from pdfplumber.table import TableFinder, TableSettings
     from pdfplumber.utils import extract_words
 
-    view = pdfium_page.PageView(page)
-    chars = pdfium_page.chars(page, view)
-    edges = pdfium_page.edges(page, view) if pdfium_page.has_paths(page) else []
     ruled = _RuledPage(edges, (0.0, 0.0, view.width, view.height))
     tables = TableFinder(ruled, TableSettings.resolve(None)).tables if 0 < len(edges) <= MAX_TABLE_EDGES else []
     boxes = [t.bbox for t in tables]

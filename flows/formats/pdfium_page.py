@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 from typing import Any
 
 import pypdfium2 as pdfium
@@ -23,6 +24,7 @@ UPRIGHT = 1e-3  # radians: a character turned less than this from the horizontal
 UNMAPPED = (0, 0xFFFD, 0xFFFE, 0xFFFF)  # no character the glyph maps to
 STRAIGHT = 1e-3  # points: a segment whose ends differ less than this across it is horizontal (vertical)
 MAX_FORM_DEPTH = 8  # form XObjects nested deeper than this are not looked into for ruling lines
+LOCK = threading.Lock()  # one PDFium call at a time in the process
 
 
 class PageView:
@@ -81,13 +83,15 @@ def chars(page: Any, view: PageView) -> list[dict]:
         textpage.close()
 
 
-def edges(page: Any, view: PageView) -> list[dict]:
+def edges(page: Any, view: PageView, limit: int | None = None) -> list[dict]:
     """The horizontal and vertical straight segments of the page's paths (rectangles' sides, lines,
-    polygons' sides; form XObjects looked into) as pdfplumber's edge dicts."""
+    polygons' sides; form XObjects looked into) as pdfplumber's edge dicts; past ``limit`` edges the
+    rest of the page's paths are not read (the caller gives such a page no table finder)."""
     found: list[dict] = []
     identity = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
     count = pdfium_c.FPDFPage_CountObjects(page.raw)
-    _object_edges([pdfium_c.FPDFPage_GetObject(page.raw, n) for n in range(count)], identity, view, found, 0)
+    _object_edges([pdfium_c.FPDFPage_GetObject(page.raw, n) for n in range(count)], identity, view, found, 0,
+                  math.inf if limit is None else limit)
     return found
 
 
@@ -96,9 +100,12 @@ def has_paths(page: Any) -> bool:
     return any(True for _ in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_PATH], max_depth=MAX_FORM_DEPTH))
 
 
-def _object_edges(objects: list, outer: tuple, view: PageView, found: list[dict], depth: int) -> None:
+def _object_edges(objects: list, outer: tuple, view: PageView, found: list[dict], depth: int,
+                  limit: float) -> None:
     matrix = pdfium_c.FS_MATRIX()
     for obj in objects:
+        if len(found) > limit:
+            return
         kind = pdfium_c.FPDFPageObj_GetType(obj)
         if kind not in (pdfium_c.FPDF_PAGEOBJ_PATH, pdfium_c.FPDF_PAGEOBJ_FORM):
             continue
@@ -108,7 +115,7 @@ def _object_edges(objects: list, outer: tuple, view: PageView, found: list[dict]
         if kind == pdfium_c.FPDF_PAGEOBJ_FORM:
             if depth < MAX_FORM_DEPTH:
                 inner = [pdfium_c.FPDFFormObj_GetObject(obj, n) for n in range(pdfium_c.FPDFFormObj_CountObjects(obj))]
-                _object_edges(inner, combined, view, found, depth + 1)
+                _object_edges(inner, combined, view, found, depth + 1, limit)
             continue
         _path_edges(obj, combined, view, found)
 
@@ -155,4 +162,32 @@ def _add_edge(p0: tuple[float, float], p1: tuple[float, float], found: list[dict
                   "width": x1 - x0, "height": bottom - top, "orientation": orientation})
 
 
-__all__ = ["PageView", "chars", "edges", "has_paths"]
+def open_document(data: bytes) -> Any:
+    with LOCK:
+        return pdfium.PdfDocument(data, password="")
+
+
+def close_document(document: Any) -> None:
+    with LOCK:
+        document.close()
+
+
+def page_count(document: Any) -> int:
+    with LOCK:
+        return len(document)
+
+
+def read_page(document: Any, number: int, max_edges: int) -> tuple[PageView, list[dict], list[dict]]:
+    """A page's view, characters and ruling edges (none read when it draws no path; reading stops past
+    ``max_edges``), the page closed."""
+    with LOCK:
+        page = document[number]
+        try:
+            view = PageView(page)
+            return view, chars(page, view), (edges(page, view, max_edges) if has_paths(page) else [])
+        finally:
+            page.close()
+
+
+__all__ = ["LOCK", "PageView", "chars", "close_document", "edges", "has_paths", "open_document", "page_count",
+           "read_page"]

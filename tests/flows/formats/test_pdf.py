@@ -198,3 +198,24 @@ def test_a_page_that_is_one_image_is_reported_with_the_reason_without_decoding_i
     if pdf.ocr.unavailable() is None:  # OCR would decode it: the stream limit refuses its pixels first
         with pytest.raises(FormatError, match=r"PDF stream inflates past the document_max_member_bytes limit"):
             pdf.convert(data, "scan.pdf", Options(max_member_bytes=8_000_000))
+
+
+def test_pdfium_is_called_by_one_thread_at_a_time():
+    """PDFium is not thread-safe (a concurrent call can crash the process): a conversion waits while
+    another thread holds PDFium's lock, and conversions on several threads read as on one."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragline.flows.formats import pdfium_page
+
+    with pdfium_page.LOCK:
+        waiting = threading.Thread(target=pdf.convert, args=(two_column_report(), "r.pdf"))
+        waiting.start()
+        waiting.join(timeout=1.0)
+        assert waiting.is_alive()  # blocked on the lock, not reading PDFium beside its holder
+    waiting.join(timeout=30)
+    assert not waiting.is_alive()
+    documents = [table_report(), two_column_report(), ruled_grid(100)] * 2
+    alone = [pdf.convert(data, "r.pdf").text for data in documents]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        assert list(pool.map(lambda data: pdf.convert(data, "r.pdf").text, documents)) == alone
