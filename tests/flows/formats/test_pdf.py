@@ -118,6 +118,24 @@ def test_cell_texts_are_pdfplumbers_own_without_its_scan_per_row():
                 assert tables or page.page_number > 1
 
 
+def test_a_one_line_cell_has_extract_texts_text_and_other_cells_are_left_to_it():
+    from pdfplumber.utils import extract_text
+
+    def char(text, x0, top=10.0, width=5.0, upright=True):
+        return {"text": text, "x0": x0, "x1": x0 + width, "top": top, "bottom": top + 9, "doctop": top,
+                "size": 9.0, "upright": upright}
+
+    cells = [
+        [char("a", 0), char("\ufb01", 5), char("x", 14), char(" ", 19), char("y", 24)],  # ligature, gap, blank
+        [char("b", 20), char("a", 0, top=11.5), char("c", 4)],  # out of order, tops within 3 points
+        [char("r", 30), char("s", 33)],  # starting left of the one before's end: no gap
+    ]
+    for chars in cells:
+        assert pdf._one_line_text(chars) == extract_text(chars)
+    assert pdf._one_line_text([char("a", 0), char("b", 0, top=20)]) is None  # two lines: extract_text reads it
+    assert pdf._one_line_text([char("a", 0, upright=False)]) is None
+
+
 def test_a_page_of_more_ruled_cells_than_the_table_finder_is_given_is_read_as_lines():
     rows = pdf.MAX_TABLE_EDGES // 16 + 50  # 4 cells of 4 edges a row: over the bound
     text = pdf.convert(ruled_grid(rows), "grid.pdf").text
