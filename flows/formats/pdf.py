@@ -1,8 +1,10 @@
 """PDF page by page, with its layout: the page starts travel with the text, so chunks cite pages.
 
 pypdf opens the file first (encryption, the metadata title, and the ``document_max_member_bytes``
-limit on every content stream, enforced while inflating), then pdfplumber (pdfminer.six's
-characters with their positions, and its ruling-line table finder) reads each page:
+limit on every content stream, enforced while inflating), then PDFium (pypdfium2; ``pdfium_page``)
+reads each page's characters and ruling lines, which pdfplumber groups into words and its ruling-line
+table finder into tables (pdfminer.six, which pdfplumber reads through on its own, took five times
+as long):
 
 - tables as Markdown tables, header row first; a table that goes on at the top of the next page
   with as many columns is one table (a repeated header row there is dropped), joined to the page
@@ -11,7 +13,7 @@ characters with their positions, and its ruling-line table finder) reads each pa
   right, between the lines that cross the gap (a title, a full-width figure caption);
 - running headers and footers (a line in the top or bottom band of most pages, digits aside, page
   numbers included) are dropped, and a word hyphenated at a line end is joined;
-- a page pdfplumber cannot read falls back to pypdf's text; a page without a text layer (a scan) is
+- a page PDFium cannot read falls back to pypdf's text; a page without a text layer (a scan) is
   read by OCR from its images, up to ``ocr_max_pages`` a file.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragline.flows.formats import ocr
+from ragline.flows.formats import ocr, pdfium_page
 from ragline.flows.formats.base import Converted, FormatError, Options, markdown_table
 
 # a metadata title that names nothing (what PDF writers put when the author gave none)
@@ -41,6 +43,7 @@ UNMAPPED = re.compile(r"\(cid:\d+\)")  # pdfminer's name for a glyph its font ma
 # table finder's cost grows faster than its edges (one page of 2,400 drawn cells, 9,600 edges, takes
 # seconds); a page of real tables has hundreds to a few thousand
 MAX_TABLE_EDGES = 12_000
+TEXT_TOLERANCE = 3  # points: pdfplumber's default x and y tolerance of extract_text, which cell texts follow
 
 
 @dataclass
@@ -81,7 +84,7 @@ class _Page:
     height: float = 0.0
     rows: list[_Row] = field(default_factory=list)
     tables: list[_PageTable] = field(default_factory=list)
-    text: str | None = None  # pypdf's text, when pdfplumber could not read the page
+    text: str | None = None  # pypdf's text, when PDFium could not read the page
 
 
 def convert(data: bytes, name: str, options: Options = Options()) -> Converted:
@@ -124,7 +127,7 @@ def _stream_limits(options: Options) -> dict[str, int]:
 
 def _inflate_contents(reader: Any, options: Options) -> None:
     """Every page's content stream and form XObjects inflated once by pypdf, under the stream limits:
-    pdfminer (which pdfplumber reads through) has no such limit, so a bomb is refused here first."""
+    PDFium has no such setting, so a bomb is refused here first."""
     for page in reader.pages:
         options.check()
         contents = page.get_contents()
@@ -138,29 +141,27 @@ def _inflate_contents(reader: Any, options: Options) -> None:
                 xobject.get_data()
 
 
-# --- layout: pdfplumber's words and tables per page ---------------------------------------------
+# --- layout: PDFium's characters and ruling lines, pdfplumber's words and tables per page ------
 
 def _layout(data: bytes, reader: Any, options: Options) -> list[_Page]:
     """Each page's rows of words and its tables (positions in points from the top); a page (or a
-    file) pdfplumber cannot read keeps pypdf's text instead."""
-    import pdfplumber
-
+    file) PDFium cannot read keeps pypdf's text instead."""
     try:
-        document = pdfplumber.open(io.BytesIO(data), password="")
-    except Exception:  # pdfminer refuses what pypdf read: the file's text as pypdf gives it
+        document = pdfium_page.open_document(data)
+    except Exception:  # PDFium refuses what pypdf read: the file's text as pypdf gives it
         return [_Page(text=page.extract_text() or "") for page in _checked(reader.pages, options)]
     laid_out: list[_Page] = []
     size = 0
-    with document:
-        for n, page in enumerate(_checked(document.pages, options, lambda: size)):
+    try:
+        for n in _checked(range(pdfium_page.page_count(document)), options, lambda: size):
             try:
-                laid_out.append(_read_page(page))
-            except Exception:  # a page pdfminer trips on: pypdf's text for it
+                laid_out.append(_read_page(*pdfium_page.read_page(document, n, MAX_TABLE_EDGES)))
+            except Exception:  # a page PDFium trips on: pypdf's text for it
                 laid_out.append(_Page(text=reader.pages[n].extract_text() or ""))
-            finally:
-                page.close()  # its characters and layout are not kept past the page
             size += sum(len(r.text) + 1 for r in laid_out[-1].rows) + len(laid_out[-1].text or "") + \
                 sum(len(c) + 3 for t in laid_out[-1].tables for row in t.rows for c in row)
+    finally:
+        pdfium_page.close_document(document)
     return laid_out
 
 
@@ -171,20 +172,33 @@ def _checked(pages: Any, options: Options, size: Any = lambda: 0) -> Any:
         yield page
 
 
-def _read_page(page: Any) -> _Page:
-    tables = page.find_tables() if len(page.edges) <= MAX_TABLE_EDGES else []  # ruling lines: cells drawn as a grid
+@dataclass
+class _RuledPage:
+    """What pdfplumber's table finder reads of a page (its ``edges`` and ``bbox``), from PDFium."""
+
+    edges: list[dict]
+    bbox: tuple[float, float, float, float]
+
+
+def _read_page(view: pdfium_page.PageView, chars: list[dict], edges: list[dict]) -> _Page:
+    """The page's tables (pdfplumber's finder on its ruling edges) and its rows of words outside them."""
+    from pdfplumber.table import TableFinder, TableSettings
+    from pdfplumber.utils import extract_words
+
+    ruled = _RuledPage(edges, (0.0, 0.0, view.width, view.height))
+    tables = TableFinder(ruled, TableSettings.resolve(None)).tables if 0 < len(edges) <= MAX_TABLE_EDGES else []
     boxes = [t.bbox for t in tables]
     found = []
-    chars = _CharRows(page.chars) if tables else None
+    rows_of = _CharRows(chars) if tables else None
     for table in tables:
-        rows = [[" ".join((c or "").split()) for c in row] for row in _cell_texts(table, chars)]
+        rows = [[" ".join((c or "").split()) for c in row] for row in _cell_texts(table, rows_of)]
         rows = [row for row in rows if any(row)]
         if rows:
             x0, top, x1, bottom = table.bbox
             found.append(_PageTable(top, bottom, x0, x1, rows))
-    text = page.filter(lambda o: o.get("object_type") != "char" or not _inside(o, boxes)) if boxes else page
-    words = text.extract_words(x_tolerance_ratio=WORD_GAP, keep_blank_chars=False, use_text_flow=False)
-    return _Page(width=float(page.width), height=float(page.height), rows=_rows(words), tables=found)
+    outside = [c for c in chars if not _inside(c, boxes)] if boxes else chars
+    words = extract_words(outside, x_tolerance_ratio=WORD_GAP, keep_blank_chars=False, use_text_flow=False)
+    return _Page(width=view.width, height=view.height, rows=_rows(words), tables=found)
 
 
 class _CharRows:
@@ -218,9 +232,40 @@ def _cell_texts(table: Any, chars: _CharRows) -> list[list[str | None]]:
                 continue
             x0, top, x1, bottom = cell
             inside = [c for c in in_row if x0 <= (c["x0"] + c["x1"]) / 2 < x1 and top <= _middle_y(c) < bottom]
-            cells.append(extract_text(inside) if inside else "")
+            cells.append((_one_line_text(inside) or extract_text(inside)) if inside else "")
         texts.append(cells)
     return texts
+
+
+def _one_line_text(chars: list[dict]) -> str | None:
+    """``extract_text`` of upright characters on one line (tops within its y tolerance), by its rule
+    in one pass: words split at a blank or where a character starts left of the one before or more
+    than its x tolerance after its end, ligatures expanded; None for other cells (pdfplumber's own
+    call reads them). Most cells are one line, and ``extract_text`` costs a tenth of a millisecond each."""
+    from pdfplumber.utils.text import LIGATURES
+
+    tops = [c["top"] for c in chars]
+    if max(tops) - min(tops) > TEXT_TOLERANCE or not all(c["upright"] for c in chars):
+        return None
+    words: list[str] = []
+    word: list[str] = []
+    last = None
+    for char in sorted(chars, key=lambda c: (c["x0"], c["bottom"])):
+        text = char["text"]
+        if text.isspace():
+            last = None
+        elif last is not None and (char["x0"] < last["x0"] or char["x0"] > last["x1"] + TEXT_TOLERANCE):
+            last = char
+        else:
+            word.append(LIGATURES.get(text, text))
+            last = char
+            continue
+        if word:
+            words.append("".join(word))
+        word = [LIGATURES.get(text, text)] if last is char else []
+    if word:
+        words.append("".join(word))
+    return " ".join(words)
 
 
 def _inside(obj: dict, boxes: list[tuple[float, float, float, float]]) -> bool:

@@ -118,6 +118,24 @@ def test_cell_texts_are_pdfplumbers_own_without_its_scan_per_row():
                 assert tables or page.page_number > 1
 
 
+def test_a_one_line_cell_has_extract_texts_text_and_other_cells_are_left_to_it():
+    from pdfplumber.utils import extract_text
+
+    def char(text, x0, top=10.0, width=5.0, upright=True):
+        return {"text": text, "x0": x0, "x1": x0 + width, "top": top, "bottom": top + 9, "doctop": top,
+                "size": 9.0, "upright": upright}
+
+    cells = [
+        [char("a", 0), char("\ufb01", 5), char("x", 14), char(" ", 19), char("y", 24)],  # ligature, gap, blank
+        [char("b", 20), char("a", 0, top=11.5), char("c", 4)],  # out of order, tops within 3 points
+        [char("r", 30), char("s", 33)],  # starting left of the one before's end: no gap
+    ]
+    for chars in cells:
+        assert pdf._one_line_text(chars) == extract_text(chars)
+    assert pdf._one_line_text([char("a", 0), char("b", 0, top=20)]) is None  # two lines: extract_text reads it
+    assert pdf._one_line_text([char("a", 0, upright=False)]) is None
+
+
 def test_a_page_of_more_ruled_cells_than_the_table_finder_is_given_is_read_as_lines():
     rows = pdf.MAX_TABLE_EDGES // 16 + 50  # 4 cells of 4 edges a row: over the bound
     text = pdf.convert(ruled_grid(rows), "grid.pdf").text
@@ -126,3 +144,96 @@ def test_a_page_of_more_ruled_cells_than_the_table_finder_is_given_is_read_as_li
         f"r{rows - 1}c2 r{rows - 1}c3"
     under = pdf.convert(ruled_grid(200), "grid.pdf").text  # under it: a Markdown table
     assert under.split("\n")[:3] == ["| r0c0 | r0c1 | r0c2 | r0c3 |", "|---|---|---|---|", "| r1c0 | r1c1 | r1c2 | r1c3 |"]
+
+
+# --- bad PDFs stay bounded: ten thousand pages, a page that is one image -------------------------
+
+def long_manual(pages: int) -> bytes:
+    """``pages`` pages, each a paragraph mid-page: one page written by fpdf2, repeated by pypdf (a
+    page object per page, one shared content stream), so ten thousand pages take a second to make."""
+    from fpdf import FPDF
+    from pypdf import PdfWriter
+
+    document = FPDF()
+    document.add_page()
+    document.set_font("Helvetica", size=11)
+    document.set_y(120)
+    document.multi_cell(0, 6, "A page of the long manual: the same paragraph on each of its pages.")
+    page = PdfReader(io.BytesIO(bytes(document.output()))).pages[0]
+    writer = PdfWriter()
+    for _ in range(pages):
+        writer.add_page(page)
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
+
+
+def test_a_ten_thousand_page_pdf_is_stopped_by_the_time_and_text_budgets_with_the_reason():
+    import time
+
+    from ragline.flows.formats.base import BudgetExceeded, Options
+
+    data = long_manual(10_000)
+    started = time.monotonic()
+    with pytest.raises(BudgetExceeded, match=r"took over the document_max_seconds limit of 0.5 s"):
+        pdf.convert(data, "manual.pdf", Options(seconds=0.5, deadline=started + 0.5))
+    assert time.monotonic() - started < 5  # checked before every page, not at the end
+    with pytest.raises(BudgetExceeded, match=r"text over the document_max_chars limit of 20000 characters"):
+        pdf.convert(data, "manual.pdf", Options(max_chars=20_000))  # the text held stays bounded
+
+
+@pytest.mark.integration  # 10,000 pages: about 12 s on an idle 2-core machine
+def test_a_ten_thousand_page_pdf_is_read_whole_with_every_page_start():
+    converted = pdf.convert(long_manual(10_000), "manual.pdf")
+    assert converted.metadata["pages"] == 10_000 == len(converted.pages)
+    paragraph = "A page of the long manual: the same paragraph on each of its pages."
+    assert converted.text == "\n\n".join([paragraph] * 10_000)
+    assert converted.pages == [n * (len(paragraph) + 2) for n in range(10_000)]
+
+
+def one_image_page(side: int) -> bytes:
+    """One page that is one picture (``side`` pixels square, one colour: its stream is small, its
+    pixels ``3 * side**2`` bytes) and no text layer."""
+    from fpdf import FPDF
+    from PIL import Image
+
+    document = FPDF()
+    document.add_page()
+    document.image(Image.new("RGB", (side, side), "white"), x=10, y=10, w=190)
+    return bytes(document.output())
+
+
+def test_a_page_that_is_one_image_is_reported_with_the_reason_without_decoding_it():
+    import time
+
+    from ragline.flows.formats.base import FormatError, Options
+
+    data = one_image_page(4000)  # 48 MB of pixels in a 50 KB stream
+    started = time.monotonic()
+    with pytest.raises(FormatError, match=r"^PDF has no extractable text \(scanned images\?\); OCR is turned off"):
+        pdf.convert(data, "scan.pdf", Options(ocr=False))
+    assert time.monotonic() - started < 5
+    if pdf.ocr.unavailable() is None:  # OCR would decode it: the stream limit refuses its pixels first
+        with pytest.raises(FormatError, match=r"PDF stream inflates past the document_max_member_bytes limit"):
+            pdf.convert(data, "scan.pdf", Options(max_member_bytes=8_000_000))
+
+
+def test_pdfium_is_called_by_one_thread_at_a_time():
+    """PDFium is not thread-safe (a concurrent call can crash the process): a conversion waits while
+    another thread holds PDFium's lock, and conversions on several threads read as on one."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragline.flows.formats import pdfium_page
+
+    with pdfium_page.LOCK:
+        waiting = threading.Thread(target=pdf.convert, args=(two_column_report(), "r.pdf"))
+        waiting.start()
+        waiting.join(timeout=1.0)
+        assert waiting.is_alive()  # blocked on the lock, not reading PDFium beside its holder
+    waiting.join(timeout=30)
+    assert not waiting.is_alive()
+    documents = [table_report(), two_column_report(), ruled_grid(100)] * 2
+    alone = [pdf.convert(data, "r.pdf").text for data in documents]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        assert list(pool.map(lambda data: pdf.convert(data, "r.pdf").text, documents)) == alone
