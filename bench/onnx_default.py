@@ -61,8 +61,8 @@ def judged_scifact() -> tuple[list[str], list[str]]:
 
 
 def top10_agreement(model: str) -> dict:
-    """Share of queries whose top-10 (in order, and as a set) is the same with either backend
-    embedding both the queries and the documents."""
+    """Share of queries whose top-10 (in order, and as a set) and top-1 are the same with either backend
+    embedding both the queries and the documents, and the mean share of the top-10 both hold."""
     queries, docs = judged_scifact()
     tops = {}
     for backend in BACKENDS:
@@ -72,7 +72,9 @@ def top10_agreement(model: str) -> dict:
     pairs = list(zip(tops["torch"], tops["onnx_int8"]))
     return {"queries": len(queries), "docs": len(docs),
             "same_order": round(float(np.mean([list(a) == list(b) for a, b in pairs])), 3),
-            "same_set": round(float(np.mean([set(a) == set(b) for a, b in pairs])), 3)}
+            "same_set": round(float(np.mean([set(a) == set(b) for a, b in pairs])), 3),
+            "overlap": round(float(np.mean([len(set(a) & set(b)) / 10 for a, b in pairs])), 3),
+            "same_top1": round(float(np.mean([a[0] == b[0] for a, b in pairs])), 3)}
 
 
 def counts(figures: dict) -> dict:
