@@ -93,7 +93,13 @@ def company_questions() -> tuple[list[dict], list[str]]:
             questions["unanswerable"] + questions["off_topic"])
 
 
-def document_set(name: str, docs: Path, questions, pipelines: list[str], workdir: Path) -> dict:
+def with_backend(project, backend: str | None):
+    """The project with its embedder on ``backend`` (None: as the pipelines file says)."""
+    return project if backend is None else project.with_resource("embedder", backend=backend)
+
+
+def document_set(name: str, docs: Path, questions, pipelines: list[str], workdir: Path,
+                 backend: str | None = None) -> dict:
     answerable_items, unanswerable = questions
     folder = workdir / name
     shutil.rmtree(folder, ignore_errors=True)
@@ -101,7 +107,7 @@ def document_set(name: str, docs: Path, questions, pipelines: list[str], workdir
     shutil.copytree(REPO / "prompts", folder / "prompts")
     (folder / "pipelines.yaml").write_text((REPO / "pipelines.yaml").read_text().replace(
         "paths: [samples/docs]", "paths: [docs]"))
-    project = load_project(folder / "pipelines.yaml", tuned=False)
+    project = with_backend(load_project(folder / "pipelines.yaml", tuned=False), backend)
     engine.run(project.pipeline("index"), orchestrate=False)
     texts = " ".join(p.read_text() for p in (folder / "docs").iterdir())
     results = {}
@@ -118,10 +124,10 @@ def document_set(name: str, docs: Path, questions, pipelines: list[str], workdir
     return results
 
 
-def rgb_sets(pipelines: list[str], workdir: Path, split: str) -> dict:
+def rgb_sets(pipelines: list[str], workdir: Path, split: str, backend: str | None = None) -> dict:
     items = load_rgb(DATA / "rgb" / "en_fact.json")
     chosen = [it for i, it in enumerate(items) if split == "all" or (i % 2 == 1) == (split == "test")]
-    project = load_project(REPO / "pipelines.yaml", tuned=False)
+    project = with_backend(load_project(REPO / "pipelines.yaml", tuned=False), backend)
     results: dict = {}
     for corpus, _ in RGB_SETS:
         indexed = _index_corpus(project, chosen, corpus, workdir / "rgb", orchestrate=False)
