@@ -256,14 +256,31 @@ class MilvusStore(Owned, Resource):
             return self._server_client(self.server, token=token, database=self.spec.database or "")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with warnings.catch_warnings():  # milvus-lite 2.5 imports pkg_resources, deprecated: not the user's to fix
-                warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
-                return MilvusClient(uri=str(self.path), timeout=self.spec.timeout_seconds)
+            return self._open_lite(MilvusClient)
         except Exception as exc:
             raise MilvusUnavailable(
                 f"{self.location}: milvus-lite could not open the file ({_first_line(exc)}); it serves one process "
                 f"at a time: is another ragline process using it? (`ragline serve` runs one engine for the file that all its "
                 f"processes share; or run a Milvus server)") from exc
+
+    def _open_lite(self, client_class, attempts: int = 3):
+        """A client of milvus-lite's engine for the file. An engine that died after starting (seen on a
+        loaded machine: its socket never appears) stays registered for the path, so every later open
+        would fail the same way: release it and start a fresh one, a bounded number of times."""
+        from pymilvus.client.types import Status
+        from pymilvus.exceptions import MilvusException
+
+        for attempt in range(1, attempts + 1):
+            try:
+                with warnings.catch_warnings():  # milvus-lite 2.5 imports pkg_resources, deprecated: not the user's
+                    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+                    return client_class(uri=str(self.path), timeout=self.spec.timeout_seconds)
+            except MilvusException as exc:
+                if attempt == attempts or exc.code != Status.CONNECT_FAILED:  # a held lock is not retried
+                    raise
+                log.warning("%s: milvus-lite's engine did not answer (%s); starting it again", self.location,
+                            _first_line(exc))
+                _release_lite(str(self.path))
 
     def _server_client(self, uri: str, token: str, database: str):
         from pymilvus import MilvusClient

@@ -51,6 +51,24 @@ def write_project(folder: Path, llm_url: str, name: str = "pipelines.yaml") -> P
 
 
 @contextmanager
+def without_prefect() -> Iterator[None]:
+    """No Prefect API configured while an app is created (its query service reads the URL then): the
+    session's ``prefect_server`` fixture points this process at a server once any test on the worker
+    used it, which would otherwise leak into apps whose tests expect none."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    saved = os.environ.pop("PREFECT_API_URL", None)
+    try:
+        with temporary_settings(restore_defaults={PREFECT_API_URL}):
+            yield
+    finally:
+        if saved is not None:
+            os.environ["PREFECT_API_URL"] = saved
+
+
+@contextmanager
 def running(app) -> Iterator[str]:
     """The app on real uvicorn, on a free loopback port, in a thread; its base URL."""
     import uvicorn

@@ -212,6 +212,26 @@ def test_a_query_creates_no_store(make_project, tmp_path):
     assert not (tmp_path / "idx" / "milvus.db").exists()
 
 
+def test_an_engine_that_died_after_starting_is_started_again(tmp_path, caplog):
+    """milvus-lite registers its engine for a file once the process has lived half a second; one that
+    dies later (seen on a loaded CI machine: its socket never appeared) used to fail every open of the
+    file in that process. Provoked for real: the engine killed while registered."""
+    from milvus_lite.server import Server
+    from milvus_lite.server_manager import server_manager_instance
+
+    path = str((tmp_path / "dead.db").resolve())
+    dead = Server(path)
+    assert dead.init() and dead.start()
+    dead._p.kill()
+    dead._p.wait()
+    server_manager_instance._servers[path] = dead
+    store = MilvusStore(MilvusSpec(type="milvus", uri="dead.db", collection="c", timeout_seconds=5), tmp_path)
+    store.upsert([Chunk(chunk_id="c0", source_id="s0", ordinal=0, text="okapi", embedding=[1.0, 0.0, 0.5, 0.25])])
+    assert store.count() == 1
+    assert "engine did not answer" in caplog.text and "starting it again" in caplog.text
+    store.close()
+
+
 # ------------------------------------------------------------------------------------------------ filters
 ROWS = [
     {"lang": "en", "year": 2020, "score": 0.5, "ragline_acl_public": True},

@@ -21,7 +21,7 @@ def task_runs(flow_run_name: str, steps: int, within: float = 60.0) -> dict[str,
     deadline = time.monotonic() + within
     while True:
         states = _task_runs(flow_run_name)
-        if len(states) == steps and all(s.is_final() for s in states.values()) or time.monotonic() > deadline:
+        if len(states) == steps and all(s is not None and s.is_final() for s in states.values()) or time.monotonic() > deadline:
             return states
         time.sleep(0.2)
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from ragline.flows.run import engine
-from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, events, running
+from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, events, running, without_prefect
 pytestmark = pytest.mark.integration
 
 
@@ -192,7 +192,9 @@ def test_readyz_reports_every_dependency(served, down_project):
     checks = ready.json()["checks"]
     assert checks["store"]["status"] == "up" and checks["store"]["detail"]["chunks"] > 0
     assert checks["llm"]["status"] == "up" and checks["prefect"]["status"] == "not_configured"
-    with running(create_app(str(down_project), token=TOKEN)) as url:
+    with without_prefect():
+        down_app = create_app(str(down_project), token=TOKEN)
+    with running(down_app) as url:
         anonymous = httpx.get(f"{url}/readyz")  # probes need no token, but see no details
         assert anonymous.status_code == 503 and anonymous.json()["checks"]["llm"]["error"] is None
         down = httpx.get(f"{url}/readyz", headers=AUTH)
