@@ -109,6 +109,8 @@ class StoreMissing(StoreDamaged):
     hold data: an index never built is empty, not damaged."""
 
 
+QUEUE_PAGE = 1_000  # work-list documents a plan reads per query (a page, not the corpus, is held)
+RANGE_SLACK = 1_000  # rows a listing's range read of recorded sources may span beyond 8 per item
 REMEDY = "run `ragline index` (or `ragline check --repair`)"
 _DAMAGED_WORDS = ("malformed", "not a database", "file is encrypted", "no such table")
 
@@ -730,7 +732,7 @@ class IndexState(Resource):
         # ids compare as code points here (SQLite's binary order of UTF-8; PostgreSQL's columns are C)
         columns = ("SELECT source_id, content_hash, path, title, acl, signal, fingerprint, origin FROM sources" if full
                    else "SELECT source_id, content_hash, acl, signal, fingerprint, origin FROM sources")
-        cap = 8 * len(items) + 1000  # a batch spanning many other rows (another root's) reads per item
+        cap = 8 * len(items) + RANGE_SLACK  # a batch spanning many other rows (another root's) reads per item
         try:
             with self._guarded():
                 rows = self.reader.execute(f"{columns} WHERE source_id >= ? AND source_id < ? ORDER BY source_id "
@@ -923,10 +925,12 @@ class IndexState(Resource):
                        "unchanged=1)", (origin,))
             tx.execute("DELETE FROM queued WHERE origin=? AND unchanged=1", (origin,))
 
-    def queued_pages(self, origin: str, size: int = 1_000, after: str = ""
+    def queued_pages(self, origin: str, size: int | None = None, after: str = ""
                      ) -> Iterator[list[tuple[str, Document]]]:
-        """(step, Document) of this pipeline's work list, ``size`` at a time in id order from after
-        ``after`` (keyset pages: memory is one page; rows dropped behind the cursor do not move it)."""
+        """(step, Document) of this pipeline's work list, ``size`` (``QUEUE_PAGE``) at a time in id order
+        from after ``after`` (keyset pages: memory is one page; rows dropped behind the cursor do not
+        move it)."""
+        size = size or QUEUE_PAGE
         while True:
             with self._guarded():
                 rows = self.conn.execute(
