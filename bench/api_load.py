@@ -27,7 +27,7 @@ from common import REPO, index_more, indexed_workspace, percentile, publish, sav
 # ingestion another process runs during the load is what the API's dense side searches next.
 SERVED = """
 import contextlib, sys, uvicorn
-from ragline.flows.serve.api import create_app
+from ragline.flows.serve.app import create_app
 from ragline.flows.ops.store_servers import serve_stores
 app = create_app(sys.argv[1], token=sys.argv[2], max_concurrent_runs=int(sys.argv[4]))
 with contextlib.ExitStack() as stack:

@@ -31,7 +31,7 @@ TOKEN = "bench-token"
 TARGET_MS = 15.0
 SERVER = """
 import sys, uvicorn
-from ragline.flows.serve.api import create_app
+from ragline.flows.serve.app import create_app
 uvicorn.run(create_app(sys.argv[1], token=sys.argv[2], max_concurrent_runs=int(sys.argv[4])), host="127.0.0.1",
             port=int(sys.argv[3]), log_level="warning", access_log=False)
 """

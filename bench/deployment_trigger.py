@@ -32,7 +32,7 @@ from common import REPO, indexed_workspace, percentile, publish, save
 from ragline.flows.run import engine
 
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-SERVE = ("import sys; from ragline.flows.serve.service import serve; "
+SERVE = ("import sys; from ragline.flows.serve.supervise.service import serve; "
          "sys.exit(serve(sys.argv[1], api=False, poll_seconds=float(sys.argv[2]), warm_runs=sys.argv[3] == 'warm'))")
 
 
@@ -91,8 +91,8 @@ def ms(values: list[float]) -> dict[str, float]:
 
 def measure(project_path: Path, project, questions: list[str], poll_seconds: float, warm: bool) -> dict:
     """Flow runs triggered through the deployment, under a serve whose runs start warm (forked from
-    its forkserver, flows/serve/warm.py) or cold (a fresh interpreter each, Prefect's way)."""
-    from ragline.flows.serve.service import start_prefect_server
+    its forkserver, flows/serve/supervise/warm.py) or cold (a fresh interpreter each, Prefect's way)."""
+    from ragline.flows.serve.supervise.service import start_prefect_server
 
     pipeline = project.pipeline("search")
     with tempfile.TemporaryDirectory() as home:

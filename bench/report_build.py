@@ -32,7 +32,7 @@ def _passages(rng: random.Random, n: int) -> list[dict]:
 
 def write_data_dir(folder: Path, lines: int, search_share: float) -> int:
     from ragline.flows.evaluation.retrieval import record_run
-    from ragline.flows.serve.feedback import FEEDBACK_FOLDER, FEEDBACK_NAME
+    from ragline.flows.serve.routers.feedback import FEEDBACK_FOLDER, FEEDBACK_NAME
     from ragline.flows.serve.query_log import LOG_FOLDER, LOG_NAME
 
     rng, now = random.Random(1), time.time()

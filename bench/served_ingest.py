@@ -7,7 +7,7 @@ change journal that serve's folder watcher keeps (flows/sources/journal.py). The
 are bench/scale.py's (SciFact abstracts as markdown files, the real loader, chunker, Chroma, BM25
 and state, the hash stand-in embedder, so no model load is timed). Measured under two serves in one
 invocation, the same edits in each: flow runs started warm (forked from serve's forkserver,
-flows/serve/warm.py: the default) and cold (``--cold-runs``: a fresh interpreter per run, Prefect's
+flows/serve/supervise/warm.py: the default) and cold (``--cold-runs``: a fresh interpreter per run, Prefect's
 way); the baseline is the same one-change run in-process (``engine.run``), measured in the same
 invocation.
 
@@ -51,7 +51,7 @@ def edit(docs: Path, i: int, note: str, source: list) -> Path:
 def served_runs(project: Path, docs: Path, runs: int, warm: bool, first: int) -> list[dict]:
     """Under one serve: a first run (it lists the corpus in full and vouches for the journal), then
     ``runs`` runs that each follow one edited document."""
-    from ragline.flows.serve.service import start_prefect_server
+    from ragline.flows.serve.supervise.service import start_prefect_server
     from ragline.flows.sources.journal import Journal, journal_file
 
     source = abstracts()

@@ -48,7 +48,7 @@ pipelines:
     steps:
       - {id: sparse, task: retrieve_sparse, with: {k: 10}}
 """
-SERVE = ("import sys; from ragline.flows.serve.service import serve; "
+SERVE = ("import sys; from ragline.flows.serve.supervise.service import serve; "
          "sys.exit(serve(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3]))")
 
 
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
     from ragline.flows.ops.prefect_server import database_url
-    from ragline.flows.serve.service import start_prefect_server
+    from ragline.flows.serve.supervise.service import start_prefect_server
 
     corpus = files(args.files)
     with tempfile.TemporaryDirectory() as tmp:

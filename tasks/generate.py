@@ -19,7 +19,7 @@ SYSTEM_VARIABLES = ("pipeline",)  # what every system template may read, besides
 class SystemPrompt(BaseModel):
     """The operator's instructions (tone, persona, language), sent as the system message. Rendered
     from the pipeline's own values only: no request text reaches it, and a client's system messages
-    are dropped before the pipeline runs (flows/serve/openai_api.py), so a caller cannot replace it."""
+    are dropped before the pipeline runs (flows/serve/routers/openai_api.py), so a caller cannot replace it."""
 
     system: str | None = Field(None, min_length=1, description="the system message, as written")
     system_prompt: str | None = Field(None, min_length=1, description="a template in prompts/ (name without .j2) "

@@ -56,14 +56,14 @@ def test_a_lower_layer_importing_the_api_breaks_the_contract(tmp_path):
     for folder in ("flows", "tasks", "prompts"):
         shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
     filters = copy / "flows" / "resources" / "filters.py"
-    filters.write_text(filters.read_text() + "\nfrom ragline.flows.serve import api  # noqa\n")
+    filters.write_text(filters.read_text() + "\nfrom ragline.flows.serve import app  # noqa\n")
     tree = _linked_package(tmp_path / "tree", copy)
     result = subprocess.run([str(REPO / ".venv" / "bin" / "lint-imports"), "--config", str(REPO / "pyproject.toml"),
                              "--no-cache"], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout[-3000:]
     assert "engine layers BROKEN" in result.stdout
-    assert "ragline.flows.resources.filters -> ragline.flows.serve.api" in result.stdout
+    assert "ragline.flows.resources.filters -> ragline.flows.serve.app" in result.stdout
 
 
 def test_there_are_no_import_cycles(tmp_path):

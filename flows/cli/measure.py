@@ -265,7 +265,7 @@ def register_feedback(command) -> None:
 
 def feedback(args) -> int:
     from ragline.flows.files import write_atomic
-    from ragline.flows.serve.feedback import export_qrels, joined
+    from ragline.flows.serve.routers.feedback import export_qrels, joined
     from ragline.flows.serve.layout import data_dir_of
 
     data_dir = data_dir_of(open_project(args))

@@ -113,7 +113,7 @@ def answer_by_api(args) -> int | None:
     would load the embedder first. None: there is none to use (or it refused our token): run here."""
     if args.orchestrate or args.no_tuned:
         return None
-    from ragline.flows.serve.discovery import find
+    from ragline.flows.serve.supervise.discovery import find
 
     service, why = find(args.file, args.data_dir)
     if service is None:

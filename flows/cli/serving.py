@@ -60,8 +60,8 @@ def register(command) -> None:
 
 
 def api(args) -> int:
-    from ragline.flows.serve.api import serve_api
-    from ragline.flows.serve.documents import api_documents
+    from ragline.flows.serve.app import serve_api
+    from ragline.flows.serve.routers.documents import api_documents
 
     with contextlib.ExitStack() as stack:
         api_llms(open_project(args), args.start_llm, stack)
@@ -82,7 +82,7 @@ def mcp(args) -> int:
 
 
 def serve(args) -> int:
-    from ragline.flows.serve.service import serve
+    from ragline.flows.serve.supervise.service import serve
 
     # the packaged LLM is started (and supervised) by serve, once every argument and port checked out
     return serve(args.file, api=not args.no_api, host=args.host, port=args.port, token=api_token(args),
@@ -100,7 +100,7 @@ def prefect(args) -> int:
 
 
 def register_keys(command) -> None:
-    from ragline.flows.serve.scopes import SCOPES
+    from ragline.flows.serve.auth.scopes import SCOPES
 
     p = command("keys", keys, "Manage the API keys of this project's `ragline api`/`serve` (kept hashed in "
                                "<data dir>/.ragline/keys.json; a running server sees changes on the next request).")
@@ -123,7 +123,7 @@ def register_keys(command) -> None:
 
 
 def keys(args) -> int:
-    from ragline.flows.serve.keys import KeyStore, describe, keys_file, parse_lifetime
+    from ragline.flows.serve.auth.keys import KeyStore, describe, keys_file, parse_lifetime
 
     store = KeyStore(keys_file(args.data_dir or Path(args.file).resolve().parent))
     if args.action == "create":

@@ -28,7 +28,7 @@ def die_with(parent: int, sig: int = 9) -> None:
     """In a direct child of ``parent``: arm the parent-death signal (``sig``, SIGKILL by default: a
     hung process never acts on SIGTERM), and exit now if the parent already died (the child was
     reparented before the signal was armed). In a child of ``parent``'s forkserver (a warm flow run,
-    flows/serve/warm.py) the signal is armed on the forkserver, which exits when ``parent`` does. In
+    flows/serve/supervise/warm.py) the signal is armed on the forkserver, which exits when ``parent`` does. In
     ``parent`` itself, or in a process that is neither, nothing happens. Linux only (elsewhere
     nothing happens)."""
     import os

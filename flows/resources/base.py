@@ -78,7 +78,7 @@ class Resource(ABC):
     Spec: ClassVar[type[BaseModel]]  # its settings; the ``type`` literal names it in pipelines.yaml
     located: ClassVar[bool] = False  # stored under the data folder: relocated with it, one instance per folder
     # libraries it imports to work, which ``ragline serve`` imports once before its flow runs fork
-    # (flows/serve/warm.py) instead of in every run: names only, imported there, never used there
+    # (flows/serve/supervise/warm.py) instead of in every run: names only, imported there, never used there
     preload: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: Any, base_dir: Path | None = None):

@@ -1,5 +1,5 @@
 """Where a served project keeps things, and what its deployments are called: shared by
-``ragline serve`` (``service``), the runs API (``runs``) and the redaction of paths (``redact``)."""
+``ragline serve`` (``supervise.service``), the ingestion runs (``ingestion_runs``) and the redaction of paths (``redact``)."""
 from __future__ import annotations
 
 from pathlib import Path

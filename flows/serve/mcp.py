@@ -50,10 +50,10 @@ from ragline.flows.contracts import EvidenceAnswer, page_label
 from ragline.flows.errors import InputError
 from ragline.flows.resources import close_resources
 from ragline.flows.run.check import indexes
-from ragline.flows.serve.catalog import collection_info
-from ragline.flows.serve.documents import catalogue
-from ragline.flows.serve.guard import BodyProblem, check_json
-from ragline.flows.serve.principals import (
+from ragline.flows.serve.routers.catalog import collection_info
+from ragline.flows.serve.routers.documents import catalogue
+from ragline.flows.serve.auth.guard import BodyProblem, check_json
+from ragline.flows.serve.auth.principals import (
     LOCAL,
     Principal,
     collections_of,

@@ -1,7 +1,7 @@
 """What every HTTP surface of a project shares: the query service (a project's query pipelines
 run in-process on driver threads, tokens streamed to the event loop), the request and response
-models, and one error shape (``ApiError``, OpenAI-shaped, with a code). ``api`` (``/v1/query``,
-health, the page), ``openai_api`` and ``runs`` build their routes on it."""
+models, and one error shape (``ApiError``, OpenAI-shaped, with a code). ``app`` (``/v1/query``,
+health, the page), the ``routers/`` build their routes on it."""
 from __future__ import annotations
 
 import asyncio

@@ -25,8 +25,8 @@ from typing import Any
 from ragline.flows.evaluation.judge import SCORES
 from ragline.flows.evaluation.retrieval import EVAL_RUNS, METRICS
 from ragline.flows.run.entrypoints import LAST_SUCCESS
-from ragline.flows.serve.feedback import FEEDBACK_FOLDER, FEEDBACK_NAME
-from ragline.flows.serve.metrics import index_facts
+from ragline.flows.serve.routers.feedback import FEEDBACK_FOLDER, FEEDBACK_NAME
+from ragline.flows.serve.routers.metrics import index_facts
 from ragline.flows.serve.query_log import LOG_FOLDER, LOG_NAME, read_lines
 
 MAX_TEXT = 160  # characters of one value shown

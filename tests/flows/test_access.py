@@ -80,7 +80,7 @@ def test_a_clients_filter_may_not_name_the_reserved_keys(where):
 
 def test_no_http_surface_lets_a_client_set_the_access():
     from ragline.flows.run.entrypoints import DeployedInputs
-    from ragline.flows.serve.openai_api import ChatRequest
+    from ragline.flows.serve.routers.openai_api import ChatRequest
     from ragline.flows.serve.query_service import QueryRequest
 
     with pytest.raises(ValidationError):

@@ -46,7 +46,7 @@ def _start_serving_server(tmp_path_factory):
     own `prefect server start` would be reached; tests/integration/test_prefect_api_security.py
     checks the authenticated server `ragline serve --start-prefect` starts."""
     from ragline.flows.ops.prefect_server import database_url
-    from ragline.flows.serve.service import start_prefect_server
+    from ragline.flows.serve.supervise.service import start_prefect_server
 
     home = tmp_path_factory.mktemp("prefect-home")
     return start_prefect_server(home, database=database_url(home), auth=False)

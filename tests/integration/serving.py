@@ -72,7 +72,7 @@ def served_project(root: Path) -> Path:
     return path
 
 
-SERVE = ("import sys; from ragline.flows.serve.service import serve; "
+SERVE = ("import sys; from ragline.flows.serve.supervise.service import serve; "
          "sys.exit(serve(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], api=sys.argv[4] == '1'))")
 
 

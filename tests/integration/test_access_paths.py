@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from ragline.flows.resources import clear_cache
-from ragline.flows.serve.keys import KeyStore, keys_file
-from ragline.flows.serve.service import api_app, served_flow
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
+from ragline.flows.serve.supervise.service import api_app, served_flow
 from ragline.flows.spec.compile import load_project
 
 from tests.helpers import access_site

@@ -75,7 +75,7 @@ def test_chroma_server_stopped_mid_query_is_a_503_naming_it_and_answered_again_o
     store = chroma_server.store_yaml(retry_max_seconds=3, timeout_seconds=2)
     path.write_text(path.read_text().replace(EMBEDDED_STORE, store))
     assert run_index(path).added == 6
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     server = f"Chroma server {chroma_server.url} unreachable"
     ask = {"question": QUESTION, "pipeline": "search"}
@@ -127,7 +127,7 @@ def test_queries_answer_with_the_prefect_api_unreachable_and_lost_events_are_rep
                                                                                       capsys, caplog):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(6))
     script = Script()

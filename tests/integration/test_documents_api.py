@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ragline.flows.serve.keys import KeyStore, keys_file
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
 from tests.helpers.net import free_port
 from tests.integration.api.test_documents import PIPELINES
 

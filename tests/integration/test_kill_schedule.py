@@ -319,7 +319,7 @@ def test_a_scheduled_run_firing_during_a_manual_run_waits_and_loses_nothing(pref
     could not see (made after its load). Both succeed; the index equals a clean build."""
     from prefect.settings import PREFECT_API_URL
 
-    from ragline.flows.serve.service import deployment_options, served_flow
+    from ragline.flows.serve.supervise.service import deployment_options, served_flow
 
     project = index_project(batch_size=BATCH)
     docs = tmp_path / "docs"

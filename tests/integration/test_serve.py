@@ -251,7 +251,7 @@ def test_a_second_file_never_takes_over_the_first_files_deployments(served, pref
 
 
 def test_redactor_hides_the_file_and_the_data_dir(project):
-    from ragline.flows.serve.runs import Redactor
+    from ragline.flows.serve.ingestion_runs import Redactor
     from ragline.flows.spec.compile import load_project
 
     loaded = load_project(project)

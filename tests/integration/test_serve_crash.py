@@ -79,7 +79,7 @@ def test_a_killed_serve_takes_its_flow_runs_along_and_the_next_serve_crashes_the
             run_id = _create_flow_run(prefect_api, deployment_id, {})
             run = _until(lambda: (r := _flow_run(prefect_api, run_id))["state"]["type"] == "RUNNING" and r,
                          180, "the run started")
-            # the run's process, forked by serve's forkserver (flows/serve/warm.py), which serve started
+            # the run's process, forked by serve's forkserver (flows/serve/supervise/warm.py), which serve started
             host, _, pid = run["infrastructure_pid"].rpartition(":")
             flow_run = psutil.Process(int(pid))
             forkserver = flow_run.parent()

@@ -21,7 +21,7 @@ from tests.integration.serving import AUTH, TOKEN, _stop
 
 pytestmark = pytest.mark.integration
 
-SERVE = ("import sys; from ragline.flows.serve.service import serve; "
+SERVE = ("import sys; from ragline.flows.serve.supervise.service import serve; "
          "sys.exit(serve(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], start_llm=True))")
 
 

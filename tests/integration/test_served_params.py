@@ -230,7 +230,7 @@ def test_the_documented_trigger_snippet_waits_for_the_result(served, prefect_api
 
 def test_schedules_are_named_after_what_they_do(served, prefect_api, project):
     from ragline.flows.spec.compile import load_project
-    from ragline.flows.serve.service import deployment_options
+    from ragline.flows.serve.supervise.service import deployment_options
 
     [cron] = _deployment(prefect_api, "index")["schedules"]  # as the real server stored it
     assert cron["slug"] == "0 3 * * * (Europe/Berlin)" and cron["schedule"]["cron"] == "0 3 * * *"

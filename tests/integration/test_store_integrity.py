@@ -216,7 +216,7 @@ def test_check_compares_everything_and_repairs(project, capsys):
 
 
 def test_readyz_compares_the_stores_with_the_state(project):
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     clear_cache()
     with running(create_app(str(project))) as url:
@@ -257,7 +257,7 @@ def test_no_query_path_changes_a_byte_of_the_index_even_without_its_state(projec
         shutil.copytree(REPO / "prompts", project.parent / "prompts", dirs_exist_ok=True)
         clear_cache()
         assert main(["ask", "cells", "-f", str(project)]) == 0
-        from ragline.flows.serve.api import create_app
+        from ragline.flows.serve.app import create_app
 
         clear_cache()
         with running(create_app(str(project))) as url:

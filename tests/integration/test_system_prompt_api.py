@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 
-from ragline.flows.serve.api import create_app
+from ragline.flows.serve.app import create_app
 from tests.helpers.api_harness import TOKEN, running
 from tests.helpers.llm_stages import project_for
 from tests.scripted_llm import ScriptedLLM

@@ -9,8 +9,8 @@ import pytest
 
 from ragline.flows import telemetry
 from ragline.flows.run import engine
-from ragline.flows.serve.api import create_app
-from ragline.flows.serve.runs import runs_router
+from ragline.flows.serve.app import create_app
+from ragline.flows.serve.routers.runs import runs_router
 from ragline.flows.spec.compile import load_project
 from tests.helpers.api_harness import AUTH, TOKEN, running
 from tests.helpers.data import index_and_search_yaml, scifact_records, write_jsonl

@@ -17,7 +17,7 @@ from ragline.flows.contracts import COLLECTION_KEY, MEMBERS_KEY
 from ragline.flows.errors import InputError
 from ragline.flows.resources import summaries
 from ragline.flows.run import engine
-from ragline.flows.serve.principals import Principal, query_collections
+from ragline.flows.serve.auth.principals import Principal, query_collections
 from ragline.flows.spec.compile import load_project
 from ragline.tasks.retrieve_summaries import SummariesMissing, SummariesStale
 from tests.helpers.data import REPO
@@ -240,7 +240,7 @@ def test_summaries_of_a_postgresql_state_are_rows_of_each_collections_schema(tmp
 def test_served_ask_global_takes_the_requests_collections_and_filters(collections):
     """Over the real HTTP API (uvicorn): a request naming a collection reads its summaries only (before,
     ask_global searched no named collections and refused the field); a bad filter is a 400 naming it."""
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
     from tests.helpers.api_harness import AUTH, TOKEN, running
 
     project, llm = collections

@@ -72,11 +72,11 @@ def test_unpickled_in_the_parent_itself_nothing_happens():
     assert isinstance(pickle.loads(pickle.dumps(DiesWith(os.getpid()))), DiesWith)  # and we are still here
 
 
-# A serve-like parent whose child is forked by its forkserver (flows/serve/warm.py): the child's
+# A serve-like parent whose child is forked by its forkserver (flows/serve/supervise/warm.py): the child's
 # parent is the forkserver, which exits when the parent does; the child arms its signal on it.
 WARM_PARENT = r"""
 import os, pickle, sys, time
-from ragline.flows.serve.warm import warm_flow_runs
+from ragline.flows.serve.supervise.warm import warm_flow_runs
 import prefect.flow_engine as engine
 
 def child(parent):
@@ -121,7 +121,7 @@ def test_the_forkserver_prelude_arms_the_parent_death_signal_only_in_a_forkserve
     """Multiprocessing's forkserver outlives its parent while any process it forked holds its pipe:
     the prelude it imports first arms its parent-death signal on its parent (serve). Imported in any
     other process (its command line does not run multiprocessing's forkserver), it does nothing."""
-    probe = ("import ctypes; import ragline.flows.serve.forkserver_prelude; "
+    probe = ("import ctypes; import ragline.flows.serve.supervise.forkserver_prelude; "
              "sig = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0); print(sig.value)")
 
     def armed(code: str) -> int:

@@ -82,7 +82,7 @@ from fastapi.testclient import TestClient
 
 import echo_resource
 from ragline.flows.run import engine
-from ragline.flows.serve.api import create_app
+from ragline.flows.serve.app import create_app
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import resource_types
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ragline.flows.serve.principals import Principal, may_query, query_collections
+from ragline.flows.serve.auth.principals import Principal, may_query, query_collections
 from ragline.flows.serve.query_service import ApiError
 from ragline.flows.spec.compile import load_project
 from tests.flows.spec.test_collections import PIPELINES, RESOURCES

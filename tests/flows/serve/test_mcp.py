@@ -28,11 +28,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from ragline.flows.resources import clear_cache
-from ragline.flows.serve.keys import KeyStore, keys_file
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
 from ragline.flows.serve.mcp import resource_uri, rpc_error
 from ragline.flows.serve.query_log import LOG_FOLDER, LOG_NAME, read_lines
 from ragline.flows.serve.query_service import ApiError
-from ragline.flows.serve.service import api_app
+from ragline.flows.serve.supervise.service import api_app
 from tests.helpers.api_harness import running
 from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
 from tests.helpers.data import REPO

@@ -1,7 +1,7 @@
 """A collection-scoped key reaches a milvus-backed pipeline only with a grant on its collection, as on Chroma."""
 from __future__ import annotations
 
-from ragline.flows.serve.principals import Principal, collections_of
+from ragline.flows.serve.auth.principals import Principal, collections_of
 from ragline.flows.spec.compile import load_project
 
 MILVUS = """

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from ragline.flows.contracts import Answer, Passage, Query, Source
-from ragline.flows.serve.feedback import FeedbackRequest, FeedbackStore
+from ragline.flows.serve.routers.feedback import FeedbackRequest, FeedbackStore
 from ragline.flows.serve.query_log import BACKUPS, BoundedJsonl, QueryLog, describe_run, files_of, read_lines
 
 ANSWER_ID = "0123456789abcdef0123456789abcdef"

@@ -193,7 +193,7 @@ def test_writing_never_touches_the_pipelines_file_or_a_foreign_file(project_file
 
 
 def test_a_job_pipeline_is_scheduled_like_an_ingestion(project_file):
-    from ragline.flows.serve.service import deployment_options
+    from ragline.flows.serve.supervise.service import deployment_options
 
     options = deployment_options(load_project(project_file))
     assert [s.cron for s in options["tune"]["schedules"]] == ["0 3 * * 0"]

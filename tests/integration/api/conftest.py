@@ -39,7 +39,7 @@ def api_project(tmp_path_factory, scripted_llm) -> Path:
 
 @pytest.fixture(scope="session")
 def served(api_project) -> Iterator[str]:
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     with without_prefect():  # its health check says "not_configured" whatever ran before on the worker
         app = create_app(str(api_project), token=TOKEN)

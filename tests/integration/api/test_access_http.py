@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragline.flows.resources import clear_cache
-from ragline.flows.serve.keys import KeyStore, keys_file
-from ragline.flows.serve.service import api_app
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
+from ragline.flows.serve.supervise.service import api_app
 from ragline.flows.spec.compile import load_project
 from tests.helpers.access_site import citing_llm, index_site, site_yaml, write_notes, write_pipelines
 from tests.helpers.api_harness import running

@@ -131,7 +131,7 @@ def test_token_is_required_on_every_v1_route_and_only_there(served, api_project)
 
 
 def test_non_loopback_without_token_refuses_to_start(api_project, monkeypatch):
-    from ragline.flows.serve.api import ApiConfigError, create_app, is_loopback, serve_api
+    from ragline.flows.serve.app import ApiConfigError, create_app, is_loopback, serve_api
 
     monkeypatch.delenv("RAGLINE_API_TOKEN", raising=False)
     for host in ("0.0.0.0", "192.168.1.5", "::"):
@@ -162,7 +162,7 @@ def test_unexpected_errors_are_generic_and_paths_never_leak(served, api_project,
 
 def test_extra_routers_share_the_token_cors_is_off_unless_given(api_project):
     from fastapi import APIRouter
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     def crash():
         raise RuntimeError(f"secret state in {api_project.parent}")
@@ -185,7 +185,7 @@ def test_extra_routers_share_the_token_cors_is_off_unless_given(api_project):
 
 # ----------------------------------------------------------------------------- health and failures
 def test_readyz_reports_every_dependency(served, down_project):
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     ready = httpx.get(f"{served}/readyz", headers=AUTH)
     assert ready.status_code == 200, ready.text
@@ -217,7 +217,7 @@ def test_readyz_reports_every_dependency(served, down_project):
 
 def test_an_index_of_another_embedder_is_a_503_that_says_re_embed(api_project, served):
     """The embedder was changed (e.g. adapted) and ingestion has not re-embedded yet: no silent nonsense."""
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     other = api_project.with_name("other-embedder.yaml")
     text = api_project.read_text()
@@ -235,7 +235,7 @@ def test_an_index_of_another_embedder_is_a_503_that_says_re_embed(api_project, s
 def test_events_after_each_query_never_block_or_fail_it(api_project, scripted_llm, monkeypatch):
     import prefect.events
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     sent: list[dict] = []
 

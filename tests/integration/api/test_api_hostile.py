@@ -101,7 +101,7 @@ def test_a_question_at_the_limit_is_answered_one_over_is_refused(served, fresh_s
 def test_a_server_configured_for_long_questions_answers_100000_characters(api_project, scripted_llm, fresh_script):
     """The limit is the server's choice (``create_app(max_question_chars=...)``): raised, the same
     question is answered within the other limits (the 1 MB body; prompts clip the question)."""
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     with pytest.raises(ValueError, match="max_question_chars"):
         create_app(str(api_project), max_question_chars=0)
@@ -180,7 +180,7 @@ def test_an_injected_question_in_a_search_gets_only_indexed_passages(served):
 
 def test_an_endpoint_url_in_an_error_stays_whole_while_local_paths_are_hidden():
     """503 messages name the LLM endpoint: its URL must stay readable (was `http:<path>:8000/v1`)."""
-    from ragline.flows.serve.runs import Redactor
+    from ragline.flows.serve.ingestion_runs import Redactor
 
     redact = Redactor.__new__(Redactor)
     redact.roots, redact.hidden = ["/data/docs"], []

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from ragline.flows.run import engine
-from ragline.flows.serve.keys import KeyStore, keys_file
-from ragline.flows.serve.service import api_app
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
+from ragline.flows.serve.supervise.service import api_app
 from ragline.flows.spec.compile import load_project
 from tests.helpers.api_harness import running
 

@@ -117,7 +117,7 @@ def test_errors_are_openai_shaped(client, served):
 
 
 def test_failure_while_streaming_raises_in_the_client(down_project):
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     with running(create_app(str(down_project), token=TOKEN)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=60)

@@ -49,7 +49,7 @@ def served(tmp_path_factory) -> Iterator[str]:
             "with: {paths: [docs]}", 'with: {paths: [{path: docs, url_prefix: "https://files.example.org/notes/"}]}'))
         report = engine.run(load_project(path).pipeline("index"), orchestrate=False)
         assert report.added == 1
-        from ragline.flows.serve.api import create_app
+        from ragline.flows.serve.app import create_app
 
         with running(create_app(str(path), token=TOKEN)) as url:
             yield url

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ragline.flows.serve.service import api_app
+from ragline.flows.serve.supervise.service import api_app
 
 from tests.helpers.api_harness import running
 from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS

@@ -189,7 +189,7 @@ def test_the_cli_constants_match_their_modules():
     """The CLI names the API port and default file without importing the modules that define them."""
     from ragline.flows import cli
     from ragline.flows.spec import compile
-    from ragline.flows.serve import service as serve
+    from ragline.flows.serve.supervise import service as serve
 
     assert cli.API_PORT == serve.DEFAULT_PORT and cli.DEFAULT_FILE == compile.DEFAULT_FILE
 
@@ -241,7 +241,7 @@ def test_the_discovery_file_names_only_a_live_api_of_this_project_on_this_host(t
     edited file or a newer tuned overlay: never used."""
     from types import SimpleNamespace
 
-    from ragline.flows.serve import discovery as api_discovery
+    from ragline.flows.serve.supervise import discovery as api_discovery
 
     project_file = tmp_path / "pipelines.yaml"
     project_file.write_text("pipelines: {}\n")

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from ragline.flows.resources import clear_cache
-from ragline.flows.serve.keys import KeyStore, keys_file
-from ragline.flows.serve.service import api_app
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
+from ragline.flows.serve.supervise.service import api_app
 from tests.helpers.api_harness import Script, running
 from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
 from tests.helpers.data import REPO

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from ragline.flows.run import engine
-from ragline.flows.serve.service import api_app
+from ragline.flows.serve.supervise.service import api_app
 from ragline.flows.spec.compile import load_project
 
 from tests.helpers.api_harness import running
@@ -292,10 +292,10 @@ def uploader_groups(request):
 
 
 def test_an_upload_is_readable_by_its_uploaders_groups_only(project):
-    from ragline.flows.serve.api import create_app
-    from ragline.flows.serve.documents import documents_router
+    from ragline.flows.serve.app import create_app
+    from ragline.flows.serve.routers.documents import documents_router
     from ragline.flows.serve.query_service import access_for
-    from ragline.flows.serve.runs import ingestion_runs
+    from ragline.flows.serve.ingestion_runs import ingestion_runs
 
     runs = ingestion_runs(project)
     app = create_app(str(project), token=TOKEN, routers=[documents_router(runs, uploader_groups=uploader_groups)])

@@ -54,7 +54,7 @@ def evidence_project(folder: Path, llm_url: str, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def served_evidence(api_project, scripted_llm) -> Iterator[str]:
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     path = evidence_project(api_project.parent, scripted_llm.base_url, "evidence.yaml")
     with running(create_app(str(path), token=TOKEN)) as url:
@@ -64,7 +64,7 @@ def served_evidence(api_project, scripted_llm) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def served_llm_down(api_project) -> Iterator[str]:
     """The same pipelines with the LLM at a closed port (bound, never listening: refused)."""
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

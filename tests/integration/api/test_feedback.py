@@ -22,7 +22,7 @@ SECOND = "What does diffusion tensor imaging show in preterm infants?"
 @pytest.fixture(scope="module")
 def logged(api_project, tmp_path_factory) -> Iterator[tuple[str, Path, object]]:
     """A copy of the indexed project (its own data dir), served with the query log on."""
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     folder = tmp_path_factory.mktemp("logged") / "project"
     shutil.copytree(api_project.parent, folder, ignore=shutil.ignore_patterns("feedback", "query-log", "down.yaml"))

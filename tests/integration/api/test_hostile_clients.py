@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def tokenless(api_project):
     """The API as `ragline api` serves it by default: loopback, no token; /v1/ingest mounted."""
-    from ragline.flows.serve.api import create_app
-    from ragline.flows.serve.runs import runs_router
+    from ragline.flows.serve.app import create_app
+    from ragline.flows.serve.routers.runs import runs_router
 
     with running(create_app(str(api_project), routers=[runs_router(str(api_project))])) as url:
         yield url
@@ -29,8 +29,8 @@ def tokenless(api_project):
 @pytest.fixture(scope="module")
 def with_ingest(api_project):
     """The token-protected API with /v1/ingest and /v1/runs mounted, as `ragline serve` has them."""
-    from ragline.flows.serve.api import create_app
-    from ragline.flows.serve.runs import runs_router
+    from ragline.flows.serve.app import create_app
+    from ragline.flows.serve.routers.runs import runs_router
     from tests.helpers.api_harness import TOKEN
     with running(create_app(str(api_project), token=TOKEN, routers=[runs_router(str(api_project))])) as url:
         yield url
@@ -124,7 +124,7 @@ def test_two_host_or_origin_headers_are_refused_without_a_token(tokenless):
 
 
 def test_an_origin_allowed_by_cors_is_served_without_a_token(api_project):
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     with running(create_app(str(api_project), cors_origins=["https://app.example"])) as url:
         allowed = httpx.post(f"{url}/v1/query", json=SEARCH, headers={"Origin": "https://app.example"}, timeout=60)
@@ -319,7 +319,7 @@ def cpu_costs(*calls, rounds: int = 5) -> list[float]:
 def test_the_body_check_costs_about_a_parse_not_a_walk():
     """Every JSON body is checked on the event loop: a 1 MB body of numbers or strings must cost
     about what parsing it does (a Python walk of every value took 1.6 s: a way to stall the server)."""
-    from ragline.flows.serve.guard import check_json
+    from ragline.flows.serve.auth.guard import check_json
 
     for body in (json.dumps({"question": "q", "x": list(range(150_000))}).encode(),
                  json.dumps({"question": "q", "x": ["ab"] * 180_000, "y": "\U0001F9E0" * 1000}).encode(),
@@ -380,7 +380,7 @@ def test_every_error_of_every_route_has_the_one_shape_with_a_code(with_ingest):
 
 
 def test_not_ready_carries_the_error_shape_beside_the_checks(down_project):
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     with running(create_app(str(down_project))) as url:
         response = httpx.get(f"{url}/readyz", timeout=30)

@@ -26,7 +26,7 @@ def post(url: str, body: dict) -> httpx.Response:
 
 
 def test_a_hung_llm_fails_the_query_quickly_and_the_api_recovers_with_it(api_project):
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     with ScriptedLLM(Script(), hung=True) as llm:
         path = write_project(api_project.parent, llm.base_url, name="hung.yaml")

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ragline.flows.serve.keys import KeyStore, keys_file
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
 from tests.flows.spec.test_collections import PIPELINES, RESOURCES
 from tests.helpers.api_harness import TOKEN, running
 
@@ -59,7 +59,7 @@ def job_run(project, prefect_server) -> str:
 
 @pytest.fixture(scope="module")
 def served(project, job_run):
-    from ragline.flows.serve.service import api_app
+    from ragline.flows.serve.supervise.service import api_app
 
     store = KeyStore(keys_file(project.parent))
     keys = {"query-hr": store.create("query-hr", ["query"], ["*"], groups=["hr"])[1],

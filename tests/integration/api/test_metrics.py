@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragline.flows.serve.api import create_app
+from ragline.flows.serve.app import create_app
 from tests.helpers.api_harness import AUTH, QUESTION, running
 
 pytestmark = pytest.mark.integration

@@ -55,8 +55,8 @@ def _earlier_week(service, store) -> None:
 def test_the_report_renders_every_plot_in_chromium_and_runs_nothing(api_project, fresh_script, capsys, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    from ragline.flows.serve.api import create_app
-    from ragline.flows.serve.feedback import FEEDBACK_FOLDER, FeedbackStore
+    from ragline.flows.serve.app import create_app
+    from ragline.flows.serve.routers.feedback import FEEDBACK_FOLDER, FeedbackStore
 
     folder = tmp_path / "project"
     shutil.copytree(api_project.parent, folder, ignore=shutil.ignore_patterns("feedback", "query-log", "eval-runs"))

@@ -118,7 +118,7 @@ FAULTS = ["answers", "llm_down", "llm_refuses_the_key", "llm_5xx"]
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_no_secret_in_responses_logs_or_output_whatever_fails(api_project, keyed_llm, keys, caplog, capfd, fault):
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     url = {"llm_down": f"http://127.0.0.1:{closed_port()}/v1"}.get(fault, keyed_llm.base_url)
     variable = "RAGLINE_TEST_WRONG_KEY" if fault == "llm_refuses_the_key" else "RAGLINE_TEST_LLM_KEY"
@@ -197,7 +197,7 @@ def test_every_wrong_token_gets_the_same_401_and_a_constant_time_comparison(api_
     """Tokens of every length from 0 to twice the real one's, and tokens sharing a prefix of every
     length with it, all get byte-identical 401s; each request is one comparison of two equal-length
     digests, whatever was sent (so its time says nothing of how much of the token was right)."""
-    from ragline.flows.serve.api import create_app
+    from ragline.flows.serve.app import create_app
 
     compared: list[tuple[int, int]] = []
     real = hmac.compare_digest
@@ -275,8 +275,8 @@ def test_no_secret_in_flow_run_parameters_task_runs_logs_or_events(api_project, 
     events: the key is in none of what Prefect records; a flow run carries the file path only."""
     import datetime
 
-    from ragline.flows.serve.api import create_app
-    from ragline.flows.serve.service import build_deployments, deployment_options
+    from ragline.flows.serve.app import create_app
+    from ragline.flows.serve.supervise.service import build_deployments, deployment_options
 
     since = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)).isoformat()
     good = keyed_project(api_project.parent, keyed_llm.base_url, "secret_flow.yaml")

@@ -27,7 +27,7 @@ import resource, sys
 project, port, soft, deadline = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 if soft:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-from ragline.flows.serve.api import serve_api
+from ragline.flows.serve.app import serve_api
 from ragline.flows.serve.connections import ConnectionLimits
 serve_api(project, port=port, log_level="error",
           limits=ConnectionLimits(header_timeout_seconds=deadline, body_timeout_seconds=deadline))

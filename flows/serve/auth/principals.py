@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.run.check import indexes
-from ragline.flows.serve.keys import SCOPES, KeyStore, keys_file
-from ragline.flows.serve.oidc import JwtVerifier, OidcConfig, TokenRefused, looks_like_jwt
+from ragline.flows.serve.auth.keys import SCOPES, KeyStore, keys_file
+from ragline.flows.serve.auth.oidc import JwtVerifier, OidcConfig, TokenRefused, looks_like_jwt
 from ragline.flows.serve.query_service import ApiError, access_for
 
 ALL = "*"

@@ -1,4 +1,4 @@
-"""Unit tests of flows/serve/service.py that need no Prefect server (tests/integration/test_serve.py has one)."""
+"""Unit tests of flows/serve/supervise/service.py that need no Prefect server (tests/integration/test_serve.py has one)."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ import pytest
 from ragline.flows.ops import llm_server
 from ragline.flows.cli import main
 from ragline.flows.ops.llm_server import free_port
-from ragline.flows.serve.service import prune_results
+from ragline.flows.serve.supervise.service import prune_results
 from tests.fake_vllm import REPO, fake_deploy
 from tests.helpers.api_harness import write_project
 
@@ -132,7 +132,7 @@ def test_a_recorded_flow_run_process_is_gone_only_when_it_is_on_this_host_and_no
     import subprocess
     import sys
 
-    from ragline.flows.serve.service import process_gone
+    from ragline.flows.serve.supervise.service import process_gone
 
     host = socket.gethostname()
     started = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
@@ -175,7 +175,7 @@ def test_a_configured_apis_auth_string_reaches_the_flow_run_processes(monkeypatc
 
     from prefect.settings import PREFECT_API_AUTH_STRING
 
-    from ragline.flows.serve.service import use_prefect_api
+    from ragline.flows.serve.supervise.service import use_prefect_api
 
     monkeypatch.setenv("PREFECT_API_AUTH_STRING", "admin:the-users-own")
     with contextlib.ExitStack() as stack:

@@ -33,7 +33,7 @@ from ragline.flows.evaluation.retrieval import OWN_INDEX_MARKER
 from ragline.flows.contracts import TRAIN_PAIRS
 from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
-from ragline.flows.serve.principals import principal_of
+from ragline.flows.serve.auth.principals import principal_of
 from ragline.flows.serve.query_log import BACKUPS, LOG_FOLDER, LOG_NAME, BoundedJsonl, now_iso, read_lines
 from ragline.flows.serve.query_service import ERRORS, ApiError, QueryService
 

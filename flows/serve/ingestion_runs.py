@@ -1,7 +1,8 @@
-"""Ingestion jobs and run status over HTTP: ``POST /v1/ingest`` and ``GET /v1/runs/{id}``.
-
-``runs_router(project_path)`` is mounted by the API app (``flows/serve/api.py``) that ``ragline serve``
-runs beside the Prefect runner serving the file's deployments (``flows/serve/service.py``).
+"""Ingestion jobs and run status: what ``POST /v1/ingest`` and ``GET /v1/runs/{id}``
+(``flows/serve/routers/runs.py``) and the document API (``routers/documents.py``) share: one
+``_Runs`` per file, which starts the deployments' flow runs (serialised) and reads their status.
+The routers are mounted by the API app (``flows/serve/app.py``) that ``ragline serve`` runs beside
+the Prefect runner serving the file's deployments (``flows/serve/supervise/service.py``).
 
 - ``POST /v1/ingest`` ``{"pipeline": "index"}`` creates a flow run of that ingestion pipeline's
   deployment (``ragline/<pipeline>``) and answers 202 ``{"run_id", "pipeline", "state"}``. It
@@ -44,14 +45,11 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragline.flows.serve.query_service import ERRORS, ApiError
-from ragline.flows.serve.principals import collections_of, may_read, principal_of, reading_groups, require
-from ragline.flows.spec.collections import for_collection
+from ragline.flows.serve.query_service import ApiError
+from ragline.flows.serve.auth.principals import collections_of, may_read
 from ragline.flows.spec.compile import Project, load_project
-from ragline.flows.errors import InputError
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of, deployment_name
 from ragline.flows.serve.redact import Redactor
@@ -65,7 +63,6 @@ LEASE_STALE_SECONDS = 30.0  # as IndexState.lease: a holder silent this long has
 PREFECT_DEADLINE_SECONDS = 20.0  # an API answer that needs the Prefect API waits this long for it at most
 PROGRESS_WAIT = 10.0  # seconds a status poll spends on the progress courtesy at most
 STATUS_READ_WAIT = 2.0  # seconds a status poll waits on a committing writer before it goes without the count
-MAX_LISTED_RUNS = 100  # the most runs one GET /v1/runs lists
 LIST_PAGE, LIST_PAGES = 100, 5  # runs read per Prefect call, calls at most (other files' runs are skipped)
 STATE_TYPES = ("SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING", "COMPLETED", "FAILED", "CRASHED",
                "CANCELLED")
@@ -458,21 +455,6 @@ class _Runs:
         return status
 
 
-def _listed_pipelines(project: Project, pipeline: str | None, principal: Any) -> list[str]:
-    """The pipelines ``GET /v1/runs`` lists: the one named (400 unknown, 403 unreadable), else every
-    one the principal may see the runs of (``may_see_runs``)."""
-    if pipeline is not None:
-        if pipeline not in project.pipelines:
-            raise ApiError(400, f"field 'pipeline': no pipeline '{pipeline}'; pipelines: "
-                                f"{', '.join(project.pipelines)}", param="pipeline", code="pipeline_not_found")
-        if not may_see_runs(principal, project.pipeline(pipeline)):
-            raise ApiError(403, f"forbidden: this credential may not read pipeline '{pipeline}'s runs"
-                                + (" (a job's runs need the admin scope)" if _is_job(project.pipeline(pipeline))
-                                   else ""), "permission_error", code="forbidden")
-        return [pipeline]
-    return [name for name, p in project.pipelines.items() if may_see_runs(principal, p)]
-
-
 def may_see_runs(principal: Any, pipeline: Any) -> bool:
     """Whether a principal sees a pipeline's runs: one it may read, and a job's (tune, adapt,
     summarize: they read the whole index and change what queries read) only with the admin scope."""
@@ -488,17 +470,6 @@ def _is_job(pipeline: Any) -> bool:
 def _newest_first(flow_run: Any) -> float:
     when = flow_run.expected_start_time or flow_run.created
     return -when.timestamp() if when is not None else 0.0
-
-
-def _listed_states(state: str | None) -> list[str] | None:
-    if state is None:
-        return None
-    wanted = [s.strip().upper() for s in state.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in STATE_TYPES]
-    if unknown or not wanted:
-        raise ApiError(400, f"field 'state': unknown state type {', '.join(unknown) or repr(state)}; one or more "
-                            f"of {', '.join(STATE_TYPES)}", param="state")
-    return wanted
 
 
 def without_failure_details(status: RunStatus) -> RunStatus:
@@ -538,86 +509,6 @@ def ingestion_runs(project_path: str | Path, *, data_dir: str | Path | None = No
     return _Runs(project)
 
 
-def runs_router(project_path: str | Path, *, data_dir: str | Path | None = None,
-                source: str | Path | None = None, runs: _Runs | None = None) -> APIRouter:
-    """The ``/v1/ingest`` and ``/v1/runs/{id}`` endpoints for the pipelines of one file (its
-    deployments ``ragline/<pipeline>``, as ``ragline serve`` creates them); ``source``: the pinned
-    copy of the file (``steps.pin_file``); ``runs``: an ``ingestion_runs`` shared with other routers."""
-    runs = runs or ingestion_runs(project_path, data_dir=data_dir, source=source)
-    project = runs.project
-    router = APIRouter(prefix="/v1", tags=["runs"])
-
-    @router.post("/ingest", status_code=202, response_model=IngestAccepted,
-                 responses={**ERRORS, 400: {**ERRORS[400], "description": "a query pipeline"},
-                            404: {**ERRORS[404], "description": "no such pipeline"},
-                            409: {**ERRORS[400], "description": "a run is writing this index (code index_busy)"},
-                            503: {**ERRORS[503], "description": "not deployed, or the Prefect API is unreachable"}})
-    async def ingest(request: IngestRequest, http: Request) -> IngestAccepted:
-        """Start a run of an ingestion pipeline's deployment; poll ``GET /v1/runs/{run_id}``."""
-        name = _collection_pipeline(project, request)
-        if name in project.pipelines:  # an unknown one: 404 from start
-            require(http, "ingest", project.pipeline(name))
-        flow_run = await runs.start(name)
-        return IngestAccepted(run_id=str(flow_run.id), pipeline=name,
-                              state=flow_run.state.type.value if flow_run.state else "SCHEDULED",
-                              state_name=flow_run.state.name if flow_run.state else "Scheduled")
-
-    @router.get("/runs", response_model=RunList,
-                responses={**ERRORS, 400: {**ERRORS[400], "description": "an unknown pipeline or state"}})
-    async def list_runs(http: Request, pipeline: str | None = None, state: str | None = None,
-                        limit: int = Query(20, ge=1, le=MAX_LISTED_RUNS)) -> RunList:
-        """This file's runs (deployment-triggered, scheduled or ``ragline index``), newest first, of
-        the pipelines the credential may read; ``state``: Prefect state types, comma-separated (runs
-        scheduled for later are listed only when it names SCHEDULED).
-        Results are not listed: ``GET /v1/runs/{id}`` shows one run's."""
-        from prefect.client.orchestration import get_client
-
-        principal = principal_of(http)
-        names = _listed_pipelines(project, pipeline, principal)
-        states = _listed_states(state)
-        async def listed() -> list[Any]:
-            async with get_client() as client:
-                await runs.learn_deployments(client)
-                return await runs.recent(client, names, states, limit)
-
-        found = await within_prefect_deadline(listed())
-        return RunList(runs=[runs.summary(flow_run) for flow_run in found])
-
-    @router.get("/runs/{run_id}", response_model=RunStatus,
-                responses={**ERRORS, 404: {**ERRORS[404], "description": "no such run (code run_not_found)"}})
-    async def run_status(run_id: str, http: Request) -> RunStatus:
-        """A run's state, times, result, summary, failures and progress."""
-        from prefect.client.orchestration import get_client
-        from prefect.exceptions import ObjectNotFound
-
-        try:
-            flow_run_id = UUID(run_id)
-        except ValueError:
-            raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
-        async def read() -> RunStatus:
-            async with get_client() as client:
-                await runs.learn_deployments(client)
-                try:
-                    flow_run = await client.read_flow_run(flow_run_id)
-                except ObjectNotFound:
-                    raise ApiError(404, f"no run '{run_id}'", code="run_not_found") from None
-                if not runs.owns(flow_run):
-                    raise ApiError(404, f"no run '{run_id}' of this server's pipelines", code="run_not_found")
-                pipeline = project.pipeline(flow_run.parameters["pipeline"])
-                principal = principal_of(http)
-                if not may_see_runs(principal, pipeline):  # as unknown: its existence is not told
-                    raise ApiError(404, f"no run '{run_id}' of the pipelines this credential may read",
-                                   code="run_not_found")
-                status = await runs.status(client, flow_run, reading_groups(principal))
-                if not principal.may("ingest", collections_of(pipeline)):
-                    status = without_failure_details(status)
-                return status
-
-        return await within_prefect_deadline(read())
-
-    return router
-
-
 async def within_prefect_deadline(call: Coroutine[Any, Any, Any], *, started: str | None = None) -> Any:
     """``call`` (which talks to the Prefect API), or a 503 ``prefect_unavailable`` once it has taken
     ``PREFECT_DEADLINE_SECONDS``: Prefect's client waits 60 s for each answer and retries a timeout
@@ -638,12 +529,3 @@ async def within_prefect_deadline(call: Coroutine[Any, Any, Any], *, started: st
 
 def _prefect_down(message: str) -> ApiError:
     return ApiError(503, message, "service_unavailable_error", code="prefect_unavailable", headers={"Retry-After": "5"})
-
-
-def _collection_pipeline(project: Project, request: IngestRequest) -> str:
-    """The pipeline an ingest request starts: with collections declared, ``index`` names the template,
-    so the run is its collection's (``index@NAME``); a 400 names the field when that is ambiguous."""
-    try:
-        return for_collection(project, request.pipeline, request.collection)
-    except InputError as exc:
-        raise ApiError(400, f"field 'collection': {exc}", param="collection") from None

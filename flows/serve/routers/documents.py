@@ -52,9 +52,9 @@ from ragline.flows.contracts import PipelineKind
 from ragline.flows.files import write_atomic
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_service import ERRORS, ApiError
-from ragline.flows.serve.principals import may_read, principal_of, reading_groups, require
+from ragline.flows.serve.auth.principals import may_read, principal_of, reading_groups, require
 from ragline.flows.run import engine
-from ragline.flows.serve.runs import _Runs, ingestion_runs
+from ragline.flows.serve.ingestion_runs import _Runs, ingestion_runs
 from ragline.flows.sources.base import SourceError
 from ragline.flows.sources.uploads import (
     ID,

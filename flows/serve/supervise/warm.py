@@ -69,11 +69,11 @@ def warm_flow_runs(modules: list[str]) -> Iterator[bool]:
     if engine.__dict__.get("multiprocessing") is not multiprocessing or \
             "forkserver" not in multiprocessing.get_all_start_methods():
         log.warning("flow runs start cold: this Prefect does not start them through multiprocessing's "
-                    "spawn context (ragline.flows.serve.warm)")
+                    "spawn context (ragline.flows.serve.supervise.warm)")
         yield False
         return
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ragline.flows.serve.forkserver_prelude", *modules])
+    context.set_forkserver_preload(["ragline.flows.serve.supervise.forkserver_prelude", *modules])
     engine.multiprocessing = _ForkserverModule(context)
     try:
         yield True

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ragline.flows.serve.keys import MAX_LIFETIME, KeyStore, KeyStoreError, describe, keys_file, parse_lifetime
+from ragline.flows.serve.auth.keys import MAX_LIFETIME, KeyStore, KeyStoreError, describe, keys_file, parse_lifetime
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_a_damaged_file_accepts_no_key(store):
 
 CREATE_MANY = """
 import sys
-from ragline.flows.serve.keys import KeyStore
+from ragline.flows.serve.auth.keys import KeyStore
 store = KeyStore(sys.argv[1])
 for n in range(int(sys.argv[2])):
     store.create(f"{sys.argv[3]}-{n}", ["query"], ["*"])

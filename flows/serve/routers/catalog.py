@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from ragline.flows.serve.principals import principal_of
+from ragline.flows.serve.auth.principals import principal_of
 from ragline.flows.serve.query_service import ERRORS, ApiError, QueryService
 
 

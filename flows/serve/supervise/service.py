@@ -27,13 +27,13 @@ are deleted when serve starts and hourly after that; such a run's ``result`` is 
 This process is the worker: a Prefect ``Runner`` polls the API every ``poll_seconds`` (2 s;
 Prefect's default is 10) and starts each flow run in a new Python process (at most ``limit`` at
 once, Prefect's ``PREFECT_RUNNER_PROCESS_LIMIT``, 5 by default). Beside it, uvicorn serves the HTTP
-API (``flows/serve/api.py``'s app with ``flows/serve/runs.py``'s router) in the same process. Both run in
+API (``flows/serve/app.py``'s app with ``flows/serve/ingestion_runs.py``'s router) in the same process. Both run in
 threads that the main thread supervises: if one of them dies the other is stopped and the process
 exits 1; SIGTERM stops both and exits 0, Ctrl-C exits 130, without a traceback (a second signal
 exits at once). Runs in flight are cancelled (recorded Cancelled); one still running 5 s later is
 killed (ingestion is crash-safe). Idle, it stops in about a second. Flow runs fork from a
 forkserver that imported Prefect's engine, ragline's stages and the project's libraries once
-(``flows/serve/warm.py``); with ``warm_runs=False`` (``--cold-runs``) they start as Prefect starts
+(``flows/serve/supervise/warm.py``); with ``warm_runs=False`` (``--cold-runs``) they start as Prefect starts
 them, with multiprocessing's ``spawn``, which re-imports ``__main__``: a script that calls
 ``serve()`` needs the ``if __name__ == "__main__":`` guard (the ``ragline`` command has it).
 
@@ -83,11 +83,12 @@ from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.ops.llm_server import PACKAGED_MODEL, ManagedLLM, endpoint_port, port_free, should_start
 from ragline.flows.ops.parent_death import DiesWith
 from ragline.flows.run.steps import digest_of
-from ragline.flows.serve.api import create_app, credentials_configured
+from ragline.flows.serve.app import create_app, credentials_configured
 from ragline.flows.serve.layout import FLOW_NAME, deployment_name, results_dir
-from ragline.flows.serve.warm import preload_modules, warm_flow_runs
-from ragline.flows.serve.documents import documents_router, upload_limit
-from ragline.flows.serve.runs import ingestion_runs, runs_router
+from ragline.flows.serve.supervise.warm import preload_modules, warm_flow_runs
+from ragline.flows.serve.routers.documents import documents_router, upload_limit
+from ragline.flows.serve.ingestion_runs import ingestion_runs
+from ragline.flows.serve.routers.runs import runs_router
 from ragline.flows.run.entrypoints import run_pipeline
 from ragline.flows.run.steps import pin_file
 from ragline.flows.ops.prefect_server import LocalPrefectServer
@@ -99,8 +100,8 @@ from ragline.flows.processes import pid_alive
 from ragline.flows.resources import close_resources
 from ragline.flows.net import is_loopback
 from ragline.flows.ops.prefect_server import auth_string_path, configured_api_url
-from ragline.flows.serve.discovery import published
-from ragline.flows.serve.watch import start_watchers
+from ragline.flows.serve.supervise.discovery import published
+from ragline.flows.serve.supervise.watch import start_watchers
 
 logger = logging.getLogger("ragline.serve")
 
@@ -300,7 +301,7 @@ def _check_api(url: str, timeout: float = 10.0) -> None:
 # ----------------------------------------------------------------------------- the HTTP API
 def api_app(project_path: str | Path, *, token: str | None = None, data_dir: str | Path | None = None,
             source: str | Path | None = None):
-    """``flows/serve/api.py``'s app (query, OpenAI-compatible and health routes) with the runs router
+    """``flows/serve/app.py``'s app (query, OpenAI-compatible and health routes) with the runs router
     (``/v1/ingest``, ``/v1/runs/{id}``) and the document API (``/v1/documents``) mounted under the same token and error shapes; ``source``:
     the pinned copy of the file the deployments run (``steps.pin_file``)."""
     runs = ingestion_runs(project_path, data_dir=data_dir, source=source)
@@ -343,7 +344,7 @@ class ServeSupervisor:
         self.project_path = Path(project_path).resolve()
         self.serve_jobs = serve_jobs  # None: the serve_jobs setting
         self.start_llm = start_llm
-        self.warm_runs = warm_runs  # flow runs fork from a forkserver with their imports done (flows/serve/warm.py)
+        self.warm_runs = warm_runs  # flow runs fork from a forkserver with their imports done (flows/serve/supervise/warm.py)
         self.runs_start_warm = False  # whether they do (warm_flow_runs said so)
         self._llms: list[ManagedLLM] = []  # the packaged LLMs this process supervises
         self.api, self.host, self.port, self.token = api, host, port, token

@@ -1,4 +1,4 @@
-"""The first module ``ragline serve``'s forkserver imports (flows/serve/warm.py): it arms the
+"""The first module ``ragline serve``'s forkserver imports (flows/serve/supervise/warm.py): it arms the
 forkserver's parent-death signal on serve, the process that started it. Multiprocessing's forkserver
 exits only once no process holds its "alive" pipe, and every process it forked holds one, so without
 this a ``kill -9`` of serve would leave the forkserver and its flow runs behind. Imported anywhere

@@ -1,4 +1,4 @@
-"""flows/serve/warm.py: serve's flow runs fork from a forkserver that imported their modules once."""
+"""flows/serve/supervise/warm.py: serve's flow runs fork from a forkserver that imported their modules once."""
 from __future__ import annotations
 
 import multiprocessing
@@ -8,7 +8,7 @@ import sys
 
 import prefect.flow_engine as engine
 
-from ragline.flows.serve.warm import BASE_MODULES, preload_modules, warm_flow_runs
+from ragline.flows.serve.supervise.warm import BASE_MODULES, preload_modules, warm_flow_runs
 from ragline.flows.spec.compile import load_project
 from tests.fake_vllm import REPO
 

@@ -1,4 +1,4 @@
-"""flows/serve/runs.py: an ingestion run's failure details (document ids, reasons) go only to those
+"""flows/serve/ingestion_runs.py: an ingestion run's failure details (document ids, reasons) go only to those
 who may ingest; the busy check sees a run at every point of its start; a silent Prefect API is a 503."""
 import asyncio
 import contextlib
@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 from ragline.flows.contracts import Failure, IndexReport
-from ragline.flows.serve.principals import Principal, collections_of
+from ragline.flows.serve.auth.principals import Principal, collections_of
 from ragline.flows.serve.query_service import ApiError
-from ragline.flows.serve import runs as runs_module
-from ragline.flows.serve.runs import RunStatus, _listed_pipelines, _listed_states, _Runs, without_failure_details
+from ragline.flows.serve import ingestion_runs as runs_module
+from ragline.flows.serve.ingestion_runs import RunStatus, _Runs, without_failure_details
+from ragline.flows.serve.routers.runs import _listed_pipelines, _listed_states
 from ragline.flows.spec.compile import load_project
 from tests.flows.spec.test_collections import PIPELINES, RESOURCES
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ragline.flows.errors import InputError
 from ragline.flows.files import write_atomic
-from ragline.flows.serve.scopes import SCOPES
+from ragline.flows.serve.auth.scopes import SCOPES
 
 log = logging.getLogger("ragline.api")
 

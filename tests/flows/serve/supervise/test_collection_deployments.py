@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from ragline.flows.serve.service import build_deployments, deployment_options
+from ragline.flows.serve.supervise.service import build_deployments, deployment_options
 from ragline.flows.spec.compile import load_project
 from tests.flows.spec.test_collections import PIPELINES, RESOURCES
 
@@ -54,7 +54,8 @@ def test_an_ingest_request_starts_its_collections_run_and_names_the_field_when_a
     import pytest
 
     from ragline.flows.serve.query_service import ApiError
-    from ragline.flows.serve.runs import IngestRequest, _collection_pipeline
+    from ragline.flows.serve.ingestion_runs import IngestRequest
+    from ragline.flows.serve.routers.runs import _collection_pipeline
 
     path = tmp_path / "pipelines.yaml"
     path.write_text(textwrap.dedent(RESOURCES + """

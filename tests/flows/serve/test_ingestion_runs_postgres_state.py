@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from ragline.flows.resources import clear_cache
-from ragline.flows.serve.runs import _Runs
+from ragline.flows.serve.ingestion_runs import _Runs
 from ragline.flows.spec.compile import load_project
 from tests.helpers.data import index_and_search_yaml
 

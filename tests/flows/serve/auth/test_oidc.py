@@ -15,8 +15,8 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet, RSAKey
 
-from ragline.flows.serve.keys import SCOPES
-from ragline.flows.serve.oidc import JwtVerifier, OidcConfig, OidcConfigError, TokenRefused
+from ragline.flows.serve.auth.keys import SCOPES
+from ragline.flows.serve.auth.oidc import JwtVerifier, OidcConfig, OidcConfigError, TokenRefused
 
 ISSUER, AUDIENCE = "https://idp.example", "ragline-api"
 
@@ -164,6 +164,6 @@ def test_the_jwks_from_a_url_is_fetched_once_and_again_for_a_rotated_key(jwks_se
     assert handler.hits == 1
     rotated = RSAKey.generate_key(2048, parameters={"kid": "rsa-2"})
     handler.body = json.dumps(jwks(rsa, rotated)).encode()
-    monkeypatch.setattr("ragline.flows.serve.oidc.REFETCH_SECONDS", 0.0)
+    monkeypatch.setattr("ragline.flows.serve.auth.oidc.REFETCH_SECONDS", 0.0)
     assert verifier.verify(sign(rotated, kid="rsa-2")).subject == "alice"
     assert handler.hits == 2

@@ -1,7 +1,7 @@
 """The HTTP API: query pipelines over FastAPI, OpenAPI at ``/docs``.
 
 - ``POST /v1/query``: run a query pipeline; JSON, or server-sent events with ``"stream": true``.
-- ``POST /v1/chat/completions``, ``GET /v1/models``: the OpenAI-compatible surface (``flows/serve/openai_api.py``).
+- ``POST /v1/chat/completions``, ``GET /v1/models``: the OpenAI-compatible surface (``flows/serve/routers/openai_api.py``).
 - ``GET /healthz`` (alive) and ``GET /readyz`` (one status per dependency: each resource's ``health()``,
   the Prefect API, the pipelines file).
 
@@ -53,19 +53,19 @@ from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragline.flows import settings, telemetry
-from ragline.flows.serve.guard import BodyProblem, check_json, foreign_host, is_loopback
+from ragline.flows.serve.auth.guard import BodyProblem, check_json, foreign_host, is_loopback
 from ragline.flows.spec.compile import CompiledPipeline, Project, load_project
 from ragline.flows.contracts import PipelineKind
 from ragline.flows.errors import ConfigError
 
-from ragline.flows.serve.discovery import published
-from ragline.flows.serve.metrics import INDEXES, metrics_router
-from ragline.flows.serve.oidc import OidcConfig
-from ragline.flows.serve.principals import Authenticator, scope_query
+from ragline.flows.serve.supervise.discovery import published
+from ragline.flows.serve.routers.metrics import INDEXES, metrics_router
+from ragline.flows.serve.auth.oidc import OidcConfig
+from ragline.flows.serve.auth.principals import Authenticator, scope_query
 from ragline.flows.serve.layout import data_dir_of
-from ragline.flows.serve.openai_api import openai_router
-from ragline.flows.serve.catalog import catalog_router
-from ragline.flows.serve.feedback import FEEDBACK_BODY_BYTES, feedback_router
+from ragline.flows.serve.routers.openai_api import openai_router
+from ragline.flows.serve.routers.catalog import catalog_router
+from ragline.flows.serve.routers.feedback import FEEDBACK_BODY_BYTES, feedback_router
 from ragline.flows.serve.mcp import MCP_PATH, http_endpoint, rpc_error
 from ragline.flows.serve.mcp import openapi_path as mcp_openapi_path
 from ragline.flows.serve.query_service import (

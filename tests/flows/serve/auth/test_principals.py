@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ragline.flows.serve.keys import KeyStore, keys_file
-from ragline.flows.serve.principals import LOCAL, Authenticator, Principal, collections_of
+from ragline.flows.serve.auth.keys import KeyStore, keys_file
+from ragline.flows.serve.auth.principals import LOCAL, Authenticator, Principal, collections_of
 from ragline.flows.spec.compile import load_project
 
 TWO_COLLECTIONS = """
