@@ -60,10 +60,10 @@ def main() -> None:
 
 
 def run(args) -> dict:
-    from ragline.tasks import adapt_embedder as ae
-    from ragline.tasks import tune_retrieval as tr
-    from ragline.tasks.pseudo_queries import Params as PairParams
-    from ragline.tasks.pseudo_queries import pseudo_queries
+    from ragline.tasks.jobs import adapt_embedder as ae
+    from ragline.tasks.jobs import tune_retrieval as tr
+    from ragline.tasks.ingest.pseudo_queries import Params as PairParams
+    from ragline.tasks.ingest.pseudo_queries import pseudo_queries
 
     load_before = os.getloadavg()
     plain = load_project(REPO / "pipelines.yaml", tuned=False)

@@ -158,7 +158,7 @@ def pseudo_questions(texts: list[str], limit: int, seed: int = 0) -> list[tuple[
     import random
 
     from ragline.flows.contracts import ContextDocument, Passage
-    from ragline.tasks.extract_answer import FUNCTION, split_units, value_spans, words
+    from ragline.tasks.generate.extract_answer import FUNCTION, split_units, value_spans, words
 
     frequency: dict[str, int] = {}
     for text in texts:
@@ -188,7 +188,7 @@ def calibrate(split: str, keep: float = 0.95, limit: int = 300) -> dict:
 
     from ragline.flows.contracts import Context, ContextDocument, Passage
     from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-    from ragline.tasks.extract_answer import Params, evidence_answer
+    from ragline.tasks.generate.extract_answer import Params, evidence_answer
 
     items = load_rgb(DATA / "rgb" / "en_fact.json")
     texts = [p.read_text() for p in sorted((OWN / "docs").iterdir())] + [

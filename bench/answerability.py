@@ -32,8 +32,8 @@ from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import ContextDocument, Passage
 from ragline.flows.evaluation.retrieval import eval_workspace, load_beir
-from ragline.tasks.answerable import probability, similarity
-from ragline.tasks.tune_retrieval import auc
+from ragline.tasks.generate.answerable import probability, similarity
+from ragline.tasks.jobs.tune_retrieval import auc
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Conversation memory (tasks/recall_history.py): how often the turn a question refers back to is in
+"""Conversation memory (tasks/rewrite/recall_history.py): how often the turn a question refers back to is in
 the conversation the LLM is shown, `recall_history` against the last N turns, at the same token budget.
 
 Synthetic long conversations built at run time from RGB en_fact (RAGLINE_DATA_DIR, never copied):
@@ -24,8 +24,8 @@ from common import DATA, publish, save
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.tasks import recall_history as memory
-from ragline.tasks.recall_history import Params, recall_history
+from ragline.tasks.rewrite import recall_history as memory
+from ragline.tasks.rewrite.recall_history import Params, recall_history
 
 REFERENCES = {"topic": "Going back to {query}: are you sure about that?",
               "answer": "You mentioned {answer} earlier. Tell me more about it."}

@@ -29,7 +29,7 @@ from pathlib import Path
 from common import publish, save
 
 from ragline.flows.context import StepContext
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.load import Params, load
 
 KEY_ID, SECRET = "AKIABENCHFETCHKEY01", "bench-secret-value"
 

@@ -17,9 +17,9 @@ from common import REPO, save, subset_corpus, publish
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
-from ragline.tasks.chunk import chunk
-from ragline.tasks.convert import convert
-from ragline.tasks.load import load
+from ragline.tasks.ingest.chunk import chunk
+from ragline.tasks.ingest.convert import convert
+from ragline.tasks.ingest.load import load
 
 
 def pipeline_chunks(project, corpus: Path) -> list[str]:

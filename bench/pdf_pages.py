@@ -25,9 +25,9 @@ from common import save
 from ragline.flows.context import StepContext
 from ragline.flows.formats import pdf
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.tasks.chunk import Params as ChunkParams, chunk
-from ragline.tasks.convert import Params as ConvertParams, convert
-from ragline.tasks.load import Params as LoadParams, load
+from ragline.tasks.ingest.chunk import Params as ChunkParams, chunk
+from ragline.tasks.ingest.convert import Params as ConvertParams, convert
+from ragline.tasks.ingest.load import Params as LoadParams, load
 
 WORD = re.compile(r"\w+")
 

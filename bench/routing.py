@@ -1,4 +1,4 @@
-"""Request classification (tasks/classify.py): how often the embedding classifier labels a request
+"""Request classification (tasks/rewrite/classify.py): how often the embedding classifier labels a request
 right, and the latency the `classify` step adds to a request.
 
 Labelled set, read at run time from RAGLINE_DATA_DIR (nothing copied into the repository): SciFact
@@ -38,7 +38,7 @@ from ragline.flows.contracts import Query
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.prompts import PromptLibrary
-from ragline.tasks.classify import Params, classify
+from ragline.tasks.rewrite.classify import Params, classify
 
 CLASSES = ("claim", "question", "chitchat")
 ROUTE = {"claim": "retrieve", "question": "retrieve", "chitchat": "chitchat"}

@@ -39,9 +39,9 @@ from common import save
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.tasks.chunk import Params as ChunkParams, _Sections, _headings, chunk
-from ragline.tasks.convert import Params as ConvertParams, convert
-from ragline.tasks.load import Params as LoadParams, load
+from ragline.tasks.ingest.chunk import Params as ChunkParams, _Sections, _headings, chunk
+from ragline.tasks.ingest.convert import Params as ConvertParams, convert
+from ragline.tasks.ingest.load import Params as LoadParams, load
 
 DEFAULT_FILES = [f for f in sorted(glob.glob("/usr/share/doc/nodejs/api/*.md"))
                  if 25_000 <= Path(f).stat().st_size <= 45_000][:10] + ["/usr/share/doc/python3/python-policy.html"]

@@ -1,4 +1,4 @@
-"""Self-query rules (tasks/self_query.py, ``mode: rules``): how often the filter read out of a
+"""Self-query rules (tasks/rewrite/self_query.py, ``mode: rules``): how often the filter read out of a
 request is the right one, and what the stage adds to a query.
 
 Labelled set: 40 phrasings written for this benchmark (not the unit tests' ones), each a SciFact
@@ -20,7 +20,7 @@ from common import SCIFACT, percentile, publish, save
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.tasks.self_query import Params, self_query
+from ragline.tasks.rewrite.self_query import Params, self_query
 
 PARAMS = Params(fields={"year": {"type": "int", "min": 1950, "max": 2030},
                         "venue": {"type": "enum", "values": ["pubmed", "arxiv", "cochrane", "medrxiv"]}})

@@ -6,7 +6,7 @@ Usage: .venv/bin/python bench/tuning.py [--strategies inverse_cloze+keywords,inv
 1. Indexes the SciFact corpus once in the private evaluation workspace `ragline eval` uses (reused).
 2. Runs the shipped `tune` pipeline there (pseudo-queries from the index, then the tuner): its wall
    time, and the overlay it writes in that workspace (never beside the repository's pipelines.yaml).
-   The tuner sees no queries and no qrels: `tests/tasks/test_tune_retrieval.py` proves it.
+   The tuner sees no queries and no qrels: `tests/tasks/jobs/test_tune_retrieval.py` proves it.
 3. Scores BM25, dense, the untuned hybrid (pipelines.yaml) and the tuned hybrid (pipelines.yaml +
    overlay) on the test queries (300) by running the real pipelines, and on the train queries (809,
    the dev split) from cached rankings fused exactly as `fuse` does.
@@ -74,7 +74,7 @@ def run(strategies: list[str], pairs: int, rgb: bool = True) -> dict:
     index_seconds = round(time.perf_counter() - started, 1)
     print(f"index: {report.summary()} in {index_seconds} s", flush=True)
 
-    from ragline.tasks import tune_retrieval as tr
+    from ragline.tasks.jobs import tune_retrieval as tr
 
     corpus = tr.Corpus.from_state(plain.resource("state"))
     by_doc_id = {sid.rsplit("#", 1)[-1]: i for sid, i in corpus.doc_index.items()}
@@ -259,7 +259,7 @@ def gate_figures(project, floor: float | None, test) -> dict:
     """What the tuned answerability floor does: the share of SciFact test questions it would refuse
     (they all have an answer in the corpus) and of RGB's 100 questions asked of SciFact, which are
     about something else entirely (news, sport, companies). The gate sees the top five passages."""
-    from ragline.tasks.answerable import similarity
+    from ragline.tasks.generate.answerable import similarity
 
     if floor is None:
         return {}

@@ -21,7 +21,7 @@ from pathlib import Path
 from common import REPO, publish, save
 
 from ragline.flows.context import StepContext
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.load import Params, load
 
 MIRRORS = [(Path("/usr/share/doc/nodejs/api"), "index.html"), (Path("/usr/share/doc/valgrind/html"), "index.html"),
            (REPO / "samples" / "docs", "pipelines.html")]

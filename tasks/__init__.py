@@ -1,20 +1,57 @@
-"""Builtin stages, one per module, registered explicitly here: ``STAGES`` maps each stage's name
-to the module that declares it. The registry (``flows/spec/registry.py``, through the
-``ragline.stages`` entry point that names this package) reads the map and imports a module only
-when a pipeline names its stage, so a process that runs a search does not import the ingestion,
+"""Builtin stages, one per module, in families (``ingest``, ``rewrite``, ``retrieve``, ``rerank``,
+``refine``, ``generate``, ``jobs``: a subpackage each), registered explicitly here: ``STAGES`` maps
+each stage's name (unchanged by where its module lives) to the module that declares it. The
+registry (``flows/spec/registry.py``, through the ``ragline.stages`` entry point that names this
+package) reads the map and imports a module only when a pipeline names its stage, so a process that runs a search does not import the ingestion,
 tuning and generation stages (a served flow run is a fresh process: that import was paid per run).
-A new stage is one module here plus its line below; tests/flows/spec/test_registry.py checks that
-every module is listed and registers the name it is listed under."""
+A new stage is one module in its family plus its line below; tests/flows/spec/test_registry.py
+checks that every module is listed and registers the name it is listed under."""
 
-STAGES: dict[str, str] = {name: f"ragline.tasks.{name}" for name in (
-    "adapt_embedder", "answer_direct", "answerable", "chunk", "classify", "convert", "embed", "enrich",
-    "expand_context", "expand_prf", "expand_terms", "extract_answer", "fuse", "generate", "generate_flare",
-    "generate_map_reduce",
-    "index", "insert", "load", "pseudo_queries", "recall_history", "refine_abstractive", "refine_extract",
-    "refine_notes", "refine_sentences", "rerank", "rerank_llm", "retrieve_dense", "retrieve_examples",
-    "retrieve_sparse", "retrieve_summaries", "rewrite", "self_query", "summarize_communities", "tune_retrieval",
-    "verify",
-)}
+STAGES: dict[str, str] = {
+    # ingest
+    "chunk": "ragline.tasks.ingest.chunk",
+    "convert": "ragline.tasks.ingest.convert",
+    "embed": "ragline.tasks.ingest.embed",
+    "enrich": "ragline.tasks.ingest.enrich",
+    "index": "ragline.tasks.ingest.index",
+    "load": "ragline.tasks.ingest.load",
+    "pseudo_queries": "ragline.tasks.ingest.pseudo_queries",
+    # rewrite
+    "classify": "ragline.tasks.rewrite.classify",
+    "expand_prf": "ragline.tasks.rewrite.expand_prf",
+    "expand_terms": "ragline.tasks.rewrite.expand_terms",
+    "recall_history": "ragline.tasks.rewrite.recall_history",
+    "rewrite": "ragline.tasks.rewrite.rewrite",
+    "self_query": "ragline.tasks.rewrite.self_query",
+    # retrieve
+    "fuse": "ragline.tasks.retrieve.fuse",
+    "retrieve_dense": "ragline.tasks.retrieve.dense",
+    "retrieve_examples": "ragline.tasks.retrieve.examples",
+    "retrieve_sparse": "ragline.tasks.retrieve.sparse",
+    "retrieve_summaries": "ragline.tasks.retrieve.summaries",
+    # rerank
+    "rerank": "ragline.tasks.rerank.cross_encoder",
+    "rerank_llm": "ragline.tasks.rerank.llm",
+    # refine
+    "expand_context": "ragline.tasks.refine.expand_context",
+    "insert": "ragline.tasks.refine.insert",
+    "refine_abstractive": "ragline.tasks.refine.abstractive",
+    "refine_extract": "ragline.tasks.refine.extract",
+    "refine_notes": "ragline.tasks.refine.notes",
+    "refine_sentences": "ragline.tasks.refine.sentences",
+    # generate
+    "answer_direct": "ragline.tasks.generate.answer_direct",
+    "answerable": "ragline.tasks.generate.answerable",
+    "extract_answer": "ragline.tasks.generate.extract_answer",
+    "generate": "ragline.tasks.generate.generate",
+    "generate_flare": "ragline.tasks.generate.flare",
+    "generate_map_reduce": "ragline.tasks.generate.map_reduce",
+    "verify": "ragline.tasks.generate.verify",
+    # jobs
+    "adapt_embedder": "ragline.tasks.jobs.adapt_embedder",
+    "summarize_communities": "ragline.tasks.jobs.summarize_communities",
+    "tune_retrieval": "ragline.tasks.jobs.tune_retrieval",
+}
 
 # modules of this package that declare no stage (helpers the stages share)
-HELPERS = ("collection_index",)
+HELPERS = ("ragline.tasks.ingest.collection_index",)

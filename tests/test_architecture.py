@@ -23,9 +23,9 @@ LAZY = {
     ("flows/run/engine.py", "ragline.flows.run.entrypoints"): "Prefect loads only for orchestrated runs",
     ("flows/run/executors.py", "ragline.flows.run.step_task"): "Prefect loads only for orchestrated runs",
     ("flows/resources/embedder.py", "ragline.flows.resources.onnx_backend"): "the optional onnx extra",
-    ("tasks/summarize_communities.py", "sklearn.cluster"): "scikit-learn loads SciPy and pandas (~1.5 s): only "
+    ("tasks/jobs/summarize_communities.py", "sklearn.cluster"): "scikit-learn loads SciPy and pandas (~1.5 s): only "
                                                            "the summarize job's clustering needs it",
-    ("tasks/enrich.py", "sklearn.feature_extraction.text"): "scikit-learn loads SciPy and pandas (~1.5 s): only "
+    ("tasks/ingest/enrich.py", "sklearn.feature_extraction.text"): "scikit-learn loads SciPy and pandas (~1.5 s): only "
                                                              "an enrich step's stopwords need it",
 }
 # third-party packages whose in-function imports are checked like ragline's (a start-up cost worth a reason)

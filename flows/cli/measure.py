@@ -227,7 +227,7 @@ def tune(args) -> int:
     from ragline.flows.contracts import TuneReport
     from ragline.flows.spec.model import require_kinds
     from ragline.flows.spec.collections import for_collection
-    from ragline.tasks.tune_retrieval import summary
+    from ragline.tasks.jobs.tune_retrieval import summary
 
     project = open_project(args)
     name = for_collection(project, args.pipeline, args.collection)

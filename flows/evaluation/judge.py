@@ -40,7 +40,7 @@ from ragline.flows.resources.llm import LLMClient
 from ragline.flows.resources.llm_output import clip, option_probabilities, parse_citations, sentences, strip_citations
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import Project
-from ragline.tasks import pseudo_queries as pseudo
+from ragline.tasks.ingest import pseudo_queries as pseudo
 
 YES_NO = {"yes": ("yes",), "no": ("no",)}
 PROMPTS = {"faithfulness": "judge_faithfulness", "answer_relevance": "judge_answer_relevance",

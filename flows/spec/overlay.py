@@ -39,7 +39,7 @@ from ragline.flows.resources import ResourceSpec
 if TYPE_CHECKING:
     from ragline.flows.contracts import TuneReport
     from ragline.flows.spec.model import Project
-    from ragline.tasks.adapt_embedder import AdaptReport
+    from ragline.tasks.jobs.adapt_embedder import AdaptReport
 
 ENV = settings.env_name("tuned")
 SUFFIX = ".tuned.yaml"

@@ -1,5 +1,5 @@
 """Document-level access (issue 19 item 3): rules, group names, the metadata keys and the query
-clause (flows/access.py); where a document's groups come from (tasks/load.py); a client can never
+clause (flows/access.py); where a document's groups come from (tasks/ingest/load.py); a client can never
 name the reserved keys (flows/resources/filters.py) nor set a query's access (the API's models)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.resources.filters import FilterError, matches, validate
 from ragline.flows.spec.compile import validate_file
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.load import Params, load
 from tests.helpers.access_site import site_yaml
 
 HR_RULES = [AccessRule(prefix="hr/", groups=["hr"]), AccessRule(prefix="hr/public/", groups=[]),
@@ -147,7 +147,7 @@ def test_the_index_sink_gives_every_chunk_exactly_its_documents_groups():
     """Whatever a loader or chunker in between did (a plugin that forgot the keys, or set its own),
     the stores get the document's groups."""
     from ragline.flows.contracts import Chunk, Document
-    from ragline.tasks.index import granted
+    from ragline.tasks.ingest.index import granted
 
     documents = [Document(source_id="a", text="x", groups=["hr"]), Document(source_id="b", text="y")]
     chunks = [Chunk(chunk_id="1", source_id="a", ordinal=0, text="x", metadata={"ragline_acl_public": True}),

@@ -20,8 +20,8 @@ from ragline.flows.run import engine
 from ragline.flows.serve.query_service import access_for
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.prompts import PromptLibrary
-from ragline.tasks import expand_context as expand_stage
-from ragline.tasks import generate_flare as flare_stage
+from ragline.tasks.refine import expand_context as expand_stage
+from ragline.tasks.generate import flare as flare_stage
 from tests.helpers.access_site import site_yaml, write_pipelines
 from tests.helpers.harness import run_child, run_index, snapshot
 from tests.helpers.llm_stages import REPO_PROMPTS

@@ -16,7 +16,7 @@ import pytest
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
-from ragline.tasks.verify import Params, degenerate, grounding
+from ragline.tasks.generate.verify import Params, degenerate, grounding
 from tests.helpers.data import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]

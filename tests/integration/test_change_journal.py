@@ -1,5 +1,5 @@
 """Issue 22: a folder root that ``ragline serve`` watches is listed from its change journal, so a
-scheduled run stats what changed, not the corpus (flows/sources/journal.py, tasks/load.py).
+scheduled run stats what changed, not the corpus (flows/sources/journal.py, tasks/ingest/load.py).
 
 A real watcher thread (watchfiles: inotify) keeps the journal while real runs index a real corpus
 (the loader, chunker, Chroma, BM25 and state; the hash stand-in embedder). Each test checks what
@@ -20,7 +20,7 @@ from ragline.flows.sources import journal as journal_module
 from ragline.flows.sources.journal import FolderWatcher, Journal, journal_file
 from ragline.flows.sources.local import RACY_SECONDS
 from ragline.flows.spec.compile import load_project
-from ragline.tasks import load as load_module
+from ragline.tasks.ingest import load as load_module
 from tests.helpers.harness import run_child, run_index, snapshot
 from tests.integration.test_streaming_ingest import HASH_EMBED, _age, _corpus, _text
 

@@ -11,7 +11,7 @@ import pytest
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.resources import clear_cache
-from ragline.tasks.answerable import record_floor
+from ragline.tasks.generate.answerable import record_floor
 from tests.helpers.data import BASE_RESOURCES, scifact_records, write_jsonl
 from tests.helpers.harness import snapshot
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.flows.formats.test_formats import docx_bytes, eml_bytes
 from tests.helpers.harness import run_index, snapshot
-from tests.tasks.test_pdf_pages import real_pdf
+from tests.tasks.ingest.test_pdf_pages import real_pdf
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ from urllib.parse import unquote
 import pytest
 
 from ragline.flows.context import StepContext
-from ragline.tasks.index import gone_sources
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.index import gone_sources
+from ragline.tasks.ingest.load import Params, load
 from tests.helpers.net import free_port
 from tests.helpers.store_proxy import Proxy, http_refusal
 

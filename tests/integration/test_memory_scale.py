@@ -59,7 +59,7 @@ def test_ingestion_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     # the listing's work-list transactions as small as the other batches: what a run holds is then
     # bounded by its batches at these sizes too (at 1,000 a transaction held this whole test corpus)
     for name in ("QUEUE_BATCH", "SIGNAL_BATCH", "MARK_BATCH"):  # the listing's batches, as the pipeline's
-        monkeypatch.setattr(f"ragline.tasks.load.{name}", 16)
+        monkeypatch.setattr(f"ragline.tasks.ingest.load.{name}", 16)
     peaks = {}
     for size in (1, *SIZES):  # the first size imports what ingestion uses (converters, tokenizer): not counted
         base = tmp_path / str(size)

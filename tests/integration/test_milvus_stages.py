@@ -29,22 +29,22 @@ from ragline.flows.resources.state import IndexState, StateSpec  # noqa: E402
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
 from ragline.flows.spec.prompts import PromptLibrary  # noqa: E402
-from ragline.tasks import adapt_embedder as ae  # noqa: E402
-from ragline.tasks.expand_prf import Params as PrfParams  # noqa: E402
-from ragline.tasks.expand_prf import expand_prf  # noqa: E402
-from ragline.tasks.expand_terms import Params as TermsParams  # noqa: E402
-from ragline.tasks.expand_terms import expand_terms  # noqa: E402
-from ragline.tasks.generate_flare import Params as FlareParams  # noqa: E402
-from ragline.tasks.generate_flare import generate_flare  # noqa: E402
-from ragline.tasks.retrieve_dense import Params as RetrieveParams  # noqa: E402
-from ragline.tasks.retrieve_sparse import retrieve_sparse  # noqa: E402
-from ragline.tasks.self_query import Params as SelfQueryParams  # noqa: E402
-from ragline.tasks.self_query import self_query  # noqa: E402
-from ragline.tasks.tune_retrieval import Corpus  # noqa: E402
+from ragline.tasks.jobs import adapt_embedder as ae  # noqa: E402
+from ragline.tasks.rewrite.expand_prf import Params as PrfParams  # noqa: E402
+from ragline.tasks.rewrite.expand_prf import expand_prf  # noqa: E402
+from ragline.tasks.rewrite.expand_terms import Params as TermsParams  # noqa: E402
+from ragline.tasks.rewrite.expand_terms import expand_terms  # noqa: E402
+from ragline.tasks.generate.flare import Params as FlareParams  # noqa: E402
+from ragline.tasks.generate.flare import generate_flare  # noqa: E402
+from ragline.tasks.retrieve.dense import Params as RetrieveParams  # noqa: E402
+from ragline.tasks.retrieve.sparse import retrieve_sparse  # noqa: E402
+from ragline.tasks.rewrite.self_query import Params as SelfQueryParams  # noqa: E402
+from ragline.tasks.rewrite.self_query import self_query  # noqa: E402
+from ragline.tasks.jobs.tune_retrieval import Corpus  # noqa: E402
 from tests.helpers.data import scifact_records, write_jsonl  # noqa: E402
 from tests.helpers.llm_stages import REPO_PROMPTS  # noqa: E402
 from tests.scripted_llm import ScriptedLLM  # noqa: E402
-from tests.tasks.test_tune_retrieval import TUNE_YAML, judged  # noqa: E402
+from tests.tasks.jobs.test_tune_retrieval import TUNE_YAML, judged  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

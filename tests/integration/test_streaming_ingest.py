@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from ragline.flows.resources import clear_cache
-from ragline.tasks import load as load_module
+from ragline.tasks.ingest import load as load_module
 from tests.helpers.data import BASE_RESOURCES
 from tests.helpers.harness import run_index
 
@@ -148,7 +148,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     # the listing's batches as small as the pipeline's (at 500-5,000 one held this whole test corpus:
     # bounded, but not by the batch this test can see)
     for name in ("QUEUE_BATCH", "SIGNAL_BATCH", "MARK_BATCH"):
-        monkeypatch.setattr(f"ragline.tasks.load.{name}", 16)
+        monkeypatch.setattr(f"ragline.tasks.ingest.load.{name}", 16)
     for name in ("QUEUE_PAGE", "RANGE_SLACK"):  # the plan's pages of the work list, a listing's range reads
         monkeypatch.setattr(f"ragline.flows.resources.state.{name}", 16)
     peaks, n = {}, 40

@@ -12,8 +12,8 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.sources.web import WebSource, WebSpec
-from ragline.tasks.index import gone_sources
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.index import gone_sources
+from ragline.tasks.ingest.load import Params, load
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.harness import run_index, snapshot
 

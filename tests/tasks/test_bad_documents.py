@@ -16,8 +16,8 @@ from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
-from ragline.tasks.convert import Params as ConvertParams, convert
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.convert import Params as ConvertParams, convert
+from ragline.tasks.ingest.load import Params, load
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.documents import make_pdf
 from tests.helpers.harness import snapshot

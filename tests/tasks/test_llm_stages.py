@@ -83,7 +83,7 @@ def rewrite_with(reply: str, mode: str, query: Query, **params):
     from ragline.flows.context import StepContext
     from ragline.flows.spec.prompts import PromptLibrary
     from ragline.flows.resources.llm import LLMClient, LLMSpec
-    from ragline.tasks.rewrite import Params, rewrite
+    from ragline.tasks.rewrite.rewrite import Params, rewrite
 
     with ScriptedLLM(lambda p: reply) as server:
         ctx = StepContext(pipeline="t", step_id="rw", prompt_name=f"rewrite_{mode}",
@@ -168,7 +168,7 @@ def test_refinement_stages(make_project):
 
 
 def test_insert_orders_and_budget(make_project):
-    from ragline.tasks.insert import arrange
+    from ragline.tasks.refine.insert import arrange
 
     assert arrange(list(range(1, 7)), "lost_in_the_middle") == [1, 3, 5, 6, 4, 2]
     assert arrange(list(range(1, 4)), "reversed") == [3, 2, 1]

@@ -14,7 +14,7 @@ from ragline.flows.resources.llm import LLMClient, LLMSpec
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.spec.prompts import PromptLibrary
-from ragline.tasks import generate_flare
+from ragline.tasks.generate import flare as generate_flare
 from tests.helpers.llm_stages import REPO_PROMPTS, project_for, run
 from tests.scripted_llm import ScriptedLLM
 

@@ -63,8 +63,8 @@ from ragline.flows.sources.uploads import (
     folder_of,
     safe_name,
 )
-from ragline.tasks.index import FAILURES
-from ragline.tasks.load import FORMATS
+from ragline.tasks.ingest.index import FAILURES
+from ragline.tasks.ingest.load import FORMATS
 
 log = logging.getLogger("ragline.api.documents")
 RETRY_SECONDS = 3.0  # while a run writes the index, a requested run is retried this often

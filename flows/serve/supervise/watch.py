@@ -11,7 +11,7 @@ from ragline.flows.contracts import PipelineKind
 from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.sources.journal import FolderWatcher, Journal, journal_file
 from ragline.flows.spec.compile import Project
-from ragline.tasks.load import watched_folders
+from ragline.tasks.ingest.load import watched_folders
 
 
 def folder_watchers(project: Project) -> list[FolderWatcher]:

@@ -13,7 +13,7 @@ from ragline.flows.formats import GROUP
 LOAD = """
 import json, sys
 from ragline.flows.context import StepContext
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.load import Params, load
 ctx = StepContext(pipeline="t", step_id="load")
 documents = load.fn(params=Params(paths=[sys.argv[1]], include=["*.csv"]), ctx=ctx)
 print(json.dumps({"docs": [[d.source_id.rsplit("/", 1)[-1], d.format, d.text] for d in documents],

@@ -11,7 +11,7 @@ import pytest
 
 from ragline.flows import formats
 from ragline.flows.context import StepContext
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.load import Params, load
 
 ROWS = [["Item", "Cost", "Owner"], ["Radar", "1200", "Ana"], ["Boat | hire", "300", "Bo"]]
 TABLE = "| Item | Cost | Owner |\n|---|---|---|\n| Radar | 1200 | Ana |\n| Boat \\| hire | 300 | Bo |"

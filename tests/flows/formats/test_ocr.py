@@ -11,7 +11,7 @@ from fpdf import FPDF
 from PIL import Image, ImageDraw, ImageFont
 
 from ragline.flows.context import StepContext
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.load import Params, load
 
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
 LINES = ["The glacier survey measured ice thickness", "with ground penetrating radar at forty",

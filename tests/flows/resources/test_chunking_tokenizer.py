@@ -180,7 +180,7 @@ import sys
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
 from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.tasks.chunk import Params, chunk
+from ragline.tasks.ingest.chunk import Params, chunk
 
 embedder = Embedder(EmbedderSpec(type="sentence_transformer"))
 document = Document(source_id="d", title="T", text="# A\\n\\n" + "Aspirin reduces the risk of infarction. " * 60,

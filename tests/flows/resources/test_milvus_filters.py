@@ -10,7 +10,7 @@ from ragline.flows.resources.filters import FilterError
 from ragline.flows.errors import InputError
 from ragline.flows.resources.milvus import (ACCESS_COLUMN, MilvusSpec, _access_elements, collection_name,
                                             expression, literal)
-from ragline.tasks.retrieve_dense import combined_filter
+from ragline.tasks.retrieve.dense import combined_filter
 
 
 @pytest.mark.parametrize("where, expected", [

@@ -21,7 +21,7 @@ pipelines:
     kind: query
     steps:
       - {id: dense, task: retrieve_dense}
-      - {id: fuse,  task: ragline.tasks.fuse.fuse}
+      - {id: fuse,  task: ragline.tasks.retrieve.fuse.fuse}
 """
 PROBE = BASE_RESOURCES + """
 settings: {allow_modules: [this]}
@@ -87,18 +87,18 @@ def test_environment_variable_allows_a_module(make_project, monkeypatch):
 
 def test_parameter_and_set_allowed_modules_allow_a_module(make_project):
     path = make_project(FUSE)
-    assert load_project(path, allow_modules=["ragline.tasks.fuse"]).pipeline("search").step("fuse").stage.name == "fuse"
+    assert load_project(path, allow_modules=["ragline.tasks.retrieve.fuse"]).pipeline("search").step("fuse").stage.name == "fuse"
     registry.set_allowed_modules(["ragline.tasks"])
     assert validate_file(path) == []
 
 
 def test_file_can_only_narrow(make_project, monkeypatch):
     monkeypatch.setenv(registry.ALLOW_ENV, "ragline.tasks")
-    narrowed = "settings: {allow_modules: [ragline.tasks.rerank]}\n" + FUSE
+    narrowed = "settings: {allow_modules: [ragline.tasks.rerank.cross_encoder]}\n" + FUSE
     error, = validate_file(make_project(narrowed))
     assert (error.step, error.field) == ("fuse", "task")
-    assert "module 'ragline.tasks.fuse' is not in settings.allow_modules of this file" in error.message
-    assert validate_file(make_project("settings: {allow_modules: [ragline.tasks.fuse]}\n" + FUSE)) == []
+    assert "module 'ragline.tasks.retrieve.fuse' is not in settings.allow_modules of this file" in error.message
+    assert validate_file(make_project("settings: {allow_modules: [ragline.tasks.retrieve.fuse]}\n" + FUSE)) == []
 
 
 def test_pyproject_of_the_project_allows_a_module(make_project):

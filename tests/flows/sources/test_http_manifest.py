@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from ragline.flows.context import StepContext
 from ragline.flows.sources.fsspec import FsspecSpec
-from ragline.tasks.index import gone_sources
-from ragline.tasks.load import Params, load
+from ragline.tasks.ingest.index import gone_sources
+from ragline.tasks.ingest.load import Params, load
 
 pytest.importorskip("aiohttp")  # fsspec's http backend
 

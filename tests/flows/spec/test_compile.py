@@ -109,7 +109,7 @@ def test_a_missing_file_is_one_error_naming_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the project's allowlist
-DOTTED = GOOD.replace("task: fuse,", "task: ragline.tasks.fuse.fuse,")
+DOTTED = GOOD.replace("task: fuse,", "task: ragline.tasks.retrieve.fuse.fuse,")
 
 
 def test_a_user_stage_compiles_when_the_nearest_pyproject_allows_its_module(tmp_path):

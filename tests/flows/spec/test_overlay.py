@@ -208,7 +208,7 @@ def test_a_job_pipeline_takes_no_cluster_runner(make_project):
 
 
 def adaptation(model_path, **changes):
-    from ragline.tasks.adapt_embedder import AdaptReport
+    from ragline.tasks.jobs.adapt_embedder import AdaptReport
 
     fields = {"base_model": "all-MiniLM-L6-v2", "key": "abc123", "pairs": 300, "strategies": {"inverse_cloze": 300},
               "chunks": 42, "timings": {"training": 61.5}}

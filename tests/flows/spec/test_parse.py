@@ -171,7 +171,7 @@ def test_prompt_on_stage_without_prompt(make_project):
 
 def test_dotted_stage_needs_allowlist(make_project, monkeypatch):
     monkeypatch.delenv("RAGLINE_ALLOW_MODULES", raising=False)
-    text = GOOD.replace("task: fuse", "task: ragline.tasks.fuse.fuse")
+    text = GOOD.replace("task: fuse", "task: ragline.tasks.retrieve.fuse.fuse")
     assert "is not allowed: set RAGLINE_ALLOW_MODULES" in only(errors_of(make_project, text)).message
     widened = errors_of(make_project, "settings: {allow_modules: [ragline.tasks]}\n" + text)
     assert any(e.field == "settings.allow_modules.0" and "not allowed" in e.message for e in widened), widened

@@ -91,8 +91,9 @@ def test_an_installed_package_declaring_the_entry_point_is_discovered(tmp_path):
 def test_every_builtin_module_is_declared_and_registers_the_name_it_is_declared_under():
     import ragline.tasks as builtins
 
-    modules = {p.stem for p in (REPO / "tasks").glob("*.py") if p.stem != "__init__"}
-    assert modules == {m.rpartition(".")[2] for m in builtins.STAGES.values()} | set(builtins.HELPERS)
+    modules = {"ragline." + ".".join(p.relative_to(REPO).with_suffix("").parts)
+               for p in (REPO / "tasks").rglob("*.py") if p.stem != "__init__"}
+    assert modules == set(builtins.STAGES.values()) | set(builtins.HELPERS)
     stages = registry.all_stages()
     for name, module in builtins.STAGES.items():
         assert stages[name].fn.__module__ == module, name
@@ -129,8 +130,9 @@ def test_compiling_a_pipeline_imports_only_the_modules_of_its_stages(tmp_path):
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["before"] == [] and seen["top_k"] == 2
     after = set(seen["after"])  # retrieve_sparse imports retrieve_dense (its Params): nothing more
-    assert {"ragline.tasks.fuse", "ragline.tasks.retrieve_sparse"} <= after <= {
-        "ragline.tasks.fuse", "ragline.tasks.retrieve_sparse", "ragline.tasks.retrieve_dense"}
+    assert {"ragline.tasks.retrieve.fuse", "ragline.tasks.retrieve.sparse"} <= after <= {
+        "ragline.tasks.retrieve",  # the family's package: a docstring
+        "ragline.tasks.retrieve.fuse", "ragline.tasks.retrieve.sparse", "ragline.tasks.retrieve.dense"}
 
 
 def test_every_stage_name_is_suggested_without_importing_its_module():
@@ -228,9 +230,9 @@ def test_one_name_cannot_be_taken_by_two_modules():
 
     impostor.__module__ = "somewhere.else"
     get_stage("fuse")
-    with pytest.raises(ValueError, match=r"stage 'fuse' is already registered by ragline\.tasks\.fuse"):
+    with pytest.raises(ValueError, match=r"stage 'fuse' is already registered by ragline\.tasks\.retrieve\.fuse"):
         stage("fuse", produces="passages")(impostor)
-    assert registry._REGISTRY["fuse"].fn.__module__ == "ragline.tasks.fuse"
+    assert registry._REGISTRY["fuse"].fn.__module__ == "ragline.tasks.retrieve.fuse"
 
 
 # ----------------------------------------------------------------------------- lookup and allowlist
@@ -250,14 +252,14 @@ def test_an_unknown_name_is_none_and_the_compile_error_names_it(make_project):
 
 def test_a_dotted_name_outside_the_allowlist_is_refused_before_any_import():
     get_stage("fuse")
-    assert "ragline.tasks.fuse" in sys.modules
+    assert "ragline.tasks.retrieve.fuse" in sys.modules
     with pytest.raises(PermissionError, match=r"module 'json\.decoder' is not allowed: set RAGLINE_ALLOW_MODULES"):
         get_stage("json.decoder.JSONDecoder")
 
 
 def test_a_dotted_name_in_an_allowed_module_is_the_stage_or_none():
-    assert get_stage("ragline.tasks.fuse.fuse", ["ragline.tasks"]) is registry._REGISTRY["fuse"]
-    assert get_stage("ragline.tasks.fuse.Params", ["ragline.tasks"]) is None  # not a Stage
+    assert get_stage("ragline.tasks.retrieve.fuse.fuse", ["ragline.tasks"]) is registry._REGISTRY["fuse"]
+    assert get_stage("ragline.tasks.retrieve.fuse.Params", ["ragline.tasks"]) is None  # not a Stage
     with pytest.raises(ModuleNotFoundError):
         get_stage("ragline.tasks.no_such_module.x", ["ragline.tasks"])
 

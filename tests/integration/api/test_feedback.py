@@ -121,7 +121,7 @@ def test_the_export_splits_by_question_and_keeps_splits_apart(logged, capsys, tm
 def test_the_train_split_is_what_tune_trains_on(logged, capsys, tmp_path):
     """`ragline tune --set pairs.labelled=DIR`: the rated questions come first, with their sources."""
     from ragline.flows.context import StepContext
-    from ragline.tasks.pseudo_queries import Params, pseudo_queries
+    from ragline.tasks.ingest.pseudo_queries import Params, pseudo_queries
 
     _, folder, service = logged
     export = tmp_path / "export"

@@ -22,10 +22,10 @@ def _report(queue) -> None:
 def test_the_preload_is_the_engine_the_projects_stages_and_its_resources_libraries():
     modules = preload_modules(load_project(REPO / "pipelines.yaml"))
     assert modules[:len(BASE_MODULES)] == list(BASE_MODULES) and len(modules) == len(set(modules))
-    assert {"ragline.tasks.load", "ragline.tasks.chunk", "ragline.tasks.index", "ragline.tasks.retrieve_dense",
-            "ragline.tasks.generate"} <= set(modules)
+    assert {"ragline.tasks.ingest.load", "ragline.tasks.ingest.chunk", "ragline.tasks.ingest.index", "ragline.tasks.retrieve.dense",
+            "ragline.tasks.generate.generate"} <= set(modules)
     assert {"chromadb", "bm25s", "sentence_transformers", "openai"} <= set(modules)
-    assert "ragline.tasks.self_query" not in modules  # only what the file's pipelines name
+    assert "ragline.tasks.rewrite.self_query" not in modules  # only what the file's pipelines name
 
 
 def test_flow_run_processes_fork_from_a_server_that_imported_their_modules():

@@ -1,0 +1,1 @@
+"""Retrievers (dense, sparse, community summaries, few-shot examples) and their fusion (RRF)."""
