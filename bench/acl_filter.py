@@ -26,8 +26,8 @@ import numpy as np
 from common import OUT, SCIFACT, publish, save, summary_ms
 
 from ragline.flows.access import PUBLIC_KEY, clause
-from ragline.flows.resources import bm25 as bm25_module
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores import bm25 as bm25_module
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 

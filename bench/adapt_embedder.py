@@ -36,7 +36,7 @@ from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.flows.evaluation.retrieval import BeirDataset, eval_workspace, load_beir, score, to_run
 from ragline.flows.run.progress import IngestProgress
-from ragline.flows.resources.state import IndexBusy
+from ragline.flows.resources.stores.state import IndexBusy
 
 
 def main() -> None:

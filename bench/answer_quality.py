@@ -187,7 +187,7 @@ def calibrate(split: str, keep: float = 0.95, limit: int = 300) -> dict:
     import numpy as np
 
     from ragline.flows.contracts import Context, ContextDocument, Passage
-    from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+    from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
     from ragline.tasks.generate.extract_answer import Params, evidence_answer
 
     items = load_rgb(DATA / "rgb" / "en_fact.json")

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from common import SCIFACT, save, summary_ms
 
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec, MetadataIndex
-from ragline.flows.resources.filters import matches
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec, MetadataIndex
+from ragline.flows.resources.stores.filters import matches
 
 CATEGORIES = ["biology", "medicine", "chemistry", "physics", "genetics", "immunology", "oncology",
               "neuroscience", "epidemiology", "pharmacology", "cardiology", "microbiology"]

@@ -1,4 +1,4 @@
-"""Incremental BM25 (segments, flows/resources/bm25_segments.py) against the full rebuild it replaced,
+"""Incremental BM25 (segments, flows/resources/stores/bm25_segments.py) against the full rebuild it replaced,
 measured in the same run on the same index state.
 
 Per size (SciFact-worded passages with realistic metadata, bench/bm25_filter.py's corpus):
@@ -33,8 +33,8 @@ from common import REPO, SCIFACT, save, summary_ms
 
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.evaluation.retrieval import load_beir, score
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec, MetadataIndex, tokenize
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec, MetadataIndex, tokenize
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 
 FILTER = {"$and": [ACL, {"year": {"$gte": 2010}}]}
 
@@ -93,7 +93,7 @@ import json, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, str(Path(sys.argv[1]) / "bench"))
 import bm25_incremental as b
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
 import bm25s, psutil, Stemmer  # imported before the clock starts, as in a running ingestion process
 folder, mode = Path(sys.argv[2]), sys.argv[3]
 state = b.open_state(folder)

@@ -15,7 +15,7 @@ from common import REPO, SCIFACT, save, summary_ms, publish
 
 from ragline.flows.spec.compile import load_project
 from ragline.flows.evaluation.retrieval import eval_workspace, load_beir
-from ragline.flows.resources.state import StoreMissing
+from ragline.flows.resources.stores.state import StoreMissing
 
 CONFIGS = {
     "chroma default (M 16, ef_c 100, ef_s 100)": None,

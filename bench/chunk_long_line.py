@@ -24,7 +24,7 @@ from common import save
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 from ragline.tasks.ingest.chunk import Params, chunk
 
 WORDS = ("protein cell membrane receptor binding pathway expression signal tumour growth factor analysis "

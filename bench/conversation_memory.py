@@ -23,7 +23,7 @@ from common import DATA, publish, save
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 from ragline.tasks.rewrite import recall_history as memory
 from ragline.tasks.rewrite.recall_history import Params, recall_history
 

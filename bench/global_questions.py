@@ -108,7 +108,7 @@ def main() -> None:
     import signal
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints where a long run is
     from ragline.flows.ops.llm_server import start_vllm
-    from ragline.flows.resources import summaries
+    from ragline.flows.resources.stores import summaries
     from ragline.flows.run import engine
     from ragline.flows.spec.compile import load_project
 

@@ -40,8 +40,8 @@ from common import percentile, publish, save
 
 from ragline.flows.context import QUERY_ARRIVAL
 from ragline.flows.resources.base import Lazy
-from ragline.flows.resources.fair_slots import FairSlots
-from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.models.fair_slots import FairSlots
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 
 STEP_OVERHEAD, PER_DECODE, PREFILL_RATE, PREFILL_BUDGET = 0.10, 0.08, 32.0, 512
 TOKENIZE_SECONDS = 0.05

@@ -26,7 +26,7 @@ from common import SCIFACT, save
 
 from ragline.flows.access import acl_metadata, clause
 from ragline.flows.contracts import Chunk
-from ragline.flows.resources.milvus import ACCESS_COLUMN, MilvusSpec, MilvusStore
+from ragline.flows.resources.stores.milvus import ACCESS_COLUMN, MilvusSpec, MilvusStore
 from tests.helpers.hash_embed import words_vector
 
 GROUPS = 50

@@ -28,7 +28,7 @@ from common import OUT, REPO, SCIFACT, save
 import numpy as np
 
 from ragline.flows.evaluation.retrieval import evaluate, load_beir
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 from ragline.flows.spec.compile import load_project
 
 BACKENDS = ("torch", "onnx_int8")

@@ -44,7 +44,7 @@ from tuning import interval, rgb_as_beir
 
 from ragline.flows.evaluation.retrieval import BeirDataset, document_id, eval_workspace, load_beir
 from ragline.flows.ops.llm_server import answers
-from ragline.flows.resources.llm_output import clip
+from ragline.flows.resources.models.llm_output import clip
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 

@@ -1,5 +1,5 @@
 """What a query process pays to read an embedded Chroma store through a private copy
-(``flows/resources/read_snapshot.py``): the copy alone, and the first query of a fresh store
+(``flows/resources/stores/read_snapshot.py``): the copy alone, and the first query of a fresh store
 object (copy, open, HNSW load) against opening the folder itself, for a store of N vectors.
 
 Usage: .venv/bin/python bench/read_snapshot.py [--vectors 20000]
@@ -16,8 +16,8 @@ import numpy as np
 from common import save
 
 from ragline.flows.contracts import Chunk
-from ragline.flows.resources import read_snapshot
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores import read_snapshot
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
 
 DIM = 384
 TEXT = "a passage of about five hundred characters " * 12

@@ -35,7 +35,7 @@ from common import DATA, REPO, percentile, publish, save
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks.rewrite.classify import Params, classify
@@ -88,7 +88,7 @@ def confusion(pairs: list[tuple[str, str]], classes: tuple[str, ...]) -> list[st
 
 def llm_latency(n: int) -> dict[str, float]:
     """LLM mode against the scripted server: the plumbing only (no model behind it)."""
-    from ragline.flows.resources.llm import LLMClient, LLMSpec
+    from ragline.flows.resources.models.llm import LLMClient, LLMSpec
     from tests.scripted_llm import ScriptedLLM
 
     params = Params(mode="llm", labels={"retrieve": {"description": "a question the documents answer"},
@@ -126,7 +126,7 @@ def llm_sample(held_out: list[tuple[str, str]], per_class: int, seed: int) -> li
 
 def llm_accuracy(held_out: list[tuple[str, str]], timeout: float | None = None) -> tuple[dict, list[str]]:
     """LLM mode with the packaged model on the held-out requests: 3 classes, then the routing decision."""
-    from ragline.flows.resources.llm import LLMClient
+    from ragline.flows.resources.models.llm import LLMClient
 
     spec = load_project(REPO / "pipelines.yaml", tuned=False).spec.resources["llm"]
     llm = LLMClient(spec.model_copy(update={"timeout_seconds": timeout}) if timeout else spec)

@@ -38,7 +38,7 @@ from common import save
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 from ragline.tasks.ingest.chunk import Params as ChunkParams, _Sections, _headings, chunk
 from ragline.tasks.ingest.convert import Params as ConvertParams, convert
 from ragline.tasks.ingest.load import Params as LoadParams, load

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragline.flows.contracts import Chunk, Document  # noqa: E402
-from ragline.flows.resources.state import IndexState, StateSpec  # noqa: E402
+from ragline.flows.resources.stores.state import IndexState, StateSpec  # noqa: E402
 from tests.helpers.postgres import PostgresServer, new_schema, skip_reason  # noqa: E402
 
 

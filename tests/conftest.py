@@ -111,7 +111,7 @@ def index_project(make_project):
 @pytest.fixture(scope="session")
 def minilm():
     """The packaged all-MiniLM-L6-v2 (offline), loaded once and shared by stage and resource tests."""
-    from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+    from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 
     return Embedder(EmbedderSpec(type="sentence_transformer"))
 
@@ -137,7 +137,7 @@ def tiny_cross_encoder_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from ragline.flows.resources.embedder import resolve_model_path
+    from ragline.flows.resources.models.embedder import resolve_model_path
 
     folder = tmp_path_factory.mktemp("cross-encoder")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))

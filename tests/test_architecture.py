@@ -22,7 +22,7 @@ LINT = REPO / "deploy" / "lint-imports"
 LAZY = {
     ("flows/run/engine.py", "ragline.flows.run.entrypoints"): "Prefect loads only for orchestrated runs",
     ("flows/run/executors.py", "ragline.flows.run.step_task"): "Prefect loads only for orchestrated runs",
-    ("flows/resources/embedder.py", "ragline.flows.resources.onnx_backend"): "the optional onnx extra",
+    ("flows/resources/models/embedder.py", "ragline.flows.resources.models.onnx_backend"): "the optional onnx extra",
     ("tasks/jobs/summarize_communities.py", "sklearn.cluster"): "scikit-learn loads SciPy and pandas (~1.5 s): only "
                                                            "the summarize job's clustering needs it",
     ("tasks/ingest/enrich.py", "sklearn.feature_extraction.text"): "scikit-learn loads SciPy and pandas (~1.5 s): only "
@@ -63,7 +63,7 @@ def test_a_lower_layer_importing_the_api_breaks_the_contract(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout[-3000:]
     assert "engine layers BROKEN" in result.stdout
-    assert "ragline.flows.resources.filters -> ragline.flows.serve.app" in result.stdout
+    assert "ragline.flows.resources.stores.filters -> ragline.flows.serve.app" in result.stdout
 
 
 def test_there_are_no_import_cycles(tmp_path):

@@ -20,7 +20,7 @@ from ragline.flows.spec.compile import Project
 from ragline.flows.spec.model import require_kinds
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, ContextDocument, Passage, Query
-from ragline.flows.resources.llm_output import normalize_text as normalize, strip_citations
+from ragline.flows.resources.models.llm_output import normalize_text as normalize, strip_citations
 
 CORPORA = ("positive", "negative", "positive_wrong")
 

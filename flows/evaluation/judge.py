@@ -36,8 +36,8 @@ from ragline.flows.contracts import Answer, ContextDocument, Passage
 from ragline.flows.evaluation.retrieval import document_id
 from ragline.flows.spec.model import require_kinds
 from ragline.flows.files import write_atomic
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip, option_probabilities, parse_citations, sentences, strip_citations
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip, option_probabilities, parse_citations, sentences, strip_citations
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import Project
 from ragline.tasks.ingest import pseudo_queries as pseudo

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import ragline
 from ragline.flows import settings
 from ragline.flows.ops.parent_death import PRELUDE
-from ragline.flows.resources.llm import supervise, supervisor_of, unsupervise
+from ragline.flows.resources.models.llm import supervise, supervisor_of, unsupervise
 from ragline.flows.net import is_loopback
 
 PACKAGED_MODEL = "smollm2"  # the served name of SmolLM2-135M-Instruct (deploy/vllm/serve.sh)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from ragline.flows.ops.parent_death import PRELUDE
 from ragline.flows.processes import start_time
-from ragline.flows.resources.store_owner import Endpoint, server_file
+from ragline.flows.resources.stores.store_owner import Endpoint, server_file
 
 log = logging.getLogger("ragline.store_server")
 

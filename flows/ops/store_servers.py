@@ -13,8 +13,8 @@ from typing import Any
 from ragline.flows.ops.chroma_server import ManagedChroma
 from ragline.flows.ops.managed_server import ManagedServer
 from ragline.flows.ops.milvus_server import ManagedMilvus
-from ragline.flows.resources.state import StorageError, StoreDamaged
-from ragline.flows.resources.store_owner import owner_of
+from ragline.flows.resources.stores.state import StorageError, StoreDamaged
+from ragline.flows.resources.stores.store_owner import owner_of
 
 MANAGED: dict[str, type[ManagedServer]] = {"chroma": ManagedChroma, "milvus": ManagedMilvus}
 

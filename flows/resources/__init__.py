@@ -3,10 +3,9 @@
 Each type is a ``Resource`` (``flows/resources/base.py``) registered in the ``ragline.resources``
 entry-point group; each instance is created once per process (keyed by its configuration) and
 shared by every stage that ``uses`` it; construction is cheap and the heavy part loads on first
-use or at ``warm_up``. ``close_resources`` ends them all (process shutdown). Also here: the index state
-(``state``), store integrity (``integrity``), the managed-server record of a store
-(``store_owner``), moving sources without re-embedding (``source_ids``) and parsing LLM output
-(``llm_output``).
+use or at ``warm_up``. ``close_resources`` ends them all (process shutdown). By role: ``stores/``
+(Chroma, Milvus, BM25, the index state, summaries, and what stores share: their role protocols,
+filters, integrity) and ``models/`` (embedder, cross-encoder, tokenizer, the LLM client).
 
 May import the base modules only (``contracts``, ``errors``, ``settings``, ``context``,
 ``failpoints``); every layer above may import it, stages included.

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ragline.flows.contracts import PipelineKind
-from ragline.flows.resources import integrity
-from ragline.flows.resources.integrity import Finding
+from ragline.flows.resources.stores import integrity
+from ragline.flows.resources.stores.integrity import Finding
 
 
 @dataclass(frozen=True)

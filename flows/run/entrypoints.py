@@ -35,7 +35,7 @@ from ragline.flows.contracts import DEFAULT_MAX_QUESTION_CHARS, IndexReport, Pip
 from ragline.flows.errors import RaglineError
 from ragline.flows.spec.parse import RunnerSpec
 from ragline.flows.run.steps import PipelineRef, digest_of, served_copy
-from ragline.flows.resources.filters import validate
+from ragline.flows.resources.stores.filters import validate
 
 FLOW_NAME = "ragline"  # deployments are "ragline/<name>"
 

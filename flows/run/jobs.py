@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ragline.flows.contracts import AdaptReport, SummaryReport, TuneReport
-from ragline.flows.resources import summaries
+from ragline.flows.resources.stores import summaries
 from ragline.flows.spec import overlay
 from ragline.flows.spec.model import CompiledPipeline
 

@@ -11,7 +11,7 @@ from ragline.flows.contracts import Answer, PipelineKind, Query, Skipped, StepRe
 from ragline.flows.errors import ConfigError, InputError
 from ragline.flows.run.executors import Run, settle
 from ragline.flows.spec.model import CompiledPipeline
-from ragline.flows.resources import filters
+from ragline.flows.resources.stores import filters
 from ragline.flows.run.steps import PipelineRef
 
 log = logging.getLogger("ragline.run")

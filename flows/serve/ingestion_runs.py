@@ -55,7 +55,7 @@ from ragline.flows.serve.layout import data_dir_of, deployment_name
 from ragline.flows.serve.redact import Redactor
 from ragline.flows.run.entrypoints import ACCESS_LABEL, FLOW_NAME, PROGRESS_LABEL, TRACE_LABEL
 from ragline.flows.contracts import IndexReport
-from ragline.flows.resources.state import StorageError, StoreDamaged
+from ragline.flows.resources.stores.state import StorageError, StoreDamaged
 
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 DUE_SLACK_SECONDS = 5.0  # a scheduled run due this soon counts as started

@@ -32,7 +32,7 @@ from ragline.flows.serve.layout import data_dir_of
 from ragline.flows.serve.query_log import QueryLog, describe_run, index_generations, now_iso
 from ragline.flows.serve.redact import Redactor
 from ragline.flows.errors import InputError, RaglineError
-from ragline.flows.resources.filters import validate
+from ragline.flows.resources.stores.filters import validate
 from ragline.flows.run.steps import digest_of
 from ragline.flows.run.steps import StepFailed
 from ragline.flows.run.check import indexes

@@ -11,8 +11,8 @@ from pydantic import ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Query
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip, strip_markup
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip, strip_markup
 from ragline.flows.spec.registry import stage
 from ragline.tasks.generate.generate import SystemPrompt, system_message, system_templates, with_system
 

@@ -32,11 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Context, ContextDocument, Query
-from ragline.flows.resources.llm_output import clip, option_probabilities
+from ragline.flows.resources.models.llm_output import clip, option_probabilities
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.state import IndexState, StoreMissing
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.stores.state import IndexState, StoreMissing
 from ragline.tasks.ingest.pseudo_queries import body, sentences_of, without
 
 YES_NO = {"yes": ("yes",), "no": ("no",)}

@@ -37,8 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Context, ContextDocument, EvidenceAnswer, EvidenceSpan, Query, Source
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.protocols import SparseIndex
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.stores.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.ingest.pseudo_queries import ABBREVIATION, SENTENCE
 

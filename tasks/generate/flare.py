@@ -17,11 +17,11 @@ from pydantic import ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, ContextDocument, Query
-from ragline.flows.resources.llm_output import clip
+from ragline.flows.resources.models.llm_output import clip
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import Completion, LLMClient
-from ragline.flows.resources.protocols import DenseStore
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import Completion, LLMClient
+from ragline.flows.resources.stores.protocols import DenseStore
 from ragline.tasks.generate.generate import REFUSAL, SystemPrompt, answer_from, refusal, system_message, system_templates, \
     with_system
 from ragline.tasks.ingest.collection_index import COLLECTION_KEY, by_collection

@@ -7,9 +7,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, EvidenceAnswer, Query, Source
-from ragline.flows.resources.llm_output import MarkupFilter, clip, normalize_text, parse_citations, sentences, strip_markup
+from ragline.flows.resources.models.llm_output import MarkupFilter, clip, normalize_text, parse_citations, sentences, strip_markup
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import Completion, LLMClient, LLMUnavailable
+from ragline.flows.resources.models.llm import Completion, LLMClient, LLMUnavailable
 from ragline.tasks.retrieve.examples import Example
 
 REFUSAL = "I cannot answer this question"

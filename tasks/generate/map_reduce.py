@@ -13,8 +13,8 @@ from pydantic import Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, ContextDocument, Query
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip, strip_markup
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip, strip_markup
 from ragline.flows.spec.registry import stage
 from ragline.tasks.generate.generate import Params as GenerateParams
 from ragline.tasks.generate.generate import answer_from, complete, conversation, refusal, system_message, system_templates, \

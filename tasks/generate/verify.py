@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, EvidenceAnswer, Query, Source
-from ragline.flows.resources.llm_output import clip, option_probabilities, sentences, strip_citations
+from ragline.flows.resources.models.llm_output import clip, option_probabilities, sentences, strip_citations
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import LLMClient
+from ragline.flows.resources.models.llm import LLMClient
 from ragline.tasks.generate.extract_answer import question_type
 from ragline.tasks.generate.generate import REFUSAL
 

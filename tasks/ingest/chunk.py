@@ -26,7 +26,7 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.formats.base import BudgetExceeded
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.models.embedder import Embedder
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP] (or <s>, </s>) take room in every sequence
 SENTENCE_END = (".", "!", "?", ":", ";", "\n")

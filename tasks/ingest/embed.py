@@ -7,7 +7,7 @@ from ragline.flows import failpoints
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.models.embedder import Embedder
 
 
 @stage("embed", produces="chunks", uses={"embedder": ("sentence_transformer",)}, kind="ingestion")

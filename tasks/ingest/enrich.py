@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Passage
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import sentences, strip_markup
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import sentences, strip_markup
 from ragline.flows.spec.registry import stage
 
 CLAUSE_BREAK = re.compile(r"[^\w\s'-]+|\n")  # a phrase never spans punctuation or lines

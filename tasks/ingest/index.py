@@ -25,12 +25,12 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Coverage, Document, Failure, IndexReport
 from ragline.flows.contracts import UNREAD_KEY, IngestPlan, WorkPage
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources import integrity
-from ragline.flows.resources.milvus import check_roles
-from ragline.flows.resources.integrity import reconcile
-from ragline.flows.resources.state import IndexState, LeaseHolder
-from ragline.flows.resources.source_ids import Moves, find_moves, may_move, move_chunks, move_tails
-from ragline.flows.resources.protocols import DenseStore, SparseIndex
+from ragline.flows.resources.stores import integrity
+from ragline.flows.resources.stores.milvus import check_roles
+from ragline.flows.resources.stores.integrity import reconcile
+from ragline.flows.resources.stores.state import IndexState, LeaseHolder
+from ragline.flows.resources.stores.source_ids import Moves, find_moves, may_move, move_chunks, move_tails
+from ragline.flows.resources.stores.protocols import DenseStore, SparseIndex
 from ragline.tasks.generate.answerable import record_floor
 
 DIRTY = "dirty"

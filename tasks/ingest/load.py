@@ -38,7 +38,7 @@ from ragline.flows.sources import (
     cache_folder,
     source_types,
 )
-from ragline.flows.resources.integrity import repairing
+from ragline.flows.resources.stores.integrity import repairing
 from ragline.flows.sources.journal import Journal, journal_file
 from ragline.flows.sources.local import NonEmpty, Root, read_file, stat_signal
 from ragline.flows.spec.registry import stage
@@ -385,7 +385,7 @@ class Kept:
 
 @functools.lru_cache(maxsize=256)
 def _acl_text(groups: tuple[str, ...]) -> str:
-    """Groups as the index state records them (``flows/resources/state.py``'s ``_acl_text``)."""
+    """Groups as the index state records them (``flows/resources/stores/state.py``'s ``_acl_text``)."""
     return json.dumps(sorted(set(groups)))
 
 

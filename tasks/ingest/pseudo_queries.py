@@ -38,10 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import TRAIN_PAIRS, PseudoQuery
-from ragline.flows.resources.llm_output import parse_lines
+from ragline.flows.resources.models.llm_output import parse_lines
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.state import IndexState
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.stores.state import IndexState
 
 Strategy = Literal["inverse_cloze", "title", "keywords", "llm"]
 # A sentence ends at Unicode sentence-final punctuation of any script (. ! ? ؟ ۔ । 。 ！ ？ …),

@@ -45,10 +45,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import AdaptReport, PseudoQuery
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import in_memory, tokenize
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec, resolve_model_path
-from ragline.flows.resources.state import IndexState
-from ragline.flows.resources.protocols import SparseIndex
+from ragline.flows.resources.stores.bm25 import in_memory, tokenize
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec, resolve_model_path
+from ragline.flows.resources.stores.state import IndexState
+from ragline.flows.resources.stores.protocols import SparseIndex
 from ragline.tasks.jobs.tune_retrieval import Corpus, closest_of_other_documents
 from ragline.tasks.ingest.pseudo_queries import without
 

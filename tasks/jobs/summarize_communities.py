@@ -32,12 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Community, ContextDocument, Passage, SummaryReport
-from ragline.flows.resources import summaries
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip, strip_markup
-from ragline.flows.resources.state import IndexState
-from ragline.flows.resources.protocols import DenseStore
+from ragline.flows.resources.stores import summaries
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip, strip_markup
+from ragline.flows.resources.stores.state import IndexState
+from ragline.flows.resources.stores.protocols import DenseStore
 from ragline.flows.spec.registry import stage
 
 COMMUNITY_VARIABLES = ("documents",)

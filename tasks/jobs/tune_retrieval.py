@@ -59,10 +59,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Candidate, GateCalibration, PipelineKind, PseudoQuery, TuneReport
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.bm25 import LegacyVersion, in_memory, ranked, tokenize
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.state import IndexState
+from ragline.flows.resources.stores.bm25 import LegacyVersion, in_memory, ranked, tokenize
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.stores.state import IndexState
 from ragline.tasks.generate.answerable import kept_floor, max_cosine, probability
 from ragline.tasks.rewrite.expand_prf import with_feedback
 from ragline.tasks.refine.expand_context import grow, token_counts
@@ -72,8 +72,8 @@ from ragline.tasks.retrieve.fuse import fused_order, fused_scores
 from ragline.tasks.ingest.pseudo_queries import without
 from ragline.tasks.retrieve.sparse import LEASE_STALE_SECONDS
 from ragline.flows.contracts import ContextDocument, Passage, Query
-from ragline.flows.resources.llm_output import clip
-from ragline.flows.resources.protocols import DenseStore, SparseIndex
+from ragline.flows.resources.models.llm_output import clip
+from ragline.flows.resources.stores.protocols import DenseStore, SparseIndex
 
 Metric = Literal["ndcg@10", "mrr@10", "recall@100"]
 METRICS = ("ndcg@10", "mrr@10", "recall@100")

@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.llm import Completion, LLMClient
-from ragline.flows.resources.llm_output import clip, sentences, strip_markup
+from ragline.flows.resources.models.llm import Completion, LLMClient
+from ragline.flows.resources.models.llm_output import clip, sentences, strip_markup
 from ragline.flows.spec.registry import stage
 from ragline.tasks.refine.notes import ask_each_passage
 

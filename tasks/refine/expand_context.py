@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.state import IndexState, StoreMissing
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.stores.state import IndexState, StoreMissing
 from ragline.flows.spec.registry import stage
 from ragline.tasks.ingest.collection_index import COLLECTION_KEY, in_collection
 

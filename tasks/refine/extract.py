@@ -5,9 +5,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.llm_output import clip, sentences
+from ragline.flows.resources.models.llm_output import clip, sentences
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import LLMClient
+from ragline.flows.resources.models.llm import LLMClient
 
 
 class Params(BaseModel):

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Context, ContextDocument, Passage
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import LLMClient
+from ragline.flows.resources.models.llm import LLMClient
 
 Order = Literal["relevance", "reversed", "lost_in_the_middle"]
 

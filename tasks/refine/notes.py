@@ -7,8 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.llm import Completion, LLMClient
-from ragline.flows.resources.llm_output import clip
+from ragline.flows.resources.models.llm import Completion, LLMClient
+from ragline.flows.resources.models.llm_output import clip
 from ragline.flows.spec.registry import stage
 
 LABELS = ("ANSWERS", "CONTEXT", "IRRELEVANT")

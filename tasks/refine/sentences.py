@@ -5,9 +5,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.llm_output import sentences
+from ragline.flows.resources.models.llm_output import sentences
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.models.embedder import Embedder
 
 
 class Params(BaseModel):

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Passage, Query
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.cross_encoder import CrossEncoderModel
+from ragline.flows.resources.models.cross_encoder import CrossEncoderModel
 
 
 class BlendParams(BaseModel):

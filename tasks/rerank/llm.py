@@ -12,8 +12,8 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.llm import Completion, LLMClient
-from ragline.flows.resources.llm_output import clip, option_probabilities, parse_permutation
+from ragline.flows.resources.models.llm import Completion, LLMClient
+from ragline.flows.resources.models.llm_output import clip, option_probabilities, parse_permutation
 from ragline.flows.spec.registry import stage
 from ragline.tasks.rerank.cross_encoder import BlendParams, blend
 

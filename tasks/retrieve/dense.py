@@ -16,10 +16,10 @@ from ragline.flows.access import Access, restrict
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query, Ranking
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources import filters
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing
-from ragline.flows.resources.protocols import DenseStore
+from ragline.flows.resources.stores import filters
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.stores.state import REMEDY, IndexState, StoreDamaged, StoreMissing
+from ragline.flows.resources.stores.protocols import DenseStore
 
 
 class Params(BaseModel):

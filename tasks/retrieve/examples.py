@@ -19,8 +19,8 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.errors import ConfigError
 from ragline.flows.files import json_lines
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm_output import clip
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm_output import clip
 from ragline.flows.spec.registry import stage
 
 

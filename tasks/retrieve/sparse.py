@@ -15,8 +15,8 @@ import time
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query, Ranking
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.state import REMEDY, IndexState, StoreDamaged, StoreMissing
-from ragline.flows.resources.protocols import SparseIndex
+from ragline.flows.resources.stores.state import REMEDY, IndexState, StoreDamaged, StoreMissing
+from ragline.flows.resources.stores.protocols import SparseIndex
 from ragline.tasks.retrieve.dense import Params, combined_filter, store_fault
 
 LEASE_STALE_SECONDS = 30.0  # as the index sink's lease: a holder silent this long is gone

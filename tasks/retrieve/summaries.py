@@ -40,9 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import COLLECTION_KEY, MEMBERS_KEY, Community, Passage, Query
 from ragline.flows.errors import IndexUnavailable
-from ragline.flows.resources import filters, summaries
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.state import IndexState
+from ragline.flows.resources.stores import filters, summaries
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.stores.state import IndexState
 from ragline.flows.spec.registry import stage
 from ragline.tasks.ingest.collection_index import by_collection
 

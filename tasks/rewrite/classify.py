@@ -27,9 +27,9 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Label, Query
 from ragline.flows.errors import ConfigError
 from ragline.flows.files import json_lines
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip, parse_json
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip, parse_json
 from ragline.flows.spec.registry import stage
 
 LABEL_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,39}$"

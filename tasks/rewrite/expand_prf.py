@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Feedback, Passage, Query
-from ragline.flows.resources.bm25 import tokenize
-from ragline.flows.resources.protocols import SparseIndex
+from ragline.flows.resources.stores.bm25 import tokenize
+from ragline.flows.resources.stores.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.ingest.collection_index import by_collection
 

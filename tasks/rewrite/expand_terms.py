@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Feedback, Query
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip, strip_markup
-from ragline.flows.resources.protocols import SparseIndex
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip, strip_markup
+from ragline.flows.resources.stores.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.rewrite.expand_prf import surface_forms
 from ragline.tasks.retrieve.dense import combined_filter

@@ -27,10 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.resources.bm25 import BM25Spec, in_memory, tokenize
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip
+from ragline.flows.resources.stores.bm25 import BM25Spec, in_memory, tokenize
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip
 from ragline.flows.spec.registry import stage
 from ragline.tasks.refine.expand_context import token_counts
 

@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.resources.llm_output import clip, parse_json, parse_lines
+from ragline.flows.resources.models.llm_output import clip, parse_json, parse_lines
 from ragline.flows.spec.registry import stage
-from ragline.flows.resources.llm import MAX_SAMPLES, LLMClient
-from ragline.flows.resources.protocols import SparseIndex
+from ragline.flows.resources.models.llm import MAX_SAMPLES, LLMClient
+from ragline.flows.resources.stores.protocols import SparseIndex
 from ragline.tasks.generate.verify import content, stems, tokens
 
 Mode = Literal["conversational", "multi_query", "hyde", "decompose", "instruction"]

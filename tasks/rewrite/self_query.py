@@ -20,11 +20,11 @@ from ragline.flows.access import reserved, restrict
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
 from ragline.flows.errors import InputError
-from ragline.flows.resources import filters
-from ragline.flows.resources.bm25 import BM25Index
-from ragline.flows.resources.llm import LLMClient
-from ragline.flows.resources.llm_output import clip, parse_json
-from ragline.flows.resources.protocols import SparseIndex
+from ragline.flows.resources.stores import filters
+from ragline.flows.resources.stores.bm25 import BM25Index
+from ragline.flows.resources.models.llm import LLMClient
+from ragline.flows.resources.models.llm_output import clip, parse_json
+from ragline.flows.resources.stores.protocols import SparseIndex
 from ragline.flows.spec.registry import stage
 from ragline.tasks.ingest.collection_index import by_collection
 

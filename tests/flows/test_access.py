@@ -1,6 +1,6 @@
 """Document-level access (issue 19 item 3): rules, group names, the metadata keys and the query
 clause (flows/access.py); where a document's groups come from (tasks/ingest/load.py); a client can never
-name the reserved keys (flows/resources/filters.py) nor set a query's access (the API's models)."""
+name the reserved keys (flows/resources/stores/filters.py) nor set a query's access (the API's models)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from ragline.flows import access
 from ragline.flows.access import AccessRule, acl_metadata, clause, parse_groups, readable, restrict, rule_groups
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.resources.filters import FilterError, matches, validate
+from ragline.flows.resources.stores.filters import FilterError, matches, validate
 from ragline.flows.spec.compile import validate_file
 from ragline.tasks.ingest.load import Params, load
 from tests.helpers.access_site import site_yaml

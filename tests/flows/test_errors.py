@@ -12,10 +12,10 @@ import pytest
 from ragline.flows import cli
 from ragline.flows.serve.query_service import ApiError, QueryService
 from ragline.flows.errors import DependencyUnavailable, RaglineError
-from ragline.flows.resources.chroma import ChromaUnavailable, EmbedderMismatch
-from ragline.flows.resources.filters import FilterError
-from ragline.flows.resources.llm import LLMUnavailable
-from ragline.flows.resources.state import IndexBusy, StorageError, StoreMissing
+from ragline.flows.resources.stores.chroma import ChromaUnavailable, EmbedderMismatch
+from ragline.flows.resources.stores.filters import FilterError
+from ragline.flows.resources.models.llm import LLMUnavailable
+from ragline.flows.resources.stores.state import IndexBusy, StorageError, StoreMissing
 from ragline.flows.run.steps import StepFailed, StepTimedOut
 from tests.helpers.data import REPO
 

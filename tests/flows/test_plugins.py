@@ -7,7 +7,7 @@ import pytest
 
 from ragline.flows import plugins
 from ragline.flows.resources.base import Resource
-from ragline.flows.resources.embedder import Embedder
+from ragline.flows.resources.models.embedder import Embedder
 
 
 def _entry_points(monkeypatch, *entries: EntryPoint) -> None:
@@ -15,13 +15,13 @@ def _entry_points(monkeypatch, *entries: EntryPoint) -> None:
 
 
 def test_types_are_found_by_their_spec_name(monkeypatch):
-    _entry_points(monkeypatch, EntryPoint("sentence_transformer", "ragline.flows.resources.embedder:Embedder",
+    _entry_points(monkeypatch, EntryPoint("sentence_transformer", "ragline.flows.resources.models.embedder:Embedder",
                                           "test.group"))
     assert plugins.registered_types("test.group", Resource, "resource") == {"sentence_transformer": Embedder}
 
 
 def test_a_type_registered_under_another_name_is_refused_naming_both(monkeypatch):
-    _entry_points(monkeypatch, EntryPoint("embedder", "ragline.flows.resources.embedder:Embedder", "test.group"))
+    _entry_points(monkeypatch, EntryPoint("embedder", "ragline.flows.resources.models.embedder:Embedder", "test.group"))
     with pytest.raises(TypeError, match="embedder = .*says type 'sentence_transformer'"):
         plugins.registered_types("test.group", Resource, "resource")
 

@@ -72,7 +72,7 @@ def test_one_flag_parser_for_every_on_off_setting(monkeypatch, text, expected):
 def test_settings_are_read_when_asked_not_at_import(monkeypatch, tmp_path):
     from ragline.flows.ops import prefect_server
     from ragline.flows.spec import registry
-    from ragline.flows.resources import onnx_backend
+    from ragline.flows.resources.models import onnx_backend
 
     monkeypatch.setenv("RAGLINE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RAGLINE_CACHE_DIR", str(tmp_path / "cache"))

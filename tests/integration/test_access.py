@@ -14,8 +14,8 @@ import pytest
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Context, ContextDocument, Passage, Query
 from ragline.flows.resources import clear_cache
-from ragline.flows.resources.embedder import Embedder
-from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.models.embedder import Embedder
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.run import engine
 from ragline.flows.serve.query_service import access_for
 from ragline.flows.spec.compile import load_project

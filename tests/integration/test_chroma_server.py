@@ -16,8 +16,8 @@ from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Chunk
 from ragline.flows.run.engine import StepFailed
 from ragline.flows.resources import clear_cache
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.state import StoreMissing
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores.state import StoreMissing
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.harness import ChromaServer, default_corpus, run_index, snapshot
 

@@ -50,7 +50,7 @@ def project(folder, docs, runner: str):
 # --------------------------------------------------------------------------- probes run in the Dask workers
 def _spy_on_embedder() -> int:
     """Count, in this worker process, the texts every Embedder encodes for documents."""
-    from ragline.flows.resources.embedder import Embedder
+    from ragline.flows.resources.models.embedder import Embedder
 
     if not hasattr(Embedder, "_spied"):
         original = Embedder.encode_documents
@@ -67,7 +67,7 @@ def _spy_on_embedder() -> int:
 def _worker_report() -> dict:
     """What ran in this worker: the texts it embedded, and which resources it ever opened."""
     from ragline.flows.resources import _cache
-    from ragline.flows.resources.embedder import Embedder
+    from ragline.flows.resources.models.embedder import Embedder
 
     return {"pid": os.getpid(), "embedded": list(getattr(Embedder, "_spied", [])),
             "resources": sorted({key[0] for key in _cache})}
@@ -79,7 +79,7 @@ def test_dask_runner_builds_the_thread_runners_index_with_the_sink_in_the_driver
     from distributed import Client, LocalCluster
 
     from ragline.flows.resources import _cache
-    from ragline.flows.resources.embedder import Embedder
+    from ragline.flows.resources.models.embedder import Embedder
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # inherited by the worker processes
     docs = write_jsonl(tmp_path / "docs" / "corpus.jsonl", scifact_records(DOCS)).parent

@@ -19,7 +19,7 @@ from ragline.flows.run import engine
 from ragline.flows.cli import main
 from ragline.flows.spec.compile import load_project
 from ragline.flows.resources import clear_cache
-from ragline.flows.resources.state import StorageError
+from ragline.flows.resources.stores.state import StorageError
 from tests.fault_mounts import fill, read_only, tmpfs
 from tests.helpers.api_harness import AUTH, QUESTION, TOKEN, Script, running, write_project
 from tests.helpers.data import index_and_search_yaml, scifact_records, write_jsonl

@@ -22,10 +22,10 @@ from ragline.flows.context import StepContext  # noqa: E402
 from ragline.flows.contracts import Chunk, Context, ContextDocument, Document, Passage, PseudoQuery, Query  # noqa: E402
 from ragline.flows.errors import InputError  # noqa: E402
 from ragline.flows.resources import clear_cache  # noqa: E402
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec  # noqa: E402
-from ragline.flows.resources.llm import LLMClient, LLMSpec  # noqa: E402
-from ragline.flows.resources.milvus import MilvusSpec, MilvusStore  # noqa: E402
-from ragline.flows.resources.state import IndexState, StateSpec  # noqa: E402
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec  # noqa: E402
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec  # noqa: E402
+from ragline.flows.resources.stores.milvus import MilvusSpec, MilvusStore  # noqa: E402
+from ragline.flows.resources.stores.state import IndexState, StateSpec  # noqa: E402
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
 from ragline.flows.spec.prompts import PromptLibrary  # noqa: E402

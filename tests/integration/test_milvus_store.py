@@ -22,8 +22,8 @@ from ragline.flows.access import restrict  # noqa: E402
 from ragline.flows.cli import main  # noqa: E402
 from ragline.flows.contracts import Chunk  # noqa: E402
 from ragline.flows.resources import clear_cache  # noqa: E402
-from ragline.flows.resources.filters import matches  # noqa: E402
-from ragline.flows.resources.milvus import (ACCESS_COLUMN, PHASE_READ_SECONDS, MilvusSpec, MilvusStore,  # noqa: E402
+from ragline.flows.resources.stores.filters import matches  # noqa: E402
+from ragline.flows.resources.stores.milvus import (ACCESS_COLUMN, PHASE_READ_SECONDS, MilvusSpec, MilvusStore,  # noqa: E402
                                             expression)
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
@@ -341,7 +341,7 @@ def milvus_server(tmp_path):
 
 
 def test_server_mode_survives_a_restart_and_names_a_server_that_is_down(milvus_server, tmp_path):
-    from ragline.flows.resources.milvus import MilvusUnavailable
+    from ragline.flows.resources.stores.milvus import MilvusUnavailable
 
     uri, start, stop = milvus_server
     store = MilvusStore(MilvusSpec(type="milvus", uri=uri, index="FLAT", collection="served", retries=2,
@@ -369,7 +369,7 @@ def test_server_mode_survives_a_restart_and_names_a_server_that_is_down(milvus_s
 def test_a_collection_dropped_by_another_process_is_missing_not_an_engine_error(milvus_server, tmp_path):
     from pymilvus import MilvusClient
 
-    from ragline.flows.resources.state import StoreMissing
+    from ragline.flows.resources.stores.state import StoreMissing
 
     uri, _, _ = milvus_server
     spec = MilvusSpec(type="milvus", uri=uri, index="FLAT", collection="dropped")

@@ -190,7 +190,7 @@ def test_check_sees_vectors_no_search_finds_and_repair_reembeds_them(tmp_path, c
     """A damaged HNSW graph (a vector stored, but found by no search) cannot be provoked on purpose:
     the store's search skips one chunk until that chunk is written again. `check` names it, `check
     --repair` re-embeds its source and is clean afterwards."""
-    from ragline.flows.resources.chroma import ChromaStore
+    from ragline.flows.resources.stores.chroma import ChromaStore
 
     records = scifact_records(RECORDS)
     project = make_project(tmp_path, index_and_search_yaml(), records)
@@ -207,7 +207,7 @@ def test_check_sees_vectors_no_search_finds_and_repair_reembeds_them(tmp_path, c
 
     monkeypatch.setattr(ChromaStore, "query", blind)
     monkeypatch.setattr(ChromaStore, "upsert", rewrite)
-    monkeypatch.setattr("ragline.flows.resources.integrity.SELF_QUERIES", 1000)  # every vector, to meet it
+    monkeypatch.setattr("ragline.flows.resources.stores.integrity.SELF_QUERIES", 1000)  # every vector, to meet it
     capsys.readouterr()
     assert main(["check", "-f", str(project)]) != 0
     said = "".join(capsys.readouterr())

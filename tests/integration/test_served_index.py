@@ -213,7 +213,7 @@ def test_served_runs_list_what_changed_from_the_folder_journal(served, project):
 
 def test_the_chroma_server_is_supervised(served, project):
     """Killed, it is reported and restarted on the same port; the next queries are answered."""
-    from ragline.flows.resources.store_owner import owner_of
+    from ragline.flows.resources.stores.store_owner import owner_of
 
     owner = owner_of(project.parent / "idx" / "chroma")
     assert owner is not None
@@ -276,7 +276,7 @@ def test_ragline_api_beside_a_terminal_index_that_adds_and_deletes(tmp_path):
 
 
 def owner_of_gone(project: Path) -> bool:
-    from ragline.flows.resources.store_owner import owner_of, server_file
+    from ragline.flows.resources.stores.store_owner import owner_of, server_file
 
     folder = project.parent / "idx" / "chroma"
     return owner_of(folder) is None and not server_file(folder).exists()

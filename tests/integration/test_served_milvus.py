@@ -57,7 +57,7 @@ def assert_agree(served: str, project: Path) -> set[str]:
 
 
 def test_flow_runs_the_api_and_a_terminal_index_share_the_served_engine(served, prefect_api, project):
-    from ragline.flows.resources.store_owner import owner_of
+    from ragline.flows.resources.stores.store_owner import owner_of
 
     owner = owner_of(database(project))
     assert owner is not None, (project.parent / "serve.log").read_text()[-3000:]
@@ -90,7 +90,7 @@ def test_flow_runs_the_api_and_a_terminal_index_share_the_served_engine(served, 
 
 
 def test_a_killed_engine_is_restarted_on_its_port_with_the_collection(served, project):
-    from ragline.flows.resources.store_owner import owner_of
+    from ragline.flows.resources.stores.store_owner import owner_of
 
     owner = owner_of(database(project))
     before = documents(project)

@@ -129,7 +129,7 @@ def test_an_unchanged_run_does_not_open_a_store_whose_files_did_not_change(proje
     """Opening an embedded store imports Chroma (~1 s of CPU, most of an unchanged run's): a store whose
     files are as they were after the last sound check is not opened. Anything done to them (a copy put
     in its place, a vector deleted behind ragline's back) makes the next run open and check it again."""
-    from ragline.flows.resources.chroma import ChromaStore
+    from ragline.flows.resources.stores.chroma import ChromaStore
 
     opened: list[int] = []
     count = ChromaStore.count

@@ -118,8 +118,8 @@ def test_a_changed_jsonl_file_is_read_unchanged_records_kept(tmp_path, project, 
 
 def _peak(project, monkeypatch) -> int:
     """The run's tracemalloc peak up to its finalize (BM25's full build at the end of a first run
-    indexes every chunk row at once: flows/resources/bm25.py, not this streaming)."""
-    from ragline.flows.resources.bm25 import BM25Index
+    indexes every chunk row at once: flows/resources/stores/bm25.py, not this streaming)."""
+    from ragline.flows.resources.stores.bm25 import BM25Index
 
     peaks, real = [], BM25Index.sync
 
@@ -150,7 +150,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     for name in ("QUEUE_BATCH", "SIGNAL_BATCH", "MARK_BATCH"):
         monkeypatch.setattr(f"ragline.tasks.ingest.load.{name}", 16)
     for name in ("QUEUE_PAGE", "RANGE_SLACK"):  # the plan's pages of the work list, a listing's range reads
-        monkeypatch.setattr(f"ragline.flows.resources.state.{name}", 16)
+        monkeypatch.setattr(f"ragline.flows.resources.stores.state.{name}", 16)
     peaks, n = {}, 40
     for size in (1, 4 * n, 36 * n):  # the first run imports what ingestion uses (converters, tokenizer): not counted
         base = tmp_path / str(size)

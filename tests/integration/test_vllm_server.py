@@ -86,7 +86,7 @@ PASSAGE = [{"role": "user", "content": "Write a short passage that answers: does
 
 @pytest.fixture(scope="module")
 def llm(vllm_server):
-    from ragline.flows.resources.llm import LLMClient, LLMSpec
+    from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 
     client = LLMClient(LLMSpec(type="openai_compatible", base_url=vllm_server.base_url, model=vllm_server.model,
                                timeout_seconds=600))

@@ -82,7 +82,7 @@ def rewrite_with(reply: str, mode: str, query: Query, **params):
     """Run the rewrite stage alone against a scripted reply; returns (rewritten, prompts sent)."""
     from ragline.flows.context import StepContext
     from ragline.flows.spec.prompts import PromptLibrary
-    from ragline.flows.resources.llm import LLMClient, LLMSpec
+    from ragline.flows.resources.models.llm import LLMClient, LLMSpec
     from ragline.tasks.rewrite.rewrite import Params, rewrite
 
     with ScriptedLLM(lambda p: reply) as server:

@@ -9,8 +9,8 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Context, ContextDocument, Passage, Query
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.spec.prompts import PromptLibrary

@@ -38,7 +38,7 @@ from ragline.flows.serve.query_service import QueryService
 from ragline.flows.serve.query_service import request_id, sse
 from ragline.flows.serve.query_service import estimate_tokens
 from ragline.flows.serve.auth.principals import may_query, principal_of, query_collections, scope_query
-from ragline.flows.resources.filters import FilterError, validate
+from ragline.flows.resources.stores.filters import FilterError, validate
 
 WITHDRAWN = "\n\n[Verification withdrew the text above.] "
 

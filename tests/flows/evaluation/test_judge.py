@@ -12,7 +12,7 @@ import pytest
 from ragline.flows.contracts import Answer, Source
 from ragline.flows.evaluation.judge import (Judge, agreement, claim_passages, load_testset, mean, split_claims,
                                             is_testset)
-from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.spec.prompts import PromptLibrary
 from tests.helpers.hostile import FORGED, HOSTILE
 from tests.scripted_llm import ScriptedLLM

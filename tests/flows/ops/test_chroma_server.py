@@ -14,9 +14,9 @@ import pytest
 
 from ragline.flows.ops.chroma_server import ManagedChroma
 from ragline.flows.ops.managed_server import MAX_RESTARTS
-from ragline.flows.resources.store_owner import owner_of, server_file
+from ragline.flows.resources.stores.store_owner import owner_of, server_file
 from ragline.flows.contracts import Chunk
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
 
 
 def store(tmp_path) -> ChromaStore:

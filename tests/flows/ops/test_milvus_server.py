@@ -13,8 +13,8 @@ pytest.importorskip("milvus_lite")
 from ragline.flows.contracts import Chunk  # noqa: E402
 from ragline.flows.ops import milvus_server  # noqa: E402
 from ragline.flows.ops.milvus_server import ManagedMilvus  # noqa: E402
-from ragline.flows.resources.milvus import MilvusSpec, MilvusStore, MilvusUnavailable  # noqa: E402
-from ragline.flows.resources.store_owner import owner_of, server_file  # noqa: E402
+from ragline.flows.resources.stores.milvus import MilvusSpec, MilvusStore, MilvusUnavailable  # noqa: E402
+from ragline.flows.resources.stores.store_owner import owner_of, server_file  # noqa: E402
 
 pytestmark = pytest.mark.integration  # milvus-lite's engine, a real process
 

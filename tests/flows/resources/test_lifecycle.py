@@ -13,12 +13,12 @@ import numpy as np
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.resources import GROUP, Resource, clear_cache, get_resource, resource_types
 from ragline.flows.resources.base import Health, Lazy
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
-from ragline.flows.resources.llm import LLMClient, LLMSpec
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.models.cross_encoder import CrossEncoderModel, CrossEncoderSpec
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from tests.scripted_llm import ScriptedLLM
 
 

@@ -8,8 +8,8 @@ import random
 import numpy as np
 
 from ragline.flows.contracts import Chunk
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec, ranked, tokenize
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec, ranked, tokenize
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
 from ragline.tasks.jobs.tune_retrieval import sparse_rankings
 
 IDS = [f"c{i:02d}" for i in range(12)]

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.state import IndexState, StateSpec, StorageError
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores.state import IndexState, StateSpec, StorageError
 from tests.fault_mounts import fill, read_only, resize, tmpfs, without_root_override
 from tests.helpers.data import REPO, index_and_search_yaml
 from tests.helpers.net import closed_port
@@ -100,7 +100,7 @@ def test_embedded_chroma_on_a_full_disk_names_its_folder_and_works_again_once_th
 SIZE_LIMITED = r"""
 import json, resource, signal, sys
 from pathlib import Path
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
 from tests.helpers.store_data import chunks
 index = BM25Index(BM25Spec(type="bm25", path="bm25"), base_dir=Path(sys.argv[1]))
 index.build([(c.chunk_id, c.text, {}) for c in chunks("a", 5)], 1, index.settings)
@@ -173,9 +173,9 @@ def test_a_read_only_data_folder_is_named_by_every_store_and_nothing_changes(tmp
 FORBIDDEN = r"""
 import json, sys
 from pathlib import Path
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from tests.helpers.store_data import chunks, doc
 data = Path(sys.argv[1])
 out = {}

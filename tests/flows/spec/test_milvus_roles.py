@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from ragline.flows.errors import ConfigError
-from ragline.flows.resources.milvus import MilvusSpec, MilvusStore, check_roles
+from ragline.flows.resources.stores.milvus import MilvusSpec, MilvusStore, check_roles
 from ragline.flows.spec.compile import load_project
 from tests.helpers.data import index_and_search_yaml
 

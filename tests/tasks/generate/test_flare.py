@@ -8,8 +8,8 @@ import pytest
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Context, ContextDocument, Passage, Query
 from ragline.flows.spec.prompts import PromptLibrary
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.llm import Completion, LLMClient, LLMSpec, TokenLogprob
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.models.llm import Completion, LLMClient, LLMSpec, TokenLogprob
 from ragline.tasks.generate.flare import Params, _first_sentence, _masked, generate_flare
 from tests.helpers.llm_stages import REPO_PROMPTS
 from tests.scripted_llm import ScriptedLLM

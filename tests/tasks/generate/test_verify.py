@@ -32,7 +32,7 @@ def context(texts=REFERENCES) -> Context:
 
 
 def checked(question: str, text: str, texts=REFERENCES, **params) -> Answer:
-    from ragline.flows.resources.llm_output import parse_citations
+    from ragline.flows.resources.models.llm_output import parse_citations
 
     answer = Answer(question=question, text=text, citations=parse_citations(text))
     return verify.fn(query=Query(text=question), answer=answer, context=context(texts),
@@ -175,7 +175,7 @@ def test_degenerate_is_none_for_a_plain_answer():
 
 def test_a_refusal_the_model_writes_itself_is_one_refusal_with_no_withdrawn_draft():
     """Issue 15 item 5: the model's own refusal is not a draft that verification withdrew."""
-    from ragline.flows.resources.llm import Completion
+    from ragline.flows.resources.models.llm import Completion
     from ragline.tasks.generate.generate import answer_from
 
     query = Query(text="Who won?")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-import ragline.flows.resources.embedder as embedder_module
+import ragline.flows.resources.models.embedder as embedder_module
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
-from ragline.flows.resources.chunking_tokenizer import ChunkingTokenizer
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.chunking_tokenizer import ChunkingTokenizer
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 from ragline.tasks.ingest.chunk import Params, chunk
 from ragline.tasks.refine.expand_context import token_counts
 from tests.helpers.data import scifact_records

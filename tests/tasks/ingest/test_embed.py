@@ -5,7 +5,7 @@ import numpy as np
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk
-from ragline.flows.resources.embedder import Embedder, EmbedderSpec
+from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec
 from ragline.tasks.ingest.embed import embed
 
 TEXTS = ["Penguins cannot fly.", "Volcanic eruptions release sulfur dioxide.", "Mitochondria make ATP.",

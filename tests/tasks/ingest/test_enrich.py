@@ -11,7 +11,7 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk
-from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.prompts import library

@@ -615,7 +615,7 @@ def test_an_unchanged_file_is_kept_as_ids_without_a_document_unless_its_access_c
     unknown grant (a re-grant a crash interrupted) or groups recorded in another spelling are judged
     on the decoded groups; a file that failed last run, or has no signal, is read."""
     from ragline.flows.contracts import Document
-    from ragline.flows.resources.state import IndexState, StateSpec
+    from ragline.flows.resources.stores.state import IndexState, StateSpec
     from ragline.tasks.ingest.load import KnownItems
 
     state = IndexState(StateSpec(type="index_state", path="s.sqlite"), base_dir=tmp_path)

@@ -15,8 +15,8 @@ from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.spec.prompts import library
-from ragline.flows.resources.llm import LLMClient, LLMSpec
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.tasks.ingest.pseudo_queries import Params, body, keyword_query, pseudo_queries, sentences_of, without
 from tests.helpers.data import scifact_records
 from tests.helpers.reads_roles import LLM, STATE, TWO_LLMS, error_at, pipelines_file

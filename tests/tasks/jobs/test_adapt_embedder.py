@@ -15,7 +15,7 @@ import yaml
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
-from ragline.flows.resources.bm25 import in_memory, tokenize
+from ragline.flows.resources.stores.bm25 import in_memory, tokenize
 from ragline.tasks.jobs import adapt_embedder as ae
 from ragline.tasks.ingest.pseudo_queries import Params as PairParams
 from ragline.tasks.ingest.pseudo_queries import pseudo_queries
@@ -208,7 +208,7 @@ def test_the_overlay_points_the_embedder_at_it_and_the_next_ingestion_re_embeds(
     from sentence_transformers import SentenceTransformer
 
     from ragline.flows.run.engine import StepFailed
-    from ragline.flows.resources.chroma import EmbedderMismatch
+    from ragline.flows.resources.stores.chroma import EmbedderMismatch
 
     index = project.pipeline("index")
     assert Path(adapted.overlay_path) == (project.base_dir / "pipelines.tuned.yaml").resolve()

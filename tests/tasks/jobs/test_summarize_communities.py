@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ragline.flows.contracts import SummaryReport
-from ragline.flows.resources import summaries
+from ragline.flows.resources.stores import summaries
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.tasks.retrieve.summaries import SummariesMissing, _may_read

@@ -11,8 +11,8 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, PseudoQuery, Query, TuneReport
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec, tokenize
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec, tokenize
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.overlay import write_overlay
 from ragline.tasks.jobs import tune_retrieval as tr

@@ -13,8 +13,8 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, PseudoQuery, Query, TuneReport
-from ragline.flows.resources.bm25 import BM25Spec, tokenize
-from ragline.flows.resources.llm import LLMClient, LLMSpec
+from ragline.flows.resources.stores.bm25 import BM25Spec, tokenize
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.overlay import write_overlay

@@ -404,7 +404,7 @@ def test_eval_measures_the_tuned_overlay_of_the_project_without_re_embedding(ind
 def test_a_retriever_weighed_zero_is_not_run(indexed, monkeypatch):
     """Dense alone or BM25 alone, as the tuner may choose them, runs one retriever: the other one is
     never called (no query embedding, no Chroma query), and the answer is that retriever's alone."""
-    from ragline.flows.resources.embedder import Embedder
+    from ragline.flows.resources.models.embedder import Embedder
 
     project = load_project(indexed / "pipelines.yaml", tuned=False)
     encoded: list[list[str]] = []

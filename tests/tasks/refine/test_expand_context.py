@@ -8,7 +8,7 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.tasks.refine.expand_context import Params, expand_context, stitch, token_counts

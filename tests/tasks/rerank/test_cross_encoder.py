@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ragline.flows.contracts import Passage, Query
-from ragline.flows.resources.cross_encoder import CrossEncoderModel, CrossEncoderSpec
+from ragline.flows.resources.models.cross_encoder import CrossEncoderModel, CrossEncoderSpec
 from ragline.tasks.rerank.cross_encoder import Params, blend, rerank
 
 

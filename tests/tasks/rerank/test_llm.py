@@ -8,7 +8,7 @@ import logging
 import math
 import re
 
-from ragline.flows.resources.llm import Completion, TokenLogprob
+from ragline.flows.resources.models.llm import Completion, TokenLogprob
 from ragline.flows.spec.compile import validate_file
 from ragline.tasks.rerank.llm import Params, first_choice, pairwise_calls
 from tests.helpers.llm_stages import chat_prompts, project_for, run

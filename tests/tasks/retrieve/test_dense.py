@@ -14,8 +14,8 @@ import pytest
 from ragline.flows.spec.compile import load_project
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, Query
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore, EmbedderMismatch
-from ragline.flows.resources.state import StoreDamaged, StoreMissing
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore, EmbedderMismatch
+from ragline.flows.resources.stores.state import StoreDamaged, StoreMissing
 from ragline.tasks.retrieve.dense import Params, indexed_chunks, retrieve_dense
 
 PROJECT = """

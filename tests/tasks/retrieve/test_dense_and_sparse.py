@@ -6,10 +6,10 @@ from pydantic import ValidationError
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, Query
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.chroma import ChromaSpec, ChromaStore
-from ragline.flows.resources.filters import FilterError
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
+from ragline.flows.resources.stores.filters import FilterError
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.tasks.retrieve.dense import Params, combined_filter, retrieve_dense
 from ragline.tasks.retrieve.sparse import BEHIND, RESET, retrieve_sparse
 

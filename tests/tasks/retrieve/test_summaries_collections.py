@@ -15,7 +15,7 @@ import pytest
 
 from ragline.flows.contracts import COLLECTION_KEY, MEMBERS_KEY
 from ragline.flows.errors import InputError
-from ragline.flows.resources import summaries
+from ragline.flows.resources.stores import summaries
 from ragline.flows.run import engine
 from ragline.flows.serve.auth.principals import Principal, query_collections
 from ragline.flows.spec.compile import load_project

@@ -96,7 +96,7 @@ def test_bad_params_are_refused_with_the_reason(given, words):
 def test_llm_mode_asks_for_one_of_the_labels_and_reads_the_reply(shared_minilm):
     params = Params(mode="llm", labels=LABELS)
     with ScriptedLLM(lambda prompt: '{"label": "chitchat"}') as server:
-        from ragline.flows.resources.llm import LLMClient, LLMSpec
+        from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 
         llm = LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, model="m", max_retries=0))
         label = label_of("hello!", params, llm=llm).labels["route"]
@@ -112,7 +112,7 @@ def test_llm_mode_asks_for_one_of_the_labels_and_reads_the_reply(shared_minilm):
 def test_an_llm_reply_that_names_no_label_falls_back_to_the_default_with_a_warning(caplog):
     params = Params(mode="llm", labels=LABELS, default="retrieve")
     with ScriptedLLM(lambda prompt: "I would rather not say.") as server:
-        from ragline.flows.resources.llm import LLMClient, LLMSpec
+        from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 
         llm = LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, model="m", max_retries=0))
         with caplog.at_level(logging.WARNING):
@@ -213,7 +213,7 @@ def test_ask_routed_embeds_the_question_once(company_indexed, minilm, monkeypatc
 
 
 def test_answer_direct_replies_with_its_text_or_the_llms_without_references():
-    from ragline.flows.resources.llm import LLMClient, LLMSpec
+    from ragline.flows.resources.models.llm import LLMClient, LLMSpec
     from ragline.tasks.generate.answer_direct import Params as DirectParams, answer_direct
 
     ctx = StepContext(pipeline="p", step_id="reply", prompt_name="answer_direct",

@@ -8,8 +8,8 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, Feedback, Query
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.tasks.rewrite.expand_prf import Params, expand_prf

@@ -11,9 +11,9 @@ import pytest
 from ragline.flows.access import acl_metadata
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, Feedback, Query
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.llm import LLMClient, LLMSpec
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.models.llm import LLMClient, LLMSpec
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.spec.prompts import PromptLibrary

@@ -8,8 +8,8 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, Query
-from ragline.flows.resources.bm25 import BM25Index, BM25Spec
-from ragline.flows.resources.state import IndexState, StateSpec
+from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
+from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.flows.spec.compile import validate_file
 from ragline.tasks.retrieve.dense import Params as RetrieveParams
 from ragline.tasks.retrieve.sparse import retrieve_sparse

@@ -10,8 +10,8 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.resources.bm25 import tokenize
-from ragline.flows.resources.llm import Completion
+from ragline.flows.resources.stores.bm25 import tokenize
+from ragline.flows.resources.models.llm import Completion
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.spec.prompts import PromptLibrary

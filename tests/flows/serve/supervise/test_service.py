@@ -108,7 +108,7 @@ def test_numbers_are_checked_by_the_parser(args, message, capsys, monkeypatch, t
 
 def test_the_api_and_the_llm_have_different_default_ports():
     from ragline.flows.cli import _parser
-    from ragline.flows.resources.llm import LLMSpec
+    from ragline.flows.resources.models.llm import LLMSpec
 
     llm_port = urlsplit(LLMSpec.model_fields["base_url"].default).port
     assert _parser().parse_args(["serve"]).port == _parser().parse_args(["api"]).port == 8080 != llm_port == 8000
