@@ -174,10 +174,12 @@ def test_a_ten_thousand_page_pdf_is_stopped_by_the_time_and_text_budgets_with_th
     from ragline.flows.formats.base import BudgetExceeded, Options
 
     data = long_manual(10_000)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     with pytest.raises(BudgetExceeded, match=r"took over the document_max_seconds limit of 0.5 s"):
         pdf.convert(data, "manual.pdf", Options(seconds=0.5, deadline=started + 0.5))
-    assert time.monotonic() - started < 5  # checked before every page, not at the end
+    # checked before every page, not at the end (the whole file takes ~12 s of CPU): CPU time, which
+    # a loaded machine does not inflate as it does the wall clock
+    assert time.process_time() - cpu < 5
     with pytest.raises(BudgetExceeded, match=r"text over the document_max_chars limit of 20000 characters"):
         pdf.convert(data, "manual.pdf", Options(max_chars=20_000))  # the text held stays bounded
 
