@@ -34,10 +34,10 @@ def test_at_the_limits_passes_one_over_fails():
 
 def test_a_huge_filter_is_refused_without_walking_it():
     bomb = {"$or": [{"a": i} for i in range(1_000_000)]}
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a loaded machine does not inflate it
     with pytest.raises(FilterError, match="more than 100"):
         validate(bomb)
-    assert time.perf_counter() - started < 0.1
+    assert time.process_time() - started < 0.1
     deep = nested(100_000)  # deeper than Python's recursion limit: refused at level 9
     with pytest.raises(FilterError, match="nested more than"):
         validate(deep)
