@@ -55,7 +55,7 @@ def test_a_lower_layer_importing_the_api_breaks_the_contract(tmp_path):
     copy = tmp_path / "repo"
     for folder in ("flows", "tasks", "prompts"):
         shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    filters = copy / "flows" / "resources" / "filters.py"
+    filters = copy / "flows" / "resources" / "stores" / "filters.py"
     filters.write_text(filters.read_text() + "\nfrom ragline.flows.serve import app  # noqa\n")
     tree = _linked_package(tmp_path / "tree", copy)
     result = subprocess.run([str(REPO / ".venv" / "bin" / "lint-imports"), "--config", str(REPO / "pyproject.toml"),
