@@ -51,6 +51,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.ragline-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  # metadata a non-editable build left in the checkout would shadow the entry points installed below
+  # for any process started here (the current folder is on sys.path): stale once modules move
+  rm -rf ragline.egg-info
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
   .venv/bin/python -m pip install --quiet -e ".[dev,onnx,dask,adapt]"
   .venv/bin/python -m pip check
