@@ -460,10 +460,10 @@ def may_see_runs(principal: Any, pipeline: Any) -> bool:
     summarize: they read the whole index and change what queries read) only with the admin scope."""
     if not may_read(principal, pipeline):
         return False
-    return not _is_job(pipeline) or principal.may("admin", collections_of(pipeline))
+    return not is_job(pipeline) or principal.may("admin", collections_of(pipeline))
 
 
-def _is_job(pipeline: Any) -> bool:
+def is_job(pipeline: Any) -> bool:
     return pipeline.kind == PipelineKind.JOB
 
 

@@ -266,21 +266,24 @@ class MilvusStore(Owned, Resource):
     def _open_lite(self, client_class, attempts: int = 3):
         """A client of milvus-lite's engine for the file. An engine that died after starting (seen on a
         loaded machine: its socket never appears) stays registered for the path, so every later open
-        would fail the same way: release it and start a fresh one, a bounded number of times."""
+        would fail the same way: release it and start a fresh one, a bounded number of times (a file
+        another process holds fails otherwise and is not retried)."""
+        import tenacity
         from pymilvus.client.types import Status
         from pymilvus.exceptions import MilvusException
 
-        for attempt in range(1, attempts + 1):
-            try:
-                with warnings.catch_warnings():  # milvus-lite 2.5 imports pkg_resources, deprecated: not the user's
-                    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
-                    return client_class(uri=str(self.path), timeout=self.spec.timeout_seconds)
-            except MilvusException as exc:
-                if attempt == attempts or exc.code != Status.CONNECT_FAILED:  # a held lock is not retried
-                    raise
-                log.warning("%s: milvus-lite's engine did not answer (%s); starting it again", self.location,
-                            _first_line(exc))
-                _release_lite(str(self.path))
+        def restart(retry_state: tenacity.RetryCallState) -> None:
+            log.warning("%s: milvus-lite's engine did not answer (%s); starting it again", self.location,
+                        _first_line(retry_state.outcome.exception()))
+            _release_lite(str(self.path))
+
+        for attempt in tenacity.Retrying(
+                retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, MilvusException)
+                                                  and exc.code == Status.CONNECT_FAILED),
+                stop=tenacity.stop_after_attempt(attempts), before_sleep=restart, reraise=True):
+            with attempt, warnings.catch_warnings():  # milvus-lite 2.5 imports pkg_resources, deprecated
+                warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+                return client_class(uri=str(self.path), timeout=self.spec.timeout_seconds)
 
     def _server_client(self, uri: str, token: str, database: str):
         from pymilvus import MilvusClient

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 
 from ragline.flows.errors import InputError
 from ragline.flows.serve.auth.principals import collections_of, principal_of, reading_groups, require
-from ragline.flows.serve.ingestion_runs import (STATE_TYPES, IngestAccepted, IngestRequest, RunList, RunStatus, _is_job,
+from ragline.flows.serve.ingestion_runs import (STATE_TYPES, IngestAccepted, IngestRequest, RunList, RunStatus, is_job,
                                                 _Runs, ingestion_runs, may_see_runs, within_prefect_deadline,
                                                 without_failure_details)
 from ragline.flows.serve.query_service import ERRORS, ApiError
@@ -119,7 +119,7 @@ def _listed_pipelines(project: Project, pipeline: str | None, principal: Any) ->
                                 f"{', '.join(project.pipelines)}", param="pipeline", code="pipeline_not_found")
         if not may_see_runs(principal, project.pipeline(pipeline)):
             raise ApiError(403, f"forbidden: this credential may not read pipeline '{pipeline}'s runs"
-                                + (" (a job's runs need the admin scope)" if _is_job(project.pipeline(pipeline))
+                                + (" (a job's runs need the admin scope)" if is_job(project.pipeline(pipeline))
                                    else ""), "permission_error", code="forbidden")
         return [pipeline]
     return [name for name, p in project.pipelines.items() if may_see_runs(principal, p)]

@@ -27,7 +27,7 @@ are deleted when serve starts and hourly after that; such a run's ``result`` is 
 This process is the worker: a Prefect ``Runner`` polls the API every ``poll_seconds`` (2 s;
 Prefect's default is 10) and starts each flow run in a new Python process (at most ``limit`` at
 once, Prefect's ``PREFECT_RUNNER_PROCESS_LIMIT``, 5 by default). Beside it, uvicorn serves the HTTP
-API (``flows/serve/app.py``'s app with ``flows/serve/ingestion_runs.py``'s router) in the same process. Both run in
+API (``flows/serve/app.py``'s app with ``flows/serve/routers/runs.py``'s router) in the same process. Both run in
 threads that the main thread supervises: if one of them dies the other is stopped and the process
 exits 1; SIGTERM stops both and exits 0, Ctrl-C exits 130, without a traceback (a second signal
 exits at once). Runs in flight are cancelled (recorded Cancelled); one still running 5 s later is
