@@ -344,8 +344,10 @@ def test_server_mode_survives_a_restart_and_names_a_server_that_is_down(milvus_s
     from ragline.flows.resources.stores.milvus import MilvusUnavailable
 
     uri, start, stop = milvus_server
+    # the attempts, not the time budget, end the retries here: one attempt on a down server took 1.9 s
+    # on a loaded machine, and a 2 s budget then stopped after the first
     store = MilvusStore(MilvusSpec(type="milvus", uri=uri, index="FLAT", collection="served", retries=2,
-                                   retry_max_seconds=2), tmp_path)
+                                   retry_max_seconds=60), tmp_path)
     store.upsert([Chunk(chunk_id=f"c{i}", source_id="s", ordinal=i, text=f"served text {i}", metadata={"i": i},
                         embedding=[1.0, float(i)]) for i in range(3)])
     assert store.count() == 3 and {h[0] for h in store.search(["served"], 10, where={"i": {"$gte": 1}})[0]} == {"c1", "c2"}

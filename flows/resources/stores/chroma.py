@@ -33,6 +33,12 @@ T = TypeVar("T")
 
 _BACKOFF_FIRST_SECONDS = 0.25  # first wait; doubles each retry, with up to 20% jitter
 _BACKOFF_MAX_SECONDS = 5.0  # cap on one wait, so a server back after an outage is noticed quickly
+_LOCKED_ATTEMPTS = 6  # an embedded call refused by SQLite's lock: ~3 s of waits in all
+
+
+def _is_locked(exc: BaseException) -> bool:
+    """SQLite's SQLITE_BUSY as Chroma's Rust engine reports it (``(code: 5) database is locked``)."""
+    return "database is locked" in str(exc)
 _TOKEN_PROVIDER = "chromadb.auth.token_authn.TokenAuthClientProvider"
 
 
@@ -309,7 +315,7 @@ class ChromaStore(Owned, Resource):
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call``; against a server, retry connection failures with backoff up to the deadline."""
         if not self.spec.host and self._served_by() is None:
-            return self._on_disk(what, call)  # embedded: no connection to lose
+            return self._on_disk(what, lambda: self._unlocked(what, call))  # embedded: no connection to lose
         import tenacity
 
         retrying = tenacity.Retrying(
@@ -328,6 +334,29 @@ class ChromaStore(Owned, Resource):
                 f"Chroma server {self.server} unreachable: {what} failed {err.last_attempt.attempt_number} times "
                 f"in {time.monotonic() - started:.1f}s ({type(cause).__name__}: {cause}); is it running? "
                 f"(retries={self.spec.retries}, retry_max_seconds={self.spec.retry_max_seconds})") from cause
+
+    def _unlocked(self, what: str, call: Callable[[], T]) -> T:
+        """Run an embedded call, again after SQLite's ``database is locked``. Why: Chroma keeps its
+        metadata in SQLite without WAL, and a transaction that reads and then writes while another
+        connection (its own pool's, or another process's) holds the write lock is refused at once,
+        never waited for (SQLite's deadlock rule: its 1,000 s busy timeout does not apply); SQLite's
+        remedy is to run the transaction again. Seen when a collection's first writer set its
+        configuration just after another process had recreated it. Every call here is idempotent
+        (upserts and deletes by id, reads)."""
+        import tenacity
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_is_locked), stop=tenacity.stop_after_attempt(_LOCKED_ATTEMPTS),
+            wait=tenacity.wait_exponential_jitter(initial=0.1, max=2.0, jitter=0.05),
+            before_sleep=lambda state: log.warning("%s: %s found the database locked (attempt %d of %d); again",
+                                                   self.location, what, state.attempt_number, _LOCKED_ATTEMPTS))
+        try:
+            return retrying(call)
+        except tenacity.RetryError as err:
+            raise IndexUnavailable(
+                f"{self.location}: {what} found {self.path / 'chroma.sqlite3'} locked {_LOCKED_ATTEMPTS} times; "
+                f"is another process writing this store? ({err.last_attempt.exception()})"
+            ) from err.last_attempt.exception()
 
     def _on_disk(self, what: str, call: Callable[[], T]) -> T:
         """Run an embedded call; a full, read-only or forbidden disk becomes a StorageError naming

@@ -36,6 +36,7 @@ from ragline.flows.serve.supervise.service import api_app
 from tests.helpers.api_harness import running
 from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
 from tests.helpers.data import REPO
+from tests.helpers.query_log import logged_entry
 from tests.scripted_llm import ScriptedLLM
 
 COLLECTIONS = "  handbook: {paths: [handbook]}\n  papers:   {paths: [papers], steps: {chunk: {size: 40}}}\n"
@@ -218,7 +219,7 @@ def test_ask_answers_with_citations_its_evidence_and_progress(served, keys, proj
     span = answer["evidence"]["spans"][0]
     assert cited["passage"][span["start"]:span["end"]] == span["text"]  # the evidence, exactly where it is
     assert said[0].startswith("retrieved ") and said[1].startswith("evidence ready: The experiment results")
-    entry = next(e for e in read_lines(project.parent / LOG_FOLDER / LOG_NAME) if e["answer_id"] == answer["answer_id"])
+    entry = logged_entry(project.parent, answer["answer_id"])  # written after the reply has gone
     assert entry["surface"] == "mcp" and entry["principal"].startswith("key:")  # the audit names who asked
 
 

@@ -11,6 +11,7 @@ import pytest
 from chromadb.errors import InvalidArgumentError
 
 from ragline.flows.contracts import Chunk, Passage
+from ragline.flows.errors import IndexUnavailable
 from ragline.flows.resources.stores.state import StoreMissing
 from ragline.flows.resources.stores.chroma import (ChromaSpec, ChromaStore, ChromaUnavailable, EmbedderMismatch,
                                             chroma_metadata, is_transient)
@@ -197,6 +198,47 @@ def test_a_writer_opens_and_aligns_its_handle_once(tmp_path, monkeypatch):
         store.upsert([chunk(f"e{i}", basis(i))])
         store.count()
     assert opened == [("test",)] and store.count() == 3
+
+
+def test_a_write_refused_by_sqlites_lock_is_run_again(tmp_path, monkeypatch, caplog):
+    """SQLite refuses a transaction that reads then writes while another connection holds the
+    write lock, at once (its deadlock rule, no busy wait): the call is run again, on a handle opened
+    afresh. A mock: the refusal needs two connections' transactions interleaved inside Chroma."""
+    from chromadb.errors import InternalError
+
+    store = make(tmp_path)
+    refusals = [InternalError("Database error: error returned from database: (code: 5) database is locked")] * 2
+    original = store.client.get_or_create_collection
+
+    def contended(*args, **kwargs):
+        if refusals:
+            raise refusals.pop()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(store.client, "get_or_create_collection", contended)
+    with caplog.at_level(logging.WARNING, logger="ragline.chroma"):
+        store.upsert([chunk("a", basis(0))])
+    assert store.count() == 1 and not refusals
+    assert [r.getMessage().count("found the database locked") for r in caplog.records] == [1, 1]
+
+
+def test_a_lock_that_stays_is_reported_after_the_attempts(tmp_path, monkeypatch):
+    from chromadb.errors import InternalError
+
+    from ragline.flows.resources.stores import chroma
+
+    monkeypatch.setattr(chroma, "_LOCKED_ATTEMPTS", 2)
+    store = make(tmp_path)
+    calls = []
+
+    def locked(*args, **kwargs):
+        calls.append(args)
+        raise InternalError("(code: 5) database is locked")
+
+    monkeypatch.setattr(store.client, "get_or_create_collection", locked)
+    with pytest.raises(IndexUnavailable, match=r"upsert found .*chroma\.sqlite3 locked 2 times; is another process") as err:
+        store.upsert([chunk("a", basis(0))])
+    assert len(calls) == 2 and isinstance(err.value.__cause__, InternalError) and str(tmp_path) in str(err.value)
 
 
 def test_writes_in_batches(tmp_path):
@@ -394,7 +436,7 @@ def test_embedded_mode_does_not_retry(tmp_path, monkeypatch):
 def test_no_server_listening_fails_clearly():
     """A real HttpClient against a closed port: connection refused, retried, then one clear error."""
     port = free_port()
-    store = server_store(port=port, retries=2, retry_max_seconds=5)
+    store = server_store(port=port, retries=2, retry_max_seconds=60)  # the attempts end it, not the budget
     with pytest.raises(ChromaUnavailable, match=f"127.0.0.1:{port} unreachable: query failed 3 times") as err:
         store.query(np.asarray([basis(0)]), k=3)
     assert "is it running?" in str(err.value)
