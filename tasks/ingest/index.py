@@ -266,7 +266,7 @@ def finalize(plan: IngestPlan, failures: list[Failure], params: Params, ctx: Ste
     failpoints.hit("finalize.after_delete")
     sparse.sync(state)
     failpoints.hit("finalize.after_publish")
-    state.promote_deferred()  # e.g. the full listing that vouches for a change journal (tasks/ingest/load.py)
+    state.promote_deferred()  # e.g. the full listing that vouches for a change journal (tasks/ingest/load/journal.py)
     state.set_meta(DIRTY, "0")
     state.set_meta(integrity.REPAIRING, "[]")  # every source a repair forgot was re-indexed by now (or failed, and said so)
     gate_floor(params, ctx, state)

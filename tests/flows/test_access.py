@@ -1,5 +1,5 @@
 """Document-level access (issue 19 item 3): rules, group names, the metadata keys and the query
-clause (flows/access.py); where a document's groups come from (tasks/ingest/load.py); a client can never
+clause (flows/access.py); where a document's groups come from (tasks/ingest/load/); a client can never
 name the reserved keys (flows/resources/stores/filters.py) nor set a query's access (the API's models)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Issue 22: a folder root that ``ragline serve`` watches is listed from its change journal, so a
-scheduled run stats what changed, not the corpus (flows/sources/journal.py, tasks/ingest/load.py).
+scheduled run stats what changed, not the corpus (flows/sources/journal.py, tasks/ingest/load/journal.py).
 
 A real watcher thread (watchfiles: inotify) keeps the journal while real runs index a real corpus
 (the loader, chunker, Chroma, BM25 and state; the hash stand-in embedder). Each test checks what

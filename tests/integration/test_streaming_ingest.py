@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from ragline.flows.resources import clear_cache
-from ragline.tasks.ingest import load as load_module
+from ragline.tasks.ingest.load import files as load_files
 from tests.helpers.data import BASE_RESOURCES
 from tests.helpers.harness import run_index
 
@@ -72,13 +72,13 @@ def project(tmp_path, make_project, monkeypatch):
 def opened(monkeypatch):
     """Every local file the loader reads, by path."""
     seen: list[str] = []
-    real = load_module.read_file
+    real = load_files.read_file
 
     def spy(path, max_bytes):
         seen.append(os.path.basename(path))
         return real(path, max_bytes)
 
-    monkeypatch.setattr(load_module, "read_file", spy)
+    monkeypatch.setattr(load_files, "read_file", spy)
     return seen
 
 

@@ -14,7 +14,8 @@ from pypdf import PdfReader, PdfWriter
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Coverage, Failure, content_hash
-from ragline.tasks.ingest.load import Params, SourceRoot, _matches, load
+from ragline.tasks.ingest.load import Params, SourceRoot, load
+from ragline.tasks.ingest.load.walk import _matches
 from tests.helpers.documents import make_pdf
 
 
@@ -557,7 +558,7 @@ def test_the_walk_lists_the_files_os_walk_listed(tmp_path, follow):
     include, exclude = ["*.md", "*.txt"], ["drafts/*", "**/node_modules/**"]
     root = SourceRoot(given=str(docs), location=docs.as_posix(), name="docs", follow_links=follow)
     ctx = StepContext(pipeline="t", step_id="load")
-    from ragline.tasks.ingest.load import _folder_files
+    from ragline.tasks.ingest.load.walk import _folder_files
 
     walked = list(_folder_files(docs.as_posix(), root, Params(paths=[str(docs)], include=include, exclude=exclude), ctx))
     assert [path for path, _ in walked] == _os_walk_listing(docs, follow, include, exclude)
@@ -616,7 +617,7 @@ def test_an_unchanged_file_is_kept_as_ids_without_a_document_unless_its_access_c
     on the decoded groups; a file that failed last run, or has no signal, is read."""
     from ragline.flows.contracts import Document
     from ragline.flows.resources.stores.state import IndexState, StateSpec
-    from ragline.tasks.ingest.load import KnownItems
+    from ragline.tasks.ingest.load.known import KnownItems
 
     state = IndexState(StateSpec(type="index_state", path="s.sqlite"), base_dir=tmp_path)
     state.conn
@@ -685,18 +686,18 @@ def test_a_listing_streams_its_files_instead_of_collecting_them(tmp_path, monkey
     """A full listing of a large corpus must not hold a list of its files: the first file comes out
     of ``_discover`` before the walk has entered the other folders. Roots inside one another are
     collected first, so a file under both is listed once, under the outer root."""
-    from ragline.tasks.ingest import load as load_module
+    from ragline.tasks.ingest.load import roots as load_roots, walk
 
     for i in range(6):
         (tmp_path / "docs" / f"f{i}").mkdir(parents=True)
         (tmp_path / "docs" / f"f{i}" / "a.md").write_text(f"doc {i}")
     scanned = []
     real_scandir = os.scandir
-    monkeypatch.setattr(load_module.os, "scandir", lambda path: scanned.append(path) or real_scandir(path))
+    monkeypatch.setattr(walk.os, "scandir", lambda path: scanned.append(path) or real_scandir(path))
     params, ctx = Params(paths=[str(tmp_path / "docs")]), StepContext(pipeline="t", step_id="load")
-    roots = load_module._roots(params, ctx.base_dir)
+    roots = load_roots._roots(params, ctx.base_dir)
 
-    listing = load_module._discover(params, ctx, roots)
+    listing = walk._discover(params, ctx, roots)
     first = next(listing)
     assert first[0] == sid(tmp_path / "docs", "f0/a.md") and len(scanned) <= 3  # the root and f0, not f1..f5
     assert ctx.covered == []  # not before its walk ended
@@ -704,5 +705,5 @@ def test_a_listing_streams_its_files_instead_of_collecting_them(tmp_path, monkey
     assert ctx.covered == [Coverage(kind="folder", path=roots[0].covered)]
 
     nested = Params(paths=[str(tmp_path / "docs" / "f2"), str(tmp_path / "docs")])
-    both = list(load_module._discover(nested, ctx, load_module._roots(nested, ctx.base_dir)))
+    both = list(walk._discover(nested, ctx, load_roots._roots(nested, ctx.base_dir)))
     assert [item for item, _, _ in both] == [sid(tmp_path / "docs", f"f{i}/a.md") for i in range(6)]
