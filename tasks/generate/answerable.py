@@ -17,7 +17,7 @@ a sample of inverse-cloze pseudo-queries scored against their own passage, the f
 them clear, kept in the index state's meta with the generation it was computed on, computed again
 once the index changed size by a tenth or its embedder changed), so a question
 the documents do not cover is refused out of the box; the query only reads it. ``ragline tune``
-sets both thresholds from its own pseudo-queries (no labels): see ``tasks/jobs/tune_retrieval.py``. The refusal is the generator's own text and an empty context, so
+sets both thresholds from its own pseudo-queries (no labels): see ``tasks/jobs/tune_retrieval/gate.py``. The refusal is the generator's own text and an empty context, so
 ``generate`` returns it with the gate's reason and without calling the LLM.
 """
 from __future__ import annotations

@@ -16,7 +16,10 @@ from ragline.flows.sources import (
     SourceError,
 )
 from ragline.flows.sources.local import read_file
-from ragline.tasks.ingest.load.params import FORMATS, HTML_H1, HTML_TAG, HTML_TITLE, IMAGES, MD_HEADING, MEDIA_CONVERTED, MEDIA_FORMATS, Params, SNIFF_BYTES
+from ragline.tasks.ingest.load.params import (
+    FORMATS, HTML_H1, HTML_TAG, HTML_TITLE, IMAGES, MD_HEADING, MEDIA_CONVERTED, MEDIA_FORMATS, Params,
+    SNIFF_BYTES,
+)
 from ragline.tasks.ingest.load.provenance import _document
 from ragline.tasks.ingest.load.records import RecordVersions, _jsonl_documents
 from ragline.tasks.ingest.load.roots import SourceRoot

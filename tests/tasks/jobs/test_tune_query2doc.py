@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ragline.flows.context import StepContext
-from ragline.flows.contracts import Chunk, Document, PseudoQuery, Query, TuneReport
+from ragline.flows.contracts import Candidate, Chunk, Document, PseudoQuery, Query, TuneReport
 from ragline.flows.resources.stores.bm25 import BM25Spec, tokenize
 from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.run import engine
@@ -161,7 +161,7 @@ def test_query2doc_stays_off_for_a_reply_of_corpus_words_over_twenty_seeds(proje
         seen.append((candidates, off, dict(per_query), params))
         return verdict(candidates, off, per_query, params)
 
-    monkeypatch.setattr(tr, "switch_verdict", spy)
+    monkeypatch.setattr("ragline.tasks.jobs.tune_retrieval.query2doc.switch_verdict", spy)
     turned_on, old_rule = [], 0
     for seed in range(20):
         def reply(prompt: str, seed: int = seed) -> str:
@@ -184,7 +184,7 @@ def test_query2doc_is_not_decided_without_an_llm_or_with_zero_pairs(project):
     corpus = tr.Corpus.from_rows(rows)
     expansions = tr.find_expansions(project, tr.find_targets(project, TARGETS, RESOURCES))
     cache = tr.Rankings(docs=corpus.docs, dense=[[] for _ in pairs])
-    single = tr.Candidate(name="bm25", setting={"method": "rrf", "k": 60, "dense_weight": 0.0, "depth_dense": 20,
+    single = Candidate(name="bm25", setting={"method": "rrf", "k": 60, "dense_weight": 0.0, "depth_dense": 20,
                                                 "depth_sparse": 20, "bm25": BM25}, scores={})
     none = tr.decide_query2doc(expansions, project, pairs, corpus, cache, single, None, SPEC, [], 20, tr.Params(), None)
     assert none["enabled"] is None and "no openai_compatible resource" in none["reason"]
@@ -285,7 +285,7 @@ def context_decision(project, offset: int, **params):
         other = [f"d{(d + k) % 30:02d}c0" for k in range(1, 10)]
         sparse.append([(position[cid], 10.0 - i) for i, cid in enumerate([f"d{d:02d}c{2 + offset}", *other])])
     cache = tr.Rankings(docs=corpus.docs, dense=[[] for _ in pairs], sparse={tr.variant_name(BM25): sparse})
-    chosen = tr.Candidate(name="bm25", scores={}, setting={"method": "rrf", "k": 60, "dense_weight": 0.0,
+    chosen = Candidate(name="bm25", scores={}, setting={"method": "rrf", "k": 60, "dense_weight": 0.0,
                                                           "depth_dense": 20, "depth_sparse": 20, "bm25": BM25})
     contexts = tr.find_contexts(project, tr.find_targets(project, TARGETS, RESOURCES))
     assert [(c.pipeline, c.step, c.top_k) for c in contexts] == [("search_q2d", "context", 5)]

@@ -20,6 +20,7 @@ from ragline.flows.contracts import Candidate, Passage, Ranking
 from ragline.flows.evaluation.retrieval import load_beir, score, to_run
 from ragline.flows.resources import clear_cache
 from ragline.tasks.generate import answerable
+from ragline.tasks.ingest.pseudo_queries import without
 from ragline.tasks.jobs import tune_retrieval as tr
 from ragline.tasks.retrieve.fuse import Params as FuseParams
 from ragline.tasks.retrieve.fuse import fuse
@@ -131,7 +132,7 @@ def test_the_gate_floor_is_a_low_quantile_of_the_sources_similarity_and_needs_en
     values = [i / 100 for i in range(100)] + [None] * 5  # a pair without a source has no similarity
     assert answerable.kept_floor(values, 0.98) == pytest.approx(0.0198)
     assert answerable.kept_floor(values, 0.9) == pytest.approx(0.099)
-    assert answerable.kept_floor(values[:19], 0.98) is None and tr.kept_floor(values, None) is None
+    assert answerable.kept_floor(values[:19], 0.98) is None and answerable.kept_floor(values, None) is None
 
 
 def test_the_gate_floor_comes_from_pairs_worded_like_questions_not_keyword_queries():
@@ -329,7 +330,7 @@ def test_the_gates_llm_threshold_is_what_the_pseudo_queries_clear_with_their_own
     for pair in pseudo_queries.fn(params=PairParams(n=30), ctx=StepContext(pipeline="tune", step_id="pairs"),
                                   state=state):
         source = state.chunks_by_id([pair.chunk_id])[pair.chunk_id]["text"]
-        cut_texts[pair.text] = " ".join(tr.without(source, pair.cut).split()[:6])  # words of the source left
+        cut_texts[pair.text] = " ".join(without(source, pair.cut).split()[:6])  # words of the source left
     report, prompts = tune_with(reads, 25)
     assert len(prompts) == 50 and report.gate_llm.pairs == 25
     assert all("Do the documents above contain the answer to this question?" in p for p in prompts)
