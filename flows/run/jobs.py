@@ -37,7 +37,7 @@ def publish_summaries(pipeline: CompiledPipeline, report: SummaryReport) -> Summ
     if not report.write_requested:
         return report
     if report.state_resource:
-        return summaries.publish_to(pipeline.project.resource(report.state_resource), report)
+        return pipeline.project.resource(report.state_resource).summaries().publish(report)
     return summaries.publish(Path(report.path), report)
 
 

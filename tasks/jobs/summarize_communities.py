@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Community, ContextDocument, Passage, SummaryReport
-from ragline.flows.resources.stores import summaries
 from ragline.flows.resources.models.embedder import Embedder
 from ragline.flows.resources.models.llm import LLMClient
 from ragline.flows.resources.models.llm_output import clip, strip_markup
@@ -78,7 +77,8 @@ def summarize_communities(params: Params, ctx: StepContext, store: DenseStore, e
                           state: IndexState, llm: LLMClient) -> SummaryReport:
     """Cluster the chunk vectors into two levels of communities and summarise those whose membership changed."""
     started = time.perf_counter()
-    where = summaries.location(state)  # a file beside the state, or rows of a database state
+    published = state.summaries()  # a file beside the state, or rows of a database state
+    where = published.location
     generation, rows = state.snapshot()
     texts = {cid: (text, meta) for cid, text, meta in rows}
     found = store.vectors(sorted(texts))
@@ -94,7 +94,7 @@ def summarize_communities(params: Params, ctx: StepContext, store: DenseStore, e
         return report
     vectors = _unit(np.stack([found[i] for i in ids]))
     try:
-        previous = summaries.load_for(state)
+        previous = published.load()
     except ValueError as exc:
         ctx.logger.warning("%s; building from scratch", exc)
         previous = None

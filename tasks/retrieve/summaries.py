@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import COLLECTION_KEY, MEMBERS_KEY, Community, Passage, Query
 from ragline.flows.errors import IndexUnavailable
-from ragline.flows.resources.stores import filters, summaries
+from ragline.flows.resources.stores import filters
 from ragline.flows.resources.models.embedder import Embedder
 from ragline.flows.resources.stores.state import IndexState
 from ragline.flows.spec.registry import stage
@@ -115,13 +115,14 @@ def retrieve_summaries(query: Query, params: Params, ctx: StepContext, state: In
 def _readable(name: str | None, state: IndexState, params: Params, query: Query, ctx: StepContext,
               embedder: Embedder) -> list[Community]:
     """The communities of the level in one collection's published summaries that the request may read."""
-    built = summaries.load_for(state)
+    published = state.summaries()
+    built = published.load()
     run = f"ragline run summarize --collection {name}" if name else "ragline run summarize"
     if built is None:
-        raise SummariesMissing(f"{summaries.location(state)}: no community summaries yet; build them with the "
+        raise SummariesMissing(f"{published.location}: no community summaries yet; build them with the "
                                f"summarize job (`{run}`)")
     if built.embedder and built.embedder != embedder.spec.model:  # their scores would mean nothing (or not fit)
-        raise SummariesStale(f"{summaries.location(state)}: the community summaries were embedded with "
+        raise SummariesStale(f"{published.location}: the community summaries were embedded with "
                              f"'{built.embedder}', queries with '{embedder.spec.model}'; build them again (`{run}`)")
     if built.generation < state.generation:
         ctx.logger.info("the summaries%s were built at index generation %d, the index is at %d: run the summarize "

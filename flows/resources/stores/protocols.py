@@ -5,9 +5,10 @@ role; ``tests/flows/resources/stores/test_store_conformance.py`` runs the same c
 implementation (issue 37.1).
 
 The index state's role is ``state.IndexState`` itself: the PostgreSQL state subclasses the SQLite one
-and ``tests/flows/resources/stores/test_state.py`` runs its cases on both. Community summaries live in the
-state (a table of PostgreSQL's, a file beside SQLite's: ``summaries.load_for``/``publish_to``), so
-they need no role of their own.
+and ``tests/flows/resources/stores/test_state.py`` runs its cases on both. Community summaries are a
+role of their own (``SummaryStore``) that the state hands out (``IndexState.summaries()``): a file
+beside SQLite's, rows of PostgreSQL's meta table, so each collection has its own
+(``tests/flows/resources/stores/test_summaries.py`` runs the same cases on both).
 
 Contracts every implementation keeps (the conformance cases check them):
 - ids are chunk ids; ``upsert`` of an id already there replaces it (no duplicate), ``delete`` of an
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ragline.flows.contracts import Chunk, Passage
+from ragline.flows.contracts import Chunk, Passage, SummaryReport
 
 if TYPE_CHECKING:
     from ragline.flows.resources.stores.state import IndexState
@@ -123,6 +124,22 @@ class SparseIndex(Protocol):
     def sync(self, state: IndexState, on_rebuild: Callable[[], None] | None = None, force: bool = False) -> bool:
         """Publish the state's generation when it lags (whole with ``force``); True if it published.
         Writers only."""
+
+
+@runtime_checkable
+class SummaryStore(Protocol):
+    """The community summaries of one index (GraphRAG-style), published whole by the summarize job
+    and read by ``retrieve_summaries``: a reader sees the previous set or the new one, never a mix."""
+
+    @property
+    def location(self) -> str:
+        """Where they live, for reports and messages (never a password)."""
+
+    def load(self) -> SummaryReport | None:
+        """The published summaries (None: never built); a damaged set says so with its location."""
+
+    def publish(self, report: SummaryReport) -> SummaryReport:
+        """Replace the published summaries with ``report`` in one step; the report says where."""
 
 
 ROLES: dict[str, type] = {"dense": DenseStore, "sparse": SparseIndex}

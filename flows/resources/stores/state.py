@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +32,10 @@ from ragline.flows.processes import pid_alive
 from ragline.flows.contracts import Chunk, Document
 from ragline.flows.errors import EX_TEMPFAIL, IndexUnavailable, RaglineError
 from ragline.flows.resources.base import Health, Resource
+from ragline.flows.resources.stores.summaries import FileSummaries, summaries_path
+
+if TYPE_CHECKING:
+    from ragline.flows.resources.stores.protocols import SummaryStore
 
 log = logging.getLogger("ragline.state")
 
@@ -304,6 +308,10 @@ class IndexState(Resource):
     @property
     def path(self) -> Path:
         return (self.base_dir / self.spec.path).resolve()
+
+    def summaries(self) -> SummaryStore:
+        """This index's community summaries (the ``SummaryStore`` role): a file beside this one."""
+        return FileSummaries(summaries_path(self.path))
 
     @property
     def conn(self) -> sqlite3.Connection:

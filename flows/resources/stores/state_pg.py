@@ -40,7 +40,7 @@ import weakref
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 try:
     import psycopg
@@ -52,6 +52,10 @@ except ImportError:  # the `postgres` extra is not installed: said when a state 
 from ragline.flows.resources.base import Health
 from ragline.flows.resources.stores.state import (
     CHUNK_LOG, SCHEMA, IndexState, LeaseHolder, StateSpec, StorageError, StoreDamaged, StoreMissing)
+from ragline.flows.resources.stores.summaries import DatabaseSummaries
+
+if TYPE_CHECKING:
+    from ragline.flows.resources.stores.protocols import SummaryStore
 
 log = logging.getLogger("ragline.state")
 
@@ -209,6 +213,11 @@ class PostgresIndexState(IndexState):
     @property
     def index_location(self) -> str:
         return f"{self.server} (schema {self.spec.schema_name})"
+
+    def summaries(self) -> SummaryStore:
+        """This index's community summaries: rows of this schema's meta table, so every machine that
+        reads the index reads the same ones (a file path would be one machine's)."""
+        return DatabaseSummaries(self)
 
     def _redact(self, text: str) -> str:
         password = _password(self.spec.url)

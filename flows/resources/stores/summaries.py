@@ -1,13 +1,14 @@
 """The community summary index (GraphRAG-style): published beside, or in, the index state it was built from.
 
 ``summarize_communities`` (a job stage) builds a ``SummaryReport``; the job runner publishes it
-with ``publish_to`` and ``retrieve_summaries`` (a query stage) only ever reads it (``load_for``).
-Where it lives follows the state, so each named collection has its own:
+to the state's summary store (``IndexState.summaries()``, the ``SummaryStore`` role) and
+``retrieve_summaries`` (a query stage) only ever reads it. Where it lives follows the state, so
+each named collection has its own:
 
-- a state file (SQLite): the file ``<state>.summaries.json`` beside it, replaced in one atomic
+- a state file (SQLite, ``FileSummaries``): the file ``<state>.summaries.json`` beside it, replaced in one atomic
   rename (a killed build or a failed write leaves the previous summaries whole and readable);
   moving the data folder moves it too;
-- a database state (PostgreSQL, ``url:``): two rows of the state's own ``meta`` table (the report
+- a database state (PostgreSQL, ``DatabaseSummaries``): two rows of the state's own ``meta`` table (the report
   and a version), written in one transaction, so every machine that reads the index reads the
   same summaries and a collection's schema holds its own (a file path would be one machine's, and
   the collections of one database share the template's ``path``).
@@ -40,51 +41,60 @@ def summaries_path(state_path: Path) -> Path:
     return state_path.with_name(state_path.stem + SUFFIX)
 
 
-def in_database(state: Any) -> bool:
-    """Whether ``state`` is a database state (its summaries are rows of it, not a file)."""
-    return bool(getattr(state.spec, "url", None))
+class FileSummaries:
+    """Summaries in a file beside a SQLite state, replaced in one atomic rename."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def load(self) -> SummaryReport | None:
+        return load(self.path)
+
+    def publish(self, report: SummaryReport) -> SummaryReport:
+        return publish(self.path, report)
 
 
-def location(state: Any) -> str:
-    """Where the summaries of ``state``'s index live, for reports and messages (never a password)."""
-    if in_database(state):
-        return f"{state.index_location} (meta row '{META_KEY}')"
-    return str(summaries_path(state.path))
+class DatabaseSummaries:
+    """Summaries in two rows of a database state's ``meta`` table (the report and its version),
+    written in one transaction; a reader parses a version once."""
 
+    def __init__(self, state: Any):
+        self.state = state
 
-def load_for(state: Any) -> SummaryReport | None:
-    """The summaries published for ``state``'s index (None: never built)."""
-    if not in_database(state):
-        return load(summaries_path(state.path))
-    where = location(state)
-    version = state.get_meta(VERSION_KEY)
-    if version is None:
-        return None
-    with _lock:
-        cached = _cache.get(where)
-        if cached and cached[0] == version:
-            return cached[1]
-    text = state.get_meta(META_KEY)
-    if text is None:
-        return None
-    report = _parse(where, text)
-    with _lock:  # a publish between the two reads caches a newer report under the older version: re-read next time
-        _cache[where] = (version, report)
-    return report
+    @property
+    def location(self) -> str:
+        return f"{self.state.index_location} (meta row '{META_KEY}')"
 
+    def load(self) -> SummaryReport | None:
+        where = self.location
+        version = self.state.get_meta(VERSION_KEY)
+        if version is None:
+            return None
+        with _lock:
+            cached = _cache.get(where)
+            if cached and cached[0] == version:
+                return cached[1]
+        text = self.state.get_meta(META_KEY)
+        if text is None:
+            return None
+        report = _parse(where, text)
+        with _lock:  # a publish between the two reads caches a newer report under the older version: re-read next time
+            _cache[where] = (version, report)
+        return report
 
-def publish_to(state: Any, report: SummaryReport) -> SummaryReport:
-    """Publish ``report`` for ``state``'s index: the file beside it, or its database rows in one transaction."""
-    if not in_database(state):
-        return publish(summaries_path(state.path), report)
-    report.path = location(state)
-    report.written = True
-    with state.transaction() as tx:
-        state.set_meta(META_KEY, report.model_dump_json(), tx)
-        state.set_meta(VERSION_KEY, uuid.uuid4().hex, tx)
-    log.info("summaries: %d communities published to %s (%d re-summarised, %d kept)", len(report.communities),
-             report.path, len(report.summarised), len(report.reused))
-    return report
+    def publish(self, report: SummaryReport) -> SummaryReport:
+        report.path = self.location
+        report.written = True
+        with self.state.transaction() as tx:
+            self.state.set_meta(META_KEY, report.model_dump_json(), tx)
+            self.state.set_meta(VERSION_KEY, uuid.uuid4().hex, tx)
+        log.info("summaries: %d communities published to %s (%d re-summarised, %d kept)", len(report.communities),
+                 report.path, len(report.summarised), len(report.reused))
+        return report
 
 
 def load(path: Path) -> SummaryReport | None:

@@ -5,7 +5,6 @@ HTTP (summaries name the topics they read, so which community is which is checke
 from __future__ import annotations
 
 import re
-import shutil
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +14,6 @@ import pytest
 
 from ragline.flows.contracts import COLLECTION_KEY, MEMBERS_KEY
 from ragline.flows.errors import InputError
-from ragline.flows.resources.stores import summaries
 from ragline.flows.run import engine
 from ragline.flows.serve.auth.principals import Principal, query_collections
 from ragline.flows.spec.compile import load_project
@@ -215,9 +213,9 @@ def test_summaries_of_a_postgresql_state_are_rows_of_each_collections_schema(tmp
             reports[name] = engine.run(project.pipeline(f"summarize@{name}"), orchestrate=False)
         for name, report in reports.items():
             state = project.resource(f"state@{name}")
-            assert report.written and report.path == summaries.location(state) and "meta row" in report.path
+            assert report.written and report.path == state.summaries().location and "meta row" in report.path
             assert "pg-" not in report.path  # the URL's password is never shown
-            assert summaries.load_for(state).model_dump() == report.model_dump()
+            assert state.summaries().load().model_dump() == report.model_dump()
         assert not list(tmp_path.rglob("*.summaries.json"))  # no file on this machine
         found = ask(project, "overview")
         assert {(p.metadata[COLLECTION_KEY], frozenset(topics_of(p))) for p in found} == {
@@ -277,8 +275,8 @@ def test_a_bad_fixed_filter_is_a_located_error_in_pipelines_yaml(tmp_path):
 def test_summaries_embedded_by_another_model_are_a_clear_503_not_a_wrong_ranking(collections):
     project, llm = collections
     state = project.resource("state@beta")
-    report = summaries.load_for(state)
-    summaries.publish_to(state, report.model_copy(update={"embedder": "another-model"}))
+    report = state.summaries().load()
+    state.summaries().publish(report.model_copy(update={"embedder": "another-model"}))
     with pytest.raises(Exception, match="embedded with 'another-model'.*summarize --collection beta") as raised:
         ask(project, "overview")
     assert isinstance(raised.value.__cause__, SummariesStale) and raised.value.__cause__.http_status == 503
