@@ -81,13 +81,10 @@ def overlap(a: str, b: str) -> bool:
 def test_direct_mode_runs_independent_branches_concurrently(make_project):
     pipeline = load_project(make_project(FUSION_SHAPED)).pipeline("fusion")
     INTERVALS.clear()
-    started = time.perf_counter()
     passages = engine.run(pipeline, {"query": "q"}, orchestrate=False)
-    elapsed = time.perf_counter() - started
 
     assert {p.chunk_id for p in passages} == {"dense|hyde:q", "sparse|multi:q"}
-    assert overlap("hyde", "multi") and overlap("dense", "sparse")
-    assert elapsed < 4 * 0.6  # two levels of 0.6 s, not four
+    assert overlap("hyde", "multi") and overlap("dense", "sparse")  # event order: the branches' runs overlap
 
 
 def test_direct_mode_applies_retries_and_timeouts(make_project):

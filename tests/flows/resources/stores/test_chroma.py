@@ -398,11 +398,9 @@ def test_gives_up_at_the_deadline_naming_the_server(monkeypatch):
     store = server_store(port=8123, retries=100, retry_max_seconds=1.0)
     _open, attempts = flaky_open(10_000, FakeCollection())
     monkeypatch.setattr(store, "_open", _open)
-    started = time.monotonic()
     with pytest.raises(ChromaUnavailable, match=r"http://127\.0\.0\.1:8123 unreachable: count failed") as err:
         store.count()
-    assert time.monotonic() - started < 1.5
-    assert 2 <= len(attempts) < 10
+    assert 2 <= len(attempts) < 10  # the 1 s deadline ended it, not the 100 retries
     assert isinstance(err.value.__cause__, httpx.ConnectError)
 
 

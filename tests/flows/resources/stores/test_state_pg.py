@@ -129,9 +129,7 @@ def test_a_reader_sees_one_generation_while_a_writer_commits(spec, tmp_path):
         tx.execute("DELETE FROM chunks WHERE source_id = ?", ("a",))
         tx.execute("INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?)", ("b#0", "b", 0, "b", "", "{}"))
         writer._bump(tx)
-        began = time.monotonic()
-        generation, rows = reader.snapshot()  # not blocked, and not half of the write
-        assert time.monotonic() - began < 2
+        generation, rows = reader.snapshot()  # not blocked (this thread holds the write: it would hang), not half of it
         assert (generation, [r[0] for r in rows]) == (1, ["a#0", "a#1"])
     assert reader.snapshot()[0] == 2 and [r[0] for r in reader.snapshot()[1]] == ["b#0"]
     writer.close()
