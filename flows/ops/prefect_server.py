@@ -799,6 +799,8 @@ def interrupt_guard(grace_seconds: float = INTERRUPT_GRACE, quiet: bool = True) 
         run_id = _current_flow_run_id()
         if run_id is not None:
             run_ids.append(run_id)
+            if _api_url is not None:
+                _CrashReport.ready(run_ids)
         threading.Thread(target=_deadline, args=(grace_seconds, run_ids), name="ragline-interrupt-deadline",
                          daemon=True).start()
         raise KeyboardInterrupt
@@ -837,9 +839,7 @@ def _hard_exit(run_ids: list[object]) -> None:
     """Report the interrupted flow run, stop the server this process owns, exit 130 (143 after SIGTERM) now."""
     server = _server
     if run_ids and _api_url is not None:
-        reporter = threading.Thread(target=_report_crashed, args=(list(run_ids),), daemon=True)
-        reporter.start()
-        reporter.join(2.0)
+        (_CrashReport.pending or _CrashReport.ready(run_ids)).send(2.0)
     code = interrupted_exit()
     if server is not None:
         with contextlib.suppress(Exception):
@@ -847,17 +847,42 @@ def _hard_exit(run_ids: list[object]) -> None:
     os._exit(code)
 
 
-def _report_crashed(run_ids: list[object]) -> None:
-    with contextlib.suppress(Exception):
-        from prefect.client.orchestration import get_client
-        from prefect.states import Crashed
+class _CrashReport:
+    """The interrupted flow run's Crashed state, for when the process must end before Prefect's engine
+    reports it. Readied at the interrupt: its thread imports Prefect's client and opens it while the
+    run unwinds, so the report at the deadline is two requests (a CI run under load spent its whole
+    2 s budget getting there, and the run stayed Running)."""
 
-        with get_client(sync_client=True) as client:
-            for run_id in run_ids:
-                state = client.read_flow_run(run_id).state
-                if state is None or not state.is_final():
-                    client.set_flow_run_state(run_id, Crashed(message="Execution was aborted by an interrupt signal."),
-                                              force=True)
+    pending: "_CrashReport | None" = None
+
+    def __init__(self, run_ids: list[object]):
+        self.run_ids, self.go, self.done = run_ids, threading.Event(), threading.Event()
+
+    @classmethod
+    def ready(cls, run_ids: list[object]) -> "_CrashReport":
+        cls.pending = report = cls(run_ids)
+        threading.Thread(target=report._run, name="ragline-crash-report", daemon=True).start()
+        return report
+
+    def send(self, wait_seconds: float) -> None:
+        self.go.set()
+        self.done.wait(wait_seconds)
+
+    def _run(self) -> None:
+        try:
+            with contextlib.suppress(Exception):
+                from prefect.client.orchestration import get_client
+                from prefect.states import Crashed
+
+                with get_client(sync_client=True) as client:
+                    self.go.wait()  # only if the process is ended: Prefect's engine reports an orderly unwinding
+                    for run_id in list(self.run_ids):
+                        state = client.read_flow_run(run_id).state
+                        if state is None or not state.is_final():
+                            client.set_flow_run_state(
+                                run_id, Crashed(message="Execution was aborted by an interrupt signal."), force=True)
+        finally:
+            self.done.set()
 
 
 def main(argv: list[str] | None = None) -> int:
