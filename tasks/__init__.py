@@ -4,7 +4,8 @@ each stage's name (unchanged by where its module lives) to the module that decla
 registry (``flows/spec/registry.py``, through the ``ragline.stages`` entry point that names this
 package) reads the map and imports a module only when a pipeline names its stage, so a process that runs a search does not import the ingestion,
 tuning and generation stages (a served flow run is a fresh process: that import was paid per run).
-A new stage is one module in its family plus its line below; tests/flows/spec/test_registry.py
+A new stage is one module in its family plus its line below (a stage that is a subsystem is a
+package of its parts, listed by its package: ``load``, ``tune_retrieval``); tests/flows/spec/test_registry.py
 checks that every module is listed and registers the name it is listed under."""
 
 STAGES: dict[str, str] = {

@@ -93,7 +93,11 @@ def test_every_builtin_module_is_declared_and_registers_the_name_it_is_declared_
 
     modules = {"ragline." + ".".join(p.relative_to(REPO).with_suffix("").parts)
                for p in (REPO / "tasks").rglob("*.py") if p.stem != "__init__"}
-    assert modules == set(builtins.STAGES.values()) | set(builtins.HELPERS)
+    packages = {module for module in builtins.STAGES.values() if (REPO / module.split(".", 1)[1].replace(
+        ".", "/") / "__init__.py").is_file()}  # a stage that is a package of its parts (``load``, ``tune_retrieval``)
+    parts = {m for m in modules if any(m.startswith(package + ".") for package in packages)}
+    assert packages == {"ragline.tasks.ingest.load", "ragline.tasks.jobs.tune_retrieval"}
+    assert parts and modules - parts | packages == set(builtins.STAGES.values()) | set(builtins.HELPERS)
     stages = registry.all_stages()
     for name, module in builtins.STAGES.items():
         assert stages[name].fn.__module__ == module, name
