@@ -29,6 +29,7 @@ import pytest
 
 from ragline.flows.resources import clear_cache
 from tests.helpers.harness import run_index
+from tests.helpers.memory import interned_names
 from tests.integration.test_streaming_ingest import HASH_EMBED, _corpus
 
 pytestmark = pytest.mark.integration
@@ -60,13 +61,14 @@ def test_ingestion_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     # bounded by its batches at these sizes too (at 1,000 a transaction held this whole test corpus)
     for name in ("QUEUE_BATCH", "SIGNAL_BATCH", "MARK_BATCH"):  # the listing's batches, as the pipeline's
         monkeypatch.setattr(f"ragline.tasks.ingest.load.{name}", 16)
-    peaks = {}
+    peaks, names = {}, []
     for size in (1, *SIZES):  # the first size imports what ingestion uses (converters, tokenizer): not counted
         base = tmp_path / str(size)
         base.mkdir()
         (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
         (base / "pipelines.yaml").write_text(yaml)
         _corpus(base / "docs", size, 160)
+        names += interned_names(base)  # held: no reallocation of the interned strings' table in a run
         full, report = peak(base / "pipelines.yaml")
         assert (report.added, report.failed) == (size + 5, 0)  # + the corpus's five JSONL records
         changed = base / "docs" / "000" / "note00000.md"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import time
 import tracemalloc
 from collections import Counter
@@ -19,6 +18,7 @@ from ragline.flows.resources import clear_cache
 from ragline.tasks.ingest.load import files as load_files
 from tests.helpers.data import BASE_RESOURCES
 from tests.helpers.harness import run_index
+from tests.helpers.memory import interned_names
 
 pytestmark = pytest.mark.integration
 
@@ -190,11 +190,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
         (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
         (base / "pipelines.yaml").write_text(HASH_EMBED)
         _corpus(base / "docs", size, 160)
-        # CPython's table of interned strings is one per process and is reallocated whole when it fills
-        # (3.8 MB in a test worker); pathlib interns each path's parts, each time a Path is made, so a
-        # 24N run crossed that point 1 run in 3 and a CI run charged 0.8 MB of that table to 800
-        # documents. Interned once here and kept, the corpus's names are found, never added
-        names.extend(sys.intern(part) for path in base.rglob("*") for part in path.parts)
+        names += interned_names(base)  # held: no reallocation of the interned strings' table in a run
         peaks[size] = (_peak(base / "pipelines.yaml", monkeypatch), _peak(base / "pipelines.yaml", monkeypatch))
     per_doc = [(peaks[24 * n][i] - peaks[4 * n][i]) / (20 * n) for i in (0, 1)]
     print(f"peaks (full, unchanged): 4N {peaks[4 * n]}, 24N {peaks[24 * n]}; per extra document {per_doc}, "
@@ -204,7 +200,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     # 2026-12-04: 0.12 KB and 0.0 KB with the state's pages as small as the batches (at their 1,000 the
     # plan's work-list page and a listing's range read held up to 1,000 records: 0.5 KB per document
     # below that, and a CI run at 4N-12N failed at 1.03 KB); the peak's jitter between runs is ~170 KB,
-    # hence the wide 4N-24N span. A CI run's 1.01 KB was the interned strings' table (above) and the
+    # hence the wide 4N-24N span. A CI run's 1.01 KB was the interned strings' table (interned_names) and the
     # highest of more batches (_peak); with both out, 0.05-0.17 KB under load
     assert per_doc[0] < 1000  # a full ingest: a listed record per document, no text held past its batch (before: 15 KB)
     assert per_doc[1] < 150  # an unchanged run: not even a record per listed document (a page at a time)
