@@ -71,11 +71,8 @@ def _read_documents(path: str, root: SourceRoot, data: bytes, mtime: float, para
     convert = formats.converter(Path(path).suffix) or formats.converter(MEDIA_CONVERTED.get(media, ""))
     if convert is not None:
         return _converted_documents(path, root, where, convert, data, mtime, params, ctx)
-    text = _decode(where, data, params.encoding, ctx)
+    text = _text(where, data, params, ctx)
     if text is None:
-        return []
-    if not text.strip():
-        ctx.fail(where, "empty document")
         return []
     if fmt == "jsonl":
         return _jsonl_documents(path, root, text, mtime, params, ctx, versions)
@@ -92,6 +89,15 @@ def _read(path: str, where: str, max_bytes: int, ctx: StepContext) -> tuple[byte
         ctx.fail(where, str(exc))
         return None
     return fetched.data, fetched.modified or 0.0, fetched.signal
+
+
+def _text(where: str, data: bytes, params: Params, ctx: StepContext) -> str | None:
+    """A file's text; None, reported, when it cannot be decoded or holds nothing."""
+    text = _decode(where, data, params.encoding, ctx)
+    if text is not None and not text.strip():
+        ctx.fail(where, "empty document")
+        return None
+    return text
 
 
 def _decode(where: str, data: bytes, encoding: str, ctx: StepContext) -> str | None:
@@ -200,11 +206,8 @@ def _attachment_documents(path: str, root: SourceRoot, where: str, name: str, da
         return _converted_documents(path, root, where, convert, data, mtime, params, ctx, name=name)
     if suffix not in FORMATS or suffix == ".jsonl":
         return []
-    text = _decode(where, data, params.encoding, ctx)
+    text = _text(where, data, params, ctx)
     if text is None:
-        return []
-    if not text.strip():
-        ctx.fail(where, "empty document")
         return []
     fmt = FORMATS[suffix]
     title = _markdown_title(text) if fmt == "markdown" else _html_title(text) if fmt == "html" else ""

@@ -8,20 +8,7 @@ import pytest
 
 from ragline.flows.contracts import Community, SummaryReport
 from ragline.flows.resources.stores.protocols import SummaryStore
-from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.flows.resources.stores.summaries import DatabaseSummaries, FileSummaries
-from tests.helpers.postgres import new_schema
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def state(request, tmp_path):
-    spec = StateSpec(type="index_state", path="s.sqlite")
-    if request.param == "postgres":
-        spec = StateSpec(type="index_state", url=request.getfixturevalue("postgres").url, schema_name=new_schema())
-    st = IndexState(spec, base_dir=tmp_path)
-    st.conn
-    yield st
-    st.close()
 
 
 def report(generation: int, *summaries: str) -> SummaryReport:
