@@ -34,12 +34,12 @@ T = TypeVar("T")
 _BACKOFF_FIRST_SECONDS = 0.25  # first wait; doubles each retry, with up to 20% jitter
 _BACKOFF_MAX_SECONDS = 5.0  # cap on one wait, so a server back after an outage is noticed quickly
 _LOCKED_ATTEMPTS = 6  # an embedded call refused by SQLite's lock: ~3 s of waits in all
+_TOKEN_PROVIDER = "chromadb.auth.token_authn.TokenAuthClientProvider"
 
 
 def _is_locked(exc: BaseException) -> bool:
     """SQLite's SQLITE_BUSY as Chroma's Rust engine reports it (``(code: 5) database is locked``)."""
     return "database is locked" in str(exc)
-_TOKEN_PROVIDER = "chromadb.auth.token_authn.TokenAuthClientProvider"
 
 
 def space_scores(space: str, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
