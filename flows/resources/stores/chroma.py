@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Chunk, Passage
 from ragline.flows.errors import DependencyUnavailable, IndexUnavailable
-from ragline.flows.resources.stores import read_snapshot
+from ragline.flows.resources.stores import chroma_reader, read_snapshot
 from ragline.flows.resources.base import Health, Lazy, Resource
 from ragline.flows.resources.stores.store_owner import Owned
 from ragline.flows.resources.stores.state import REMEDY, StoreMissing, disk_fault, store_health
@@ -195,9 +196,9 @@ class ChromaStore(Owned, Resource):
             return self._client.get()
 
     def _new_client(self):
-        import chromadb
-
         if self.spec.host or self._served_by() is not None:
+            import chromadb
+
             host, port = (self.spec.host, self.spec.port) if self.spec.host else (self._owner.host, self._owner.port)
             client = chromadb.HttpClient(host=host, port=port, ssl=self.spec.ssl and bool(self.spec.host),
                                          settings=self._settings())
@@ -205,6 +206,13 @@ class ChromaStore(Owned, Resource):
             return client
         folder = self.path if self._writes else self._reading_copy()
         folder.mkdir(parents=True, exist_ok=True)
+        if not self._writes:  # a reading copy: Chroma's engine without its Python package, where it can
+            try:
+                return chroma_reader.open_reader(folder)
+            except chroma_reader.ReaderUnsupported as why:
+                log.debug("%s: reading with chromadb's client (%s)", self.location, why)
+        import chromadb
+
         try:
             return chromadb.PersistentClient(path=str(folder), settings=self._settings())
         except Exception:
@@ -274,13 +282,13 @@ class ChromaStore(Owned, Resource):
         return collection
 
     def _existing(self):
-        from chromadb.errors import NotFoundError
-
         if not self.spec.host and not (self.path / "chroma.sqlite3").is_file():
             raise StoreMissing(f"{self.location}: there is no store at {self.path}; {REMEDY}")
         try:
             return self._connect(write=False).get_collection(self.spec.collection, embedding_function=None)
-        except NotFoundError as exc:
+        except Exception as exc:
+            if not _not_found(exc):
+                raise
             raise StoreMissing(f"{self.location}: the collection does not exist; {REMEDY}") from exc
 
     def _configuration(self) -> dict[str, Any]:
@@ -391,13 +399,13 @@ class ChromaStore(Owned, Resource):
         return self._retrying(what, lambda: self._fresh(what, op, create))
 
     def _fresh(self, what: str, op: Callable[[Any], T], create: bool = True) -> T:
-        from chromadb.errors import NotFoundError
-
         handle, reads = self._open_counted(create)
         try:
             try:
                 return op(handle)
-            except NotFoundError:
+            except Exception as exc:
+                if not _not_found(exc):
+                    raise
                 with self._lock:  # dropped or recreated by someone else: look it up again (by name)
                     if self._collection is handle:
                         self._collection = None
@@ -602,6 +610,14 @@ class ChromaStore(Owned, Resource):
         ]
 
 
+def _not_found(exc: BaseException) -> bool:
+    """Chroma's NotFoundError (from its client or its engine). Why not ``except NotFoundError``:
+    importing ``chromadb.errors`` imports the whole ``chromadb`` package, which a reader through
+    ``chroma_reader`` never needs; an exception of that class means its module is loaded."""
+    errors = sys.modules.get("chromadb.errors")
+    return errors is not None and isinstance(exc, errors.NotFoundError)
+
+
 def _forget_system(path: str) -> None:
     """Drop Chroma's (1.5) cached engine for a folder no client uses. Chroma keeps the engine of a
     PersistentClient that failed to start (a read-only or full folder) in its per-folder cache,
@@ -609,6 +625,8 @@ def _forget_system(path: str) -> None:
     object has no attribute 'bindings'") even once the folder is writable again; and a removed
     reading copy's engine would stay cached for the life of the process. (Private attributes:
     skipped silently if a Chroma release renames them.)"""
+    if "chromadb.api.shared_system_client" not in sys.modules:  # no client made here: nothing cached
+        return
     try:
         from chromadb.api.shared_system_client import SharedSystemClient
 
