@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragline.flows import failpoints
 from ragline.flows.files import write_atomic
 from ragline.flows.resources.stores import bm25_segments
+from ragline.flows.resources.stores.bm25_terms import tokenize
 from ragline.flows.resources.stores.filters import FilterError, matches
 from ragline.flows.resources.base import Health, Resource
 from ragline.flows.resources.stores.state import REMEDY, IndexState, StoreDamaged, StoreMissing, disk_fault, expected_chunks
@@ -1156,17 +1157,6 @@ def ranked(scores: np.ndarray, k: int, ids: list[str] | None = None) -> np.ndarr
     tied = positive[values >= cut]
     key = tied if ids is None else np.array([ids[i] for i in tied])
     return tied[np.lexsort((key, -scores[tied]))][:k]
-
-
-def tokenize(texts: list[str], stemmer: str = "english", stopwords: str = "en") -> list[list[str]]:
-    """Texts as BM25 terms, exactly as the index and its searches split them."""
-    stem = None
-    if stemmer != "none":
-        import Stemmer
-
-        stem = Stemmer.Stemmer(stemmer)
-    return _bm25s().tokenize(texts, stopwords=None if stopwords == "none" else stopwords, stemmer=stem,
-                             show_progress=False, return_ids=False)
 
 
 def in_memory(tokens: list[list[str]], spec: BM25Spec):

@@ -323,12 +323,24 @@ def test_a_version_published_before_segments_still_answers_and_the_next_sync_con
     assert_same_scores(index, state)
 
 
-def test_the_scoring_module_uses_bm25s_own_formulas():
-    """Scores are computed from raw term frequencies with bm25s.scoring's idf and tf functions."""
+@pytest.mark.parametrize("method", ["robertson", "lucene", "atire", "bm25l", "bm25+"])
+def test_the_restated_formulas_are_bm25s_own(method):
+    """Scores are computed from raw term frequencies with bm25s.scoring's idf and tf functions,
+    restated so that a query does not import bm25s: equal, value for value, to the package's."""
+    from bm25s import scoring
+
     from ragline.flows.resources.stores import bm25_segments
 
-    assert bm25_segments.scorer("lucene", 1.2, 0.75).idf.__module__ == "bm25s.scoring"
-    assert bm25_module.BM25Index.sync.__doc__
+    ours = bm25_segments.scorer(method, 1.2, 0.75)
+    idf, tfc = scoring._select_idf_scorer(method), scoring._select_tfc_scorer(method)
+    for n, df in [(1, 1), (10, 1), (10, 5), (10, 10), (5183, 3), (5183, 4000)]:
+        assert ours.idf(df, N=n) == idf(df, N=n)
+    tf = np.array([0, 1, 2, 7, 40], dtype=np.float32)
+    lengths = np.array([1, 12, 80, 300, 3], dtype=np.float32)
+    for k1, b in [(1.2, 0.75), (0.9, 0.4), (2.0, 1.0), (1.5, 0.0)]:
+        for avg in (np.float64(1.0), np.float64(57.3)):
+            np.testing.assert_array_equal(ours.tfc(tf_array=tf, l_d=lengths, l_avg=avg, k1=k1, b=b, delta=0.5),
+                                          tfc(tf_array=tf, l_d=lengths, l_avg=avg, k1=k1, b=b, delta=0.5))
 
 
 def test_a_deleted_segment_is_reported_and_rebuilt(tmp_path):
