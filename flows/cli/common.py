@@ -49,12 +49,25 @@ def orchestration_flags(p: argparse.ArgumentParser, default: bool | None) -> Non
     p.set_defaults(orchestrate=default)
 
 
-def open_project(args):
-    """The pipelines file, with its indexes moved to ``--data-dir`` when one is given."""
+def open_project(args, only: list[str] | None = None):
+    """The pipelines file, with its indexes moved to ``--data-dir`` when one is given; ``only``:
+    just these pipelines compiled (``load_project``)."""
     from ragline.flows.spec.compile import load_project
 
-    project = load_project(args.file)
+    project = load_project(args.file, only=only)
     return project.relocated(args.data_dir) if getattr(args, "data_dir", None) else project
+
+
+def open_query_pipeline(args):
+    """``--pipeline``, a query pipeline, compiled alone (the rest of the file is not checked: a cold
+    query starts sooner); a name that is not a query pipeline of the file gets the error the whole
+    file gives, listing the pipelines it has."""
+    from ragline.flows.spec.model import UnknownPipeline, WrongPipelineKind
+
+    try:
+        return query_pipeline(open_project(args, only=[args.pipeline]), args.pipeline)
+    except (UnknownPipeline, WrongPipelineKind):  # said with every pipeline of the file
+        return query_pipeline(open_project(args), args.pipeline)
 
 
 def query_pipeline(project, name: str):

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ragline.flows.cli.common import (
-    collection_flag, json_value, open_project, orchestration_flags, plain, query_pipeline, start_llm_flag)
+    collection_flag, json_value, open_query_pipeline, orchestration_flags, plain, start_llm_flag)
 from ragline.flows.cli.llm import packaged_llms
 from ragline.flows.errors import EX_USAGE, RaglineError
 from ragline.flows.terminal import printable
@@ -40,7 +40,7 @@ def register(command) -> None:
 def search(args) -> int:
     from ragline.flows.run import engine
 
-    pipeline = query_pipeline(open_project(args), args.pipeline)
+    pipeline = open_query_pipeline(args)
     query: dict[str, Any] = {"text": args.question, "filters": args.where, "collections": args.collection}
     passages = engine.run(pipeline, {"query": query}, orchestrate=args.orchestrate)
     print_passages([plain(p) for p in passages[: args.top]], args.json)
@@ -50,7 +50,7 @@ def search(args) -> int:
 def ask(args) -> int:
     from ragline.flows.run import engine
 
-    pipeline = query_pipeline(open_project(args), args.pipeline)
+    pipeline = open_query_pipeline(args)
     streamed: list[str] = []
 
     def show(token: str) -> None:

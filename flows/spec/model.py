@@ -210,6 +210,7 @@ class Project:
     overlay: Any = None  # the AppliedOverlay, when an overlay file was found
     source: Path | None = None  # where the file's text was read from, when pinned (serve's snapshot)
     collections: dict[str, Any] = field(default_factory=dict)  # name -> spec.collections.Collection
+    partial: bool = False  # only some of the file's pipelines compiled (``load_project(only=...)``)
 
     def file_resources(self) -> dict[str, Any]:
         """The resources the file declares, as the checker binds roles among them (without the copies
@@ -251,7 +252,7 @@ class Project:
         spec = self.spec.model_copy(update={"resources": resources})
         spec._invalid_resources = set()
         project = Project(self.path, spec, data_dir=data_dir, resource_overrides=dict(self.resource_overrides),
-                          source=self.source, collections=dict(self.collections))
+                          source=self.source, collections=dict(self.collections), partial=self.partial)
         for pipe_name, pipe in self.pipelines.items():
             project.pipelines[pipe_name] = pipe.moved_to(project)
         return project

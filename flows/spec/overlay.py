@@ -149,6 +149,8 @@ def apply_overlay(project: "Project", path: Path | None = None) -> "Project":
                                 if current.get(k) != v]
         for pipe_name, steps in overlay.pipelines.items():
             if pipe_name not in plain.pipelines:
+                if plain.partial and pipe_name in plain.spec.pipelines:
+                    continue  # in the file, not compiled for this run
                 applied.notes.append(f"pipeline '{pipe_name}' is no longer in {plain.path.name}")
                 continue
             pipeline = plain.pipelines[pipe_name]

@@ -123,6 +123,24 @@ def test_an_unknown_pipeline_is_named_with_the_ones_that_exist(indexed, capsys, 
     assert capsys.readouterr().err.strip() == expected
 
 
+def test_a_mistake_in_another_pipeline_stops_neither_search_nor_the_kind_check(indexed, capsys, tmp_path):
+    """A query compiles the pipeline it runs (issue 38); `validate` reports the other's mistake, and
+    asking for an ingestion pipeline still names every query pipeline of the file."""
+    project, _ = indexed
+    broken = project.parent / "broken.yaml"
+    broken.write_text(project.read_text() + "  ask:\n    kind: query\n    steps:\n"
+                                            "      - {id: dense, task: retrieve_dense, with: {k: 0}}\n")
+    capsys.readouterr()
+    assert search(broken, "telomerase stem cells", "--json") == 0
+    assert json.loads(capsys.readouterr().out)[0]["source_id"].endswith("telomere.md")
+    assert main(["validate", "-f", str(broken)]) == 2
+    assert "pipeline 'ask', step 'dense'" in capsys.readouterr().err
+    broken.write_text(project.read_text() + "  search_dense:\n    kind: query\n    steps:\n"
+                                            "      - {id: dense, task: retrieve_dense}\n")
+    assert search(broken, "okapi", "-p", "index") == 2
+    assert capsys.readouterr().err.strip().endswith("(query pipelines in broken.yaml: search, search_dense)")
+
+
 def test_the_good_query_still_works_after_the_bad_ones(indexed, capsys):
     project, before = indexed
     capsys.readouterr()

@@ -166,3 +166,55 @@ def test_an_unknown_or_wrong_kind_of_pipeline_is_a_typed_input_error_naming_the_
     assert isinstance(unknown.value, KeyError)  # the lookups that catch a KeyError still do
     with pytest.raises(WrongPipelineKind, match="pipeline 'search' is a query pipeline; this needs an ingestion"):
         require_kinds(project, ingestion="search")
+
+
+BROKEN_ELSEWHERE = GOOD.replace("\nresources:", """
+  ask:
+    kind: query
+    steps:
+      - {id: dense, task: retrieve_dense, with: {k: 0}}
+resources:""")
+
+
+def test_only_compiles_the_pipelines_named_and_leaves_the_rest_to_validate(make_project):
+    """A query from the terminal compiles what it runs (issue 38): a mistake in another pipeline does
+    not stop it, and `ragline validate` (the whole file) still reports it."""
+    path = make_project(BROKEN_ELSEWHERE)
+    project = load_project(path, tuned=False, only=["search"])
+    assert list(project.pipelines) == ["search"] and project.partial
+    assert [s.id for s in project.pipeline("search").steps][-1] == "fuse"
+    assert project.relocated(path.parent / "elsewhere").partial
+    with pytest.raises(SpecValidationError, match="k"):
+        load_project(path, tuned=False)
+    assert [e.pipeline for e in validate_file(path)] == ["ask"]
+    with pytest.raises(SpecValidationError):  # the broken one asked for: its errors
+        load_project(path, tuned=False, only=["ask"])
+
+
+def test_only_with_a_name_the_file_lacks_compiles_everything_for_the_error(make_project):
+    from ragline.flows.spec.model import UnknownPipeline
+
+    project = load_project(make_project(GOOD), tuned=False, only=["serch"])
+    assert not project.partial and list(project.pipelines) == ["search"]
+    with pytest.raises(UnknownPipeline, match="did you mean 'search'"):
+        project.pipeline("serch")
+
+
+def test_only_compiles_the_templates_of_the_files_collections(make_project):
+    text = GOOD.replace("\nresources:", """
+  index:
+    kind: ingestion
+    steps:
+      - {id: load,  task: load, with: {paths: [docs]}}
+      - {id: chunk, task: chunk}
+      - {id: embed, task: embed}
+      - {id: write, task: index}
+resources:""") + """
+collections:
+  handbook: {paths: [handbook]}
+  papers:   {paths: [papers]}
+"""
+    full = load_project(make_project(text), tuned=False)
+    project = load_project(make_project(text), tuned=False, only=["search"])
+    assert sorted(project.pipelines) == sorted(full.pipelines) == ["index@handbook", "index@papers", "search"]
+    assert project.pipeline("search").step("dense").collections == full.pipeline("search").step("dense").collections

@@ -255,3 +255,10 @@ def test_a_deleted_adapted_model_is_not_applied(project_file):
     project = load_project(project_file)
     assert project.spec.resources["embedder"].model == "all-MiniLM-L6-v2"
     assert any("the adapted model" in note and "is gone" in note for note in project.overlay.notes)
+
+
+def test_a_project_compiled_for_one_pipeline_takes_its_overlay_and_notes_nothing_of_the_others(project_file):
+    project = load_project(project_file, only=["tune"])
+    assert list(project.pipelines) == ["tune"] and project.overlay.notes == []
+    assert project.spec.resources["sparse"].k1 == 0.9  # the resources' overlay all the same
+    assert fuse_params(load_project(project_file, only=["search"])).k == 20
