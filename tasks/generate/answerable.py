@@ -108,7 +108,7 @@ def answerable(query: Query, context: Context, params: Params, ctx: StepContext,
 
 def similarity(embedder: Embedder, question: str, texts: list[str]) -> float:
     """The highest cosine similarity between the question and one of the texts."""
-    return max_cosine(embedder.encode_queries([question])[0], embedder.encode_documents(texts))
+    return max_cosine(embedder.encode_queries([question])[0], embedder.encode_passages(texts))
 
 
 def passage_vectors(ctx: StepContext, embedder: Embedder, documents: list[ContextDocument]) -> np.ndarray:
@@ -124,7 +124,7 @@ def passage_vectors(ctx: StepContext, embedder: Embedder, documents: list[Contex
         except Exception as exc:  # noqa: BLE001 - the vectors are only a shortcut: encode instead
             ctx.logger.info("answerability: stored vectors unavailable (%s); encoding the passages", exc)
     missing = [d.passage.text for d in documents if d.passage.chunk_id not in stored]
-    encoded = iter(embedder.encode_documents(missing) if missing else [])
+    encoded = iter(embedder.encode_passages(missing) if missing else [])
     return np.stack([stored[d.passage.chunk_id] if d.passage.chunk_id in stored else next(encoded)
                      for d in documents])
 
@@ -191,7 +191,7 @@ def record_floor(state: IndexState, embedder: Embedder, pairs: int = 48, keep: f
     if found:
         questions, rests = zip(*found)
         values = [max_cosine(q, d[None]) for q, d in zip(embedder.encode_queries(list(questions)),
-                                                         embedder.encode_documents(list(rests)))]
+                                                         embedder.encode_passages(list(rests)))]
         floor.pairs, floor.min_similarity = len(values), kept_floor(values, keep)
     state.set_meta(FLOOR_KEY, floor.model_dump_json())
     return floor

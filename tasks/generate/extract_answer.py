@@ -663,7 +663,7 @@ def score_units(question: str, units: list[Unit], kind: str | None, params: Para
                       "agreement": min(1.0, (len(stated_by) - 1) / 2) if value else 0.0}
     order = sorted(range(len(units)), key=lambda i: -(units[i].parts["coverage"] + units[i].parts["agreement"]))
     kept = [units[i] for i in sorted(order[:params.max_candidates])]
-    vectors = embedder.encode_documents([u.scored for u in kept])  # one batch
+    vectors = embedder.encode_passages([u.scored for u in kept])  # one batch
     asked = embedder.encode_queries([question])[0]
     cosines = vectors @ asked / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(asked), 1e-12)
     for unit, cosine in zip(kept, cosines):

@@ -26,7 +26,7 @@ def refine_sentences(query: Query, passages: list[Passage], params: Params, embe
     if not flat:
         return []
     question = embedder.encode_queries([query.text])[0]
-    similarity = embedder.encode_documents(flat) @ question
+    similarity = embedder.encode_passages(flat) @ question
     refined, offset = [], 0
     for passage, parts in zip(passages, split):
         scores = similarity[offset:offset + len(parts)]

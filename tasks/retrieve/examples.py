@@ -88,7 +88,7 @@ def examples_of(path: Path, embedder: Embedder) -> Bank:
         banks = _BANKS.setdefault(embedder, {})
         if key not in banks:
             examples = read_examples(path)
-            vectors = _unit(embedder.encode_documents([e.request for e in examples]))
+            vectors = _unit(embedder.encode_passages([e.request for e in examples]))
             banks.clear()  # an older version of the file
             banks[key] = Bank(examples, vectors)
         return banks[key]

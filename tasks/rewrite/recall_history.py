@@ -149,7 +149,7 @@ def lexical(turns: list[Turn], request: str) -> np.ndarray:
 def vectors(embedder: Embedder, texts: list[str]) -> np.ndarray:
     """Unit vectors of the texts (the first one a request, the rest turns), turns memoised."""
     request = _unit(embedder.encode_queries(texts[:1]))
-    turns = memoised(embedder, "vectors", texts[1:], lambda t: list(_unit(embedder.encode_documents(t))))
+    turns = memoised(embedder, "vectors", texts[1:], lambda t: list(_unit(embedder.encode_passages(t))))
     return np.vstack([request, *turns]) if turns else request
 
 

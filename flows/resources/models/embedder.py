@@ -251,7 +251,16 @@ class Embedder(Resource):
         return int(getter())
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
+        """Document vectors by the model itself: what is stored (or compared with what is stored in bulk)."""
         return self._encode([self.spec.document_prefix + t for t in texts])
+
+    def encode_passages(self, texts: list[str]) -> np.ndarray:
+        """Document-side vectors that a query compares and never stores (answerability, evidence
+        sentences, refining, history, examples): by the torch-free encoder under the rule queries follow
+        (``_encode_lean``), whose vectors equal the model's to ~1e-6. Why: with ``encode_documents`` a
+        cold `ragline ask -p ask_extractive` imported torch and sentence-transformers to embed its
+        candidate sentences (10 of its 12 s, 800 MB; issue 38)."""
+        return self._encode_lean([self.spec.document_prefix + t for t in texts])
 
     def encode_queries(self, texts: list[str]) -> np.ndarray:
         """The query vectors. Within one query's run (``QUERY_VECTORS``) a text this embedder already
@@ -271,7 +280,10 @@ class Embedder(Resource):
         return np.stack([shared[(model, t)] for t in texts])
 
     def _encode_queries(self, texts: list[str]) -> np.ndarray:
-        """Prefixed query texts to vectors: by the torch-free encoder where there is one, unless this
+        return self._encode_lean(texts)
+
+    def _encode_lean(self, texts: list[str]) -> np.ndarray:
+        """Prefixed texts to vectors: by the torch-free encoder where there is one, unless this
         process holds the model already (an ingestion's answerable floor, a job): a second copy of the
         model in onnxruntime cost an ingestion 130-230 MB of its peak for nothing (bench/vs_haystack.py)."""
         if not texts or (self._model.loaded and not self._query_encoder.loaded):

@@ -197,8 +197,8 @@ def test_the_gate_reads_the_stored_vectors_instead_of_encoding_every_passage_aga
         project = company(llm.base_url)
         embedder = project.resource("embedder")
         encoded: list[int] = []
-        encode = embedder.encode_documents
-        monkeypatch.setattr(embedder, "encode_documents", lambda texts, *a, **k: encoded.append(len(texts)) or
+        encode = embedder.encode_passages
+        monkeypatch.setattr(embedder, "encode_passages", lambda texts, *a, **k: encoded.append(len(texts)) or
                             encode(texts, *a, **k))
         answer = engine.run(project.pipeline("ask"), {"query": OFF_TOPIC[0]}, orchestrate=False)
     assert answer.refused and encoded == []

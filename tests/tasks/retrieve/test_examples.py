@@ -59,8 +59,8 @@ def test_k_zero_reads_nothing(tmp_path, minilm):
 
 def test_examples_are_embedded_once_per_process_and_again_when_the_file_changes(tmp_path, minilm, monkeypatch):
     embedded = []
-    original = minilm.encode_documents
-    monkeypatch.setattr(minilm, "encode_documents", lambda texts: embedded.append(len(texts)) or original(texts))
+    original = minilm.encode_passages
+    monkeypatch.setattr(minilm, "encode_passages", lambda texts: embedded.append(len(texts)) or original(texts))
     path = write(tmp_path, EXAMPLES)
     for _ in range(3):
         retrieve(tmp_path, minilm)

@@ -74,8 +74,8 @@ def test_an_empty_or_short_history_recalls_nothing_and_system_messages_never_sho
 def test_turns_are_embedded_once_per_process(minilm, monkeypatch):
     memory._MEMOS.clear()
     embedded: list[int] = []
-    original = minilm.encode_documents
-    monkeypatch.setattr(minilm, "encode_documents", lambda texts: embedded.append(len(texts)) or original(texts))
+    original = minilm.encode_passages
+    monkeypatch.setattr(minilm, "encode_passages", lambda texts: embedded.append(len(texts)) or original(texts))
     recall(minilm, history=HISTORY[:10])
     recall(minilm, history=HISTORY)  # the conversation's next request: one new turn
     assert embedded == [3, 1]  # earlier turns only (recent ones are never scored), each once

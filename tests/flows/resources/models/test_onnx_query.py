@@ -218,27 +218,45 @@ def test_scifact_rankings_are_torchs(exported):
     assert np.abs(by_torch - by_onnx).max() < 1e-5
 
 
+ASK_EXTRACTIVE = """
+  ask_extractive:
+    kind: query
+    steps:
+      - {id: dense,    task: retrieve_dense,  with: {k: 50}}
+      - {id: sparse,   task: retrieve_sparse, with: {k: 50}, after: []}
+      - {id: fuse,     task: fuse, after: [dense, sparse], with: {method: rrf, k: 60, top_k: 20}}
+      - {id: insert,   task: insert, with: {order: relevance, max_tokens: 1000, max_documents: 5, count: words}}
+      - {id: gate,     task: answerable}
+      - {id: evidence, task: extract_answer}
+      - {id: check,    task: verify, with: {fact_check: false}}
+"""
+
+
 @pytest.mark.integration
 @pytest.mark.onnx
-def test_search_in_a_fresh_process_imports_neither_torch_nor_sentence_transformers(exported, tmp_path, monkeypatch,
-                                                                                  capsys):
-    """`ragline search --no-prefect` as a user runs it, in a new interpreter, after an ingestion; its
-    passages and scores are the torch path's (RAGLINE_ONNX_QUERIES=0, in this process)."""
+def test_search_and_ask_in_a_fresh_process_import_neither_torch_nor_chromas_package(exported, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """`ragline search` and `ragline ask -p ask_extractive` (--no-prefect) as a user runs them, in a new
+    interpreter, after an ingestion: no torch, sentence-transformers, Prefect, nor the chromadb package
+    (its engine is read through ``chroma_reader``); their passages and answer are the torch path's
+    (RAGLINE_ONNX_QUERIES=0, in this process)."""
     from ragline.flows.cli import main
 
     cache, _ = exported
     project = tmp_path / "pipelines.yaml"
-    project.write_text(textwrap.dedent(index_and_search_yaml()))
+    project.write_text(textwrap.dedent(index_and_search_yaml()) + ASK_EXTRACTIVE)
     records = scifact_records(12)
     write_jsonl(tmp_path / "docs" / "corpus.jsonl", records)
     assert main(["index", "-f", str(project), "--no-prefect"]) == 0
     search = ["search", records[4]["title"], "-f", str(project), "--no-prefect", "--json", "-k", "5"]
+    ask = ["ask", records[4]["title"] + "?", "-p", "ask_extractive", "-f", str(project), "--no-prefect", "--json"]
     probe = textwrap.dedent(f"""
         import json, sys
         from ragline.flows.cli import main
-        code = main({search!r})
-        heavy = sorted(m for m in ("torch", "sentence_transformers", "transformers", "prefect") if m in sys.modules)
-        print(json.dumps({{"code": code, "heavy": heavy}}), file=sys.stderr)
+        codes = [main({search!r}), main({ask!r})]
+        heavy = sorted(m for m in ("torch", "sentence_transformers", "transformers", "prefect", "chromadb")
+                       if m in sys.modules)
+        print(json.dumps({{"codes": codes, "heavy": heavy}}), file=sys.stderr)
     """)
     env = {**os.environ, "RAGLINE_CACHE_DIR": str(cache), "RAGLINE_START_LLM": "0", "OMP_WAIT_POLICY": "PASSIVE"}
     env.pop("PREFECT_API_URL", None)
@@ -246,8 +264,10 @@ def test_search_in_a_fresh_process_imports_neither_torch_nor_sentence_transforme
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
     report = json.loads(result.stderr.strip().splitlines()[-1])
-    assert report == {"code": 0, "heavy": []}, result.stderr[-2000:]
-    lean = json.loads(result.stdout)
+    assert report == {"codes": [0, 0], "heavy": []}, result.stderr[-2000:]
+    decoder = json.JSONDecoder()
+    lean, end = decoder.raw_decode(result.stdout)
+    lean_answer = json.loads(result.stdout[end:])
     assert len(lean) == 5 and lean[0]["source_id"].endswith("#" + records[4]["_id"])
 
     monkeypatch.setenv("RAGLINE_ONNX_QUERIES", "0")  # the torch path, in this process
@@ -255,3 +275,7 @@ def test_search_in_a_fresh_process_imports_neither_torch_nor_sentence_transforme
     by_torch = json.loads(capsys.readouterr().out)
     assert [p["chunk_id"] for p in lean] == [p["chunk_id"] for p in by_torch]
     assert [p["score"] for p in lean] == pytest.approx([p["score"] for p in by_torch], abs=1e-5)
+    assert main(ask) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert (lean_answer["text"], lean_answer["refused"], lean_answer["sources"]) == \
+        (answer["text"], answer["refused"], answer["sources"])
