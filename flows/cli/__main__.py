@@ -1,6 +1,4 @@
 """`python -m ragline.flows.cli`: the `ragline` command."""
-import sys
+from ragline.flows.cli import run
 
-from ragline.flows.cli import main
-
-sys.exit(main())
+run()
