@@ -121,3 +121,32 @@ def test_an_eval_run_is_a_flow_run_with_its_report_beside_it(prefect_server, mak
     before = datetime.now(timezone.utc)
     assert main(["eval", "--dataset", str(mini_beir), "-f", str(project), "--json", "--no-prefect"]) == 0
     assert _eval_runs_and_artifacts(before) == []
+
+
+def test_the_console_script_ends_a_query_whole_and_cleans_up(index_project, tmp_path):
+    """`ragline search` as installed (``run``: a query command exits without the interpreter's
+    teardown): everything printed arrives, the status is the command's, and what atexit handlers
+    clean up (the reading copy of the store) is gone; an error keeps its status and message."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    project = index_project()
+    records = scifact_records(6)
+    write_jsonl(tmp_path / "docs" / "corpus.jsonl", records)
+    assert main(["index", "-f", str(project), "--no-prefect"]) == 0
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "RAGLINE_START_LLM": "0"}
+    env.pop("PREFECT_API_URL", None)
+    script = str(Path(sys.executable).parent / "ragline")
+    found = subprocess.run([script, "search", records[3]["title"], "-f", str(project), "--json", "-k", "6"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr
+    hits = json.loads(found.stdout)  # the whole of it: nothing cut at the exit
+    assert len(hits) == 6 and hits[0]["title"] == records[3]["title"]
+    assert not list(temp.glob("ragline-read-*")), "the reading copy outlived the command"
+    wrong = subprocess.run([script, "search", "x", "-p", "serch", "-f", str(project)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2 and "no pipeline 'serch'" in wrong.stderr
