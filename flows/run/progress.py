@@ -46,7 +46,9 @@ class IngestProgress:
         if self._progress is not None:
             self._progress.update(self._task, advance=documents, chunks=self.chunks)
         else:
-            print(f"{self.title}: {self._done}/{self._total} documents, {self.chunks} chunks", file=sys.stderr)
+            # One write, its newline included: print writes the text and the newline apart, and a Ctrl-C
+            # between the two left the line open for the `interrupted` that follows it.
+            sys.stderr.write(f"{self.title}: {self._done}/{self._total} documents, {self.chunks} chunks\n")
 
     def close(self) -> None:
         if self._progress is not None:
