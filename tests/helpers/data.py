@@ -40,6 +40,16 @@ pipelines:
 """
 
 
+def shipped_pipeline(name: str) -> str:
+    """One pipeline of the repository's pipelines.yaml, as its lines (indented for ``pipelines:``), to
+    append to a test project's pipelines: the shipped definition, not a copy that drifts from it."""
+    lines = (REPO / "pipelines.yaml").read_text(encoding="utf-8").splitlines(keepends=True)
+    start = lines.index(f"  {name}:\n")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() and not lines[i].startswith("   ")),
+               len(lines))
+    return "".join(lines[start:end])
+
+
 def index_and_search_yaml(batch_size: int = 256, chunk_size: int = 128) -> str:
     return INDEX_AND_SEARCH.replace("BATCH_SIZE", str(batch_size)).replace("CHUNK_SIZE", str(chunk_size))
 

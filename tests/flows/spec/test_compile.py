@@ -12,6 +12,7 @@ from ragline.flows.spec import registry
 from ragline.flows.spec.compile import external_allowlist, load_project, project_allowlist, validate_file
 from ragline.flows.errors import ConfigError
 from ragline.flows.spec.parse import SpecValidationError
+from tests.helpers.data import index_and_search_yaml
 
 GOOD = """
 pipelines:
@@ -201,15 +202,7 @@ def test_only_with_a_name_the_file_lacks_compiles_everything_for_the_error(make_
 
 
 def test_only_compiles_the_templates_of_the_files_collections(make_project):
-    text = GOOD.replace("\nresources:", """
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,  task: load, with: {paths: [docs]}}
-      - {id: chunk, task: chunk}
-      - {id: embed, task: embed}
-      - {id: write, task: index}
-resources:""") + """
+    text = textwrap.dedent(index_and_search_yaml()) + """
 collections:
   handbook: {paths: [handbook]}
   papers:   {paths: [papers]}

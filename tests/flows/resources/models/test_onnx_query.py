@@ -19,7 +19,8 @@ import pytest
 
 from ragline.flows.resources.models import onnx_query
 from ragline.flows.resources.models.embedder import Embedder, EmbedderSpec, resolve_model_path
-from tests.helpers.data import SCIFACT, index_and_search_yaml, require_scifact, scifact_records, write_jsonl
+from tests.helpers.data import (SCIFACT, index_and_search_yaml, require_scifact, scifact_records, shipped_pipeline,
+                               write_jsonl)
 
 MODEL = Path(resolve_model_path("all-MiniLM-L6-v2"))
 TEXTS = [
@@ -218,20 +219,6 @@ def test_scifact_rankings_are_torchs(exported):
     assert np.abs(by_torch - by_onnx).max() < 1e-5
 
 
-ASK_EXTRACTIVE = """
-  ask_extractive:
-    kind: query
-    steps:
-      - {id: dense,    task: retrieve_dense,  with: {k: 50}}
-      - {id: sparse,   task: retrieve_sparse, with: {k: 50}, after: []}
-      - {id: fuse,     task: fuse, after: [dense, sparse], with: {method: rrf, k: 60, top_k: 20}}
-      - {id: insert,   task: insert, with: {order: relevance, max_tokens: 1000, max_documents: 5, count: words}}
-      - {id: gate,     task: answerable}
-      - {id: evidence, task: extract_answer}
-      - {id: check,    task: verify, with: {fact_check: false}}
-"""
-
-
 @pytest.mark.integration
 @pytest.mark.onnx
 def test_search_and_ask_in_a_fresh_process_import_neither_torch_nor_chromas_package(exported, tmp_path, monkeypatch,
@@ -244,7 +231,7 @@ def test_search_and_ask_in_a_fresh_process_import_neither_torch_nor_chromas_pack
 
     cache, _ = exported
     project = tmp_path / "pipelines.yaml"
-    project.write_text(textwrap.dedent(index_and_search_yaml()) + ASK_EXTRACTIVE)
+    project.write_text(textwrap.dedent(index_and_search_yaml()) + shipped_pipeline("ask_extractive"))
     records = scifact_records(12)
     write_jsonl(tmp_path / "docs" / "corpus.jsonl", records)
     assert main(["index", "-f", str(project), "--no-prefect"]) == 0
