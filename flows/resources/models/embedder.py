@@ -283,6 +283,8 @@ class Embedder(Resource):
         return np.stack([shared[(model, t)] for t in texts])
 
     def _encode_queries(self, texts: list[str]) -> np.ndarray:
+        """Prefixed query texts to vectors (``_encode_lean``): apart from ``encode_passages``'s path, so
+        that what counts a request's query encodings (tests, the shared ``QUERY_VECTORS``) sees only queries."""
         return self._encode_lean(texts)
 
     def _encode_lean(self, texts: list[str]) -> np.ndarray:
