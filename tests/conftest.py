@@ -2,6 +2,7 @@
 per session (data and templates: tests/helpers/data.py)."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import textwrap
@@ -68,6 +69,36 @@ def pytest_collection_modifyitems(config, items):
             own = 0 if unit == "vllm" else 1 if item.get_closest_marker("integration") else 2
             rank[unit] = min(rank.get(unit, 2), own)
         items.sort(key=lambda item: rank[work_unit(item.nodeid)])
+
+
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m "not integration"`` tests/integration/ is not collected at all: importing its ~70
+    modules cost each worker ~5 s for tests that were then deselected (all of them are marked
+    integration: tests/integration/conftest.py)."""
+    if collection_path == INTEGRATION and _deselects_integration(config.getoption("markexpr")):
+        return True
+    return None
+
+
+def _deselects_integration(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` deselects a test marked integration whatever its other marks are."""
+    from _pytest.mark.expression import Expression
+
+    try:
+        expression = Expression.compile(markexpr)
+    except SyntaxError:
+        return False  # pytest reports it
+    others = sorted(set(re.findall(r"[A-Za-z_]\w*", markexpr)) - {"and", "or", "not", "integration"})
+    if not markexpr or len(others) > 8:
+        return False
+    for present in itertools.product((False, True), repeat=len(others)):
+        marks = {"integration", *(name for name, on in zip(others, present) if on)}
+        if expression.evaluate(lambda name, /, **_: name in marks):
+            return False
+    return True
 
 
 @pytest.fixture

@@ -599,7 +599,7 @@ def test_suffix_patterns_answer_as_the_compiled_expressions(tmp_path):
     import re
     rng = random.Random(22)
     alpha = "aB./#\\x-"
-    for _ in range(20_000):
+    for _ in range(5_000):
         patterns = ["*" + "".join(rng.choice(alpha) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
         path = "/" + "".join(rng.choice(alpha + "/") for _ in range(rng.randint(1, 12))) + rng.choice(["", "/"])
         lowered = [p.lower() for p in patterns]

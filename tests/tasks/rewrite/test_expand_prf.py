@@ -122,7 +122,7 @@ pipelines:
 
 def test_hybrid_prf_pipeline_runs_and_never_writes_the_index(make_project):
     path = make_project(PRF_PIPELINE.replace("WEIGHT", "0.5"))
-    write_jsonl(path.parent / "docs" / "scifact.jsonl", scifact_records(60))
+    write_jsonl(path.parent / "docs" / "scifact.jsonl", scifact_records(12))
     project = load_project(path)
     engine.run(project.pipeline("index"), orchestrate=False)
     stores = path.parent / "idx"

@@ -237,11 +237,11 @@ def test_within_one_query_a_text_is_encoded_once_and_no_step_can_change_the_shar
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_a_bulk_encode_on_another_thread_leaves_no_activations_behind(minilm):
     """A pipelined ingestion encodes each batch on whichever pool thread is free; without
-    return_freed_memory each thread's malloc arena kept ~90-130 MB of this encode's activations."""
-    texts = ["word " * 200 + str(i) for i in range(64)]
+    return_freed_memory each thread's malloc arena kept ~90 MB of this encode's activations."""
+    texts = ["word " * 200 + str(i) for i in range(32)]  # one encode batch, ~90 MB of activations
     minilm.encode_documents(texts[:2])
     before = psutil.Process().memory_info().rss
-    for _ in range(3):
+    for _ in range(2):
         worker = threading.Thread(target=minilm.encode_documents, args=(texts,))
         worker.start()
         worker.join()
