@@ -27,7 +27,8 @@ def pipeline_chunks(project, corpus: Path) -> list[str]:
     index = project.pipeline("index")
     params = {s.stage.name: s.params for s in index.steps}
     ctx = StepContext(pipeline="bench", step_id="bench", base_dir=str(project.base_dir))
-    docs = load.fn(params=params["load"].model_copy(update={"paths": [str(corpus)]}), ctx=ctx)
+    given = params["load"]  # validated again: ``paths`` entries are roots, not strings (model_copy would keep str)
+    docs = load.fn(params=type(given).model_validate({**given.model_dump(), "paths": [str(corpus)]}), ctx=ctx)
     docs = convert.fn(documents=docs, params=params["convert"], ctx=ctx)
     return [c.text for c in chunk.fn(documents=docs, params=params["chunk"], ctx=ctx,
                                      embedder=project.resource("embedder"))]
