@@ -26,7 +26,8 @@ def test_process_usage_reads_this_process_as_the_kernel_counts_it(scale):
     cpu, rss = scale.process_usage(os.getpid())
     _, peak = scale.process_usage(os.getpid(), memory="VmHWM")
     assert cpu == pytest.approx(time.process_time(), abs=0.1) and cpu >= 0.3
-    assert 0 < rss <= peak and peak == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    # the kernel batches each thread's page counts, so its two peak figures may differ by a few pages
+    assert 0 < rss <= peak and abs(peak - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024) <= 1
     with pytest.raises(OSError):
         scale.process_usage(2 ** 22 + 1)  # above pid_max: no such process
 
