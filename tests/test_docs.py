@@ -61,9 +61,9 @@ def test_the_test_commands_say_how_long_they_take():
     text = README.read_text(encoding="utf-8")
     setup, working = _section(text, "Set up"), _section(text, "Working on ragline")
     assert re.search(r"full suite.*\d+ minutes on a 2-core machine", setup, re.S)
-    assert re.search(r'pytest -m "not integration".*the fast suite: about \d+ minutes on a 2-core machine', working)
+    assert re.search(r'pytest -n 3 -m "not integration".*the fast suite: about [\d.]+ minutes on a 2-core machine', working)
     layout = (DOCS / "layout.md").read_text(encoding="utf-8")
-    assert '`.venv/bin/python -m pytest -m "not integration"`' in layout and re.search(r"full suite.*~\d+ min", layout)
+    assert '`.venv/bin/python -m pytest -n 3 -m "not integration"`' in layout and re.search(r"full suite.*~\d+ min", layout)
 
 
 # ----------------------------------------------------------------------------- links
