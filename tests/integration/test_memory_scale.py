@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import time
 import tracemalloc
 
@@ -68,9 +69,13 @@ def test_ingestion_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
         (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
         (base / "pipelines.yaml").write_text(yaml)
         _corpus(base / "docs", size, 160)
-        names += interned_names(base)  # held: no reallocation of the interned strings' table in a run
+        again = shutil.copytree(base, tmp_path / f"{size}-again")  # the same full ingest, measured twice
+        names += interned_names(base) + interned_names(again)  # held: the interned strings' table not reallocated in a run
         full, report = peak(base / "pipelines.yaml")
         assert (report.added, report.failed) == (size + 5, 0)  # + the corpus's five JSONL records
+        # the lower of two: a peak can only gain from what another thread of the worker (left by an
+        # earlier test) allocates inside the window; 933 B per document once in CI, 272 B alone
+        full = min(full, peak(again / "pipelines.yaml")[0])
         changed = base / "docs" / "000" / "note00000.md"
         changed.write_text(changed.read_text() + "A new closing line.\n")
         then = time.time() - 1800
