@@ -87,13 +87,13 @@ def _deselects_integration(markexpr: str) -> bool:
     """Whether ``-m markexpr`` deselects a test marked integration whatever its other marks are."""
     from _pytest.mark.expression import Expression
 
+    others = sorted(set(re.findall(r"[A-Za-z_]\w*", markexpr)) - {"and", "or", "not", "integration"})
+    if not markexpr or len(others) > 8:
+        return False
     try:
         expression = Expression.compile(markexpr)
     except SyntaxError:
         return False  # pytest reports it
-    others = sorted(set(re.findall(r"[A-Za-z_]\w*", markexpr)) - {"and", "or", "not", "integration"})
-    if not markexpr or len(others) > 8:
-        return False
     for present in itertools.product((False, True), repeat=len(others)):
         marks = {"integration", *(name for name, on in zip(others, present) if on)}
         if expression.evaluate(lambda name, /, **_: name in marks):
