@@ -11,6 +11,7 @@ import os
 import time
 import tracemalloc
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from ragline.flows.resources import clear_cache
 from ragline.tasks.ingest.load import files as load_files
 from tests.helpers.data import BASE_RESOURCES
 from tests.helpers.harness import run_index
-from tests.helpers.memory import interned_names
+from tests.helpers.memory import in_a_fresh_process, interned_names
 
 pytestmark = pytest.mark.integration
 
@@ -118,9 +119,10 @@ def test_a_changed_jsonl_file_is_read_unchanged_records_kept(tmp_path, project, 
 
 
 TAIL_BATCHES = 10  # about the 4N corpus's batches: as many windows at both sizes
+N = 40
 
 
-def _peak(project, monkeypatch) -> int:
+def _peak(project) -> int:
     """The run's tracemalloc peak up to its finalize (BM25's full build at the end of a first run
     indexes every chunk row at once: flows/resources/stores/bm25.py, not this streaming): the highest
     of the listing's window (with the plan, up to the first batch), the deletions' window (after the last)
@@ -156,52 +158,66 @@ def _peak(project, monkeypatch) -> int:
             window()
         return real_phase(progress, name)
 
-    monkeypatch.setattr(BM25Index, "sync", sync)
-    monkeypatch.setattr(ingest, "_collect", collect)
-    monkeypatch.setattr(ingest, "_phase", phase)
-    clear_cache()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        run_index(project)
-    finally:
-        tracemalloc.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BM25Index, "sync", sync)
+        patch.setattr(ingest, "_collect", collect)
+        patch.setattr(ingest, "_phase", phase)
+        clear_cache()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            run_index(project)
+        finally:
+            tracemalloc.stop()
     batches = sorted(windows[1:-1][-TAIL_BATCHES:])
     return max([windows[0], windows[-1]] + ([batches[len(batches) // 2]] if batches else []))
 
 
-def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
-    """tracemalloc's peak (deterministic, Python allocations) of a full ingest and of an unchanged
-    re-run, at 4N and 24N documents of ~1.5 KB: the batch bounds it, not the corpus (before: every
-    document's text was held until the end of the run, and every finished batch until a full
-    garbage collection). Both sizes are past the pipeline's warm-up (two batches in flight: a run of
-    three batches, N documents, stays below a long run's peak; N to 4N measured 5.3 KB per document
-    of that warm-up, tests/integration/test_memory_scale.py)."""
-    # the listing's batches as small as the pipeline's (at 500-5,000 one held this whole test corpus:
-    # bounded, but not by the batch this test can see)
+def streaming_peaks(root: str) -> dict[str, list[int]]:
+    """(full, unchanged) peaks of runs over 1, 4N and 24N documents below ``root``, in this process
+    (``tests.helpers.memory.in_a_fresh_process`` calls it). The first size imports what ingestion
+    uses (converters, tokenizer): not compared. The listing's batches as small as the pipeline's (at
+    500-5,000 one held this whole test corpus: bounded, but not by the batch this test can see), and
+    the plan's pages of the work list and a listing's range reads too."""
+    import ragline.tasks.ingest.load as load_stage
+    from ragline.flows.resources.stores import state
+
     for name in ("QUEUE_BATCH", "SIGNAL_BATCH", "MARK_BATCH"):
-        monkeypatch.setattr(f"ragline.tasks.ingest.load.{name}", 16)
-    for name in ("QUEUE_PAGE", "RANGE_SLACK"):  # the plan's pages of the work list, a listing's range reads
-        monkeypatch.setattr(f"ragline.flows.resources.stores.state.{name}", 16)
-    peaks, n, names = {}, 40, []
-    for size in (1, 4 * n, 24 * n):  # the first run imports what ingestion uses (converters, tokenizer): not counted
-        base = tmp_path / str(size)
+        setattr(load_stage, name, 16)
+    for name in ("QUEUE_PAGE", "RANGE_SLACK"):
+        setattr(state, name, 16)
+    peaks, names = {}, []
+    for size in (1, 4 * N, 24 * N):
+        base = Path(root) / str(size)
         base.mkdir()
         (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
         (base / "pipelines.yaml").write_text(HASH_EMBED)
         _corpus(base / "docs", size, 160)
         names += interned_names(base)  # held: no reallocation of the interned strings' table in a run
-        peaks[size] = (_peak(base / "pipelines.yaml", monkeypatch), _peak(base / "pipelines.yaml", monkeypatch))
-    per_doc = [(peaks[24 * n][i] - peaks[4 * n][i]) / (20 * n) for i in (0, 1)]
-    print(f"peaks (full, unchanged): 4N {peaks[4 * n]}, 24N {peaks[24 * n]}; per extra document {per_doc}, "
+        peaks[str(size)] = [_peak(base / "pipelines.yaml"), _peak(base / "pipelines.yaml")]
+    return peaks
+
+
+def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
+    """tracemalloc's peak (deterministic, Python allocations) of a full ingest and of an unchanged
+    re-run, at 4N and 24N documents of ~1.5 KB: the batch bounds it, not the corpus (before: every
+    document's text was held until the end of the run, and every finished batch until a full
+    garbage collection). Both sizes are past the pipeline's warm-up (two batches in flight: a run of
+    three batches, N documents, stays below a long run's peak; N to 4N measured 5.3 KB per document
+    of that warm-up, tests/integration/test_memory_scale.py). Measured in a fresh interpreter: a
+    test worker's leftover threads allocate inside the windows."""
+    peaks = in_a_fresh_process(f"{__name__}:streaming_peaks", str(tmp_path), result=tmp_path / "peaks.json")
+    small, large = peaks[str(4 * N)], peaks[str(24 * N)]
+    per_doc = [(large[i] - small[i]) / (20 * N) for i in (0, 1)]
+    print(f"peaks (full, unchanged): 4N {small}, 24N {large}; per extra document {per_doc}, "
           f"its text {len(_text(0, 160))} bytes")
     # measured 2026-11-25: 0.005 KB (full) and 0.13 KB (unchanged) per document; a Document kept per
     # batch by the engine: 3 KB; the transformers tokenizer's load peak masked 5.3 KB here before.
     # 2026-12-04: 0.12 KB and 0.0 KB with the state's pages as small as the batches (at their 1,000 the
     # plan's work-list page and a listing's range read held up to 1,000 records: 0.5 KB per document
     # below that, and a CI run at 4N-12N failed at 1.03 KB); the peak's jitter between runs is ~170 KB,
-    # hence the wide 4N-24N span. A CI run's 1.01 KB was the interned strings' table (interned_names) and the
-    # highest of more batches (_peak); with both out, 0.05-0.17 KB under load
+    # hence the wide 4N-24N span. CI runs in a test worker charged it the interned strings' table
+    # (interned_names), the highest of more batches (_peak) and other tests' threads (a fresh process)
     assert per_doc[0] < 1000  # a full ingest: a listed record per document, no text held past its batch (before: 15 KB)
     assert per_doc[1] < 150  # an unchanged run: not even a record per listed document (a page at a time)
 

@@ -93,6 +93,11 @@ def query(served: str, key: str, **body) -> httpx.Response:
                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
 
 
+def get(served: str, path: str, key: str | None = None) -> httpx.Response:
+    """A GET with the module's timeout: on a loaded CI machine httpx's default 5 s was once too short."""
+    return httpx.get(f"{served}{path}", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=60)
+
+
 def collections_in(reply: httpx.Response) -> dict[str, set[str]]:
     """collection -> the folders of the sources it returned (the folder names the collection's sources)."""
     found: dict[str, set[str]] = {}
@@ -119,7 +124,7 @@ def test_a_key_scoped_to_one_collection_searches_only_it_and_is_refused_the_othe
     assert logged_entry(project.parent, reply.json()["answer_id"])["collections"] == ["handbook"]  # the audit says which
     refused = query(served, keys["handbook"], collections=["papers"])
     assert refused.status_code == 403 and "'papers'" in refused.json()["error"]["message"]
-    models = httpx.get(f"{served}/v1/models", headers={"Authorization": f"Bearer {keys['handbook']}"}).json()
+    models = get(served, "/v1/models", keys["handbook"]).json()
     assert {m["id"] for m in models["data"]} == {"search", "flare", "ask"}  # it may query one of their collections
 
 
@@ -139,19 +144,19 @@ def test_openai_sources_say_which_collection_they_came_from(served, keys):
 
 
 def test_the_collections_a_key_may_query_are_listed_with_their_counts(served, keys, project):
-    listed = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {keys['all']}"})
+    listed = get(served, "/v1/collections", keys["all"])
     assert listed.status_code == 200, listed.text
     rows = {row["name"]: row for row in listed.json()["collections"]}
     assert list(rows) == ["handbook", "papers"]
     assert rows["handbook"]["documents"] == 2 and rows["handbook"]["chunks"] >= 2
     assert rows["papers"]["description"]
 
-    mine = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {keys['handbook']}"})
+    mine = get(served, "/v1/collections", keys["handbook"])
     assert [row["name"] for row in mine.json()["collections"]] == ["handbook"]
     ingest_only = KeyStore(keys_file(project.parent)).create("ingest-only", ["ingest"], ["*"])[1]
-    refused = httpx.get(f"{served}/v1/collections", headers={"Authorization": f"Bearer {ingest_only}"})
+    refused = get(served, "/v1/collections", ingest_only)
     assert refused.status_code == 403 and "scope 'query'" in refused.json()["error"]["message"]
-    assert httpx.get(f"{served}/v1/collections").status_code == 401
+    assert get(served, "/v1/collections").status_code == 401
 
 
 def test_the_chat_page_picks_a_collection_and_says_where_each_citation_came_from(served, keys):
