@@ -151,7 +151,10 @@ class ScriptedLLM:
                 self.wfile.write(data)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # a 20 ms poll: ``shutdown`` waits for the loop to see it, at the default 0.5 s about 0.25 s per
+        # server, and some tests start twenty
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                       daemon=True)
 
     @property
     def base_url(self) -> str:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import socket
+import socketserver
+import threading
 
 
 def free_port() -> int:
@@ -13,3 +15,11 @@ def free_port() -> int:
 
 
 closed_port = free_port  # the same port, named where a test wants a refused connection
+
+
+def serve_in_thread(server: socketserver.BaseServer) -> threading.Thread:
+    """``server`` answering on a started daemon thread, polling for ``shutdown`` every 20 ms: at
+    socketserver's default 0.5 s each ``shutdown`` waited about 0.25 s, and a suite starts hundreds."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    return thread

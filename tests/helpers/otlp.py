@@ -55,7 +55,7 @@ class OtlpReceiver:
                 self.wfile.write(answer)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self._lock = threading.Lock()
 
     @property

@@ -3,7 +3,6 @@ the origin), a redirect loop, 404s, a slow page, robots.txt, depth and page limi
 never be fetched, and pages that disappear."""
 from __future__ import annotations
 
-import threading
 import time
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +15,7 @@ from ragline.tasks.ingest.index import gone_sources
 from ragline.tasks.ingest.load import Params, load
 from tests.helpers.data import index_and_search_yaml
 from tests.helpers.harness import run_index, snapshot
+from tests.helpers.net import serve_in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ class Site:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_thread(self.server)
 
     def answer(self, path: str, headers) -> tuple[int, dict, bytes]:
         entry = self.pages.get(path)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from ragline.flows.ops import llm_server
 from ragline.flows.ops.llm_server import ManagedLLM, free_port, local_llm
 from tests.fake_vllm import REPO, fake_deploy
-from tests.helpers.net import closed_port
+from tests.helpers.net import closed_port, serve_in_thread
 
 
 @pytest.fixture
@@ -36,7 +35,7 @@ def healthy_url():
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
 
@@ -125,7 +124,7 @@ def other_llm():
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     yield server.server_address[1]
     server.shutdown()
     server.server_close()

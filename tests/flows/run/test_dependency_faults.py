@@ -10,7 +10,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,7 +22,7 @@ from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.stores.state import IndexState, StateSpec, StorageError
 from tests.fault_mounts import fill, read_only, resize, tmpfs, without_root_override
 from tests.helpers.data import REPO, index_and_search_yaml
-from tests.helpers.net import closed_port
+from tests.helpers.net import closed_port, serve_in_thread
 from tests.helpers.store_data import chunks, doc
 
 
@@ -278,7 +277,7 @@ def test_query_events_for_an_unreachable_prefect_api_are_counted_lost_with_one_w
         assert len(warnings) == 1 and f"Prefect API {url} unreachable" in warnings[0], warnings
         assert "not sent" in warnings[0] and "/readyz" in warnings[0]
         server = ThreadingHTTPServer(("127.0.0.1", port), _Health)  # the API is back
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        serve_in_thread(server)
         try:
             emit(2)
         finally:

@@ -4,12 +4,13 @@ client back-off when the server's SQLite answers 503 (issue 22 item 5: per-comma
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from tests.helpers.net import serve_in_thread
 
 
 class _LabelsAPI(BaseHTTPRequestHandler):
@@ -39,8 +40,7 @@ class _LabelsAPI(BaseHTTPRequestHandler):
 def labels_api():
     _LabelsAPI.seen = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _LabelsAPI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     yield f"http://127.0.0.1:{server.server_address[1]}/api"
     server.shutdown()
     server.server_close()

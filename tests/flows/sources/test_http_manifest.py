@@ -2,7 +2,6 @@
 real HTTP server on loopback (Python's own file server), through the ``load`` stage."""
 from __future__ import annotations
 
-import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
@@ -13,6 +12,7 @@ from ragline.flows.context import StepContext
 from ragline.flows.sources.fsspec import FsspecSpec
 from ragline.tasks.ingest.index import gone_sources
 from ragline.tasks.ingest.load import Params, load
+from tests.helpers.net import serve_in_thread
 
 pytest.importorskip("aiohttp")  # fsspec's http backend
 
@@ -39,7 +39,7 @@ def site(tmp_path):
         "a.md\nsub/b.txt\n../secret.txt\nhttp://169.254.169.254/latest\nmissing.md\n# a comment\n\n")
     CountingHandler.requests = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(CountingHandler, directory=str(folder)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     yield folder, f"http://127.0.0.1:{server.server_port}/docs/"
     server.shutdown()
     server.server_close()

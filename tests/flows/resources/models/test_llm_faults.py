@@ -6,7 +6,7 @@ import time
 import pytest
 
 from ragline.flows.resources.models.llm import LLMClient, LLMSpec, LLMUnavailable
-from tests.helpers.net import closed_port
+from tests.helpers.net import closed_port, serve_in_thread
 from tests.scripted_llm import ScriptedLLM
 
 
@@ -119,7 +119,6 @@ def test_credentials_in_the_endpoint_url_never_reach_a_message():
 def test_429_backs_off_exponentially_or_as_the_server_asks(monkeypatch, retry_after, slept):
     """The retry policy: 0.5 s doubling (to 8 s), or the server's Retry-After when longer (to 30 s)."""
     import json
-    import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class TooMany(BaseHTTPRequestHandler):
@@ -139,7 +138,7 @@ def test_429_backs_off_exponentially_or_as_the_server_asks(monkeypatch, retry_af
 
     waits: list[float] = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), TooMany)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     monkeypatch.setattr(time, "sleep", waits.append)
     try:
         with pytest.raises(LLMUnavailable, match=r"did not answer after 4 attempts: RateLimitError"):

@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import http.server
 import json
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ from joserfc.jwk import ECKey, KeySet, RSAKey
 
 from ragline.flows.serve.auth.keys import SCOPES
 from ragline.flows.serve.auth.oidc import JwtVerifier, OidcConfig, OidcConfigError, TokenRefused
+from tests.helpers.net import serve_in_thread
 
 ISSUER, AUDIENCE = "https://idp.example", "ragline-api"
 
@@ -146,8 +146,7 @@ class _Jwks(http.server.BaseHTTPRequestHandler):
 def jwks_server() -> Iterator[tuple[str, type[_Jwks]]]:
     handler = type("Handler", (_Jwks,), {"hits": 0})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/jwks.json", handler
     finally:
