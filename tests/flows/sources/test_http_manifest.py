@@ -13,8 +13,9 @@ from ragline.flows.sources.fsspec import FsspecSpec
 from ragline.tasks.ingest.index import gone_sources
 from ragline.tasks.ingest.load import Params, load
 from tests.helpers.net import serve_in_thread
+from tests.helpers.optional import requires
 
-pytest.importorskip("aiohttp")  # fsspec's http backend
+pytestmark = requires("aiohttp")  # fsspec's http backend
 
 
 class CountingHandler(SimpleHTTPRequestHandler):

