@@ -91,9 +91,11 @@ def reply(prompt: str) -> str:
     return "The themes are astronomy [1] and more [2] [3] [4]."
 
 
-@pytest.fixture
-def collections(tmp_path):
-    """Two named collections, indexed and summarised per collection; yields (project, llm)."""
+@pytest.fixture(scope="module")
+def collections(tmp_path_factory):
+    """Two named collections, indexed and summarised per collection; yields (project, llm). Built once
+    for the module: its tests only read (the one that republishes a summary set puts it back)."""
+    tmp_path = tmp_path_factory.mktemp("summaries-collections")
     write_docs(tmp_path, FOLDERS)
     (tmp_path / "prompts").symlink_to(REPO / "prompts")
     with Counting(reply) as llm:
@@ -277,7 +279,11 @@ def test_summaries_embedded_by_another_model_are_a_clear_503_not_a_wrong_ranking
     state = project.resource("state@beta")
     report = state.summaries().load()
     state.summaries().publish(report.model_copy(update={"embedder": "another-model"}))
-    with pytest.raises(Exception, match="embedded with 'another-model'.*summarize --collection beta") as raised:
-        ask(project, "overview")
-    assert isinstance(raised.value.__cause__, SummariesStale) and raised.value.__cause__.http_status == 503
-    assert len(ask(project, "overview", collections=["alpha"])) == 2  # the other collection's still answer
+    try:
+        with pytest.raises(Exception, match="embedded with 'another-model'.*summarize --collection beta") as raised:
+            ask(project, "overview")
+        assert isinstance(raised.value.__cause__, SummariesStale) and raised.value.__cause__.http_status == 503
+        assert len(ask(project, "overview", collections=["alpha"])) == 2  # the other collection's still answer
+    finally:
+        state.summaries().publish(report)  # the module's other tests read it
+    assert len(ask(project, "overview")) == 4
