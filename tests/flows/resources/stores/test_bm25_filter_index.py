@@ -43,7 +43,7 @@ WHERE = st.recursive(LEAF, lambda inner: st.one_of(
 META = st.lists(st.dictionaries(FIELD, STORED, max_size=5), max_size=25)
 
 
-@settings(max_examples=600, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(meta=META, where=WHERE)
 def test_index_answers_as_matches_does(meta, where):
     expected = [matches(m, where) for m in meta]
