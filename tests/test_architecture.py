@@ -153,3 +153,30 @@ def test_every_imported_third_party_package_is_declared():
     undeclared = {name: sorted(files) for name, files in _third_party_imports().items()
                   if not {canonicalize_name(d) for d in distributions.get(name, [name])} & declared}
     assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+
+
+def imported_test_modules(path: Path) -> list[str]:
+    """The test modules (``tests...test_*``) a file imports, at any depth of its code (not in strings:
+    a subprocess script that imports its own module is not an import of this file)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        found += [name for name in names if name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """What several test modules share lives in tests/helpers/ (or a conftest): a test module that
+    imports another runs that module's import-time code and ties two files' contents together."""
+    tests = REPO / "tests"
+    offenders = {str(path.relative_to(REPO)): found for path in sorted(tests.rglob("*.py"))
+                 if (found := imported_test_modules(path))}
+    assert offenders == {}
+
+
+def test_an_import_of_a_test_module_is_found(tmp_path):
+    planted = tmp_path / "test_planted.py"
+    planted.write_text("def f():\n    from tests.flows.run.test_engine import x\n\nimport tests.tasks.test_llm_stages\n"
+                       "SCRIPT = 'from tests.flows.test_x import y'\n")
+    assert sorted(imported_test_modules(planted)) == ["tests.flows.run.test_engine", "tests.tasks.test_llm_stages"]

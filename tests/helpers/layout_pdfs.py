@@ -69,3 +69,14 @@ def two_column_report() -> bytes:
     pdf.add_page()
     pdf.multi_cell(0, 6, "A second page of one column, so the running header and footer repeat.")
     return bytes(pdf.output())
+
+
+def real_pdf(pages: list[str]) -> bytes:
+    """A multi-page PDF written by fpdf2, text wrapped over many lines like a real report."""
+    pdf = FPDF()
+    pdf.set_font("Helvetica", size=11)
+    for text in pages:
+        pdf.add_page()
+        if text:
+            pdf.multi_cell(0, 6, text)
+    return bytes(pdf.output())

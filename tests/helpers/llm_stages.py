@@ -9,6 +9,7 @@ from ragline.flows.spec.compile import load_project
 from ragline.flows.contracts import Passage, Query
 from ragline.flows.spec.registry import stage
 from tests.helpers.data import REPO
+from tests.scripted_llm import ScriptedLLM
 
 REPO_PROMPTS = REPO / "prompts"
 
@@ -47,3 +48,17 @@ def chat_prompts(server) -> list[str]:
 
 def run(pipeline, text="What is the capital of France?", **query):
     return engine.run(pipeline, {"query": {"text": text, **query}}, orchestrate=False)
+
+
+def rewrite_with(reply: str, mode: str, query: Query, **params):
+    """Run the rewrite stage alone against a scripted reply; returns (rewritten, prompts sent)."""
+    from ragline.flows.context import StepContext
+    from ragline.flows.spec.prompts import PromptLibrary
+    from ragline.flows.resources.models.llm import LLMClient, LLMSpec
+    from ragline.tasks.rewrite.rewrite import Params, rewrite
+
+    with ScriptedLLM(lambda p: reply) as server:
+        ctx = StepContext(pipeline="t", step_id="rw", prompt_name=f"rewrite_{mode}",
+                          render_prompt=PromptLibrary(REPO_PROMPTS).render)
+        llm = LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, max_retries=0))
+        return rewrite.fn(query=query, params=Params(mode=mode, **params), ctx=ctx, llm=llm), chat_prompts(server)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers import pipelines
 from tests.helpers.data import REPO, scifact_records, write_jsonl
 from tests.helpers.net import free_port
 
@@ -22,42 +23,12 @@ TOKEN = "serve-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
-PIPELINES = """
-resources:
-  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
-  store:    {type: chroma, path: idx/chroma, collection: main}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
-  notes_store:  {type: chroma, path: idx/notes_chroma, collection: notes}
-  notes_sparse: {type: bm25, path: idx/notes_bm25}
-  notes_state:  {type: index_state, path: idx/notes_state.sqlite}
-
-pipelines:
-  index:
-    kind: ingestion
-    schedule: {interval_seconds: 30}
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed, uses: [embedder]}
-      - {id: write,   task: index, uses: {store: store, sparse: sparse, state: state}}
-  notes:
-    kind: ingestion
-    schedule: {cron: "0 3 * * *", timezone: Europe/Berlin}
-    steps:
-      - {id: load,    task: load, with: {paths: [notes]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed, uses: [embedder]}
-      - {id: write,   task: index, uses: {store: notes_store, sparse: notes_sparse, state: notes_state}}
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, uses: {store: store, embedder: embedder}, with: {k: 10}}
-      - {id: sparse, task: retrieve_sparse, uses: {sparse: sparse, state: state}, with: {k: 10}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 5}}
-"""
+PIPELINES = ("resources:\n" + pipelines.EMBEDDER + pipelines.index_resources()
+             + pipelines.index_resources("notes_", "notes") + "\npipelines:\n"
+             + pipelines.ingestion("index", "[docs]", head="    schedule: {interval_seconds: 30}\n")
+             + pipelines.ingestion("notes", "[notes]", "notes_",
+                                   head='    schedule: {cron: "0 3 * * *", timezone: Europe/Berlin}\n')
+             + pipelines.served_search(k=10, top_k=5))
 
 
 def served_project(root: Path) -> Path:

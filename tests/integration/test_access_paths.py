@@ -22,6 +22,7 @@ from tests.helpers.access_site import bearer, citing_llm, index_site, site_yaml,
 from tests.helpers.api_harness import running
 from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS, ask
 from tests.helpers.harness import run_child
+from tests.helpers import pipelines
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration
@@ -39,21 +40,7 @@ PIPELINES = site_yaml('[{prefix: "hr/", groups: HR_GROUPS}, {prefix: "eng/", gro
     steps:
       - {id: sparse, task: retrieve_sparse, with: {k: 20}}
       - {id: fuse,   task: fuse, with: {top_k: 20}}
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 20}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
-  ask:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 10}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 4}}
-      - {id: insert, task: insert, with: {max_tokens: 1500}}
-      - {id: answer, task: generate}
-""")
+""" + pipelines.search() + pipelines.ask())
 QUESTION = "okapi narwhal otter salary review build"  # every folder's word: unrestricted, it finds all three
 
 

@@ -22,7 +22,7 @@ from ragline.flows.sources.local import RACY_SECONDS
 from ragline.flows.spec.compile import load_project
 from ragline.tasks.ingest import load as load_module
 from tests.helpers.harness import run_child, run_index, snapshot
-from tests.integration.test_streaming_ingest import HASH_EMBED, _age, _corpus, _text
+from tests.helpers.notes_corpus import HASH_EMBED, age, note_text, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def patient_liveness(monkeypatch):
 def project(tmp_path, make_project):
     (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
     path = make_project(HASH_EMBED)
-    _corpus(path.parent / "docs", N)
+    write_corpus(path.parent / "docs", N)
     return path
 
 
@@ -112,7 +112,7 @@ def test_runs_list_what_changed_from_the_journal(project, watcher, stats):
     assert (quiet.added, quiet.updated, quiet.deleted, quiet.unchanged) == (0, 0, 0, N + 5)
     assert stats == []  # nothing changed: no file looked at
 
-    (docs / "000" / "note00003.md").write_text(_text(3) + "An added closing line.\n")
+    (docs / "000" / "note00003.md").write_text(note_text(3) + "An added closing line.\n")
     (docs / "000" / "note00004.md").unlink()
     (docs / "new").mkdir()
     (docs / "new" / "fresh.md").write_text("# Fresh\n\nA note written after the full listing.\n")
@@ -140,7 +140,7 @@ def test_a_stopped_or_restarted_watcher_means_a_full_listing(project, watcher, s
     assert run(project, stats).unchanged == N + 5 and stats == []
     watcher.stop()  # nothing records changes now: the journal says so
     assert journal.watch().error == "stopped"
-    (project.parent / "docs" / "000" / "note00001.md").write_text(_text(1) + "Changed unwatched.\n")
+    (project.parent / "docs" / "000" / "note00001.md").write_text(note_text(1) + "Changed unwatched.\n")
     unwatched = run(project, stats)
     assert unwatched.updated == 1 and len(stats) == N + 1
     again = FolderWatcher(str(project.parent / "docs"), [journal]).start()  # a new epoch
@@ -165,7 +165,7 @@ def test_a_run_killed_under_the_journal_loses_nothing(project, watcher, stats, f
     docs = project.parent / "docs"
     journal = journal_of(project)
     run(project, stats)  # the full listing that vouches for the journal
-    (docs / "000" / "note00002.md").write_text(_text(2) + "Edited before a crash.\n")
+    (docs / "000" / "note00002.md").write_text(note_text(2) + "Edited before a crash.\n")
     (docs / "000" / "note00005.md").unlink()
     (docs / "000" / "added.md").write_text("# Added\n\nA note added before a crash.\n")
     wait_for(journal, "note00002.md", "note00005.md", "added.md")
@@ -210,7 +210,7 @@ def test_last_runs_failures_are_read_again_from_the_journal(project, watcher, st
     (docs / "bad.md").write_bytes(b"# Bad\n\n\xff\xfe not UTF-8\n")
     (docs / "lines.jsonl").write_text('{"_id": "ok", "text": "A fine record."}\n{not json\n')
     for path in ("bad.md", "lines.jsonl"):
-        _age(docs / path)
+        age(docs / path)
     first = run(project, stats)
     assert first.failed == 2 and first.added == N + 5 + 1
     time.sleep(RACY_SECONDS)

@@ -11,14 +11,13 @@ import pytest
 
 from ragline.flows.resources import clear_cache
 from ragline.flows.spec.compile import load_project
+from tests.helpers.crash import FAILPOINTS
 from tests.helpers.data import index_and_search_yaml
-from tests.helpers.postgres import new_schema
 from tests.helpers.harness import default_corpus, kill_at_random, run_child, run_index, snapshot, write_corpus
+from tests.helpers.postgres import new_schema
 
 pytestmark = pytest.mark.integration
 
-FAILPOINTS = ["load.after_mark", "index.after_forget:2", "index.after_delete:2", "index.after_upsert:2", "index.after_record:2",
-              "finalize.after_forget", "finalize.after_delete", "bm25.before_pointer", "finalize.after_publish"]
 
 
 def change_corpus(docs, records):
@@ -125,20 +124,20 @@ def test_a_record_added_to_a_file_is_indexed_after_a_kill_before_its_batch(tmp_p
     file: the unchanged records' new signal is recorded only at finalize (``hold_signals``), never
     at plan, where it would make every recorded source of the file vouch for bytes whose new
     record was never indexed (the file would be skipped until it changed again)."""
-    from tests.integration.test_streaming_ingest import HASH_EMBED, _age, _text
+    from tests.helpers.notes_corpus import HASH_EMBED, age, note_text
 
     (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
     project = tmp_path / "pipelines.yaml"
     project.write_text(HASH_EMBED)
     corpus = tmp_path / "docs" / "records.jsonl"
     corpus.parent.mkdir()
-    rows = [{"_id": f"r{i}", "text": _text(i)} for i in range(3)]
+    rows = [{"_id": f"r{i}", "text": note_text(i)} for i in range(3)]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    _age(corpus, 3600)
+    age(corpus, 3600)
     assert run_child(project).returncode == 0
     rows.append({"_id": "added", "text": "A record added later, about okapis."})
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    _age(corpus, 1800)
+    age(corpus, 1800)
     crashed = run_child(project, failpoints="index.after_forget")  # the added record's batch
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     recovered = run_child(project)

@@ -19,7 +19,7 @@ import pytest
 
 from ragline.flows.serve.auth.keys import KeyStore, keys_file
 from tests.helpers.net import free_port
-from tests.integration.api.test_documents import PIPELINES
+from tests.helpers.uploads import PIPELINES
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.api.test_documents import DOCX, MD, PDF, PIPELINES
+from tests.helpers.uploads import DOCX, MD, PDF, PIPELINES
 from tests.integration.serving import AUTH, serving
 
 pytestmark = pytest.mark.integration

@@ -7,23 +7,14 @@ import json
 import pytest
 
 from ragline.flows.cli import main
+from tests.helpers import pipelines
 from tests.helpers.data import BASE_RESOURCES, write_jsonl
 
 pytestmark = pytest.mark.integration  # indexes with the real embedder, Chroma and BM25
 
 RELEVANT, OTHERS = 120, 20  # documents about giraffes (all judged relevant to q1), and unrelated ones
 
-PROJECT = BASE_RESOURCES + """
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 16, overlap: 0}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
-  search_bm25:
+PROJECT = BASE_RESOURCES + "pipelines:\n" + pipelines.index(chunk_size=16, overlap=0) + """  search_bm25:
     kind: query
     steps:
       - {id: sparse, task: retrieve_sparse, with: {k: 100}}

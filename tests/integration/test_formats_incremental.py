@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tests.flows.formats.test_formats import docx_bytes, eml_bytes
 from tests.helpers.harness import run_index, snapshot
-from tests.tasks.ingest.test_pdf_pages import real_pdf
+from tests.helpers.layout_pdfs import real_pdf
+from tests.helpers.office_files import docx_bytes, eml_bytes
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ import pytest
 from ragline.flows.resources import clear_cache
 from tests.helpers.harness import run_index
 from tests.helpers.memory import in_a_fresh_process, interned_names
-from tests.integration.test_streaming_ingest import HASH_EMBED, _corpus
+from tests.helpers.notes_corpus import HASH_EMBED, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def scale_peaks(root: str) -> dict[str, list[int]]:
         base.mkdir()
         (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
         (base / "pipelines.yaml").write_text(yaml)
-        _corpus(base / "docs", size, 160)
+        write_corpus(base / "docs", size, 160)
         again = shutil.copytree(base, Path(root) / f"{size}-again")  # the same full ingest, measured twice
         names += interned_names(base) + interned_names(again)  # held: the interned strings' table not reallocated in a run
         full, report = peak(base / "pipelines.yaml")

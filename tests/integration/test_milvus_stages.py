@@ -44,7 +44,7 @@ from ragline.tasks.jobs.tune_retrieval import Corpus  # noqa: E402
 from tests.helpers.data import scifact_records, write_jsonl  # noqa: E402
 from tests.helpers.llm_stages import REPO_PROMPTS  # noqa: E402
 from tests.scripted_llm import ScriptedLLM  # noqa: E402
-from tests.tasks.jobs.test_tune_retrieval import TUNE_YAML, judged  # noqa: E402
+from tests.helpers.tuning import TUNE_YAML, judged  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

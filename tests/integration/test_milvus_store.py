@@ -27,9 +27,9 @@ from ragline.flows.resources.stores.milvus import (ACCESS_COLUMN, PHASE_READ_SEC
                                             expression)
 from ragline.flows.run import engine  # noqa: E402
 from ragline.flows.spec.compile import load_project  # noqa: E402
+from tests.helpers.crash import FAILPOINTS as CRASH_FAILPOINTS  # noqa: E402
 from tests.helpers.data import milvus_yaml  # noqa: E402
 from tests.helpers.harness import default_corpus, kill_at_random, run_child, run_index, write_corpus  # noqa: E402
-from tests.integration.test_crash_safety import FAILPOINTS as CRASH_FAILPOINTS  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

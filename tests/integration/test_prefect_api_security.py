@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import pipelines
 from tests.helpers.data import REPO
 from tests.helpers.net import free_port
 from tests.integration.serving import FINAL
@@ -33,34 +34,11 @@ TOKEN = "prefect-security-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PRIVATE = "OKAPI-HR-4412"
 
-PIPELINES = """
-resources:
-  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
-  store:    {type: chroma, path: idx/chroma, collection: main}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
-
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [docs, {path: hr, access: [{prefix: "", groups: [hr]}]}]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed, uses: [embedder]}
-      - {id: write,   task: index, uses: {store: store, sparse: sparse, state: state}}
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, uses: {store: store, embedder: embedder}, with: {k: 5}}
-      - {id: sparse, task: retrieve_sparse, uses: {sparse: sparse, state: state}, with: {k: 5}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 3}}
-  tune:
-    kind: job
-    steps:
-      - {id: pairs, task: pseudo_queries, uses: {state: state}}
-      - {id: tune,  task: tune_retrieval}
-"""
+PIPELINES = ("resources:\n" + pipelines.EMBEDDER + pipelines.index_resources() + "\npipelines:\n"
+             + pipelines.ingestion("index", '[docs, {path: hr, access: [{prefix: "", groups: [hr]}]}]')
+             + pipelines.served_search(k=5, top_k=3) + pipelines.pipeline(
+                 "tune", "id: pairs, task: pseudo_queries, uses: {state: state}", "id: tune,  task: tune_retrieval",
+                 kind="job"))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Conditional steps as Prefect task runs (issue 21, routing): a step its `when` leaves out ends in a
 Completed state named "Skipped" carrying the reason, its consumers get what they get in this process
-(tests/flows/run/test_conditions.py), and the answer lists the skipped steps."""
+(tests/flows/run/test_conditions.py; the stages: tests/helpers/routing_stages.py), and the answer lists the skipped steps."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,7 @@ import pytest
 
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
-from tests.flows.run.test_conditions import CALLED, RETRIEVAL_BRANCH, ROUTED
+from tests.helpers.routing_stages import CALLED, RETRIEVAL_BRANCH, ROUTED
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("milvus_lite")
 
 from tests.integration.serving import _create_flow_run, _deployment, _wait_flow_run, serving  # noqa: E402
-from tests.integration.test_served_index import (AXOLOTL, OKAPI, PIPELINES as CHROMA_PIPELINES,  # noqa: E402
+from tests.integration.served_index import (AXOLOTL, OKAPI, PIPELINES as CHROMA_PIPELINES,  # noqa: E402
                                                   documents, ingest, query, sources, the, write_project)
 
 pytestmark = pytest.mark.integration

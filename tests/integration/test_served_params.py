@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import pipelines
 from tests.helpers.data import REPO
 from tests.integration.serving import (
     AUTH,
@@ -33,42 +34,12 @@ pytestmark = pytest.mark.integration
 SECRET = "CAPYBARA-SECRET-7731"
 PRIVATE = "OKAPI-HR-4412"  # in private/, readable by the hr group only
 
-PIPELINES = """
-resources:
-  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
-  store:    {type: chroma, path: idx/chroma, collection: main}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
-  bulk_store:  {type: chroma, path: idx/bulk_chroma, collection: bulk}
-  bulk_sparse: {type: bm25, path: idx/bulk_bm25}
-  bulk_state:  {type: index_state, path: idx/bulk_state.sqlite}
-
-pipelines:
-  index:
-    kind: ingestion
-    schedule: {cron: "0 3 * * *", timezone: Europe/Berlin}
-    steps:
-      - {id: load,    task: load, with: {paths: [docs, {path: private, access: [{prefix: "", groups: [hr]}]}]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed, uses: [embedder]}
-      - {id: write,   task: index, uses: {store: store, sparse: sparse, state: state}}
-  bulk:
-    kind: ingestion
-    batch_size: 2
-    steps:
-      - {id: load,    task: load, with: {paths: [bulk]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed, uses: [embedder]}
-      - {id: write,   task: index, uses: {store: bulk_store, sparse: bulk_sparse, state: bulk_state}}
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, uses: {store: store, embedder: embedder}, with: {k: 10}}
-      - {id: sparse, task: retrieve_sparse, uses: {sparse: sparse, state: state}, with: {k: 10}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 5}}
-"""
+PIPELINES = ("resources:\n" + pipelines.EMBEDDER + pipelines.index_resources()
+             + pipelines.index_resources("bulk_", "bulk") + "\npipelines:\n"
+             + pipelines.ingestion("index", '[docs, {path: private, access: [{prefix: "", groups: [hr]}]}]',
+                                   head='    schedule: {cron: "0 3 * * *", timezone: Europe/Berlin}\n')
+             + pipelines.ingestion("bulk", "[bulk]", "bulk_", head="    batch_size: 2\n")
+             + pipelines.served_search(k=10, top_k=5))
 
 TOPICS = ["Zebrafish regenerate their fins and heart.", "Axolotls regrow whole limbs.",
           "Planarians rebuild a body from a fragment.", "Starfish regrow lost arms.",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -17,50 +16,12 @@ import pytest
 
 from ragline.flows.resources import clear_cache
 from ragline.tasks.ingest.load import files as load_files
-from tests.helpers.data import BASE_RESOURCES
 from tests.helpers.harness import run_index
 from tests.helpers.memory import in_a_fresh_process, interned_names
+from tests.helpers.notes_corpus import HASH_EMBED, age, note_text, write_corpus
 
 pytestmark = pytest.mark.integration
 
-HASH_EMBED = BASE_RESOURCES + """
-pipelines:
-  index:
-    kind: ingestion
-    batch_size: 16
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 64, overlap: 8}}
-      - {id: embed,   task: tests.helpers.hash_embed.hash_embed, with: {dimension: 8}}
-      - {id: write,   task: index, with: {gate_floor_pairs: 0}}
-"""
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
-
-
-def _text(i: int, words: int = 60) -> str:
-    """A note of ``words`` words, each suffixed with ``i`` at a fixed width: every note of a corpus is
-    the same length (with ``str(i)`` a note's words grew with its number, so the 4N corpus's batches
-    held more text than the N corpus's: 7.5 chunks a document at 40 documents, 9.7 at 640)."""
-    return f"# Note {i}\n\n" + " ".join(f"{WORDS[(i * 7 + k) % len(WORDS)]}{i:05d}" for k in range(words)) + ".\n"
-
-
-def _age(path, seconds: float = 3600) -> None:
-    """Set a file's mtime in the past: a file written this instant has no trusted signal (racy)."""
-    then = time.time() - seconds
-    os.utime(path, (then, then))
-
-
-def _corpus(folder, n: int, words: int = 60) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        path = folder / f"{i // 100:03d}" / f"note{i:05d}.md"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(_text(i, words))
-        _age(path)
-    records = "".join(json.dumps({"_id": f"r{i}", "title": f"R{i}", "text": _text(1000 + i)}) + "\n" for i in range(5))
-    (folder / "records.jsonl").write_text(records)
-    _age(folder / "records.jsonl")
 
 
 @pytest.fixture
@@ -84,7 +45,7 @@ def opened(monkeypatch):
 
 
 def test_unchanged_items_are_never_opened(tmp_path, project, opened):
-    _corpus(tmp_path / "docs", 12)
+    write_corpus(tmp_path / "docs", 12)
     first = run_index(project)
     assert (first.added, first.failed) == (17, 0)
     opened.clear()
@@ -92,9 +53,9 @@ def test_unchanged_items_are_never_opened(tmp_path, project, opened):
     assert opened == [] and (again.unchanged, again.added, again.updated, again.chunks_written) == (17, 0, 0, 0)
 
     changed, touched = tmp_path / "docs/000/note00003.md", tmp_path / "docs/000/note00004.md"
-    changed.write_text(_text(3) + "A new closing line.\n")
-    _age(changed, 1800)
-    _age(touched, 1800)  # a new signal, the same bytes: read and hashed, not re-embedded
+    changed.write_text(note_text(3) + "A new closing line.\n")
+    age(changed, 1800)
+    age(touched, 1800)  # a new signal, the same bytes: read and hashed, not re-embedded
     third = run_index(project)
     assert (third.updated, third.unchanged, third.added, third.deleted) == (1, 16, 0, 0)
     assert Counter(opened) == {"note00003.md": 2, "note00004.md": 1}  # listed, then the changed one in its batch
@@ -106,12 +67,12 @@ def test_unchanged_items_are_never_opened(tmp_path, project, opened):
 
 
 def test_a_changed_jsonl_file_is_read_unchanged_records_kept(tmp_path, project, opened):
-    _corpus(tmp_path / "docs", 3)
+    write_corpus(tmp_path / "docs", 3)
     run_index(project)
     lines = (tmp_path / "docs/records.jsonl").read_text().splitlines()
     lines[1] = json.dumps({"_id": "r1", "title": "R1", "text": "A record about zebras and their stripes."})
     (tmp_path / "docs/records.jsonl").write_text("\n".join(lines[:4]) + "\n")  # r1 changed, r4 gone
-    _age(tmp_path / "docs/records.jsonl", 1800)
+    age(tmp_path / "docs/records.jsonl", 1800)
     opened.clear()
     report = run_index(project)
     assert (report.updated, report.deleted, report.unchanged, report.added) == (1, 1, 6, 0)
@@ -192,7 +153,7 @@ def streaming_peaks(root: str) -> dict[str, list[int]]:
         base.mkdir()
         (base / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
         (base / "pipelines.yaml").write_text(HASH_EMBED)
-        _corpus(base / "docs", size, 160)
+        write_corpus(base / "docs", size, 160)
         names += interned_names(base)  # held: no reallocation of the interned strings' table in a run
         peaks[str(size)] = [_peak(base / "pipelines.yaml"), _peak(base / "pipelines.yaml")]
     return peaks
@@ -210,7 +171,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     small, large = peaks[str(4 * N)], peaks[str(24 * N)]
     per_doc = [(large[i] - small[i]) / (20 * N) for i in (0, 1)]
     print(f"peaks (full, unchanged): 4N {small}, 24N {large}; per extra document {per_doc}, "
-          f"its text {len(_text(0, 160))} bytes")
+          f"its text {len(note_text(0, 160))} bytes")
     # measured 2026-11-25: 0.005 KB (full) and 0.13 KB (unchanged) per document; a Document kept per
     # batch by the engine: 3 KB; the transformers tokenizer's load peak masked 5.3 KB here before.
     # 2026-12-04: 0.12 KB and 0.0 KB with the state's pages as small as the batches (at their 1,000 the
@@ -232,14 +193,14 @@ def test_a_records_own_version_decides_whether_it_is_indexed_again(tmp_path, mak
     (tmp_path / "pyproject.toml").write_text('[tool.ragline]\nallow_modules = ["tests.helpers.hash_embed"]\n')
     project = make_project(HASH_EMBED.replace("with: {paths: [docs]}",
                                               "with: {paths: [docs], jsonl_version_field: updated_at}"))
-    rows = [{"_id": f"r{i}", "title": f"R{i}", "text": _text(1000 + i), "updated_at": f"2024-01-0{i + 1}"}
-            for i in range(4)] + [{"_id": "plain", "text": _text(2000)}]
+    rows = [{"_id": f"r{i}", "title": f"R{i}", "text": note_text(1000 + i), "updated_at": f"2024-01-0{i + 1}"}
+            for i in range(4)] + [{"_id": "plain", "text": note_text(2000)}]
     corpus = tmp_path / "docs" / "records.jsonl"
     corpus.parent.mkdir()
 
     def write(age: float) -> None:
         corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        _age(corpus, age)
+        age(corpus, age)
 
     write(3600)
     first = run_index(project)

@@ -10,7 +10,7 @@ import pytest
 
 from ragline.flows.contracts import Query
 from ragline.flows.run.engine import StepFailed
-from tests.helpers.llm_stages import ANSWER_STEPS, REPO_PROMPTS, chat_prompts, project_for, run
+from tests.helpers.llm_stages import ANSWER_STEPS, chat_prompts, project_for, rewrite_with, run
 from tests.scripted_llm import ScriptedLLM
 
 
@@ -76,20 +76,6 @@ def test_pointwise_rerank_uses_yes_probability(make_project):
     with ScriptedLLM(lambda p: "Yes" if "Paris" in p.split("Question:")[0] else "No") as llm:
         passages = run(project_for(make_project, llm.base_url, steps, ["Lyon is big.", "Paris is the capital."]))
     assert [p.text for p in passages] == ["Paris is the capital.", "Lyon is big."]
-
-
-def rewrite_with(reply: str, mode: str, query: Query, **params):
-    """Run the rewrite stage alone against a scripted reply; returns (rewritten, prompts sent)."""
-    from ragline.flows.context import StepContext
-    from ragline.flows.spec.prompts import PromptLibrary
-    from ragline.flows.resources.models.llm import LLMClient, LLMSpec
-    from ragline.tasks.rewrite.rewrite import Params, rewrite
-
-    with ScriptedLLM(lambda p: reply) as server:
-        ctx = StepContext(pipeline="t", step_id="rw", prompt_name=f"rewrite_{mode}",
-                          render_prompt=PromptLibrary(REPO_PROMPTS).render)
-        llm = LLMClient(LLMSpec(type="openai_compatible", base_url=server.base_url, max_retries=0))
-        return rewrite.fn(query=query, params=Params(mode=mode, **params), ctx=ctx, llm=llm), chat_prompts(server)
 
 
 def test_rewrite_separates_instruction_from_search(caplog):

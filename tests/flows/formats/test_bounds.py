@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ragline.flows import settings
-from tests.flows.formats.test_formats import RTF, docx_bytes, epub_bytes, odt_bytes, pptx_bytes, run, xlsx_bytes
+from tests.helpers.office_files import RTF, docx_bytes, epub_bytes, odt_bytes, pptx_bytes, run, xlsx_bytes
 
 PARAGRAPH = b"<w:p><w:r><w:t>Stations were sampled weekly.</w:t></w:r></w:p>"
 

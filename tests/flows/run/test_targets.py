@@ -11,7 +11,7 @@ from ragline.flows.errors import InputError
 from ragline.flows.run.targets import ingestion_for, ingestion_names, source_locations
 from ragline.flows.spec.compile import load_project
 from ragline.flows.spec.model import WrongPipelineKind
-from tests.flows.spec.test_collections import HANDBOOK, PAPERS, write
+from tests.helpers.collection_specs import HANDBOOK, PAPERS, write
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from ragline.flows.serve.auth.principals import Principal, may_query, query_collections
 from ragline.flows.serve.query_service import ApiError
 from ragline.flows.spec.compile import load_project
-from tests.flows.spec.test_collections import PIPELINES, RESOURCES
+from tests.helpers.collection_specs import PIPELINES, RESOURCES
 
 LLM = "  llm: {type: openai_compatible, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
 FLARE = """

@@ -19,7 +19,7 @@ from ragline.flows.serve import ingestion_runs as runs_module
 from ragline.flows.serve.ingestion_runs import RunStatus, _Runs, without_failure_details
 from ragline.flows.serve.routers.runs import _listed_pipelines, _listed_states
 from ragline.flows.spec.compile import load_project
-from tests.flows.spec.test_collections import PIPELINES, RESOURCES
+from tests.helpers.collection_specs import PIPELINES, RESOURCES
 
 
 def _failed_run(message: str | None = None) -> RunStatus:

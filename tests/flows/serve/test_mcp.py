@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -28,52 +27,20 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from ragline.flows.resources import clear_cache
-from ragline.flows.serve.auth.keys import KeyStore, keys_file
 from ragline.flows.serve.mcp import resource_uri, rpc_error
 from ragline.flows.serve.query_log import LOG_FOLDER, LOG_NAME, read_lines
 from ragline.flows.serve.query_service import ApiError
-from ragline.flows.serve.supervise.service import api_app
-from tests.helpers.api_harness import running
-from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
-from tests.helpers.data import REPO
+from tests.helpers import pipelines
+from tests.helpers.collections import handbook_and_papers, handbook_keys, served_with_query_log
 from tests.helpers.query_log import logged_entry
 from tests.scripted_llm import ScriptedLLM
 
-COLLECTIONS = "  handbook: {paths: [handbook]}\n  papers:   {paths: [papers], steps: {chunk: {size: 40}}}\n"
-QUERIES = """
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 20}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
-  ask_extractive:
-    kind: query
-    steps:
-      - {id: dense,    task: retrieve_dense,  with: {k: 20}}
-      - {id: sparse,   task: retrieve_sparse, with: {k: 20}, after: []}
-      - {id: fuse,     task: fuse, after: [dense, sparse], with: {top_k: 10}}
-      - {id: insert,   task: insert, with: {order: relevance, max_tokens: 1000, max_documents: 5, count: words}}
-      - {id: evidence, task: extract_answer}
-      - {id: check,    task: verify, with: {fact_check: false}}
-  ask:
-    kind: query
-    steps:
-      - {id: dense,    task: retrieve_dense,  with: {k: 10}}
-      - {id: sparse,   task: retrieve_sparse, with: {k: 10}, after: []}
-      - {id: fuse,     task: fuse, after: [dense, sparse], with: {top_k: 4}}
-      - {id: insert,   task: insert, with: {max_tokens: 1500}}
-      - {id: evidence, task: extract_answer}
-      - {id: answer,   task: generate, with: {max_tokens: 400}}
-"""
-FILES = {
-    "handbook/vacation.md": "# Vacation\n\nEmployees take 25 vacation days a year; the vacation policy allows "
-                            "carrying five days over.\n",
-    "handbook/security.md": "# Security\n\nLaptops lock after five minutes; badges open the office doors.\n",
-    "papers/results.md": "# Results\n\nThe experiment results show a 12 percent gain over the baseline in every "
-                         "trial.\n",
-    "papers/method.md": "# Method\n\nThe experiment used three cohorts and a held-out validation set.\n",
-}
+QUERIES = pipelines.search() + pipelines.pipeline(
+    "ask_extractive", *pipelines.hybrid(20, 10),
+    "id: insert,   task: insert, with: {order: relevance, max_tokens: 1000, max_documents: 5, count: words}",
+    "id: evidence, task: extract_answer", "id: check,    task: verify, with: {fact_check: false}") + pipelines.pipeline(
+    "ask", *pipelines.hybrid(10, 4), "id: insert,   task: insert, with: {max_tokens: 1500}",
+    "id: evidence, task: extract_answer", "id: answer,   task: generate, with: {max_tokens: 400}")
 SLOW_ANSWER = " ".join(["Employees take 25 vacation days [1]."] * 60)  # 360 words, 0.05 s apart: 18 s streamed
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -102,29 +69,19 @@ def llm():
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, llm) -> Path:
-    folder = tmp_path_factory.mktemp("mcp")
-    write_files(folder, FILES)
-    shutil.copytree(REPO / "prompts", folder / "prompts")
-    path = folder / "pipelines.yaml"
-    path.write_text(collections_yaml(COLLECTIONS, QUERIES, llm=scripted_llm(llm.base_url, timeout_seconds=60)))
-    index_collections(path, {"handbook": 2, "papers": 2})
-    yield path
+    yield handbook_and_papers(tmp_path_factory.mktemp("mcp"), QUERIES, llm.base_url, timeout_seconds=60)
     clear_cache()
 
 
 @pytest.fixture(scope="module")
 def keys(project) -> dict[str, str]:
-    store = KeyStore(keys_file(project.parent))
-    return {"all": store.create("all", ["query"], ["*"])[1],
-            "handbook": store.create("handbook-only", ["query"], ["handbook"])[1]}
+    return handbook_keys(project)
 
 
 @pytest.fixture(scope="module")
 def served(project, keys):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAGLINE_QUERY_LOG", "1")
-        with running(api_app(project)) as url:
-            yield url
+    with served_with_query_log(project) as url:
+        yield url
 
 
 @asynccontextmanager

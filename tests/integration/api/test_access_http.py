@@ -19,6 +19,7 @@ from ragline.flows.resources import clear_cache
 from ragline.flows.serve.auth.keys import KeyStore, keys_file
 from ragline.flows.serve.supervise.service import api_app
 from ragline.flows.spec.compile import load_project
+from tests.helpers import pipelines
 from tests.helpers.access_site import citing_llm, index_site, site_yaml, write_notes, write_pipelines
 from tests.helpers.api_harness import running
 from tests.helpers.query_log import logged_entry
@@ -31,22 +32,7 @@ GROUPS = ("hr", "eng", "legal")
 DOCS = {  # folder -> (groups that may read it, a word only its documents say)
     "hr": (["hr"], "okapi"), "eng": (["eng"], "narwhal"), "legal": (["legal", "hr"], "quokka"), "public": ([], "otter")}
 PIPELINES = site_yaml('[{prefix: "hr/", groups: [hr]}, {prefix: "eng/", groups: [eng]}, '
-                      '{prefix: "legal/", groups: [legal, hr]}]', """
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 40}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 40}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 40}}
-  ask:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 10}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 4}}
-      - {id: insert, task: insert, with: {max_tokens: 1500}}
-      - {id: answer, task: generate}
-""")
+                      '{prefix: "legal/", groups: [legal, hr]}]', pipelines.search(k=40, top_k=40) + pipelines.ask())
 WORDS = [word for _, word in DOCS.values()] + ["salary", "review", "contract", "build", "holiday"]
 
 

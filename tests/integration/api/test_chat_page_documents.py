@@ -12,7 +12,7 @@ from ragline.flows.serve.supervise.service import api_app
 
 from tests.helpers.api_harness import running
 from tests.helpers.chromium import CHROMIUM, CHROMIUM_FLAGS
-from tests.integration.api.test_documents import PIPELINES, TOKEN, ingest
+from tests.helpers.uploads import PIPELINES, TOKEN, ingest
 
 pytestmark = pytest.mark.integration
 

@@ -14,78 +14,36 @@ import pytest
 
 from ragline.flows.resources import clear_cache
 from ragline.flows.serve.auth.keys import KeyStore, keys_file
-from ragline.flows.serve.supervise.service import api_app
-from tests.helpers.api_harness import Script, running
-from tests.helpers.collections import collections_yaml, index_collections, scripted_llm, write_files
-from tests.helpers.data import REPO
+from tests.helpers.api_harness import Script
+from tests.helpers import pipelines
+from tests.helpers.collections import handbook_and_papers, handbook_keys, served_with_query_log
 from tests.helpers.query_log import logged_entry
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.integration
 
-COLLECTIONS = "  handbook: {paths: [handbook]}\n  papers:   {paths: [papers], steps: {chunk: {size: 40}}}\n"
-QUERIES = """
-  search:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 20}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 20}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 20}}
-  flare:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 10}}
-      - {id: fuse,   task: fuse, with: {top_k: 4}}
-      - {id: insert, task: insert}
-      - {id: answer, task: generate_flare, with: {mode: instruct}}
-  ask:
-    kind: query
-    steps:
-      - {id: dense,  task: retrieve_dense, with: {k: 10}}
-      - {id: sparse, task: retrieve_sparse, with: {k: 10}, after: []}
-      - {id: fuse,   task: fuse, after: [dense, sparse], with: {top_k: 4}}
-      - {id: insert, task: insert, with: {max_tokens: 1500}}
-      - {id: answer, task: generate}
-"""
+QUERIES = pipelines.search() + pipelines.pipeline(
+    "flare", "id: dense,  task: retrieve_dense, with: {k: 10}", "id: fuse,   task: fuse, with: {top_k: 4}",
+    "id: insert, task: insert", "id: answer, task: generate_flare, with: {mode: instruct}") + pipelines.ask()
 QUESTION = "vacation policy and the experiment results"
-FILES = {
-    "handbook/vacation.md": "# Vacation\n\nEmployees take 25 vacation days a year; the vacation policy allows "
-                            "carrying five days over.\n",
-    "handbook/security.md": "# Security\n\nLaptops lock after five minutes; badges open the office doors.\n",
-    "papers/results.md": "# Results\n\nThe experiment results show a 12 percent gain over the baseline in every "
-                         "trial.\n",
-    "papers/method.md": "# Method\n\nThe experiment used three cohorts and a held-out validation set.\n",
-}
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("collections-http")
-    write_files(folder, FILES)
-    shutil.copytree(REPO / "prompts", folder / "prompts")
     script = Script()
     script.answer = "See [1]."
     with ScriptedLLM(script) as llm:
-        path = folder / "pipelines.yaml"
-        path.write_text(collections_yaml(COLLECTIONS, QUERIES, llm=scripted_llm(llm.base_url, timeout_seconds=10)))
-        index_collections(path, {"handbook": 2, "papers": 2})
-        yield path
+        yield handbook_and_papers(tmp_path_factory.mktemp("collections-http"), QUERIES, llm.base_url, timeout_seconds=10)
     clear_cache()
 
 
 @pytest.fixture(scope="module")
 def keys(project) -> dict[str, str]:
-    store = KeyStore(keys_file(project.parent))
-    return {"all": store.create("all", ["query"], ["*"])[1],
-            "handbook": store.create("handbook-only", ["query"], ["handbook"])[1]}
+    return handbook_keys(project)
 
 
 @pytest.fixture(scope="module")
 def served(project, keys):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAGLINE_QUERY_LOG", "1")
-        with running(api_app(project)) as url:
-            yield url
+    with served_with_query_log(project) as url:
+        yield url
 
 
 def query(served: str, key: str, **body) -> httpx.Response:

@@ -4,7 +4,6 @@ here are started in-process (what the triggered deployment run does); the end-to
 `ragline serve`, its Prefect deployments and the triggered runs is tests/integration/test_documents_serve.py."""
 from __future__ import annotations
 
-import io
 import socket
 import time
 from pathlib import Path
@@ -16,52 +15,12 @@ from ragline.flows.serve.supervise.service import api_app
 from ragline.flows.spec.compile import load_project
 
 from tests.helpers.api_harness import running
-from tests.helpers.documents import make_pdf
+from tests.helpers.uploads import DOCX, MAX_BYTES, MD, PDF, PIPELINES, TOKEN, ingest
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "doc-api-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-MAX_BYTES = 200_000
 
-PIPELINES = f"""
-resources:
-  embedder: {{type: sentence_transformer, model: all-MiniLM-L6-v2}}
-  store:    {{type: chroma, path: idx/chroma, collection: docs}}
-  sparse:   {{type: bm25, path: idx/bm25}}
-  state:    {{type: index_state, path: idx/state.sqlite}}
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {{id: load,    task: load, with: {{paths: [docs, {{type: uploads}}], max_bytes: {MAX_BYTES}}}}}
-      - {{id: convert, task: convert}}
-      - {{id: chunk,   task: chunk, with: {{size: 128, overlap: 8}}}}
-      - {{id: embed,   task: embed}}
-      - {{id: write,   task: index}}
-  search:
-    kind: query
-    steps:
-      - {{id: dense,  task: retrieve_dense, with: {{k: 10}}}}
-      - {{id: sparse, task: retrieve_sparse, with: {{k: 10}}, after: []}}
-      - {{id: fuse,   task: fuse, after: [dense, sparse], with: {{top_k: 5}}}}
-"""
-
-
-def docx_bytes(heading: str, text: str) -> bytes:
-    import docx
-
-    document = docx.Document()
-    document.add_heading(heading, level=1)
-    document.add_paragraph(text)
-    out = io.BytesIO()
-    document.save(out)
-    return out.getvalue()
-
-
-MD = b"# Axolotl husbandry\n\nAxolotls regenerate limbs when kept in cold, clean water.\n"
-PDF = make_pdf(["Quasar spectra show redshifted Lyman alpha forests.", "Second page about blazars."])
-DOCX = docx_bytes("Tardigrade survival", "Tardigrades survive desiccation by producing trehalose glass.")
 
 
 @pytest.fixture
@@ -100,10 +59,6 @@ def uploads_folder(project: Path) -> Path:
 
 def tree(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) if folder.exists() else []
-
-
-def ingest(project: Path):
-    return engine.run(load_project(project).pipeline("index"), orchestrate=False)
 
 
 def listing(url: str, **params) -> list[dict]:

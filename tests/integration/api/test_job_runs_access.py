@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from ragline.flows.serve.auth.keys import KeyStore, keys_file
-from tests.flows.spec.test_collections import PIPELINES, RESOURCES
 from tests.helpers.api_harness import TOKEN, running
+from tests.helpers.collection_specs import PIPELINES, RESOURCES
 
 SECRET = "HELIOTROPE layoff plan, salary 123456 euros"
 MEMBERS = ["docs/hr/salaries.md", "docs/hr/layoffs.md"]

@@ -10,7 +10,7 @@ from ragline.flows.contracts import Query
 from ragline.flows.resources import clear_cache
 from ragline.flows.spec.compile import load_project
 from ragline.tasks.generate.answerable import FLOOR_KEY, Floor, indexed_floor
-from tests.flows.spec.test_collections import PIPELINES, RESOURCES
+from tests.helpers.collection_specs import PIPELINES, RESOURCES
 
 
 def test_a_query_is_gated_by_the_floors_of_the_collections_it_searches(tmp_path):

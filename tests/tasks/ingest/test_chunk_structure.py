@@ -3,27 +3,16 @@ each chunk names its section path, and a Markdown table is never split mid-row."
 from __future__ import annotations
 
 import io
-import random
 
 import docx
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
-from ragline.tasks.ingest.chunk import Params, chunk
+from ragline.tasks.ingest.chunk import Params
 from ragline.tasks.ingest.convert import Params as ConvertParams, convert
 from ragline.tasks.ingest.load import Params as LoadParams, load
+from tests.helpers.chunking import prose, run
 
-WORDS = "protein membrane receptor pathway signal tumour cohort treatment antibody vaccine".split()
-
-
-def prose(marker: str, n: int, seed: int = 0, words: list[str] = WORDS) -> str:
-    rng = random.Random(seed)
-    return " ".join(f"{marker} {' '.join(rng.choice(words) for _ in range(rng.randint(5, 10)))}." for _ in range(n))
-
-
-def run(document: Document, embedder, **params):
-    return chunk.fn(documents=[document], params=Params(**params), ctx=StepContext(pipeline="t", step_id="c"),
-                    embedder=embedder)
 
 
 def test_a_large_section_starts_its_own_chunk_and_each_chunk_names_its_section(minilm):

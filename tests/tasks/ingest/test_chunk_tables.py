@@ -14,8 +14,8 @@ from ragline.flows.context import StepContext
 from ragline.flows.contracts import Document
 from ragline.tasks.ingest.convert import Params as ConvertParams, convert
 from ragline.tasks.ingest.load import Params as LoadParams, load
+from tests.helpers.chunking import prose as structure_prose, run
 from tests.helpers.layout_pdfs import CAPTION, COLUMNS, FOOTER, HEADER, ROWS, table_report, two_column_report
-from tests.tasks.ingest.test_chunk_structure import prose as structure_prose, run
 
 HEAD = "| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|"
 WORDS = "depot parcel route van driver schedule warehouse freight".split()

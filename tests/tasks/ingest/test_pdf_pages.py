@@ -5,7 +5,6 @@ import io
 import random
 import re
 
-from fpdf import FPDF
 from pypdf import PdfReader
 
 from ragline.flows.context import StepContext
@@ -13,6 +12,7 @@ from ragline.flows.contracts import Document, Passage, Source
 from ragline.tasks.ingest.chunk import Params as ChunkParams, chunk
 from ragline.tasks.ingest.convert import Params as ConvertParams, convert
 from ragline.tasks.ingest.load import Params as LoadParams, load
+from tests.helpers.layout_pdfs import real_pdf
 
 WORDS = "protein membrane receptor pathway signal tumour cohort treatment antibody vaccine".split()
 
@@ -21,17 +21,6 @@ def page_text(page: int, sentences: int, rng: random.Random) -> str:
     """Sentences that each carry their page's marker (p7x), so a chunk's page can be checked word by word."""
     return " ".join(f"P{page}x {' '.join(rng.choice(WORDS) for _ in range(rng.randint(5, 12)))}."
                     for _ in range(sentences))
-
-
-def real_pdf(pages: list[str]) -> bytes:
-    """A multi-page PDF written by fpdf2, text wrapped over many lines like a real report."""
-    pdf = FPDF()
-    pdf.set_font("Helvetica", size=11)
-    for text in pages:
-        pdf.add_page()
-        if text:
-            pdf.multi_cell(0, 6, text)
-    return bytes(pdf.output())
 
 
 def chunks_of(path, minilm, **params):

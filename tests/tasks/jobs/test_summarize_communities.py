@@ -15,41 +15,15 @@ from ragline.flows.resources.stores import summaries
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project
 from ragline.tasks.retrieve.summaries import SummariesMissing, _may_read
-from tests.helpers.data import REPO
+from tests.helpers import pipelines
+from tests.helpers.communities import TOPICS, Counting, is_summarise, summary_reply
+from tests.helpers.data import BASE_RESOURCES, REPO
 from tests.scripted_llm import ScriptedLLM
 
-TOPICS = {
-    "astronomy": ["The telescope observed a distant galaxy and its spiral arms of stars.",
-                  "Astronomers measured the orbit of the planet around its star using the telescope.",
-                  "A supernova explosion in the galaxy was seen by the space telescope last night.",
-                  "The moon and the planets of the solar system orbit under gravity; astronomers chart them."],
-    "cooking": ["Knead the bread dough with flour, yeast and water, then bake it in the oven.",
-                "The recipe for tomato soup: simmer tomatoes, onion and garlic, season with salt.",
-                "Whisk eggs and sugar for the cake batter, then bake the cake in a hot oven.",
-                "Fry the onions in butter, add the rice and stock for a creamy risotto recipe."],
-    "football": ["The striker scored a goal in the final minute and the team won the match.",
-                 "The football club signed a new goalkeeper before the league season started.",
-                 "The referee showed a red card and the match ended in a draw with no goals.",
-                 "Fans cheered as the team lifted the league trophy after the football final."],
-}
 
-YAML = """
-resources:
-  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
-  store:    {type: chroma, path: idx/chroma, collection: test}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
-  llm:      {type: openai_compatible, base_url: "URL", max_retries: 0, timeout_seconds: 10}
+YAML = BASE_RESOURCES + """  llm:      {type: openai_compatible, base_url: "URL", max_retries: 0, timeout_seconds: 10}
 pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index, with: {delete_missing: true}}
-  summarize:
+""" + pipelines.index(write="delete_missing: true") + """  summarize:
     kind: job
     steps:
       - {id: summarize, task: summarize_communities, with: {communities: 3, top_communities: 1, member_chunks: 4,
@@ -81,25 +55,6 @@ pipelines:
                                                                                 score_notes: true}, when: *global}
       - {id: out,       task: verify, after: [answer, overview], when: *retrieve}
 """
-
-
-def is_summarise(prompt: str) -> bool:
-    return prompt.rstrip().endswith("Summary:")
-
-
-def summary_reply(prompt: str) -> str:
-    """A summary naming the topics of the fenced documents it read (deterministic, so tests can check it)."""
-    found = [t for t, texts in TOPICS.items() if any(w in prompt for w in (texts[0][:20], texts[1][:20],
-                                                                         texts[2][:20], texts[3][:20]))]
-    if "summarises part of a collection" in prompt:  # a merge: the topics named by the parts
-        found = sorted(set(re.findall(r"topic (astronomy|cooking|football)", prompt)))
-    return "These documents are about " + ", ".join(f"topic {t}" for t in sorted(found)) + "."
-
-
-class Counting(ScriptedLLM):
-    def summaries(self) -> list[str]:
-        return [r["messages"][-1]["content"] for r in self.requests
-                if "messages" in r and is_summarise(r["messages"][-1]["content"])]
 
 
 def _loader(root: Path, llm: ScriptedLLM):

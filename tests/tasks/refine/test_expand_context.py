@@ -12,19 +12,10 @@ from ragline.flows.resources.stores.state import IndexState, StateSpec
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.tasks.refine.expand_context import Params, expand_context, stitch, token_counts
+from tests.helpers import pipelines
 from tests.helpers.data import BASE_RESOURCES, scifact_records, write_jsonl
 
-PIPELINES = BASE_RESOURCES + """
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 40, overlap: 8}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index}
-  search_context:
+PIPELINES = BASE_RESOURCES + "pipelines:\n" + pipelines.index(chunk_size=40) + """  search_context:
     kind: query
     steps:
       - {id: dense,   task: retrieve_dense,  with: {k: 20}}

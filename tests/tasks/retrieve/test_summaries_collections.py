@@ -18,28 +18,13 @@ from ragline.flows.run import engine
 from ragline.flows.serve.auth.principals import Principal, query_collections
 from ragline.flows.spec.compile import load_project
 from ragline.tasks.retrieve.summaries import SummariesMissing, SummariesStale
-from tests.helpers.data import REPO
-from tests.tasks.jobs.test_summarize_communities import TOPICS, Counting, is_summarise, summary_reply
+from tests.helpers import pipelines
+from tests.helpers.communities import TOPICS, Counting, is_summarise, summary_reply
+from tests.helpers.data import BASE_RESOURCES, REPO
 
-RESOURCES = """
-resources:
-  embedder: {type: sentence_transformer, model: all-MiniLM-L6-v2}
-  store:    {type: chroma, path: idx/chroma, collection: test}
-  sparse:   {type: bm25, path: idx/bm25}
-  state:    {type: index_state, path: idx/state.sqlite}
-  llm:      {type: openai_compatible, base_url: "URL", max_retries: 0, timeout_seconds: 10}
+RESOURCES = BASE_RESOURCES + """  llm:      {type: openai_compatible, base_url: "URL", max_retries: 0, timeout_seconds: 10}
 """
-PIPELINES = """
-pipelines:
-  index:
-    kind: ingestion
-    steps:
-      - {id: load,    task: load, with: {paths: [docs]}}
-      - {id: convert, task: convert}
-      - {id: chunk,   task: chunk, with: {size: 128, overlap: 8}}
-      - {id: embed,   task: embed}
-      - {id: write,   task: index, with: {delete_missing: true}}
-  summarize:
+PIPELINES = "\npipelines:\n" + pipelines.index(write="delete_missing: true") + """  summarize:
     kind: job
     steps:
       - {id: summarize, task: summarize_communities, with: {communities: COMMUNITIES, top_communities: 1,

@@ -14,7 +14,7 @@ from ragline.flows.spec.compile import validate_file
 from ragline.tasks.retrieve.dense import Params as RetrieveParams
 from ragline.tasks.retrieve.sparse import retrieve_sparse
 from tests.helpers.data import scifact_records
-from tests.tasks.test_llm_stages import rewrite_with
+from tests.helpers.llm_stages import rewrite_with
 
 QUESTION = "Does it change the cell?"
 

@@ -17,7 +17,7 @@ from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.spec.prompts import PromptLibrary
 from ragline.tasks.retrieve.dense import pooled
 from ragline.tasks.rewrite.rewrite import Params, agreed_terms, rewrite
-from tests.tasks.test_llm_stages import REPO_PROMPTS
+from tests.helpers.llm_stages import REPO_PROMPTS
 
 SAMPLES = ["Aspirin lowers the risk of heart attacks in adults.",
            "In adults, aspirin reduced heart attack risk by a third.",

@@ -15,29 +15,9 @@ from ragline.flows.errors import IndexUnavailable
 from ragline.flows.resources.stores.state import StoreMissing
 from ragline.flows.resources.stores.chroma import (ChromaSpec, ChromaStore, ChromaUnavailable, EmbedderMismatch,
                                             chroma_metadata, is_transient)
+from tests.helpers.chroma_vectors import DIM, basis, chunk, make, unit
 from tests.helpers.harness import free_port
 
-DIM = 8
-
-
-def unit(v) -> list[float]:
-    v = np.asarray(v, dtype=np.float32)
-    return (v / np.linalg.norm(v)).tolist()
-
-
-def basis(i: int) -> list[float]:
-    v = np.zeros(DIM, dtype=np.float32)
-    v[i] = 1.0
-    return v.tolist()
-
-
-def chunk(cid: str, vector, source: str = "src", **metadata) -> Chunk:
-    return Chunk(chunk_id=cid, source_id=source, ordinal=0, text=f"text of {cid}", title=f"title {source}",
-                 metadata={"chunk": 0, **metadata}, embedding=list(vector))
-
-
-def make(tmp_path, **spec) -> ChromaStore:
-    return ChromaStore(ChromaSpec(type="chroma", path="c", collection="test", **spec), base_dir=tmp_path)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from chromadb.errors import NotFoundError
 from ragline.flows.resources.stores import chroma_reader
 from ragline.flows.resources.stores.chroma import ChromaSpec, ChromaStore
 from ragline.flows.resources.stores.state import StoreMissing
-from tests.flows.resources.stores.test_chroma import DIM, basis, chunk, unit
+from tests.helpers.chroma_vectors import DIM, basis, chunk, unit
 
 ROWS = 40
 

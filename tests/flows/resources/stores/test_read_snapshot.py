@@ -11,7 +11,7 @@ import pytest
 
 from ragline.flows.resources.stores import read_snapshot
 from ragline.flows.resources.stores.state import IndexBusy
-from tests.flows.resources.stores.test_chroma import DIM, basis, chunk, make
+from tests.helpers.chroma_vectors import DIM, basis, chunk, make
 
 
 def fingerprint(root: Path) -> dict[str, str]:

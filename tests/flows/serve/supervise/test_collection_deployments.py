@@ -7,7 +7,7 @@ import textwrap
 
 from ragline.flows.serve.supervise.service import build_deployments, deployment_options
 from ragline.flows.spec.compile import load_project
-from tests.flows.spec.test_collections import PIPELINES, RESOURCES
+from tests.helpers.collection_specs import PIPELINES, RESOURCES
 
 
 def test_each_collection_is_its_own_scheduled_deployment(tmp_path):
