@@ -58,6 +58,12 @@ class ConfigError(RaglineError):
         self.file, self.line, self.field = file, line, field
 
 
+class MissingResource(ConfigError, ValueError):
+    """A step whose settings need a resource its ``uses`` does not give it (mode 'llm' without an
+    LLM, keyword counts without a BM25 index): the pipelines file's to fix, found when the step runs.
+    A ValueError too, as these were before they were typed."""
+
+
 class InputError(RaglineError, ValueError):
     """A request or query the pipeline cannot take: the client's to fix; ``field`` names it."""
 

@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Query
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.llm import LLMClient
 from ragline.flows.resources.models.llm_output import clip, strip_markup
 from ragline.flows.spec.registry import stage
@@ -41,7 +42,7 @@ def answer_direct(query: Query, params: Params, ctx: StepContext, llm: LLMClient
     if params.reply:
         return Answer(question=question, text=params.reply)
     if llm is None:
-        raise ValueError("answer_direct without `reply` needs an openai_compatible resource: add one and name it "
+        raise MissingResource("answer_direct without `reply` needs an openai_compatible resource: add one and name it "
                          "in `uses`")
     prompt = ctx.prompt(question=clip(query.text, params.max_request_chars),
                         history=query.history[-params.max_history:] if params.max_history else [])

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Context, ContextDocument, Query
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.llm_output import clip, option_probabilities
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.models.embedder import Embedder
@@ -88,7 +89,7 @@ def answerable(query: Query, context: Context, params: Params, ctx: StepContext,
     for threshold, resource, kind in (("min_similarity", embedder, "sentence_transformer"),
                                       ("min_probability", llm, "openai_compatible")):
         if getattr(params, threshold) != "auto" and getattr(params, threshold) > 0 and resource is None:
-            raise ValueError(f"{threshold} needs a {kind} resource in the file (or set it to 0)")
+            raise MissingResource(f"{threshold} needs a {kind} resource in the file (or set it to 0)")
     floor, origin = ((indexed_floor(ctx, embedder, query), ", the floor set at ingestion") if params.min_similarity == "auto"
                      else (params.min_similarity, ""))
     if floor is not None and floor > 0:

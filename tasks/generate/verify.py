@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Answer, Context, EvidenceAnswer, Query, Source
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.llm_output import clip, option_probabilities, sentences, strip_citations
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.models.llm import LLMClient
@@ -100,7 +101,7 @@ def checked_answer(query: Query, answer: Answer, context: Context, params: Param
     if not params.fact_check:
         return answer
     if llm is None:
-        raise ValueError("fact_check: true needs an openai_compatible resource (or set fact_check: false)")
+        raise MissingResource("fact_check: true needs an openai_compatible resource (or set fact_check: false)")
     variables = {"question": clip(query.text, 1000), "answer": clip(answer.text, 2000),
                  "documents": context.documents}
     probabilities = (_binary(variables, params, ctx, llm) if params.method == "binary"

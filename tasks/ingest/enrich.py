@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Passage
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.embedder import Embedder
 from ragline.flows.resources.models.llm import LLMClient
 from ragline.flows.resources.models.llm_output import sentences, strip_markup
@@ -68,9 +69,9 @@ def enrich(chunks: list[Chunk], params: Params, ctx: StepContext, embedder: Embe
            llm: LLMClient | None = None) -> list[Chunk]:
     """Add each document's keywords (metadata) and context (what the embedder sees) to its chunks."""
     if params.context == "llm" and llm is None:
-        raise ValueError("context 'llm' needs an openai_compatible resource: add one and name it in `uses`")
+        raise MissingResource("context 'llm' needs an openai_compatible resource: add one and name it in `uses`")
     if params.keywords and embedder is None:
-        raise ValueError("keywords need the sentence_transformer embedder: name it in `uses`")
+        raise MissingResource("keywords need the sentence_transformer embedder: name it in `uses`")
     documents = _documents(chunks, params.max_document_chars)
     if not documents:
         return []

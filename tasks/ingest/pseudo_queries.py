@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import TRAIN_PAIRS, PseudoQuery
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.llm_output import parse_lines
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.models.llm import LLMClient
@@ -102,7 +103,7 @@ def pseudo_queries(params: Params, ctx: StepContext, state: IndexState,
                    llm: LLMClient | None = None) -> list[PseudoQuery]:
     """Sample documents of the index and make (query, relevant document) pairs from them."""
     if "llm" in params.strategies and llm is None:
-        raise ValueError("strategy 'llm' needs an openai_compatible resource: add one and name it in `uses`")
+        raise MissingResource("strategy 'llm' needs an openai_compatible resource: add one and name it in `uses`")
     documents = corpus_documents(state)
     frequency = document_frequency(documents) if "keywords" in params.strategies else None
     order = sorted(documents)

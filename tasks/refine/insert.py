@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.contracts import Context, ContextDocument, Passage
+from ragline.flows.errors import MissingResource
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.models.llm import LLMClient
 
@@ -37,7 +38,7 @@ def insert(passages: list[Passage], params: Params, llm: LLMClient | None = None
     """Take passages by relevance while they fit the budget, then lay them out and number them."""
     candidates = _dedupe(passages)[: params.max_documents]
     if params.count == "llm" and llm is None:
-        raise ValueError("insert counts tokens with an openai_compatible resource: add one, or set count: words")
+        raise MissingResource("insert counts tokens with an openai_compatible resource: add one, or set count: words")
     counts = (llm.count_tokens([p.text for p in candidates]) if params.count == "llm"
               else [round(len(p.text.split()) * WORD_TOKENS) for p in candidates])
     chosen, used = [], 0

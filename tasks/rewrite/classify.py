@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Label, Query
-from ragline.flows.errors import ConfigError
+from ragline.flows.errors import ConfigError, MissingResource
 from ragline.flows.files import json_lines
 from ragline.flows.resources.models.embedder import Embedder
 from ragline.flows.resources.models.llm import LLMClient
@@ -110,11 +110,11 @@ def classify(query: Query, params: Params, ctx: StepContext, embedder: Embedder 
     text = query.original or query.text
     if params.mode == "llm":
         if llm is None:
-            raise ValueError("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
+            raise MissingResource("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
         label = by_llm(text, params, ctx, llm)
     else:
         if embedder is None:
-            raise ValueError("mode 'embedding' needs a sentence_transformer resource: add one and name it in `uses`")
+            raise MissingResource("mode 'embedding' needs a sentence_transformer resource: add one and name it in `uses`")
         label = by_embedding(text, params, ctx, embedder)
     ctx.logger.info("classified as %r (%s)", label.label, label.mode)
     update: dict = {"labels": {**query.labels, ctx.step_id: label}}

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Feedback, Query
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.llm import LLMClient
 from ragline.flows.resources.models.llm_output import clip, strip_markup
 from ragline.flows.resources.stores.protocols import SparseIndex
@@ -72,7 +73,7 @@ def expand_terms(query: Query, params: Params, ctx: StepContext, sparse: SparseI
     own = set(sparse.terms([query.text])[0])
     if params.mode == "llm":
         if llm is None:
-            raise ValueError("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
+            raise MissingResource("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
         related, written = llm_terms(query, own, params, ctx, llm, sparse)
     else:
         related, written = corpus_terms(query, own, params, sparse)

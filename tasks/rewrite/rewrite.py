@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.llm_output import clip, parse_json, parse_lines
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.models.llm import MAX_SAMPLES, LLMClient
@@ -129,7 +130,7 @@ def _self_consistent(query: Query, question: str, params: Params, ctx: StepConte
                      sparse: SparseIndex | None) -> Query:
     """HyDE / query2doc over ``samples`` pseudo-documents of one call (see the module's docstring)."""
     if params.keyword and sparse is None:
-        raise ValueError("rewrite with keyword: true and samples > 1 counts the samples' terms with the BM25 "
+        raise MissingResource("rewrite with keyword: true and samples > 1 counts the samples' terms with the BM25 "
                          "index's tokenizer: the pipelines file needs a bm25 (or milvus) resource for it")
     temperature = SAMPLE_TEMPERATURE if params.temperature is None else params.temperature
     replies = llm.samples(ctx.prompt(question=question, n=params.n), params.samples, max_tokens=params.max_tokens,

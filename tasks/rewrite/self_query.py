@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ragline.flows.access import reserved, restrict
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
-from ragline.flows.errors import InputError
+from ragline.flows.errors import InputError, MissingResource
 from ragline.flows.resources.stores import filters
 from ragline.flows.resources.stores.bm25 import BM25Index
 from ragline.flows.resources.models.llm import LLMClient
@@ -112,10 +112,10 @@ def self_query(query: Query, params: Params, ctx: StepContext, llm: LLMClient | 
                sparse: SparseIndex | None = None) -> Query:
     """Read a metadata filter out of the request and AND it with the query's own filters."""
     if params.fallback == "unfiltered" and sparse is None:
-        raise ValueError("fallback 'unfiltered' counts matches in a bm25 resource: add one and name it in `uses`")
+        raise MissingResource("fallback 'unfiltered' counts matches in a bm25 resource: add one and name it in `uses`")
     if params.mode == "llm":
         if llm is None:
-            raise ValueError("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
+            raise MissingResource("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
         where, text = llm_filter(query.text, params, ctx, llm)
     else:
         where, text = rules_filter(query.text, params)

@@ -11,7 +11,7 @@ import pytest
 
 from ragline.flows import cli
 from ragline.flows.serve.query_service import ApiError, QueryService
-from ragline.flows.errors import DependencyUnavailable, RaglineError
+from ragline.flows.errors import EX_USAGE, ConfigError, DependencyUnavailable, MissingResource, RaglineError, exit_code_of
 from ragline.flows.resources.stores.chroma import ChromaUnavailable, EmbedderMismatch
 from ragline.flows.resources.stores.filters import FilterError
 from ragline.flows.resources.models.llm import LLMUnavailable
@@ -64,6 +64,7 @@ def _step_failed(cause: BaseException, step: str = "answer") -> StepFailed:
     (EmbedderMismatch("re-embed"), 503, "index_needs_reembedding"),
     (StoreMissing("gone"), 503, "index_damaged"),
     (RuntimeError("a bug"), 500, "step_failed"),
+    (MissingResource("mode 'llm' needs an openai_compatible resource"), 500, "step_failed"),  # the operator's file
     (StorageError(28, "disk full"), 500, "step_failed"),
 ])
 def test_a_step_failure_answers_by_its_cause_class(cause, status, code):
@@ -142,3 +143,11 @@ def test_a_verbose_cli_keeps_the_traceback_of_our_failures_only():
     with pytest.raises(StoreMissing):
         cli._dispatch(argparse.Namespace(handler=handler, verbose=True))
     assert not any("return 75" in path.read_text() for path in Path(cli.__file__).parent.glob("*.py"))  # on the classes
+
+
+def test_a_missing_resource_is_the_pipelines_files_to_fix_and_still_a_value_error():
+    """A stage's "mode 'llm' needs an openai_compatible resource" is typed (before: a bare ValueError):
+    a configuration error, the CLI's usage status, and a ValueError for the handlers that caught it."""
+    error = MissingResource("mode 'llm' needs an openai_compatible resource: add one and name it in `uses`")
+    assert isinstance(error, ConfigError) and isinstance(error, ValueError)
+    assert exit_code_of(error) == EX_USAGE and error.error_code == "invalid_configuration"

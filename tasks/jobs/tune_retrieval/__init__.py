@@ -58,6 +58,7 @@ import numpy as np
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import PseudoQuery, TuneReport
+from ragline.flows.errors import MissingResource
 from ragline.flows.spec.registry import stage
 from ragline.flows.resources.models.embedder import Embedder
 from ragline.flows.resources.models.llm import LLMClient
@@ -151,7 +152,7 @@ def tune_retrieval(pairs: list[PseudoQuery], params: Params, ctx: StepContext, s
     calibration = None
     if params.gate_llm_pairs and params.gate_keep is not None and gate is not None:
         if llm is None:
-            raise ValueError("gate_llm_pairs needs an openai_compatible resource (llm) in the file, or set it to 0")
+            raise MissingResource("gate_llm_pairs needs an openai_compatible resource (llm) in the file, or set it to 0")
         clock = time.perf_counter()
         calibration = calibrate_gate(gate_probabilities(pairs, corpus, cache, llm, plain, gate, params.gate_llm_pairs),
                                      params.gate_keep, params.gate_llm_min_refusal)

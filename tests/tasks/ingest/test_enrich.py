@@ -11,6 +11,7 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.run import engine
 from ragline.flows.spec.compile import load_project, validate_file
@@ -136,7 +137,7 @@ def test_a_failed_llm_call_reports_its_document_and_keeps_the_others():
 
 
 def test_llm_context_needs_an_llm(minilm):
-    with pytest.raises(ValueError, match="context 'llm' needs an openai_compatible resource"):
+    with pytest.raises(MissingResource, match="context 'llm' needs an openai_compatible resource"):
         run(chunks_of("p", "Penguins", PENGUINS), minilm, context="llm")
 
 

@@ -14,6 +14,7 @@ from ragline.flows.spec.compile import load_project, validate_file
 from ragline.flows.spec.parse import SpecValidationError
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document
+from ragline.flows.errors import MissingResource
 from ragline.flows.spec.prompts import library
 from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.resources.stores.state import IndexState, StateSpec
@@ -187,7 +188,7 @@ def test_time_budget_stops_slow_llm_generation(state):
 
 
 def test_llm_strategy_needs_an_llm(state):
-    with pytest.raises(ValueError, match="strategy 'llm' needs an openai_compatible resource"):
+    with pytest.raises(MissingResource, match="strategy 'llm' needs an openai_compatible resource"):
         make(state, strategies=["llm"])
 
 

@@ -11,6 +11,7 @@ import pytest
 from ragline.flows.access import acl_metadata
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Chunk, Document, Feedback, Query
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.stores.bm25 import BM25Index, BM25Spec
 from ragline.flows.resources.models.llm import LLMClient, LLMSpec
 from ragline.flows.resources.stores.state import IndexState, StateSpec
@@ -149,7 +150,7 @@ def test_llm_proposals_become_weighted_index_terms(scifact):
 
 def test_llm_mode_without_an_llm_is_refused_clearly(scifact):
     sparse, _ = scifact
-    with pytest.raises(ValueError, match="mode 'llm' needs an openai_compatible resource"):
+    with pytest.raises(MissingResource, match="mode 'llm' needs an openai_compatible resource"):
         expand(sparse, CLAIM, mode="llm")
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
+from ragline.flows.errors import MissingResource
 from ragline.flows.resources.stores.bm25 import tokenize
 from ragline.flows.resources.models.llm import Completion
 from ragline.flows.spec.compile import load_project, validate_file
@@ -114,7 +115,7 @@ def test_one_sample_is_the_single_pseudo_document_as_before():
 
 def test_keyword_samples_without_a_bm25_index_name_the_missing_resource():
     ctx = StepContext(pipeline="t", step_id="rw", prompt_name="rewrite_hyde", render_prompt=PromptLibrary(REPO_PROMPTS).render)
-    with pytest.raises(ValueError, match="needs a bm25 \\(or milvus\\) resource"):
+    with pytest.raises(MissingResource, match="needs a bm25 \\(or milvus\\) resource"):
         rewrite.fn(query=Query(text="q"), params=Params(mode="hyde", keyword=True, samples=3), ctx=ctx,
                    llm=FakeLLM(SAMPLES), sparse=None)
 

@@ -11,6 +11,7 @@ import pytest
 
 from ragline.flows.context import StepContext
 from ragline.flows.contracts import Query
+from ragline.flows.errors import MissingResource
 from ragline.flows.spec.compile import load_project, validate_file
 from ragline.tasks.rewrite.self_query import Params, rules_filter, self_query
 from tests.helpers.llm_stages import project_for, run
@@ -107,7 +108,7 @@ pipelines:
 
 
 def test_a_mode_without_its_resource_is_refused_clearly():
-    with pytest.raises(ValueError, match="mode 'llm' needs an openai_compatible resource"):
+    with pytest.raises(MissingResource, match="mode 'llm' needs an openai_compatible resource"):
         self_query.fn(query=Query(text="x"), params=Params(fields=FIELDS, mode="llm"),
                       ctx=StepContext(pipeline="p", step_id="s"))
     with pytest.raises(ValueError, match="fallback 'unfiltered' counts matches in a bm25 resource"):
