@@ -12,7 +12,7 @@ from pypdf import PdfReader
 
 from ragline.flows.formats import pdf
 from tests.helpers.documents import make_pdf
-from tests.helpers.layout_pdfs import (CAPTION, COLUMNS, FOOTER, HEADER, HYPHENATED, LEFT, RIGHT, ROWS, table_report,
+from tests.helpers.layout_pdfs import (CAPTION, COLUMNS, HEADER, HYPHENATED, LEFT, RIGHT, ROWS, table_report,
                                        two_column_report)
 
 
@@ -20,9 +20,14 @@ def line(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def printed_on(data: bytes, needle: str) -> int:
-    """The page (1-based) pypdf finds ``needle`` on: where the PDF prints it, independently of pdfplumber."""
-    pages = [n for n, page in enumerate(PdfReader(io.BytesIO(data)).pages, start=1) if needle in page.extract_text()]
+def page_texts(data: bytes) -> list[str]:
+    """Each page's text as pypdf extracts it: where the PDF prints what, independently of pdfplumber."""
+    return [page.extract_text() for page in PdfReader(io.BytesIO(data)).pages]
+
+
+def printed_on(texts: list[str], needle: str) -> int:
+    """The page (1-based) whose text (``page_texts``) holds ``needle``, the only one."""
+    pages = [n for n, text in enumerate(texts, start=1) if needle in text]
     assert len(pages) == 1, (needle, pages)
     return pages[0]
 
@@ -40,10 +45,10 @@ def test_a_table_across_three_pages_is_one_markdown_table_on_its_pages(repeat_he
     assert lines[table[0] - 2] == CAPTION
     assert [lines[n] for n in table[2:]] == [line(row) for row in ROWS]  # every row whole, in order
     assert converted.text.count(line(COLUMNS)) == 1
-    pages = set()
+    pages, printed = set(), page_texts(data)
     for row in ROWS:  # each row on the page the PDF prints it on
         page = bisect.bisect_right(converted.pages, converted.text.index(line(row)))
-        assert page == printed_on(data, row[0] + " "), row
+        assert page == printed_on(printed, row[0] + " "), row
         pages.add(page)
     assert pages == {1, 2, 3}
 
@@ -109,7 +114,7 @@ def test_cell_texts_are_pdfplumbers_own_without_its_scan_per_row():
     row: one page of 10,000 cells took 117 s)."""
     import pdfplumber
 
-    for data in (table_report(), ruled_grid(300)):
+    for data in (table_report(), ruled_grid(100)):  # 400 cells: extract() is quadratic in a page's rows
         with pdfplumber.open(io.BytesIO(data)) as document:
             for page in document.pages:
                 tables = page.find_tables()

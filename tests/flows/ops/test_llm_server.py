@@ -244,6 +244,7 @@ def test_a_server_restarted_by_hand_is_used_and_watched(stand_in):
             by_hand.wait()
 
 
+@pytest.mark.integration  # a managed LLM server process
 def test_readyz_gives_the_reason_the_managed_llm_is_down(stand_in, tmp_path):
     from ragline.flows.serve.app import create_app
     from tests.helpers.api_harness import AUTH, TOKEN, running, write_project

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.fake_vllm import REPO
 
 # The parent starts a child, writes the child's pid, then waits or exits; the child unpickles the
@@ -94,6 +96,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.integration  # a forkserver, a warm flow run and a killed serve: real processes
 def test_a_warm_flow_run_forked_by_the_forkserver_dies_when_serve_is_killed(tmp_path):
     script, out = tmp_path / "warm_parent.py", tmp_path / "pids"
     script.write_text(WARM_PARENT)

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 
 RESOURCE = '''
@@ -105,6 +107,7 @@ print(json.dumps({
 '''
 
 
+@pytest.mark.integration  # a fresh interpreter discovers the entry point
 def test_a_resource_type_registered_by_entry_point_is_usable_from_pipelines_yaml(tmp_path):
     plugins = tmp_path / "plugins"
     (plugins / "echo_dist-0.1.dist-info").mkdir(parents=True)

@@ -218,6 +218,7 @@ def test_a_folder_the_process_may_not_write_is_named_with_permission_denied(tmp_
 
 
 # ----------------------------------------------------------------------------- Prefect API unreachable
+@pytest.mark.integration  # an orchestrated (Prefect) run in a child process
 @pytest.mark.timeout(180)
 def test_an_orchestrated_ingestion_with_the_prefect_api_down_fails_in_one_line_naming_it(tmp_path):
     (tmp_path / "docs").mkdir()

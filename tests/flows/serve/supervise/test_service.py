@@ -79,6 +79,7 @@ def test_the_api_on_the_llm_endpoints_port_is_refused_before_anything_starts(llm
     assert _nothing_started(logs, err)
 
 
+@pytest.mark.integration  # `ragline serve` checks a managed LLM's port and the API's
 def test_every_problem_is_reported_at_once_in_one_line(llm_project, capsys, monkeypatch):
     project, llm_port, logs = llm_project
     monkeypatch.delenv("RAGLINE_API_TOKEN", raising=False)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import prefect.flow_engine as engine
+import pytest
 
 from ragline.flows.serve.supervise.warm import BASE_MODULES, preload_modules, warm_flow_runs
 from ragline.flows.spec.compile import load_project
@@ -28,6 +29,7 @@ def test_the_preload_is_the_engine_the_projects_stages_and_its_resources_librari
     assert "ragline.tasks.rewrite.self_query" not in modules  # only what the file's pipelines name
 
 
+@pytest.mark.integration  # flow-run processes forked by a real forkserver
 def test_flow_run_processes_fork_from_a_server_that_imported_their_modules():
     """In a fresh interpreter, as serve is: multiprocessing's forkserver is one per process and keeps
     the preload it started with, so one an earlier test started here (tests/helpers/harness.py)
