@@ -186,6 +186,7 @@ def test_the_issue_example_cannot_escape_its_document_or_its_title_attribute():
 @pytest.mark.parametrize("name", fenced_templates())
 def test_fuzzed_tag_spellings_never_add_a_live_tag_or_escape_an_attribute(name):
     rng = random.Random(f"fence-{name}")
+    library = PromptLibrary(PROMPTS)  # its templates compiled once, rendered 300 times
     for _ in range(150):
         passages = [Passage(chunk_id=f"c{i}", source_id=f"s{i}", title=hostile_text(rng), text=hostile_text(rng))
                     for i in range(rng.randint(1, 3))]
@@ -201,7 +202,6 @@ def test_fuzzed_tag_spellings_never_add_a_live_tag_or_escape_an_attribute(name):
                  "documents": [ContextDocument(number=d.number, passage=Passage(chunk_id="c", source_id="s",
                                                                                 title="t", text="x"))
                                for d in documents]}
-        library = PromptLibrary(PROMPTS)
         prompt, expected = library.render(name, **variables), library.render(name, **clean)
         assert live_tags(prompt) == live_tags(expected), (name, variables)
         # every attribute of the template's own tags stays in its quotes: the tags read back as the template wrote them
