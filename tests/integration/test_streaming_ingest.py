@@ -198,9 +198,9 @@ def test_a_records_own_version_decides_whether_it_is_indexed_again(tmp_path, mak
     corpus = tmp_path / "docs" / "records.jsonl"
     corpus.parent.mkdir()
 
-    def write(age: float) -> None:
+    def write(seconds: float) -> None:
         corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        age(corpus, age)
+        age(corpus, seconds)
 
     write(3600)
     first = run_index(project)
