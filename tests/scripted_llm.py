@@ -8,6 +8,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from tests.helpers.net import serve_in_thread
+
 
 def _usage(body: dict, pieces: list[str]) -> dict:
     """Token counts as vLLM reports them (here: words of the messages, pieces answered)."""
@@ -151,17 +153,13 @@ class ScriptedLLM:
                 self.wfile.write(data)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # a 20 ms poll: ``shutdown`` waits for the loop to see it, at the default 0.5 s about 0.25 s per
-        # server, and some tests start twenty
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                       daemon=True)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def __enter__(self) -> "ScriptedLLM":
-        self.thread.start()
+        self.thread = serve_in_thread(self.httpd)  # its 20 ms poll: shutdown returns at once
         return self
 
     def hold(self) -> bool:

@@ -14,6 +14,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                        ExportTraceServiceResponse)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from tests.helpers.net import serve_in_thread
+
 KINDS = {v: k.removeprefix("SPAN_KIND_") for k, v in Span.SpanKind.items()}
 
 
@@ -55,7 +57,6 @@ class OtlpReceiver:
                 self.wfile.write(answer)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self._lock = threading.Lock()
 
     @property
@@ -93,7 +94,7 @@ class OtlpReceiver:
         raise AssertionError(f"the receiver never got what was waited for ({len(self.spans)} spans received)")
 
     def __enter__(self) -> "OtlpReceiver":
-        self.thread.start()
+        self.thread = serve_in_thread(self.httpd)
         return self
 
     def __exit__(self, *exc: Any) -> None:
