@@ -279,22 +279,37 @@ def use_prefect_api(url: str, stack: contextlib.ExitStack, auth: str | None = No
     _point_prefect_at(url, stack, auth)
 
 
-def _api_answers(url: str) -> bool:
+def _api_state(url: str, timeout: float = 5.0) -> str:
+    """``answers``, ``busy`` (it took the connection but gave no healthy answer in time: SQLite busy
+    under Prefect's scheduler on a loaded machine) or ``absent`` (nothing listens there)."""
     import httpx
 
     try:
-        return httpx.get(f"{url.rstrip('/')}/health", timeout=5.0, trust_env=False).status_code == 200
+        ok = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout, trust_env=False).status_code == 200
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol):
+        return "absent"
     except httpx.HTTPError:
-        return False
+        return "busy"
+    return "answers" if ok else "busy"
 
 
-def _check_api(url: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+def _check_api(url: str, absent_for: float = 10.0, busy_for: float = 120.0, request_timeout: float = 5.0) -> None:
+    """Wait for the Prefect API: ``absent_for`` s while nothing listens (a server still starting),
+    ``busy_for`` s once a server took the connection, since a loaded server answers late, not never."""
+    started = time.monotonic()
+    waited_for = absent_for
     while True:
-        if _api_answers(url):
+        state = _api_state(url, request_timeout)
+        if state == "answers":
             return
-        if time.monotonic() > deadline:
-            raise ServeError(f"the Prefect API at {url} does not answer; is `prefect server start` running?")
+        if state == "busy" and waited_for < busy_for:
+            waited_for = busy_for
+            print(f"ragline serve: the Prefect API at {url} is slow to answer; waiting up to {busy_for:g} s",
+                  file=sys.stderr, flush=True)
+        if time.monotonic() - started > waited_for:
+            hint = ("it took the connection but gave no healthy answer" if state == "busy"
+                    else "is `prefect server start` running?")
+            raise ServeError(f"the Prefect API at {url} does not answer within {waited_for:g} s; {hint}")
         time.sleep(0.5)
 
 
@@ -581,7 +596,7 @@ class ServeSupervisor:
                 return "Prefect API"
             if self.prefect_api_url and now >= next_check:
                 next_check = now + API_CHECK_EVERY
-                if _api_answers(self.prefect_api_url):
+                if _api_state(self.prefect_api_url) == "answers":
                     last_answer = now
                 elif now - last_answer > API_DEAD_AFTER:
                     self._api_gone = f"{self.prefect_api_url} has not answered for {API_DEAD_AFTER:g} s"

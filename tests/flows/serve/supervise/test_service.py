@@ -1,6 +1,7 @@
 """Unit tests of flows/serve/supervise/service.py that need no Prefect server (tests/integration/test_serve.py has one)."""
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import socket
@@ -12,9 +13,10 @@ import pytest
 from ragline.flows.ops import llm_server
 from ragline.flows.cli import main
 from ragline.flows.ops.llm_server import free_port
-from ragline.flows.serve.supervise.service import prune_results
+from ragline.flows.serve.supervise.service import ServeError, _check_api, prune_results
 from tests.fake_vllm import REPO, fake_deploy
 from tests.helpers.api_harness import write_project
+from tests.helpers.net import closed_port, serve_in_thread
 
 
 def test_old_results_are_pruned_and_recent_ones_kept(tmp_path):
@@ -187,3 +189,56 @@ def test_a_configured_apis_auth_string_reaches_the_flow_run_processes(monkeypatc
         assert os.environ["PREFECT_API_AUTH_STRING"] == "ragline:started-here"
         assert PREFECT_API_AUTH_STRING.value() == "ragline:started-here"
     assert os.environ["PREFECT_API_AUTH_STRING"] == "admin:the-users-own"
+
+
+# -- the Prefect API preflight: nothing listening fails fast, a busy server is waited for
+class _SlowHealth(http.server.BaseHTTPRequestHandler):
+    """/health that answers 200 only after the server has been up ``healthy_after`` seconds; before,
+    it holds the request past the check's timeout (0.5 s here), as a server whose SQLite is busy does."""
+    healthy_after = 0.0
+    started = 0.0
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if time.monotonic() - self.started < self.healthy_after:
+            time.sleep(1)
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"true")
+
+    def log_message(self, *args):
+        pass
+
+
+def _slow_prefect(healthy_after: float) -> http.server.ThreadingHTTPServer:
+    handler = type("Handler", (_SlowHealth,), {"healthy_after": healthy_after, "started": time.monotonic()})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    serve_in_thread(server)
+    return server
+
+
+def test_an_api_nothing_listens_on_is_refused_after_a_short_wait(capsys):
+    started = time.monotonic()
+    url = f"http://127.0.0.1:{closed_port()}/api"
+    with pytest.raises(ServeError, match=r"does not answer within 1 s; is `prefect server start` running\?"):
+        _check_api(url, absent_for=1, busy_for=30)
+    assert time.monotonic() - started < 5 and "slow to answer" not in capsys.readouterr().err
+
+
+def test_a_busy_api_is_waited_for_until_it_answers(capsys):
+    server = _slow_prefect(healthy_after=1)
+    try:
+        _check_api(f"http://127.0.0.1:{server.server_address[1]}/api", absent_for=0.5, busy_for=30, request_timeout=0.5)
+    finally:
+        server.shutdown()
+    assert "is slow to answer; waiting up to 30 s" in capsys.readouterr().err
+
+
+def test_an_api_that_never_answers_is_refused_after_the_busy_wait():
+    server = _slow_prefect(healthy_after=3600)
+    try:
+        with pytest.raises(ServeError, match="within 3 s; it took the connection but gave no healthy answer"):
+            _check_api(f"http://127.0.0.1:{server.server_address[1]}/api", absent_for=0.5, busy_for=3, request_timeout=0.5)
+    finally:
+        server.shutdown()
