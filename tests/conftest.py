@@ -5,13 +5,31 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-import ragline.flows  # noqa: F401 - offline defaults before any heavy import
+
+def _cores_per_worker() -> int | None:
+    """A pytest-xdist worker's share of the cores (None outside a worker: the defaults stay)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if "PYTEST_XDIST_WORKER" not in os.environ or not workers:
+        return None
+    return max(1, (os.cpu_count() or 1) // int(workers))
+
+
+# Three workers on two cores, each with BLAS and torch thread pools as wide as the machine, spin for
+# cores the others hold: a 1000x50 bootstrap matmul took 7.6 ms so, 0.23 ms on one thread. OpenBLAS
+# reads its size when numpy loads it (nothing has imported numpy yet); torch's is set per test
+# (pytest_runtest_setup), not through OMP_NUM_THREADS, which the servers tests start would inherit.
+CORES_PER_WORKER = _cores_per_worker()
+if CORES_PER_WORKER is not None:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(CORES_PER_WORKER))
+
+import ragline.flows  # noqa: E402, F401 - offline defaults before any heavy import
 
 from tests.helpers.data import (BASE_RESOURCES, DATA, INDEX_AND_SEARCH, REPO, SCIFACT,  # noqa: F401 - for old imports
                                 index_and_search_yaml, scifact_records, write_jsonl)
@@ -69,6 +87,13 @@ def pytest_collection_modifyitems(config, items):
             own = 0 if unit == "vllm" else 1 if item.get_closest_marker("integration") else 2
             rank[unit] = min(rank.get(unit, 2), own)
         items.sort(key=lambda item: rank[work_unit(item.nodeid)])
+
+
+def pytest_runtest_setup(item):
+    """A worker's torch keeps to its share of the cores (see CORES_PER_WORKER), once a test loaded it."""
+    torch = sys.modules.get("torch")
+    if CORES_PER_WORKER is not None and torch is not None and torch.get_num_threads() != CORES_PER_WORKER:
+        torch.set_num_threads(CORES_PER_WORKER)
 
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"

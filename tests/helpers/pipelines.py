@@ -4,9 +4,10 @@ Each returns the pipeline's lines as they stand under ``pipelines:``."""
 from __future__ import annotations
 
 
-def pipeline(name: str, *steps: str, kind: str = "query") -> str:
-    """A pipeline of ``kind``: ``steps`` are flow mappings without their braces, in order."""
-    return f"  {name}:\n    kind: {kind}\n    steps:\n" + "".join(f"      - {{{step}}}\n" for step in steps)
+def pipeline(name: str, *steps: str, kind: str = "query", head: str = "") -> str:
+    """A pipeline of ``kind``: ``steps`` are flow mappings without their braces, in order; ``head``:
+    lines between its kind and its steps (a schedule, a batch size)."""
+    return f"  {name}:\n    kind: {kind}\n{head}    steps:\n" + "".join(f"      - {{{step}}}\n" for step in steps)
 
 
 def hybrid(k: int = 20, top_k: int = 20) -> tuple[str, str, str]:
@@ -39,15 +40,23 @@ def index_resources(prefix: str = "", collection: str = "main") -> str:
             f"  {prefix}state:    {{type: index_state, path: idx/{prefix}state.sqlite}}\n")
 
 
+def ingestion_steps(paths: str = "[docs]", chunk_size: int = 128, overlap: int = 8, prefix: str | None = None,
+                    write: str = "") -> tuple[str, ...]:
+    """load ``paths`` (a YAML list), convert, chunk, embed, index; ``prefix``: the steps name their
+    resources (the embedder and the ``prefix`` index), as a served project's do; ``write``: the index
+    step's ``with`` mapping, no braces."""
+    uses = "" if prefix is None else ", uses: [embedder]"
+    sink = "" if prefix is None else f", uses: {{store: {prefix}store, sparse: {prefix}sparse, state: {prefix}state}}"
+    return (f"id: load,    task: load, with: {{paths: {paths}}}", "id: convert, task: convert",
+            f"id: chunk,   task: chunk{uses}, with: {{size: {chunk_size}, overlap: {overlap}}}",
+            f"id: embed,   task: embed{uses}",
+            f"id: write,   task: index{sink}" + (f", with: {{{write}}}" if write else ""))
+
+
 def ingestion(name: str, paths: str, prefix: str = "", head: str = "") -> str:
-    """An ingestion pipeline of ``paths`` (a YAML list) into the ``prefix`` index; ``head``: lines
-    between its kind and its steps (a schedule, a batch size)."""
-    steps = (f"id: load,    task: load, with: {{paths: {paths}}}", "id: convert, task: convert",
-             "id: chunk,   task: chunk, uses: [embedder], with: {size: 128, overlap: 8}",
-             "id: embed,   task: embed, uses: [embedder]",
-             f"id: write,   task: index, uses: {{store: {prefix}store, sparse: {prefix}sparse, state: {prefix}state}}")
-    return (f"  {name}:\n    kind: ingestion\n{head}    steps:\n"
-            + "".join(f"      - {{{step}}}\n" for step in steps))
+    """A served project's ingestion pipeline of ``paths`` (a YAML list) into the ``prefix`` index;
+    ``head``: lines between its kind and its steps (a schedule, a batch size)."""
+    return pipeline(name, *ingestion_steps(paths, prefix=prefix), kind="ingestion", head=head)
 
 
 def served_search(k: int, top_k: int, name: str = "search") -> str:
@@ -60,7 +69,4 @@ def served_search(k: int, top_k: int, name: str = "search") -> str:
 def index(chunk_size: int = 128, overlap: int = 8, write: str = "", name: str = "index") -> str:
     """The plain ingestion pipeline of docs/ over the default resources (``data.BASE_RESOURCES``):
     load, convert, chunk, embed, index (``write``: the index step's ``with`` mapping, no braces)."""
-    return pipeline(name, "id: load,    task: load, with: {paths: [docs]}", "id: convert, task: convert",
-                    f"id: chunk,   task: chunk, with: {{size: {chunk_size}, overlap: {overlap}}}",
-                    "id: embed,   task: embed", "id: write,   task: index" + (f", with: {{{write}}}" if write else ""),
-                    kind="ingestion")
+    return pipeline(name, *ingestion_steps("[docs]", chunk_size, overlap, write=write), kind="ingestion")

@@ -14,6 +14,7 @@ from ragline.flows.resources import clear_cache
 from ragline.tasks.generate.answerable import record_floor
 from tests.helpers.data import BASE_RESOURCES, scifact_records, write_jsonl
 from tests.helpers.harness import snapshot
+from tests.helpers.prefect_runs import task_runs_once
 
 DOCS = 24  # SciFact abstracts
 BATCH = 5  # documents per batch: five batches, so several run on the cluster at once
@@ -128,9 +129,9 @@ def test_dask_runner_builds_the_thread_runners_index_with_the_sink_in_the_driver
         assert not {"chroma", "bm25", "index_state"} & set(w["resources"]), w
 
     # the steps were Prefect task runs of the one flow run, the sink's among them
-    names = _task_run_names(dask_report)
-    assert {"write.plan", "write.finalize"} <= names
-    assert {f"embed[batch {n}]" for n in range(-(-DOCS // BATCH))} <= names
+    expected = {"write.plan", "write.finalize"} | {f"embed[batch {n}]" for n in range(-(-DOCS // BATCH))}
+    runs = task_runs_once("index", lambda states: expected <= set(states))
+    assert expected <= set(runs) and all(state.is_completed() for state in runs.values()), runs
 
     # and a search over either index returns the same ranking
     for record in scifact_records(3, offset=DOCS // 2):
@@ -142,27 +143,6 @@ def test_dask_runner_builds_the_thread_runners_index_with_the_sink_in_the_driver
             rankings.append([(p.chunk_id, round(p.score, 4)) for p in passages])
         assert rankings[0] == rankings[1] and rankings[0]
     clear_cache()
-
-
-def _task_run_names(report) -> set[str]:
-    """Names of the task runs of the latest `index` flow run."""
-    import asyncio
-
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, \
-        TaskRunFilterFlowRunId
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    async def read() -> set[str]:
-        async with get_client() as client:
-            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["index"])),
-                                               sort=FlowRunSort.START_TIME_DESC, limit=1)
-            tasks = await client.read_task_runs(
-                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[runs[0].id])))
-            assert all(t.state is not None and t.state.is_completed() for t in tasks)
-            return {t.name for t in tasks}
-
-    return asyncio.run(read())
 
 
 # --------------------------------------------------------------------------- validation (no cluster)

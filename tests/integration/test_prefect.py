@@ -14,6 +14,7 @@ from ragline.flows.contracts import Passage, Query, Ranking
 from ragline.flows.run.engine import StepFailed
 from ragline.flows.spec.registry import stage
 from tests.helpers.harness import default_corpus
+from tests.helpers.prefect_runs import task_runs_once
 
 pytestmark = pytest.mark.integration
 
@@ -100,21 +101,11 @@ def test_ingestion_is_one_flow_run_with_task_runs_per_step_and_batch(prefect_ser
     default_corpus(tmp_path / "docs")
     report = engine.run(load_project(project_path).pipeline("index"))
     assert report.added == 12 and report.failed == 0
-    from prefect import get_client
-
-    async def task_names():
-        async with get_client() as client:
-            runs = await client.read_flow_runs()
-            run = next(r for r in sorted(runs, key=lambda r: r.created, reverse=True) if r.name == "index")
-            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-            return run, {t.name for t in tasks}, {t.state_type.value for t in tasks}
-
-    run, names, states = asyncio.run(task_names())
-    assert run.state_type.value == "COMPLETED"
     expected = {"load", "write.plan", "write.finalize"} | {f"{s}[batch {b}]" for s in
                                                             ("convert", "chunk", "embed", "write") for b in (0, 1, 2)}
-    assert expected <= names and states == {"COMPLETED"}
+    runs = task_runs_once("index", lambda states: expected <= set(states))
+    names, states = set(runs), {state.type.value for state in runs.values()}
+    assert expected <= names and states == {"COMPLETED"}, (sorted(expected - names), states)
 
 
 def test_an_ingestion_run_shows_its_report_and_failed_documents_on_the_dashboard(prefect_server, index_project,

@@ -194,7 +194,7 @@ def test_a_configured_apis_auth_string_reaches_the_flow_run_processes(monkeypatc
 # -- the Prefect API preflight: nothing listening fails fast, a busy server is waited for
 class _SlowHealth(http.server.BaseHTTPRequestHandler):
     """/health that answers 200 only after the server has been up ``healthy_after`` seconds; before,
-    it holds the request past the check's timeout (0.5 s here), as a server whose SQLite is busy does."""
+    it holds the request past the check's timeout (0.3 s here), as a server whose SQLite is busy does."""
     healthy_after = 0.0
     started = 0.0
 
@@ -229,7 +229,7 @@ def test_an_api_nothing_listens_on_is_refused_after_a_short_wait(capsys):
 def test_a_busy_api_is_waited_for_until_it_answers(capsys):
     server = _slow_prefect(healthy_after=1)
     try:
-        _check_api(f"http://127.0.0.1:{server.server_address[1]}/api", absent_for=0.5, busy_for=30, request_timeout=0.5)
+        _check_api(f"http://127.0.0.1:{server.server_address[1]}/api", absent_for=0.2, busy_for=30, request_timeout=0.3)
     finally:
         server.shutdown()
     assert "is slow to answer; waiting up to 30 s" in capsys.readouterr().err
@@ -238,7 +238,7 @@ def test_a_busy_api_is_waited_for_until_it_answers(capsys):
 def test_an_api_that_never_answers_is_refused_after_the_busy_wait():
     server = _slow_prefect(healthy_after=3600)
     try:
-        with pytest.raises(ServeError, match="within 3 s; it took the connection but gave no healthy answer"):
-            _check_api(f"http://127.0.0.1:{server.server_address[1]}/api", absent_for=0.5, busy_for=3, request_timeout=0.5)
+        with pytest.raises(ServeError, match="within 1.5 s; it took the connection but gave no healthy answer"):
+            _check_api(f"http://127.0.0.1:{server.server_address[1]}/api", absent_for=0.2, busy_for=1.5, request_timeout=0.3)
     finally:
         server.shutdown()
