@@ -55,10 +55,10 @@ def test_a_100000_character_question_is_answered(indexed):
     """Dense retrieval reads the model's 256 tokens, BM25 every word: no error, no blow-up."""
     project, _ = indexed
     question = ("okapi ranking " * 7200)[:100_000]
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a loaded machine does not inflate it as it does the wall clock
     passages = engine.run(load_project(project).pipeline("search"), {"query": question}, orchestrate=False)
     assert passages[0].source_id.endswith("okapi.md")
-    assert time.perf_counter() - started < 60  # a few seconds; the bound only catches a pathological path
+    assert time.process_time() - started < 60  # a few seconds; the bound only catches a pathological path
 
 
 @pytest.mark.parametrize("where, problem", [

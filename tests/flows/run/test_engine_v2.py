@@ -92,10 +92,10 @@ def test_direct_mode_applies_retries_and_timeouts(make_project):
     ATTEMPTS.clear()
     assert engine.run(project.pipeline("flaky"), {"query": "x"}, orchestrate=False)[0].chunk_id == "flaky|x"
     assert ATTEMPTS["flaky"] == 3
-    started = time.perf_counter()
+    INTERVALS.pop("hung", None)
     with pytest.raises(StepFailed, match=r"step 'hung' \(task 'test_nap_retriever'\) timed out after 0.3 s"):
         engine.run(project.pipeline("hung"), {"query": "x"}, orchestrate=False)
-    assert time.perf_counter() - started < 3
+    assert "hung" not in INTERVALS  # event order: the run failed while its step still napped (5 s)
 
 
 class PicklingExecutor(DirectExecutor):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -181,10 +180,10 @@ def test_time_budget_stops_slow_llm_generation(state):
     with ScriptedLLM(lambda prompt: "Which protein binds the receptor in these experiments?", delay=0.3) as server:
         ctx = StepContext(pipeline="tune", step_id="pairs", prompt_name="pseudo_query",
                           render_prompt=library(str(REPO_PROMPTS)).render)
-        started = time.monotonic()
         pairs = pseudo_queries.fn(params=Params(n=30, strategies=["llm"], max_seconds=1.0), ctx=ctx, state=state,
                                   llm=client(server))
-    assert 1 <= len(pairs) < 30 and time.monotonic() - started < 5
+    # 30 answers take 9 s: the budget stopped asking (counted at the server, not on the wall clock)
+    assert 1 <= len(pairs) < 30 and len(server.requests) < 30
 
 
 def test_llm_strategy_needs_an_llm(state):

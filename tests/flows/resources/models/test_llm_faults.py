@@ -23,10 +23,9 @@ def test_server_down_names_the_endpoint():
 def test_slow_server_times_out_without_retries():
     """A timeout is not retried: the same request would take as long again (test_llm_hung.py)."""
     with ScriptedLLM(delay=1.5) as server:
-        started = time.perf_counter()
-        with pytest.raises(LLMUnavailable, match="APITimeoutError"):
+        with pytest.raises(LLMUnavailable, match="APITimeoutError"):  # the 1.5 s answer would have come
             client(server.base_url, timeout_seconds=0.3, max_retries=2).chat("hello")
-        assert len(server.requests) == 1 and time.perf_counter() - started < 10
+        assert len(server.requests) == 1
 
 
 def test_server_errors_are_retried_then_reported():

@@ -54,10 +54,8 @@ def llm_project(tmp_path, monkeypatch):
     return project, llm_port, tmp_path / "logs"
 
 
-def _serve(project, *args) -> tuple[int, float]:
-    started = time.monotonic()
-    code = main(["serve", "-f", str(project), "--start-prefect", *args])
-    return code, time.monotonic() - started
+def _serve(project, *args) -> int:
+    return main(["serve", "-f", str(project), "--start-prefect", *args])
 
 
 def _nothing_started(logs, err: str) -> bool:
@@ -67,15 +65,15 @@ def _nothing_started(logs, err: str) -> bool:
 def test_an_open_host_without_a_token_is_refused_before_the_llm_starts(llm_project, capsys, monkeypatch):
     project, _, logs = llm_project
     monkeypatch.delenv("RAGLINE_API_TOKEN", raising=False)
-    code, seconds = _serve(project, "--host", "0.0.0.0", "--port", str(free_port()))
+    code = _serve(project, "--host", "0.0.0.0", "--port", str(free_port()))
     err = capsys.readouterr().err
-    assert code == 2 and "needs a token" in err and seconds < 10
+    assert code == 2 and "needs a token" in err
     assert _nothing_started(logs, err)
 
 
 def test_the_api_on_the_llm_endpoints_port_is_refused_before_anything_starts(llm_project, capsys):
     project, llm_port, logs = llm_project
-    code, _ = _serve(project, "--port", str(llm_port))
+    code = _serve(project, "--port", str(llm_port))
     err = capsys.readouterr().err
     assert code == 2 and f"the API's port {llm_port} is the LLM endpoint's" in err and "default is 8080" in err
     assert _nothing_started(logs, err)
@@ -90,7 +88,7 @@ def test_every_problem_is_reported_at_once_in_one_line(llm_project, capsys, monk
         api_port.listen()
         busy.bind(("127.0.0.1", llm_port))
         busy.listen()
-        code, _ = _serve(project, "--host", "0.0.0.0", "--port", str(api_port.getsockname()[1]))
+        code = _serve(project, "--host", "0.0.0.0", "--port", str(api_port.getsockname()[1]))
     err = capsys.readouterr().err
     [line] = err.strip().splitlines()
     assert code == 2 and line.startswith("error: ")
