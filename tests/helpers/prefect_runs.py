@@ -8,19 +8,38 @@ import time
 from collections.abc import Callable
 
 
-def latest_task_runs(flow_run_name: str) -> dict[str, object]:
-    """The task runs of the newest flow run of that name: their states by task run name."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+async def _newest_run(client, flow_run_name: str):
+    """The newest flow run of that name, or None."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.client.schemas.sorting import FlowRunSort
+
+    runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])),
+                                       sort=FlowRunSort.START_TIME_DESC, limit=1)
+    return runs[0] if runs else None
+
+
+def latest_flow_run(flow_run_name: str):
+    """The newest flow run of that name as the server has it (None if there is none)."""
+    from prefect import get_client
 
     async def read():
         async with get_client() as client:
-            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])),
-                                               sort=FlowRunSort.START_TIME_DESC, limit=1)
-            if not runs:
+            return await _newest_run(client, flow_run_name)
+
+    return asyncio.run(read())
+
+
+def latest_task_runs(flow_run_name: str) -> dict[str, object]:
+    """The task runs of the newest flow run of that name: their states by task run name."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            run = await _newest_run(client, flow_run_name)
+            if run is None:
                 return {}
-            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
+            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
             return {t.name: t.state for t in tasks}
 
     return asyncio.run(read())

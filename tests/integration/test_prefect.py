@@ -14,7 +14,7 @@ from ragline.flows.contracts import Passage, Query, Ranking
 from ragline.flows.run.engine import StepFailed
 from ragline.flows.spec.registry import stage
 from tests.helpers.harness import default_corpus
-from tests.helpers.prefect_runs import task_runs_once
+from tests.helpers.prefect_runs import latest_flow_run, task_runs_once
 
 pytestmark = pytest.mark.integration
 
@@ -105,6 +105,7 @@ def test_ingestion_is_one_flow_run_with_task_runs_per_step_and_batch(prefect_ser
                                                             ("convert", "chunk", "embed", "write") for b in (0, 1, 2)}
     runs = task_runs_once("index", lambda states: expected <= set(states))
     names, states = set(runs), {state.type.value for state in runs.values()}
+    assert latest_flow_run("index").state_type.value == "COMPLETED"
     assert expected <= names and states == {"COMPLETED"}, (sorted(expected - names), states)
 
 

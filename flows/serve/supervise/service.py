@@ -293,9 +293,11 @@ def _api_state(url: str, timeout: float = 5.0) -> str:
     return "answers" if ok else "busy"
 
 
-def _check_api(url: str, absent_for: float = 10.0, busy_for: float = 120.0, request_timeout: float = 5.0) -> None:
+def _check_api(url: str, say: Callable[[str], None], absent_for: float = 10.0, busy_for: float = 120.0,
+               request_timeout: float = 5.0) -> None:
     """Wait for the Prefect API: ``absent_for`` s while nothing listens (a server still starting),
-    ``busy_for`` s once a server took the connection, since a loaded server answers late, not never."""
+    ``busy_for`` s once a server took the connection, since a loaded server answers late, not never;
+    ``say`` tells the user when the longer wait begins."""
     started = time.monotonic()
     waited_for = absent_for
     while True:
@@ -304,8 +306,7 @@ def _check_api(url: str, absent_for: float = 10.0, busy_for: float = 120.0, requ
             return
         if state == "busy" and waited_for < busy_for:
             waited_for = busy_for
-            print(f"ragline serve: the Prefect API at {url} is slow to answer; waiting up to {busy_for:g} s",
-                  file=sys.stderr, flush=True)
+            say(f"ragline serve: the Prefect API at {url} is slow to answer; waiting up to {busy_for:g} s")
         if time.monotonic() - started > waited_for:
             hint = ("it took the connection but gave no healthy answer" if state == "busy"
                     else "is `prefect server start` running?")
@@ -504,7 +505,7 @@ class ServeSupervisor:
             problems.append(PREFECT_HOWTO)
         elif url is not None:
             try:
-                _check_api(url)
+                _check_api(url, self.log)
             except ServeError as exc:
                 problems.append(str(exc))
         if problems:
